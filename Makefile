@@ -1,0 +1,37 @@
+# sessionray — the two commands a new user needs are `make run` and `make test`.
+# Both create .venv on first use and (re)install the project when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup run test pytest lint bench clean help
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install sessionray with its dev tools
+
+run: setup ## start the main job on the embedded defaults (local Ray, SQLite, console, built-in model)
+	$(VENV)/bin/sessionray chat
+
+test: setup lint pytest ## lint, type-check and run the whole test suite
+
+pytest: setup ## run the test suite only
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup ## ruff and mypy over runtime/, providers/, actors/
+	$(VENV)/bin/ruff check runtime providers actors tests
+	$(VENV)/bin/mypy
+
+bench: setup ## print the benchmark figures and write build/bench/results.json
+	$(PY) -m tests.bench
+
+clean: ## remove the virtualenv, caches and build output
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,222 @@
+"""Every sessionray metric, declared once, recorded through a swappable backend.
+
+``runtime`` code records metrics without knowing where it runs: in the driver/ingress process the
+default backend is prometheus-client's default registry (scraped at ``GET /metrics``); inside Ray
+actors, ``actors`` installs a backend built on ``ray.util.metrics`` (exported by each node's
+metrics agent, which prefixes names with ``ray_`` and adds a ``WorkerId`` label).
+
+Naming follows Prometheus conventions (``sessionray_`` prefix, ``_total`` counters, ``_seconds``
+and ``_bytes`` units). Label values are bounded sets (platform, api, outcome, tier, reason) —
+never a session key, user id or free text.
+
+Usage::
+
+    from runtime import metrics
+    metrics.STRUCTURED_REPLIES.inc(mode="native", outcome="first_try")
+    metrics.TURN_LATENCY.observe(0.42, platform="console")
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import prometheus_client
+
+__all__ = [
+    "ALL_METRICS",
+    "Counter",
+    "Gauge",
+    "Histogram",
+    "MetricsBackend",
+    "PrometheusBackend",
+    "set_backend",
+]
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class MetricsBackend(Protocol):
+    """Creates the concrete metric objects; one instance per process."""
+
+    def make(self, kind: str, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> Any:
+        """Return an object with ``record(value, labels: dict[str, str])`` for ``kind``
+        ∈ counter | gauge_set | gauge_inc | histogram (one object per metric)."""
+        ...
+
+
+class _PromMetric:
+    def __init__(self, metric: Any, kind: str, labels: Sequence[str]) -> None:
+        self.metric, self.kind, self.labels = metric, kind, tuple(labels)
+
+    def record(self, value: float, labels: dict[str, str], op: str) -> None:
+        m = self.metric.labels(**labels) if self.labels else self.metric
+        if op == "inc":
+            m.inc(value)
+        elif op == "set":
+            m.set(value)
+        else:
+            m.observe(value)
+
+
+class PrometheusBackend:
+    """prometheus-client objects in ``registry`` (default: the process-wide default registry)."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry | None = None) -> None:
+        self.registry = registry or prometheus_client.REGISTRY
+
+    def make(self, kind: str, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> Any:
+        cls: Any
+        kwargs: dict[str, Any] = {"registry": self.registry}
+        if kind == "counter":
+            cls = prometheus_client.Counter
+            name = name.removesuffix("_total")
+        elif kind == "gauge":
+            cls = prometheus_client.Gauge
+        else:
+            cls = prometheus_client.Histogram
+            kwargs["buckets"] = buckets
+        return _PromMetric(cls(name, doc, labelnames=list(labels), **kwargs), kind, labels)
+
+
+_lock = threading.Lock()
+_backend: MetricsBackend = PrometheusBackend()
+_generation = 0
+
+
+def set_backend(backend: MetricsBackend) -> None:
+    """Route every metric recorded from now on in this process to ``backend``."""
+    global _backend, _generation
+    with _lock:
+        _backend = backend
+        _generation += 1
+
+
+def get_backend() -> MetricsBackend:
+    """Return the backend in force in this process."""
+    return _backend
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str] = (), buckets: Sequence[float] = ()) -> None:
+        self.name, self.doc, self.labels, self.buckets = name, doc, tuple(labels), tuple(buckets)
+        self._impl: Any = None
+        self._gen = -1
+        ALL_METRICS.append(self)
+
+    def _get(self) -> Any:
+        if self._gen != _generation:
+            with _lock:
+                if self._gen != _generation:
+                    self._impl = _backend.make(self.kind, self.name, self.doc, self.labels, self.buckets)
+                    self._gen = _generation
+        return self._impl
+
+    def _labels(self, labels: dict[str, str]) -> dict[str, str]:
+        if set(labels) != set(self.labels):
+            raise ValueError(f"{self.name} takes labels {self.labels}, got {tuple(labels)}")
+        return {k: str(v) for k, v in labels.items()}
+
+
+class Counter(_Metric):
+    """A monotonically increasing count (name ends in ``_total``)."""
+
+    kind = "counter"
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        """Add ``amount`` (≥ 0) to the series selected by ``labels``.
+
+        Raises:
+            ValueError: the label names differ from the declared ones.
+        """
+        self._get().record(amount, self._labels(labels), "inc")
+
+
+class Gauge(_Metric):
+    """A value that goes up and down (live sessions, pool size)."""
+
+    kind = "gauge"
+
+    def set(self, value: float, **labels: str) -> None:
+        """Set the series to ``value``."""
+        self._get().record(value, self._labels(labels), "set")
+
+
+class Histogram(_Metric):
+    """A distribution of observations (latencies in seconds, sizes in bytes)."""
+
+    kind = "histogram"
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str] = (), buckets: Sequence[float] = LATENCY_BUCKETS):
+        super().__init__(name, doc, labels, buckets)
+
+    def observe(self, value: float, **labels: str) -> None:
+        """Record one observation."""
+        self._get().record(value, self._labels(labels), "observe")
+
+
+ALL_METRICS: list[_Metric] = []
+
+# --------------------------------------------------------------------------- the catalogue
+# Ingress (prometheus-client in the ingress process)
+INBOUND = Counter(
+    "sessionray_inbound_messages_total",
+    "Inbound platform events by outcome (accepted, duplicate, ignored, bad_signature, malformed, backpressure).",
+    ("platform", "outcome"),
+)
+HTTP_REQUESTS = Counter(
+    "sessionray_http_requests_total", "Ingress HTTP requests by route template and status.", ("route", "status")
+)
+HTTP_LATENCY = Histogram("sessionray_http_request_duration_seconds", "Ingress request latency.", ("route",))
+# Sessions, pool (router level)
+LIVE_SESSIONS = Gauge("sessionray_live_sessions", "Sessions bound to a live SessionActor.")
+WARM_POOL_SIZE = Gauge("sessionray_warm_pool_size", "Blank SessionActors ready in the warm pool.")
+ACTIVATIONS = Counter("sessionray_activations_total", "Session activations by source (warm, cold).", ("source",))
+ACTIVATION_LATENCY = Histogram(
+    "sessionray_activation_latency_seconds", "Time to bind a session to an actor and load it.", ("source",)
+)
+PASSIVATIONS = Counter(
+    "sessionray_passivations_total", "Session passivations by reason (idle, lru, memory, archive).", ("reason",)
+)
+WARM_POOL_EXHAUSTED = Counter(
+    "sessionray_warm_pool_exhausted_total", "Activations that found the warm pool empty."
+)
+# Turns and the agent
+TURNS = Counter("sessionray_turns_total", "Agent turns by outcome (ok, error, aborted).", ("platform", "outcome"))
+TURN_LATENCY = Histogram("sessionray_turn_latency_seconds", "Inbound accepted → reply handed to delivery.", ("platform",))
+CONTROL = Counter(
+    "sessionray_control_total", "steer / follow_up / abort requests by outcome.", ("kind", "outcome")
+)
+TOOL_CALLS = Counter("sessionray_tool_calls_total", "Tool executions by outcome (ok, error, blocked).", ("outcome",))
+# LLM
+LLM_REQUESTS = Counter("sessionray_llm_requests_total", "LLM calls by api and outcome.", ("api", "outcome"))
+LLM_TOKENS = Counter(
+    "sessionray_llm_tokens_total", "Tokens by api and kind (input, output, cache_read, cache_write).", ("api", "kind")
+)
+LLM_ERRORS = Counter("sessionray_llm_errors_total", "LLM errors by api and reason.", ("api", "reason"))
+LLM_RETRIES = Counter("sessionray_llm_retries_total", "LLM transport retries before first content.", ("api",))
+# Structured replies (seed 003: every outcome counted)
+STRUCTURED_REPLIES = Counter(
+    "sessionray_structured_replies_total",
+    "Structured outputs by mode (native, tool, prompt) and outcome (first_try, corrected, default, failed).",
+    ("mode", "outcome"),
+)
+STRUCTURED_DOWNGRADES = Counter(
+    "sessionray_structured_downgrades_total", "Capability downgrades (native→tool→prompt).", ("from_mode", "to_mode")
+)
+MEDIA_REJECTED = Counter("sessionray_media_rejected_total", "Attachments replaced by a notice, by reason.", ("reason",))
+LEAKS = Counter("sessionray_leak_hits_total", "Outbound strings that matched a secret, by action.", ("action",))
+SEGMENTS_DEGRADED = Counter(
+    "sessionray_segments_degraded_total", "Segments a platform cannot send, degraded to text.", ("platform", "type")
+)
+# Delivery
+DELIVERIES = Counter(
+    "sessionray_deliveries_total", "Platform sends by outcome (ok, failed, duplicate).", ("platform", "outcome")
+)
+DELIVERY_LATENCY = Histogram("sessionray_delivery_latency_seconds", "Platform API send latency.", ("platform",))
+DELIVERY_RETRIES = Counter("sessionray_delivery_retries_total", "Platform send retries.", ("platform",))
+# Memory
+COMPACTIONS = Counter("sessionray_compactions_total", "Context compactions by outcome (ok, failed).", ("outcome",))

@@ -1,0 +1,47 @@
+"""Shared fixtures: paths to the recorded fixtures, one local Ray instance per test session,
+and the PostgreSQL URL that .ci/run exports (SESSIONRAY_TEST_PG_URL)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    """The read-only recorded payloads in ../shared/fixtures (never edited)."""
+    assert FIXTURES.is_dir(), f"fixtures not found at {FIXTURES} (set SESSIONRAY_FIXTURES)"
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """Start one local Ray instance for the whole test session (shut down at the end)."""
+    import ray
+
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=8,
+            include_dashboard=False,
+            logging_level="warning",
+            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """URL of the test PostgreSQL server; in CI .ci/run starts one. Locally without it the
+    PostgreSQL tests fail loudly rather than skip (no skipped test counts as done)."""
+    url = os.environ.get("SESSIONRAY_TEST_PG_URL")
+    if not url:
+        pytest.fail("SESSIONRAY_TEST_PG_URL is not set: run `source .ci/postgres.sh; start_test_postgres`")
+    return url
