@@ -5,10 +5,21 @@ Public API (other packages, tests and users rely on these names):
 ``TextContent``, ``ThinkingContent``, ``ImageContent``, ``ToolCall``, ``Usage``,
 ``stream``, ``complete``, ``stream_simple``, ``complete_simple``, ``register_api_provider``,
 ``get_api_provider``, ``agent_loop``, ``agent_loop_continue``, ``AgentLoopConfig``, ``Agent``,
-``AgentTool``, ``validate_tool_call``.
+``AgentTool``, ``validate_tool_call``, ``Reply`` (the IM reply contract), ``complete_structured``,
+``StructuredOutputError``.
 """
 
 from runtime.abort import AbortController, AbortSignal
+from runtime.agent import Agent, AgentState, QueueMode
+from runtime.agent_config import (
+    AfterToolCallContext,
+    AfterToolCallResult,
+    AgentContext,
+    BeforeToolCallContext,
+    BeforeToolCallResult,
+)
+from runtime.agent_events import AgentEvent
+from runtime.agent_loop import AgentLoopConfig, agent_loop, agent_loop_continue
 from runtime.events import AssistantMessageEvent, AssistantMessageEventStream
 from runtime.options import SimpleStreamOptions, StreamOptions
 from runtime.registry import (
@@ -17,7 +28,16 @@ from runtime.registry import (
     register_api_provider,
     unregister_api_providers,
 )
+from runtime.segments import Reply
 from runtime.stream import complete, complete_simple, stream, stream_simple
+from runtime.structured import StructuredOutputError, complete_structured
+from runtime.tools import (
+    AgentTool,
+    AgentToolResult,
+    ToolNotFoundError,
+    ToolValidationError,
+    validate_tool_call,
+)
 from runtime.types import (
     AgentMessage,
     AssistantMessage,
@@ -38,30 +58,50 @@ from runtime.types import (
 __all__ = [
     "AbortController",
     "AbortSignal",
+    "AfterToolCallContext",
+    "AfterToolCallResult",
+    "Agent",
+    "AgentContext",
+    "AgentEvent",
+    "AgentLoopConfig",
     "AgentMessage",
+    "AgentState",
+    "AgentTool",
+    "AgentToolResult",
     "AssistantMessage",
     "AssistantMessageEvent",
     "AssistantMessageEventStream",
+    "BeforeToolCallContext",
+    "BeforeToolCallResult",
     "Context",
     "CustomMessage",
     "ImageContent",
     "Message",
     "Model",
+    "QueueMode",
+    "Reply",
     "SimpleStreamOptions",
     "StreamOptions",
+    "StructuredOutputError",
     "TextContent",
     "ThinkingContent",
     "Tool",
     "ToolCall",
+    "ToolNotFoundError",
     "ToolResultMessage",
+    "ToolValidationError",
     "UnknownApiError",
     "Usage",
     "UserMessage",
+    "agent_loop",
+    "agent_loop_continue",
     "complete",
     "complete_simple",
+    "complete_structured",
     "get_api_provider",
     "register_api_provider",
     "stream",
     "stream_simple",
     "unregister_api_providers",
+    "validate_tool_call",
 ]

@@ -84,8 +84,15 @@ class AbortSignal:
         controller = AbortController()
         for s in signals:
             if s is not None:
-                s.add_listener(lambda s=s: controller.abort(s.reason or "aborted"))
+                s.add_listener(_forward(s, controller))
         return controller.signal
+
+
+def _forward(source: AbortSignal, target: AbortController) -> Callable[[], None]:
+    def fire() -> None:
+        target.abort(source.reason or "aborted")
+
+    return fire
 
 
 class AbortController:

@@ -108,7 +108,9 @@ class MessageBuilder:
         if kind == "text" and isinstance(block, TextContent):
             self.stream.push(TextEndEvent(content_index=idx, content=block.text, partial=self.message))
         elif kind == "thinking" and isinstance(block, ThinkingContent):
-            self.stream.push(ThinkingEndEvent(content_index=idx, content=block.thinking, partial=self.message))
+            self.stream.push(
+                ThinkingEndEvent(content_index=idx, content=block.thinking, partial=self.message)
+            )
         elif kind == "toolCall" and isinstance(block, ToolCall):
             raw = self._args_raw.pop(idx, "")
             try:
@@ -207,7 +209,7 @@ class MessageBuilder:
         self.close_block()
         if stop_reason is None:
             stop_reason = "toolUse" if self.message.tool_calls() else "stop"
-        if stop_reason in ("error", "aborted"):
+        if stop_reason == "error" or stop_reason == "aborted":
             return self.fail(self.message.error_message or stop_reason, aborted=stop_reason == "aborted")
         self.message.stop_reason = stop_reason
         self.stream.push(DoneEvent(reason=stop_reason, message=self.message))

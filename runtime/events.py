@@ -261,11 +261,12 @@ def run_stream(
                 msg = on_crash(exc)
                 msg.stop_reason = "aborted"
                 stream.push(ErrorEvent(reason="aborted", error=msg))
-        except Exception as exc:  # noqa: BLE001 - errors travel inside the stream (pi rule)
+        except Exception as exc:  # errors travel inside the stream (pi rule)
             if not stream.ended:
                 log.debug("provider stream failed", exc_info=True)
                 msg = on_crash(exc)
-                stream.push(ErrorEvent(reason="aborted" if msg.stop_reason == "aborted" else "error", error=msg))
+                reason: Literal["error", "aborted"] = "aborted" if msg.stop_reason == "aborted" else "error"
+                stream.push(ErrorEvent(reason=reason, error=msg))
 
     stream._task = asyncio.get_running_loop().create_task(runner())
     return stream

@@ -65,8 +65,17 @@ class PrometheusBackend:
 
     def __init__(self, registry: prometheus_client.CollectorRegistry | None = None) -> None:
         self.registry = registry or prometheus_client.REGISTRY
+        self._made: dict[str, Any] = {}
 
     def make(self, kind: str, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> Any:
+        # A backend put back with set_backend(previous) must reuse its collectors: registering the
+        # same name twice in one registry raises DuplicateTimeseries.
+        if name in self._made:
+            return self._made[name]
+        self._made[name] = made = self._create(kind, name, doc, labels, buckets)
+        return made
+
+    def _create(self, kind: str, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> Any:
         cls: Any
         kwargs: dict[str, Any] = {"registry": self.registry}
         if kind == "counter":
@@ -101,7 +110,9 @@ def get_backend() -> MetricsBackend:
 class _Metric:
     kind = ""
 
-    def __init__(self, name: str, doc: str, labels: Sequence[str] = (), buckets: Sequence[float] = ()) -> None:
+    def __init__(
+        self, name: str, doc: str, labels: Sequence[str] = (), buckets: Sequence[float] = ()
+    ) -> None:
         self.name, self.doc, self.labels, self.buckets = name, doc, tuple(labels), tuple(buckets)
         self._impl: Any = None
         self._gen = -1
@@ -150,7 +161,9 @@ class Histogram(_Metric):
 
     kind = "histogram"
 
-    def __init__(self, name: str, doc: str, labels: Sequence[str] = (), buckets: Sequence[float] = LATENCY_BUCKETS):
+    def __init__(
+        self, name: str, doc: str, labels: Sequence[str] = (), buckets: Sequence[float] = LATENCY_BUCKETS
+    ):
         super().__init__(name, doc, labels, buckets)
 
     def observe(self, value: float, **labels: str) -> None:
@@ -164,37 +177,51 @@ ALL_METRICS: list[_Metric] = []
 # Ingress (prometheus-client in the ingress process)
 INBOUND = Counter(
     "sessionray_inbound_messages_total",
-    "Inbound platform events by outcome (accepted, duplicate, ignored, bad_signature, malformed, backpressure).",
+    "Inbound platform events by outcome (accepted, duplicate, ignored, bad_signature, malformed, busy).",
     ("platform", "outcome"),
 )
 HTTP_REQUESTS = Counter(
-    "sessionray_http_requests_total", "Ingress HTTP requests by route template and status.", ("route", "status")
+    "sessionray_http_requests_total",
+    "Ingress HTTP requests by route template and status.",
+    ("route", "status"),
 )
 HTTP_LATENCY = Histogram("sessionray_http_request_duration_seconds", "Ingress request latency.", ("route",))
 # Sessions, pool (router level)
 LIVE_SESSIONS = Gauge("sessionray_live_sessions", "Sessions bound to a live SessionActor.")
 WARM_POOL_SIZE = Gauge("sessionray_warm_pool_size", "Blank SessionActors ready in the warm pool.")
-ACTIVATIONS = Counter("sessionray_activations_total", "Session activations by source (warm, cold).", ("source",))
+ACTIVATIONS = Counter(
+    "sessionray_activations_total", "Session activations by source (warm, cold).", ("source",)
+)
 ACTIVATION_LATENCY = Histogram(
     "sessionray_activation_latency_seconds", "Time to bind a session to an actor and load it.", ("source",)
 )
 PASSIVATIONS = Counter(
-    "sessionray_passivations_total", "Session passivations by reason (idle, lru, memory, archive).", ("reason",)
+    "sessionray_passivations_total",
+    "Session passivations by reason (idle, lru, memory, archive).",
+    ("reason",),
 )
 WARM_POOL_EXHAUSTED = Counter(
     "sessionray_warm_pool_exhausted_total", "Activations that found the warm pool empty."
 )
 # Turns and the agent
-TURNS = Counter("sessionray_turns_total", "Agent turns by outcome (ok, error, aborted).", ("platform", "outcome"))
-TURN_LATENCY = Histogram("sessionray_turn_latency_seconds", "Inbound accepted → reply handed to delivery.", ("platform",))
+TURNS = Counter(
+    "sessionray_turns_total", "Agent turns by outcome (ok, error, aborted).", ("platform", "outcome")
+)
+TURN_LATENCY = Histogram(
+    "sessionray_turn_latency_seconds", "Inbound accepted → reply handed to delivery.", ("platform",)
+)
 CONTROL = Counter(
     "sessionray_control_total", "steer / follow_up / abort requests by outcome.", ("kind", "outcome")
 )
-TOOL_CALLS = Counter("sessionray_tool_calls_total", "Tool executions by outcome (ok, error, blocked).", ("outcome",))
+TOOL_CALLS = Counter(
+    "sessionray_tool_calls_total", "Tool executions by outcome (ok, error, blocked).", ("outcome",)
+)
 # LLM
 LLM_REQUESTS = Counter("sessionray_llm_requests_total", "LLM calls by api and outcome.", ("api", "outcome"))
 LLM_TOKENS = Counter(
-    "sessionray_llm_tokens_total", "Tokens by api and kind (input, output, cache_read, cache_write).", ("api", "kind")
+    "sessionray_llm_tokens_total",
+    "Tokens by api and kind (input, output, cache_read, cache_write).",
+    ("api", "kind"),
 )
 LLM_ERRORS = Counter("sessionray_llm_errors_total", "LLM errors by api and reason.", ("api", "reason"))
 LLM_RETRIES = Counter("sessionray_llm_retries_total", "LLM transport retries before first content.", ("api",))
@@ -205,18 +232,63 @@ STRUCTURED_REPLIES = Counter(
     ("mode", "outcome"),
 )
 STRUCTURED_DOWNGRADES = Counter(
-    "sessionray_structured_downgrades_total", "Capability downgrades (native→tool→prompt).", ("from_mode", "to_mode")
+    "sessionray_structured_downgrades_total",
+    "Capability downgrades (native→tool→prompt).",
+    ("from_mode", "to_mode"),
 )
-MEDIA_REJECTED = Counter("sessionray_media_rejected_total", "Attachments replaced by a notice, by reason.", ("reason",))
-LEAKS = Counter("sessionray_leak_hits_total", "Outbound strings that matched a secret, by action.", ("action",))
+MEDIA_REJECTED = Counter(
+    "sessionray_media_rejected_total", "Attachments replaced by a notice, by reason.", ("reason",)
+)
+LEAKS = Counter(
+    "sessionray_leak_hits_total", "Outbound strings that matched a secret, by action.", ("action",)
+)
 SEGMENTS_DEGRADED = Counter(
-    "sessionray_segments_degraded_total", "Segments a platform cannot send, degraded to text.", ("platform", "type")
+    "sessionray_segments_degraded_total",
+    "Segments a platform cannot send, degraded to text.",
+    ("platform", "type"),
 )
 # Delivery
 DELIVERIES = Counter(
-    "sessionray_deliveries_total", "Platform sends by outcome (ok, failed, duplicate).", ("platform", "outcome")
+    "sessionray_deliveries_total",
+    "Platform sends by outcome (ok, failed, duplicate).",
+    ("platform", "outcome"),
 )
-DELIVERY_LATENCY = Histogram("sessionray_delivery_latency_seconds", "Platform API send latency.", ("platform",))
+DELIVERY_LATENCY = Histogram(
+    "sessionray_delivery_latency_seconds", "Platform API send latency.", ("platform",)
+)
 DELIVERY_RETRIES = Counter("sessionray_delivery_retries_total", "Platform send retries.", ("platform",))
 # Memory
-COMPACTIONS = Counter("sessionray_compactions_total", "Context compactions by outcome (ok, failed).", ("outcome",))
+COMPACTIONS = Counter(
+    "sessionray_compactions_total", "Context compactions by outcome (ok, failed).", ("outcome",)
+)
+# Agent features (issue 9)
+TOOL_POLICY_BLOCKS = Counter(
+    "sessionray_tool_policy_blocks_total",
+    "Tool calls blocked by the turn's tool permissions, by reason (filtered, policy).",
+    ("reason",),
+)
+MODEL_FALLBACKS = Counter(
+    "sessionray_model_fallbacks_total",
+    "Calls moved to the next model of ai.fallback_models before any content, by api and reason.",
+    ("from_api", "to_api", "reason"),
+)
+VISION_ROUTES = Counter(
+    "sessionray_vision_routes_total",
+    "Turns carrying images, by route (vision_model, main_model, placeholder).",
+    ("route",),
+)
+MCP_CONNECTS = Counter(
+    "sessionray_mcp_connects_total",
+    "MCP server connection attempts by outcome (ok, failed).",
+    ("outcome",),
+)
+MEDIA_PROVENANCE_REJECTED = Counter(
+    "sessionray_media_provenance_rejected_total",
+    "Reply media references not found in the context, tool results or allowlist, by kind.",
+    ("kind",),
+)
+CHAT_COMMANDS = Counter(
+    "sessionray_chat_commands_total",
+    "Chat commands handled before the agent, by command and outcome (ok, refused).",
+    ("command", "outcome"),
+)

@@ -50,7 +50,7 @@ class ApiProvider:
 _registry: dict[str, ApiProvider] = {}
 
 
-def _checked(api: str, fn: Callable[[Model, Context, object], AssistantMessageEventStream]) -> Callable:
+def _checked(api: str, fn: Callable[..., AssistantMessageEventStream]) -> Callable:
     def wrapper(model: Model, context: Context, options: object = None) -> AssistantMessageEventStream:
         if model.api != api:
             raise ApiMismatchError(f"model {model.id!r} has api {model.api!r}, not {api!r}")

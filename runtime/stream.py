@@ -10,7 +10,9 @@ from runtime.types import AssistantMessage, Context, Model
 __all__ = ["complete", "complete_simple", "stream", "stream_simple"]
 
 
-def stream(model: Model, context: Context, options: StreamOptions | None = None) -> AssistantMessageEventStream:
+def stream(
+    model: Model, context: Context, options: StreamOptions | None = None
+) -> AssistantMessageEventStream:
     """Start one LLM call and return its event stream at once.
 
     Args:

@@ -277,7 +277,7 @@ class Model(_Base):
     """Endpoint base URL (e.g. ``https://api.openai.com/v1``)."""
     reasoning: bool = False
     """Whether the model can emit thinking."""
-    input: list[InputKind] = Field(default_factory=lambda: ["text"])
+    input: list[InputKind] = Field(default_factory=lambda: list[InputKind](["text"]))
     """Accepted input kinds; ``image`` means vision-capable."""
     cost: ModelCost = Field(default_factory=ModelCost)
     context_window: int = 128_000

@@ -1,0 +1,51 @@
+"""The ``sessionray`` command line (every command has ``--help``).
+
+Commands are registered in :data:`COMMANDS` as ``name -> (help, module:function)`` and imported
+lazily, so ``sessionray chat --help`` does not pay for importing Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["COMMANDS", "main"]
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "chat": ("talk to an agent in this terminal (built-in model unless a provider is configured)",
+             "runtime.chat_cli:main"),
+    "serve": ("run the runtime and its HTTP ingress (webhooks, console, admin API, metrics)",
+              "actors.serve:main"),
+    "steer": ("steer a live session's running turn (admin API; masters only)",
+              "actors.control_cli:steer_main"),
+    "follow-up": ("queue a follow-up message for a live session (admin API; masters only)",
+                  "actors.control_cli:follow_up_main"),
+    "abort": ("abort a live session's running turn (admin API)", "actors.control_cli:abort_main"),
+    "sessions": ("list the live sessions (admin API)", "actors.control_cli:sessions_main"),
+    "status": ("show pool, live sessions, turns running and recent throughput (admin API)",
+               "actors.control_cli:status_main"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``sessionray <command> [args]``; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="sessionray",
+        description="Chat-agent sessions for IM bots on Ray.",
+        epilog="Run `sessionray <command> --help` for a command's options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="command")
+    for name, (help_text, _target) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    if not argv or argv[0] not in COMMANDS:
+        parser.parse_args(argv or ["--help"])
+        return 2
+    module_name, func_name = COMMANDS[argv[0]][1].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

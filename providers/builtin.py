@@ -1,0 +1,228 @@
+"""The built-in offline model: a ``faux`` provider whose reply is a fixed function of the input.
+
+It is **not an LLM**. It lets ``make run`` (``sessionray chat``) and the runtime work with no
+provider configured (issue 2, item 5). Its behaviour, :func:`builtin_respond`, looks only at the
+last message of the context:
+
+1. No messages: a greeting that says what it is.
+2. Last message is a tool result: ``"Tool <name> returned: <text>"`` for each trailing tool result
+   (one line each; ``"Tool <name> failed: <text>"`` for error results).
+3. Last message is from the user, with text ``T`` (text blocks joined; images counted):
+
+   * ``T`` contains ``time`` or ``clock`` (any case) and the ``clock`` tool is available: it calls
+     ``clock`` with ``{}``;
+   * otherwise ``T`` contains ``tool`` and the ``echo`` tool is available: it calls ``echo`` with
+     ``{"text": T}``;
+   * otherwise it answers ``"You said: T"`` (plus ``" [+N image(s)]"`` when images were sent),
+     or ``"You sent no text."`` for an empty message.
+
+Tool-call ids are ``builtin-<number of messages in the context>``, so a reply depends on nothing
+but its input. Usage is reported as zero tokens and zero cost.
+
+The responder is one small replaceable function: :func:`set_builtin_responder` swaps it (the
+structured-replies layer uses this to answer ``output_schema``/forced ``tool_choice`` calls), and
+``set_builtin_responder(None)`` restores :func:`builtin_respond`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, Field
+
+from providers.faux import (
+    faux_assistant_message,
+    faux_text,
+    faux_tool_call,
+    get_faux_provider,
+    register_faux_provider,
+)
+from runtime.abort import AbortSignal
+from runtime.options import StreamOptions
+from runtime.tools import AgentTool, AgentToolResult, ToolUpdateFn
+from runtime.types import (
+    AssistantMessage,
+    Context,
+    ImageContent,
+    Model,
+    TextContent,
+    ToolResultMessage,
+    UserMessage,
+)
+
+__all__ = [
+    "BUILTIN_MODEL_ID",
+    "BUILTIN_PROVIDER",
+    "BuiltinResponder",
+    "builtin_model",
+    "builtin_respond",
+    "builtin_tools",
+    "set_builtin_responder",
+]
+
+BUILTIN_PROVIDER = "builtin"
+"""``Model.provider`` of the built-in model (its ``api`` is ``faux``)."""
+BUILTIN_MODEL_ID = "sessionray-builtin"
+
+BuiltinResponder = Callable[[Context, StreamOptions | None], AssistantMessage]
+
+GREETING = (
+    "Hello! I am sessionray's built-in offline model. I am not an LLM: I echo what you write, "
+    "and I call the demo tools when you mention the time or a tool. Configure a provider in "
+    "sessionray.yaml for real answers."
+)
+
+
+def _user_text(message: UserMessage) -> tuple[str, int]:
+    if isinstance(message.content, str):
+        return message.content, 0
+    text = "".join(b.text for b in message.content if isinstance(b, TextContent))
+    images = sum(1 for b in message.content if isinstance(b, ImageContent))
+    return text, images
+
+
+def _result_text(message: ToolResultMessage) -> str:
+    return "".join(b.text for b in message.content if isinstance(b, TextContent))
+
+
+def _segments_mode(context: Context, options: StreamOptions | None) -> str | None:
+    """How an IM reply is requested (runtime.im_reply): ``tool`` (a ``reply`` tool is offered and
+    forced), ``text`` (native ``output_schema`` named ``reply``, or the IM instructions in the system
+    prompt: the prompt tier), or ``None`` (plain text)."""
+    from runtime.im_reply import IM_INSTRUCTIONS, REPLY_TOOL
+
+    tools = {t.name for t in context.tools or []}
+    if options is not None and REPLY_TOOL in tools and options.tool_choice in (REPLY_TOOL, "required"):
+        return "tool"
+    if options is not None and options.output_schema is not None and options.output_schema_name == REPLY_TOOL:
+        return "text"
+    return "text" if IM_INSTRUCTIONS in context.system_prompt else None
+
+
+def builtin_respond(context: Context, options: StreamOptions | None = None) -> AssistantMessage:
+    """The built-in model's reply: a pure function of ``context`` (see the module docstring).
+
+    When the call asks for the IM reply contract (``runtime.im_reply``: native ``output_schema``
+    named ``reply``, a forced ``reply`` tool, or the IM instructions in the system prompt), a text
+    answer is wrapped as a valid ``Reply`` — ``{"segments": [{"type": "text", ...}]}`` — as the
+    message text or as the ``reply`` tool's arguments; business tool calls stay as they are.
+    """
+    plain = _plain_respond(context)
+    mode = _segments_mode(context, options)
+    if mode is None or plain.tool_calls():
+        return plain
+    from runtime.segments import Reply
+
+    reply = Reply.of_text(plain.text()).model_dump(mode="json")
+    if mode == "tool":
+        return faux_assistant_message([faux_tool_call("reply", reply, id=f"builtin-{len(context.messages)}")])
+    return faux_assistant_message(json.dumps(reply, ensure_ascii=False))
+
+
+def _plain_respond(context: Context) -> AssistantMessage:
+    messages = context.messages
+    if not messages:
+        return faux_assistant_message(GREETING)
+    last = messages[-1]
+    if isinstance(last, ToolResultMessage):
+        trailing: list[ToolResultMessage] = []
+        for m in reversed(messages):
+            if not isinstance(m, ToolResultMessage):
+                break
+            trailing.insert(0, m)
+        lines = [
+            f"Tool {r.tool_name} {'failed' if r.is_error else 'returned'}: {_result_text(r)}"
+            for r in trailing
+        ]
+        return faux_assistant_message("\n".join(lines))
+    if not isinstance(last, UserMessage):
+        return faux_assistant_message(GREETING)
+    text, images = _user_text(last)
+    tools = {t.name for t in context.tools or []}
+    lowered = text.lower()
+    call_id = f"builtin-{len(messages)}"
+    if ("time" in lowered or "clock" in lowered) and "clock" in tools:
+        return faux_assistant_message([faux_tool_call("clock", {}, id=call_id)])
+    if "tool" in lowered and "echo" in tools:
+        return faux_assistant_message([faux_tool_call("echo", {"text": text}, id=call_id)])
+    if not text.strip() and not images:
+        return faux_assistant_message("You sent no text.")
+    suffix = f" [+{images} image(s)]" if images else ""
+    return faux_assistant_message(faux_text(f"You said: {text}{suffix}"))
+
+
+_responder: BuiltinResponder = builtin_respond
+
+
+def set_builtin_responder(responder: BuiltinResponder | None) -> None:
+    """Replace the built-in model's reply function (``None`` restores :func:`builtin_respond`)."""
+    global _responder
+    _responder = responder or builtin_respond
+
+
+def _respond(context: Context, options: StreamOptions | None) -> AssistantMessage:
+    return _responder(context, options)
+
+
+def builtin_model() -> Model:
+    """Return the built-in model, registering its faux provider (``builtin``) on first use.
+
+    Idempotent; the model is ``Model(id="sessionray-builtin", api="faux", provider="builtin")``
+    with a 32 768-token context window.
+    """
+    try:
+        return get_faux_provider(BUILTIN_PROVIDER).get_model()
+    except KeyError:
+        pass
+    model = Model(
+        id=BUILTIN_MODEL_ID,
+        name="built-in offline model (not an LLM)",
+        api="faux",
+        provider=BUILTIN_PROVIDER,
+        context_window=32_768,
+        max_tokens=1_024,
+    )
+    handle = register_faux_provider(provider=BUILTIN_PROVIDER, models=[model], default_response=_respond)
+    return handle.get_model()
+
+
+class ClockArgs(BaseModel):
+    """Arguments of the ``clock`` demo tool."""
+
+    timezone: str = Field(default="UTC", description="IANA time zone name, e.g. Europe/Paris.")
+
+
+class EchoArgs(BaseModel):
+    """Arguments of the ``echo`` demo tool."""
+
+    text: str = Field(description="Text to echo back.")
+
+
+async def _clock(
+    call_id: str, params: Any, signal: AbortSignal | None, on_update: ToolUpdateFn
+) -> AgentToolResult:
+    try:
+        zone = ZoneInfo(params.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {params.timezone!r}") from None
+    now = dt.datetime.now(zone).replace(microsecond=0)
+    return AgentToolResult(content=[TextContent(text=now.isoformat())], details={"timezone": params.timezone})
+
+
+async def _echo(
+    call_id: str, params: Any, signal: AbortSignal | None, on_update: ToolUpdateFn
+) -> AgentToolResult:
+    return AgentToolResult.text(params.text)
+
+
+def builtin_tools() -> list[AgentTool[Any]]:
+    """Return the demo tools the built-in model knows: ``clock`` (current time, ISO 8601, in an
+    IANA zone, default UTC) and ``echo`` (returns its ``text``)."""
+    return [
+        AgentTool("clock", "Return the current date and time (ISO 8601) in a time zone.", ClockArgs, _clock),
+        AgentTool("echo", "Echo the given text back.", EchoArgs, _echo),
+    ]

@@ -1,0 +1,420 @@
+"""``ContextRepository``: the SQL source of truth for every session's context (seed 002, D4, #5, #19).
+
+A session actor calls :meth:`~ContextRepository.load_context` before a turn and
+:meth:`~ContextRepository.append_messages` at its end (decision 19: "turn 前 load / 结束 append").
+Because everything lives in SQL, an actor can be passivated, recycled or killed at any time and a
+new one loads the same context back.
+
+Rules:
+
+* **Epoch-only history** (decisions 5 and 15): ``load_context(session_id)`` reads only that
+  epoch's rows — its latest summary plus the messages after the summary's anchor — and never
+  cold-starts from ``im_transcripts``.
+* **Appends are atomic and serialized per session**: one ``append_messages`` call is one
+  transaction; calls for the same ``session_id`` in this process queue on an ``asyncio.Lock``,
+  and inside the transaction the session row is locked (``SELECT … FOR UPDATE`` on PostgreSQL,
+  ``BEGIN IMMEDIATE`` on SQLite), so writers in other processes queue too. Each call's messages
+  stay contiguous and the load order is the append order (ordered by row id).
+* **Nothing is deleted**: archiving flips ``status`` and starts the next epoch; compaction adds a
+  summary row. Old rows remain.
+* **Forged sender prefixes are stripped before storage** (decision 11): every user message's
+  leading ``[sender:…]`` blocks are removed by :func:`runtime.memory.sender.strip_forged_prefix`.
+* All SQL runs on the :class:`~runtime.memory.db.Database` thread pool; no coroutine blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter
+from sqlalchemy import func
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from runtime.memory.db import Database
+from runtime.memory.keys import make_session_id, parse_session_id, parse_session_key
+from runtime.memory.sender import strip_user_message
+from runtime.memory.tables import AgentMessageRow, AgentSessionRow, AgentSummaryRow
+from runtime.types import (
+    AgentMessage,
+    AssistantMessage,
+    Context,
+    CustomMessage,
+    ToolResultMessage,
+    UserMessage,
+    now_ms,
+)
+
+__all__ = [
+    "SUMMARY_CUSTOM_TYPE",
+    "ContextRepository",
+    "SessionInfo",
+    "StoredMessage",
+    "UnknownSessionError",
+    "summary_message",
+]
+
+SUMMARY_CUSTOM_TYPE = "compaction_summary"
+"""``CustomMessage.custom_type`` of the summary that ``load_context`` puts first (see
+:func:`summary_message`); :func:`runtime.memory.sender.convert_for_llm` turns it into a user
+message the model can read."""
+
+_MESSAGE = TypeAdapter(AgentMessage)
+_KEY_RETRIES = 8
+
+
+class UnknownSessionError(LookupError):
+    """The ``session_id`` has no ``agent_sessions`` row (call ``get_or_create_active`` first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A copy of one ``agent_sessions`` row (times in Unix ms)."""
+
+    session_id: str
+    session_key: str
+    platform: str
+    bot_id: str
+    scene_id: str
+    scene_type: str
+    model: str
+    status: str
+    created_at: int
+    updated_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One ``agent_messages`` row, decoded: its row ``id`` and the message."""
+
+    id: int
+    message: AgentMessage
+
+
+def summary_message(summary: str, anchor_message_id: int | None, timestamp: int) -> CustomMessage:
+    """The :class:`CustomMessage` that stands for a compaction summary in a context.
+
+    ``data = {"summary": str, "anchor_message_id": int | None}``.
+    """
+    return CustomMessage(
+        custom_type=SUMMARY_CUSTOM_TYPE,
+        data={"summary": summary, "anchor_message_id": anchor_message_id},
+        timestamp=timestamp,
+    )
+
+
+def _info(row: AgentSessionRow) -> SessionInfo:
+    return SessionInfo(
+        session_id=row.session_id,
+        session_key=row.session_key,
+        platform=row.platform,
+        bot_id=row.bot_id,
+        scene_id=row.scene_id,
+        scene_type=row.scene_type,
+        model=row.model,
+        status=row.status,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+class ContextRepository:
+    """Load and append the messages of session epochs.
+
+    Args:
+        db: The :class:`Database` (its tables must exist: ``db.create_tables()``).
+
+    Thread/loop model: the coroutine methods may be called from any number of coroutines on one
+    event loop; the per-session locks belong to the loop that first used them.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[name] = lock
+        return lock
+
+    # ------------------------------------------------------------------ sessions
+
+    async def get_or_create_active(self, session_key: str, *, model: str = "") -> str:
+        """Return the active ``session_id`` of ``session_key``, creating epoch 1 (or the next
+        epoch after the highest archived one) when none is active.
+
+        Args:
+            session_key: ``platform:bot_id:scope:scene_id``.
+            model: Model ref recorded on a newly created row (``provider/id``).
+
+        Raises:
+            SessionKeyError: malformed ``session_key``.
+            RuntimeError: other processes changed the key's epochs 8 times in a row.
+        """
+        parse_session_key(session_key)
+        async with self._lock(f"key:{session_key}"):
+            return await self._retrying(session_key, lambda: self._get_or_create_sync(session_key, model))
+
+    async def _retrying(self, session_key: str, fn: Callable[[], str]) -> str:
+        # Another process may create/replace the active epoch between our read and our insert;
+        # the primary key or the one-active index then refuses ours, and a retry sees theirs.
+        last: IntegrityError | None = None
+        for _attempt in range(_KEY_RETRIES):
+            try:
+                return await self.db.run(fn)
+            except IntegrityError as exc:
+                last = exc
+        raise RuntimeError(
+            f"session {session_key!r}: epoch changed concurrently {_KEY_RETRIES} times"
+        ) from last
+
+    def _get_or_create_sync(self, session_key: str, model: str) -> str:
+        with self.db.session(write=True) as s:
+            active = s.exec(
+                select(AgentSessionRow).where(
+                    AgentSessionRow.session_key == session_key, AgentSessionRow.status == "active"
+                )
+            ).first()
+            if active is not None:
+                return active.session_id
+            return self._start_epoch(s, session_key, model)
+
+    def _start_epoch(self, s: Session, session_key: str, model: str) -> str:
+        ids = s.exec(
+            select(AgentSessionRow.session_id).where(AgentSessionRow.session_key == session_key)
+        ).all()
+        epoch = max((parse_session_id(i).epoch for i in ids), default=0) + 1
+        session_id = make_session_id(session_key, epoch)
+        key = parse_session_key(session_key)
+        now = now_ms()
+        s.add(
+            AgentSessionRow(
+                session_id=session_id,
+                session_key=session_key,
+                platform=key.platform,
+                bot_id=key.bot_id,
+                scene_id=key.scene_id,
+                scene_type=key.scope,
+                model=model,
+                status="active",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        s.flush()
+        return session_id
+
+    async def archive_session(self, session_key: str) -> str:
+        """Archive the active epoch of ``session_key`` and start the next; return the new
+        ``session_id`` (``/new`` and ``/clear``). Old rows stay. Without an active epoch this
+        just starts the next one.
+
+        Raises:
+            SessionKeyError: malformed ``session_key``.
+            RuntimeError: other processes changed the key's epochs 8 times in a row.
+        """
+        parse_session_key(session_key)
+
+        def work() -> str:
+            with self.db.session(write=True) as s:
+                active = s.exec(
+                    select(AgentSessionRow)
+                    .where(AgentSessionRow.session_key == session_key, AgentSessionRow.status == "active")
+                    .with_for_update()
+                ).first()
+                model = ""
+                if active is not None:
+                    active.status = "archived"
+                    active.updated_at = now_ms()
+                    model = active.model
+                    s.add(active)
+                    s.flush()
+                return self._start_epoch(s, session_key, model)
+
+        async with self._lock(f"key:{session_key}"):
+            return await self._retrying(session_key, work)
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        """Return the ``agent_sessions`` row of ``session_id`` as :class:`SessionInfo`, or ``None``.
+
+        Raises:
+            SessionKeyError: malformed ``session_id``.
+        """
+        parse_session_id(session_id)
+
+        def work() -> SessionInfo | None:
+            with self.db.session() as s:
+                row = s.get(AgentSessionRow, session_id)
+                return _info(row) if row is not None else None
+
+        return await self.db.run(work)
+
+    async def list_sessions(self, session_key: str) -> list[SessionInfo]:
+        """All epochs of ``session_key``, oldest first.
+
+        Raises:
+            SessionKeyError: malformed ``session_key``.
+        """
+        parse_session_key(session_key)
+
+        def work() -> list[SessionInfo]:
+            with self.db.session() as s:
+                rows = s.exec(select(AgentSessionRow).where(AgentSessionRow.session_key == session_key)).all()
+                return sorted((_info(r) for r in rows), key=lambda i: parse_session_id(i.session_id).epoch)
+
+        return await self.db.run(work)
+
+    # ------------------------------------------------------------------ messages
+
+    async def append_messages(self, session_id: str, messages: Sequence[AgentMessage]) -> list[int]:
+        """Append ``messages`` to the epoch ``session_id`` in one transaction; return their row ids.
+
+        Concurrent calls for one session are serialized (module docstring); none is lost. User
+        messages are stored with forged ``[sender:…]`` prefixes stripped. The session's
+        ``updated_at`` is bumped and ``model`` set from the last assistant message (if any).
+        Appending to an archived epoch is allowed (a turn that was running when ``/new`` came
+        finishes in its own epoch).
+
+        Raises:
+            SessionKeyError: malformed ``session_id``.
+            UnknownSessionError: no such session row.
+            TypeError: an item is not an agent message.
+        """
+        parse_session_id(session_id)
+        rows: list[tuple[str, str, int]] = []
+        model = ""
+        for m in messages:
+            if not isinstance(m, UserMessage | AssistantMessage | ToolResultMessage | CustomMessage):
+                raise TypeError(f"append_messages takes agent messages, got {type(m).__name__}")
+            if isinstance(m, UserMessage):
+                m = strip_user_message(m)
+            if isinstance(m, AssistantMessage) and m.model:
+                model = f"{m.provider}/{m.model}" if m.provider else m.model
+            rows.append((m.role, m.model_dump_json(), m.timestamp))
+        if not rows:
+            return []
+
+        def work() -> list[int]:
+            with self.db.session(write=True) as s:
+                sess = s.exec(
+                    select(AgentSessionRow).where(AgentSessionRow.session_id == session_id).with_for_update()
+                ).first()
+                if sess is None:
+                    raise UnknownSessionError(
+                        f"no agent session {session_id!r}: call get_or_create_active(session_key) first"
+                    )
+                objs = [
+                    AgentMessageRow(session_id=session_id, role=r, payload=p, timestamp=t) for r, p, t in rows
+                ]
+                for o in objs:
+                    s.add(o)
+                    s.flush()  # one at a time: ids follow the list order on every backend
+                sess.updated_at = now_ms()
+                if model:
+                    sess.model = model
+                s.add(sess)
+                return [int(o.id or 0) for o in objs]
+
+        async with self._lock(f"sid:{session_id}"):
+            return await self.db.run(work)
+
+    async def load_context(self, session_id: str) -> Context:
+        """Load the epoch's context: its latest summary (as a :class:`CustomMessage` made by
+        :func:`summary_message`) followed by every message after the summary's anchor, in append
+        order. ``system_prompt`` and ``tools`` are left empty for the caller to fill. An unknown
+        session (or one without rows) loads as an empty context.
+
+        Each summary folds in the one before it (compaction summarizes the previous summary too),
+        so only the latest is needed.
+
+        Raises:
+            SessionKeyError: malformed ``session_id``.
+        """
+        parse_session_id(session_id)
+        summary, stored = await self.db.run(lambda: self._load_sync(session_id))
+        msgs: list[Any] = [summary] if summary is not None else []
+        msgs.extend(sm.message for sm in stored)
+        return Context(messages=msgs)
+
+    async def load_stored(self, session_id: str, *, after_id: int | None = None) -> list[StoredMessage]:
+        """Every message row of the epoch with ``id > after_id`` (all when ``None``), in append order.
+
+        Raises:
+            SessionKeyError: malformed ``session_id``.
+        """
+        parse_session_id(session_id)
+        return await self.db.run(lambda: self._messages_sync(session_id, after_id))
+
+    def _messages_sync(self, session_id: str, after_id: int | None) -> list[StoredMessage]:
+        with self.db.session() as s:
+            return _select_messages(s, session_id, after_id)
+
+    def _load_sync(self, session_id: str) -> tuple[CustomMessage | None, list[StoredMessage]]:
+        with self.db.session() as s:  # one snapshot for the summary and the rows after it
+            row = s.exec(
+                select(AgentSummaryRow)
+                .where(AgentSummaryRow.session_id == session_id)
+                .order_by(col(AgentSummaryRow.id).desc())
+                .limit(1)
+            ).first()
+            if row is None:
+                return None, _select_messages(s, session_id, None)
+            summary = summary_message(row.summary, row.anchor_message_id, row.created_at)
+            return summary, _select_messages(s, session_id, row.anchor_message_id)
+
+    # ------------------------------------------------------------------ summaries
+
+    async def add_summary(self, session_id: str, summary: str, anchor_message_id: int | None) -> int:
+        """Store a compaction summary covering the rows up to ``anchor_message_id``; return its id.
+
+        Raises:
+            SessionKeyError: malformed ``session_id``.
+            UnknownSessionError: no such session row.
+        """
+        parse_session_id(session_id)
+
+        def work() -> int:
+            with self.db.session(write=True) as s:
+                if s.get(AgentSessionRow, session_id) is None:
+                    raise UnknownSessionError(f"no agent session {session_id!r}")
+                row = AgentSummaryRow(
+                    session_id=session_id,
+                    summary=summary,
+                    anchor_message_id=anchor_message_id,
+                    created_at=now_ms(),
+                )
+                s.add(row)
+                s.flush()
+                return int(row.id or 0)
+
+        async with self._lock(f"sid:{session_id}"):
+            return await self.db.run(work)
+
+    async def count_messages(self, session_id: str) -> int:
+        """Number of message rows of the epoch (all of them, summarized or not)."""
+        parse_session_id(session_id)
+
+        def work() -> int:
+            with self.db.session() as s:
+                n = s.exec(
+                    select(func.count())
+                    .select_from(AgentMessageRow)
+                    .where(AgentMessageRow.session_id == session_id)
+                ).one()
+                return int(n)
+
+        return await self.db.run(work)
+
+
+def _select_messages(s: Session, session_id: str, after_id: int | None) -> list[StoredMessage]:
+    q = select(AgentMessageRow.id, AgentMessageRow.payload).where(AgentMessageRow.session_id == session_id)
+    if after_id is not None:
+        q = q.where(col(AgentMessageRow.id) > after_id)
+    rows = s.exec(q.order_by(col(AgentMessageRow.id))).all()
+    return [StoredMessage(int(i or 0), _MESSAGE.validate_json(p)) for i, p in rows]

@@ -1,0 +1,130 @@
+"""The four memory tables of seed 002 D4, as sqlmodel classes.
+
+* ``im_transcripts`` — what was said in a scene (audit and ``chat_history`` search). One row per
+  platform message and direction; ``UNIQUE (platform, bot_id, message_id, direction)`` makes a
+  redelivered webhook a no-op. ``body`` is plain text only; ``media_json`` is the segments JSON.
+* ``agent_sessions`` — one row per epoch of a session: ``session_id`` = ``{session_key}#{epoch}``;
+  at most one ``active`` row per ``session_key`` (a partial unique index).
+* ``agent_messages`` — the agent's messages of one epoch; ``payload`` is the whole message JSON
+  (``AgentMessage.model_dump_json()``), ``role`` is ``user | assistant | toolResult | custom``;
+  index ``(session_id, timestamp)``. Rows are never updated or deleted.
+* ``agent_summaries`` — compaction summaries; ``anchor_message_id`` is the id of the last
+  ``agent_messages`` row the summary covers.
+
+Times (``time``, ``timestamp``, ``created_at``, ``updated_at``) are Unix epoch milliseconds in
+64-bit integers. Row ids are 64-bit on PostgreSQL (``BIGSERIAL``) and the rowid on SQLite.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, ForeignKey, Index, Integer, Text, UniqueConstraint, text
+from sqlmodel import Field, SQLModel
+
+__all__ = ["MEMORY_TABLES", "AgentMessageRow", "AgentSessionRow", "AgentSummaryRow", "ImTranscriptRow"]
+
+# BIGINT primary keys do not alias SQLite's rowid (no autoincrement there), so use INTEGER on SQLite.
+_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _id_column() -> Column:
+    return Column(_ID, primary_key=True, autoincrement=True)
+
+
+def _ms_column(*, index: bool = False) -> Column:
+    return Column(BigInteger, nullable=False, index=index)
+
+
+class ImTranscriptRow(SQLModel, table=True):
+    """One IM message seen by a bot (inbound when accepted, outbound after the platform confirmed)."""
+
+    __tablename__ = "im_transcripts"
+    __table_args__ = (
+        UniqueConstraint("platform", "bot_id", "message_id", "direction", name="uq_im_transcripts_delivery"),
+        Index("ix_im_transcripts_scene_time", "platform", "bot_id", "scene_id", "time"),
+    )
+
+    id: int | None = Field(default=None, sa_column=_id_column())
+    message_id: str = Field(sa_column=Column(Text, nullable=False))
+    """The platform's message id."""
+    platform: str = Field(sa_column=Column(Text, nullable=False))
+    bot_id: str = Field(sa_column=Column(Text, nullable=False))
+    scene_id: str = Field(sa_column=Column(Text, nullable=False))
+    scene_type: str = Field(sa_column=Column(Text, nullable=False))
+    """``private`` | ``group`` | ``channel``."""
+    sender_id: str = Field(sa_column=Column(Text, nullable=False))
+    sender_name: str = Field(sa_column=Column(Text, nullable=False))
+    sender_role: str = Field(sa_column=Column(Text, nullable=False))
+    direction: str = Field(sa_column=Column(Text, nullable=False))
+    """``inbound`` | ``outbound``."""
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    """Plain text only (may be empty when the message is media only)."""
+    media_json: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    """The message's segments as JSON (``[{"type": …, "data": {…}}, …]``), or NULL."""
+    time: int = Field(sa_column=_ms_column())
+    """Unix ms."""
+
+
+class AgentSessionRow(SQLModel, table=True):
+    """One epoch of one session."""
+
+    __tablename__ = "agent_sessions"
+    __table_args__ = (
+        Index(
+            "uq_agent_sessions_one_active",
+            "session_key",
+            unique=True,
+            sqlite_where=text("status = 'active'"),
+            postgresql_where=text("status = 'active'"),
+        ),
+    )
+
+    session_id: str = Field(sa_column=Column(Text, primary_key=True))
+    """``{session_key}#{epoch}``."""
+    session_key: str = Field(sa_column=Column(Text, nullable=False, index=True))
+    platform: str = Field(sa_column=Column(Text, nullable=False))
+    bot_id: str = Field(sa_column=Column(Text, nullable=False))
+    scene_id: str = Field(sa_column=Column(Text, nullable=False))
+    scene_type: str = Field(sa_column=Column(Text, nullable=False))
+    model: str = Field(default="", sa_column=Column(Text, nullable=False))
+    """The model ref most recently used (``provider/id``)."""
+    status: str = Field(sa_column=Column(Text, nullable=False))
+    """``active`` | ``archived``."""
+    created_at: int = Field(sa_column=_ms_column())
+    updated_at: int = Field(sa_column=_ms_column())
+
+
+class AgentMessageRow(SQLModel, table=True):
+    """One agent message of one epoch (never updated, never deleted)."""
+
+    __tablename__ = "agent_messages"
+    __table_args__ = (Index("ix_agent_messages_session_time", "session_id", "timestamp"),)
+
+    id: int | None = Field(default=None, sa_column=_id_column())
+    session_id: str = Field(sa_column=Column(Text, ForeignKey("agent_sessions.session_id"), nullable=False))
+    role: str = Field(sa_column=Column(Text, nullable=False))
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    """The whole message as JSON (content blocks, usage, sender metadata…)."""
+    timestamp: int = Field(sa_column=_ms_column())
+    """The message's own ``timestamp`` (Unix ms)."""
+
+
+class AgentSummaryRow(SQLModel, table=True):
+    """A compaction summary of the messages up to ``anchor_message_id`` (inclusive)."""
+
+    __tablename__ = "agent_summaries"
+    __table_args__ = (Index("ix_agent_summaries_session", "session_id", "id"),)
+
+    id: int | None = Field(default=None, sa_column=_id_column())
+    session_id: str = Field(sa_column=Column(Text, ForeignKey("agent_sessions.session_id"), nullable=False))
+    summary: str = Field(sa_column=Column(Text, nullable=False))
+    anchor_message_id: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    created_at: int = Field(sa_column=_ms_column())
+
+
+MEMORY_TABLES: tuple[type[SQLModel], ...] = (
+    ImTranscriptRow,
+    AgentSessionRow,
+    AgentMessageRow,
+    AgentSummaryRow,
+)
+"""Every table :meth:`Database.create_tables` creates, in dependency order."""

@@ -1,0 +1,228 @@
+"""IM transcripts: what was said in each scene, for audit and ``chat_history`` (seed 002, D4, #1, #6).
+
+Write rules (seed 002 D4 "写入规则"):
+
+* an **inbound** row is written when the router accepts an event; an **outbound** row after the
+  platform confirmed a send (so a failed send leaves no row);
+* ``body`` is the plain text only — ``text`` segments' ``data.text`` and ``markdown`` segments'
+  ``data.content``, concatenated — or the caller's ``text`` when given; media never goes into it;
+* ``media_json`` is the JSON of the whole segment list (``[{"type": …, "data": {…}}, …]``, the
+  same shape as :mod:`runtime.segments`) when the message has at least one segment that is not
+  plain text (see :data:`TEXT_SEGMENT_TYPES`), else NULL;
+* an **inbound** message with neither text (after stripping whitespace) nor a media segment is
+  skipped (``"skipped"``);
+* ``UNIQUE (platform, bot_id, message_id, direction)``: a redelivered webhook (or a retried
+  confirmation) is stored once (``"duplicate"``), via ``INSERT … ON CONFLICT DO NOTHING``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+from pydantic import BaseModel
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlmodel import col, select
+
+from runtime.memory.db import Database
+from runtime.memory.keys import SCOPES
+from runtime.memory.tables import ImTranscriptRow
+from runtime.types import now_ms
+
+__all__ = [
+    "TEXT_SEGMENT_TYPES",
+    "Direction",
+    "TranscriptEntry",
+    "TranscriptOutcome",
+    "TranscriptStore",
+    "plain_text",
+    "segments_to_dicts",
+]
+
+Direction: TypeAlias = Literal["inbound", "outbound"]
+TranscriptOutcome: TypeAlias = Literal["stored", "duplicate", "skipped"]
+
+TEXT_SEGMENT_TYPES: frozenset[str] = frozenset({"text", "markdown", "mention", "at", "reply"})
+"""Segment types that are not media: text, markdown, mentions and quote references. Any other
+type (image, audio, video, file, face, share, forward, dice, rps, …) counts as media."""
+
+
+def segments_to_dicts(segments: Sequence[Mapping[str, Any] | BaseModel]) -> list[dict[str, Any]]:
+    """Segments (pydantic segment models or plain dicts) as JSON-ready dicts."""
+    out: list[dict[str, Any]] = []
+    for seg in segments:
+        out.append(seg.model_dump(mode="json") if isinstance(seg, BaseModel) else dict(seg))
+    return out
+
+
+def plain_text(segments: Sequence[Mapping[str, Any]]) -> str:
+    """Concatenate ``text`` segments' ``data.text`` and ``markdown`` segments' ``data.content``.
+
+    >>> plain_text([{"type": "text", "data": {"text": "hi "}}, {"type": "image", "data": {}},
+    ...             {"type": "markdown", "data": {"content": "**there**"}}])
+    'hi **there**'
+    """
+    parts: list[str] = []
+    for seg in segments:
+        data = seg.get("data") or {}
+        if seg.get("type") == "text":
+            parts.append(str(data.get("text", "")))
+        elif seg.get("type") == "markdown":
+            parts.append(str(data.get("content", "")))
+    return "".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptEntry:
+    """One decoded ``im_transcripts`` row (``time`` in Unix ms; ``media`` decoded from ``media_json``)."""
+
+    message_id: str
+    platform: str
+    bot_id: str
+    scene_id: str
+    scene_type: str
+    sender_id: str
+    sender_name: str
+    sender_role: str
+    direction: str
+    body: str
+    media: list[dict[str, Any]] | None
+    time: int
+
+
+class TranscriptStore:
+    """Writes and searches ``im_transcripts``.
+
+    Args:
+        db: The :class:`Database` (tables created).
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def record(
+        self,
+        *,
+        direction: Direction,
+        message_id: str,
+        platform: str,
+        bot_id: str,
+        scene_id: str,
+        scene_type: str,
+        sender_id: str,
+        sender_name: str = "",
+        sender_role: str = "",
+        segments: Sequence[Mapping[str, Any] | BaseModel] = (),
+        text: str | None = None,
+        time_ms: int | None = None,
+    ) -> TranscriptOutcome:
+        """Store one message (rules in the module docstring).
+
+        Args:
+            direction: ``inbound`` (event accepted) | ``outbound`` (send confirmed).
+            message_id: The platform's message id (for outbound: the id the platform returned).
+            platform / bot_id / scene_id: Where; ``scene_id`` is the peer's id in private chats.
+            scene_type: ``private`` | ``group`` | ``channel``.
+            sender_id / sender_name / sender_role: Who (for outbound: the bot).
+            segments: The message's segments (pydantic segment models or dicts).
+            text: The plain text when the caller already has it; else derived from ``segments``.
+            time_ms: Unix ms (default: now).
+
+        Returns:
+            ``"stored"``, ``"duplicate"`` (same platform, bot, message id and direction already
+            stored) or ``"skipped"`` (inbound without text or media).
+
+        Raises:
+            ValueError: bad ``direction`` or ``scene_type``, or an empty ``message_id``.
+        """
+        if direction not in ("inbound", "outbound"):
+            raise ValueError(f"transcript direction must be inbound|outbound, got {direction!r}")
+        if scene_type not in SCOPES:
+            raise ValueError(f"transcript scene_type must be one of {'|'.join(SCOPES)}, got {scene_type!r}")
+        if not message_id:
+            raise ValueError("transcript message_id must not be empty")
+        segs = segments_to_dicts(segments)
+        body = plain_text(segs) if text is None else text
+        has_media = any(s.get("type") not in TEXT_SEGMENT_TYPES for s in segs)
+        if direction == "inbound" and not body.strip() and not has_media:
+            return "skipped"
+        values = {
+            "message_id": str(message_id),
+            "platform": platform,
+            "bot_id": bot_id,
+            "scene_id": scene_id,
+            "scene_type": scene_type,
+            "sender_id": sender_id,
+            "sender_name": sender_name,
+            "sender_role": sender_role,
+            "direction": direction,
+            "body": body,
+            "media_json": json.dumps(segs, ensure_ascii=False) if has_media else None,
+            "time": now_ms() if time_ms is None else int(time_ms),
+        }
+        insert = pg_insert if self.db.dialect == "postgresql" else sqlite_insert
+        stmt = (
+            insert(ImTranscriptRow)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["platform", "bot_id", "message_id", "direction"])
+            .returning(ImTranscriptRow.__table__.c.id)  # type: ignore[attr-defined]
+        )
+
+        def work() -> TranscriptOutcome:
+            with self.db.session(write=True) as s:
+                result = s.connection().execute(stmt)
+                # pysqlite reports no result columns when RETURNING yields no row (a conflict).
+                stored = result.returns_rows and result.first() is not None
+                return "stored" if stored else "duplicate"
+
+        return await self.db.run(work)
+
+    async def record_inbound(self, **fields: Any) -> TranscriptOutcome:
+        """:meth:`record` with ``direction="inbound"`` (call when the event is accepted)."""
+        return await self.record(direction="inbound", **fields)
+
+    async def record_outbound(self, **fields: Any) -> TranscriptOutcome:
+        """:meth:`record` with ``direction="outbound"`` (call after the platform confirmed the send)."""
+        return await self.record(direction="outbound", **fields)
+
+    async def scene(
+        self, platform: str, bot_id: str, scene_id: str, *, limit: int = 100
+    ) -> list[TranscriptEntry]:
+        """The last ``limit`` rows of a scene, oldest first (audit/replay)."""
+
+        def work() -> list[TranscriptEntry]:
+            with self.db.session() as s:
+                rows = s.exec(
+                    select(ImTranscriptRow)
+                    .where(
+                        ImTranscriptRow.platform == platform,
+                        ImTranscriptRow.bot_id == bot_id,
+                        ImTranscriptRow.scene_id == scene_id,
+                    )
+                    .order_by(col(ImTranscriptRow.time).desc(), col(ImTranscriptRow.id).desc())
+                    .limit(limit)
+                ).all()
+            return [entry_from_row(r) for r in reversed(rows)]
+
+        return await self.db.run(work)
+
+
+def entry_from_row(row: ImTranscriptRow) -> TranscriptEntry:
+    """Decode one row (``media_json`` parsed)."""
+    return TranscriptEntry(
+        message_id=row.message_id,
+        platform=row.platform,
+        bot_id=row.bot_id,
+        scene_id=row.scene_id,
+        scene_type=row.scene_type,
+        sender_id=row.sender_id,
+        sender_name=row.sender_name,
+        sender_role=row.sender_role,
+        direction=row.direction,
+        body=row.body,
+        media=json.loads(row.media_json) if row.media_json else None,
+        time=row.time,
+    )

@@ -1,0 +1,201 @@
+"""Compaction as a transform_context hook: tool pairs kept together, summary stored with its
+anchor, failing summarizers keep the full context (seed 002 #14)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import prometheus_client
+import pytest
+
+from providers.faux import FauxProviderHandle, faux_assistant_message, register_faux_provider
+from runtime.memory import ContextRepository, Database, make_compaction_hook, summary_message
+from runtime.memory.compaction import find_cut
+from runtime.types import (
+    AgentMessage,
+    AssistantMessage,
+    Context,
+    CustomMessage,
+    Model,
+    TextContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+
+KEY = "console:bot:private:alice"
+
+
+def counter(outcome: str) -> float:
+    value = prometheus_client.REGISTRY.get_sample_value("sessionray_compactions_total", {"outcome": outcome})
+    return value or 0.0
+
+
+@pytest.fixture
+def faux() -> Iterator[FauxProviderHandle]:
+    handle = register_faux_provider(
+        provider="memfaux", models=[Model(id="small", api="faux", context_window=1000, max_tokens=200)]
+    )
+    yield handle
+    handle.unregister()
+
+
+def conversation() -> list[AgentMessage]:
+    """~552 estimated tokens: 0 user, 1 assistant+call c1, 2 result c1, 3 assistant, 4 user,
+    5 assistant+call c2, 6 result c2, 7 assistant."""
+    return [
+        UserMessage(content="A" * 400, timestamp=1),
+        AssistantMessage(
+            content=[TextContent(text="calling"), ToolCall(id="c1", name="lookup", arguments={"q": "x"})],
+            stop_reason="toolUse",
+            timestamp=2,
+        ),
+        ToolResultMessage(
+            tool_call_id="c1", tool_name="lookup", content=[TextContent(text="R" * 400)], timestamp=3
+        ),
+        AssistantMessage(content=[TextContent(text="B" * 400)], timestamp=4),
+        UserMessage(content="C" * 400, timestamp=5),
+        AssistantMessage(
+            content=[ToolCall(id="c2", name="lookup", arguments={"q": "y"})],
+            stop_reason="toolUse",
+            timestamp=6,
+        ),
+        ToolResultMessage(
+            tool_call_id="c2", tool_name="lookup", content=[TextContent(text="S" * 400)], timestamp=7
+        ),
+        AssistantMessage(content=[TextContent(text="D" * 40)], timestamp=8),
+    ]
+
+
+def test_cut_never_splits_a_tool_call_from_its_result() -> None:
+    msgs = conversation()
+    # by tokens alone the tail would start at the result of c2 (index 6); the cut moves to its call
+    assert find_cut(msgs, 110) == 5
+    assert find_cut(msgs, 10) == 7
+    assert find_cut(msgs, 230) == 4
+    # a tail that would start at the result of c1 moves to the call at 1
+    assert find_cut(msgs[:3], 50) == 1
+    # over budget with a large keep: still the smallest valid head
+    assert find_cut(msgs, 5000) == 1
+    assert find_cut(msgs[:1], 10) is None  # nothing can be summarized
+    assert find_cut([summary_message("s", 1, 0), msgs[0]], 10) is None  # only the old summary
+
+
+async def test_compaction_summarizes_head_stores_anchor_and_keeps_tool_pairs(
+    db: Database, faux: FauxProviderHandle
+) -> None:
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    ids = await repo.append_messages(sid, conversation())
+    ctx = await repo.load_context(sid)
+    seen: list[Context] = []
+
+    def summarizer(context: Context, _options: Any) -> AssistantMessage:
+        seen.append(context)
+        return faux_assistant_message("SUMMARY-1")
+
+    faux.set_responses([summarizer])
+    hook = make_compaction_hook(repo, sid, faux.get_model(), threshold=0.5, keep_recent_tokens=110)
+    before = counter("ok")
+    out = await hook(list(ctx.messages), None)
+    tail = conversation()[5:]
+    assert len(out) == 4 and out[1:] == tail
+    assert isinstance(out[0], CustomMessage)
+    assert out[0].data == {"summary": "SUMMARY-1", "anchor_message_id": ids[4]}
+    assert counter("ok") == before + 1
+    # the summarizer saw the head (messages 0-4) and nothing of the tail
+    prompt = seen[0].messages[0]
+    assert isinstance(prompt, UserMessage) and isinstance(prompt.content, str)
+    assert prompt.content.startswith("Summarize this conversation:\n\n[user]\n" + "A" * 400)
+    assert '(calls tool lookup {"q": "x"})' in prompt.content and "C" * 400 in prompt.content
+    assert "S" * 400 not in prompt.content and '{"q": "y"}' not in prompt.content
+
+    # the next load gives summary + tail; nothing was deleted
+    again = await repo.load_context(sid)
+    assert again.messages[1:] == tail
+    assert again.messages[0] == summary_message("SUMMARY-1", ids[4], again.messages[0].timestamp)
+    assert await repo.count_messages(sid) == 8
+
+    # a later LLM call of the same turn reuses the summary without calling the model
+    calls = faux.call_count
+    assert await hook([*ctx.messages, UserMessage(content="more", timestamp=9)], None) == [
+        out[0],
+        *tail,
+        UserMessage(content="more", timestamp=9),
+    ]
+    assert faux.call_count == calls
+
+    # a new turn that grows past the budget again folds the earlier summary into the next one
+    extra = [
+        UserMessage(content="E" * 1600, timestamp=10),
+        AssistantMessage(content=[TextContent(text="ok")]),
+    ]
+    await repo.append_messages(sid, extra)
+    loaded = await repo.load_context(sid)
+    faux.set_responses([summarizer])
+    hook2 = make_compaction_hook(repo, sid, faux.get_model(), threshold=0.5, keep_recent_tokens=10)
+    out2 = await hook2(list(loaded.messages), None)
+    assert out2[1:] == extra
+    assert out2[0].data == {"summary": "SUMMARY-1", "anchor_message_id": ids[7]}  # type: ignore[union-attr]
+    second_prompt = seen[1].messages[0]
+    assert isinstance(second_prompt, UserMessage) and isinstance(second_prompt.content, str)
+    assert second_prompt.content.startswith("Summarize this conversation:\n\n[earlier summary]\nSUMMARY-1")
+    final = await repo.load_context(sid)
+    assert final.messages[1:] == extra
+    assert final.messages[0].data["anchor_message_id"] == ids[7]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("failure", ["error_reply", "empty_reply", "unknown_api"])
+async def test_failing_summarizer_keeps_full_context(
+    db: Database, faux: FauxProviderHandle, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    await repo.append_messages(sid, conversation())
+    ctx = await repo.load_context(sid)
+    model = faux.get_model()
+    if failure == "error_reply":
+        faux.set_responses([faux_assistant_message([], "error", error_message="rate limited")])
+    elif failure == "empty_reply":
+        faux.set_responses([faux_assistant_message("   ")])
+    else:
+        model = model.model_copy(update={"api": "no-such-api"})
+    hook = make_compaction_hook(
+        repo, sid, faux.get_model(), threshold=0.5, keep_recent_tokens=110, summary_model=model
+    )
+    before = counter("failed")
+    with caplog.at_level(logging.WARNING, logger="runtime.memory.compaction"):
+        out = await hook(list(ctx.messages), None)
+    assert out == conversation()
+    assert counter("failed") == before + 1
+    assert any("failed, keeping the full context" in r.getMessage() for r in caplog.records)
+    assert await repo.load_context(sid) == Context(messages=conversation())
+    assert await repo.count_messages(sid) == 8
+
+
+async def test_within_budget_is_untouched(db: Database, faux: FauxProviderHandle) -> None:
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    hook = make_compaction_hook(repo, sid, faux.get_model(), threshold=0.9)
+    msgs = conversation()[:4]
+    assert await hook(msgs, None) == msgs
+    assert faux.call_count == 0
+
+
+async def test_summary_reaching_into_unstored_messages_is_used_but_not_stored(
+    db: Database, faux: FauxProviderHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    msgs = conversation()
+    await repo.append_messages(sid, msgs[:2])  # the rest is this turn's, not appended yet
+    faux.set_responses([faux_assistant_message("IN-MEMORY")])
+    hook = make_compaction_hook(repo, sid, faux.get_model(), threshold=0.5, keep_recent_tokens=110)
+    with caplog.at_level(logging.WARNING, logger="runtime.memory.compaction"):
+        out = await hook(msgs, None)
+    assert out[1:] == msgs[5:]
+    assert out[0].data == {"summary": "IN-MEMORY", "anchor_message_id": None}  # type: ignore[union-attr]
+    assert any("not stored yet" in r.getMessage() for r in caplog.records)
+    assert await repo.load_context(sid) == Context(messages=msgs[:2])

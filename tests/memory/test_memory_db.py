@@ -1,0 +1,100 @@
+"""Database URLs and the SQLite defaults (WAL, busy timeout, directory created)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, text
+
+from runtime.memory import DEFAULT_DATABASE_URL, Database, DatabaseUrlError, normalize_url
+
+
+def test_default_url_creates_directory_with_wal_and_busy_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert DEFAULT_DATABASE_URL == "sqlite:///./data/sessionray.db"
+    db = Database()
+    try:
+        assert (tmp_path / "data").is_dir()
+        db.create_tables()
+        assert (tmp_path / "data" / "sessionray.db").is_file()
+        with db.engine.connect() as conn:
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 5000
+            assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+        assert sorted(inspect(db.engine).get_table_names()) == [
+            "agent_messages",
+            "agent_sessions",
+            "agent_summaries",
+            "im_transcripts",
+        ]
+    finally:
+        db.dispose()
+
+
+def test_postgres_urls_use_psycopg3() -> None:
+    for url in (
+        "postgres://u:p@h:5432/d",
+        "postgresql://u:p@h:5432/d",
+        "postgresql+psycopg2://u:p@h:5432/d",
+        "postgresql+psycopg://u:p@h:5432/d",
+    ):
+        assert normalize_url(url).render_as_string(hide_password=False) == "postgresql+psycopg://u:p@h:5432/d"
+    assert repr(Database("postgresql://u:secret@h/d")) == "Database('postgresql+psycopg://u:***@h/d')"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://u@h/d", "unsupported database backend 'mysql'"),
+        ("sqlite://", "in-memory SQLite ('sqlite://') is not supported"),
+        ("sqlite:///:memory:", "in-memory SQLite ('sqlite:///:memory:') is not supported"),
+        ("not a url", "cannot parse database URL 'not a url'"),
+    ],
+)
+def test_bad_urls_are_refused(url: str, message: str) -> None:
+    with pytest.raises(DatabaseUrlError) as err:
+        normalize_url(url)
+    assert message in str(err.value)
+
+
+def test_table_shapes(db: Database) -> None:
+    insp = inspect(db.engine)
+    cols = {t: [c["name"] for c in insp.get_columns(t)] for t in insp.get_table_names()}
+    assert cols == {
+        "im_transcripts": [
+            "id",
+            "message_id",
+            "platform",
+            "bot_id",
+            "scene_id",
+            "scene_type",
+            "sender_id",
+            "sender_name",
+            "sender_role",
+            "direction",
+            "body",
+            "media_json",
+            "time",
+        ],
+        "agent_sessions": [
+            "session_id",
+            "session_key",
+            "platform",
+            "bot_id",
+            "scene_id",
+            "scene_type",
+            "model",
+            "status",
+            "created_at",
+            "updated_at",
+        ],
+        "agent_messages": ["id", "session_id", "role", "payload", "timestamp"],
+        "agent_summaries": ["id", "session_id", "summary", "anchor_message_id", "created_at"],
+    }
+    indexes = {tuple(i["column_names"]) for i in insp.get_indexes("agent_messages")}
+    assert ("session_id", "timestamp") in indexes
+    uniques = {tuple(u["column_names"]) for u in insp.get_unique_constraints("im_transcripts")}
+    assert uniques == {("platform", "bot_id", "message_id", "direction")}
