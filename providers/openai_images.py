@@ -1,0 +1,229 @@
+"""Image generation, separate from chat (seed 002, D7: ``getImageModel`` + ``generateImages``).
+
+Api ``openai-images``: the OpenAI Images API (``POST {base_url}/images/generations`` for a prompt,
+``POST {base_url}/images/edits`` (multipart) when input images are given), reading ``b64_json``.
+Chat vision stays in :class:`~runtime.types.Context` image blocks; this module never streams.
+
+Errors are *encoded in the result* (``ImageGenerationResult.error_message``), never raised, so a
+tool such as ``generate_image`` can report them to the model as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import filetype
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from providers.common import join_url, resolve_api_key
+from providers.transport import error_message_from_body, get_http_client, redact
+from runtime.abort import AbortSignal
+from runtime.options import StreamOptions
+from runtime.types import ImageContent, Model, TextContent, Usage
+
+__all__ = [
+    "API",
+    "ImageGenerationOptions",
+    "ImageGenerationResult",
+    "ImageModel",
+    "generate_images",
+    "get_image_model",
+]
+
+API = "openai-images"
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+class ImageModel(BaseModel):
+    """An image-generation model: id, provider alias, endpoint (``api`` is ``openai-images``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    """e.g. ``gpt-image-1`` or ``dall-e-3``."""
+    provider: str = ""
+    api: str = API
+    base_url: str = ""
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class ImageGenerationResult(BaseModel):
+    """Images (base64 + MIME type), token usage, and the failure text if any."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    images: list[ImageContent] = Field(default_factory=list)
+    revised_prompts: list[str | None] = Field(default_factory=list)
+    """One entry per image (``dall-e-3`` rewrites prompts; ``None`` otherwise)."""
+    usage: Usage = Field(default_factory=Usage)
+    """Tokens (``gpt-image-*`` report input/output tokens; ``dall-e-*`` report none)."""
+    model: str = ""
+    provider: str = ""
+    error_message: str | None = None
+    """Set when the call failed; ``images`` is then empty."""
+
+
+@dataclass
+class ImageGenerationOptions:
+    """Per-call options; ``None`` fields are not sent.
+
+    Attributes:
+        n: Number of images.
+        size: e.g. ``1024x1024``.
+        quality: e.g. ``low`` | ``medium`` | ``high`` (gpt-image) or ``hd`` (dall-e-3).
+        output_format: ``png`` | ``jpeg`` | ``webp`` (gpt-image only).
+        api_key: Overrides the key lookup (never logged).
+        timeout: Seconds for the whole call (default 300).
+        signal: Cancellation: when it fires the request is cancelled (connection closed) and
+            the result has ``error_message="aborted"``.
+        extra: Extra JSON fields sent as they are.
+    """
+
+    n: int | None = None
+    size: str | None = None
+    quality: str | None = None
+    output_format: str | None = None
+    api_key: str | None = None
+    timeout: float | None = None
+    signal: AbortSignal | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def get_image_model(provider_alias: str, model_id: str) -> ImageModel:
+    """Return the image model ``model_id`` of ``ai.providers.<provider_alias>`` (seed 002, D7).
+
+    The provider's ``base_url`` and ``headers`` are used; its chat ``api`` does not matter (any
+    OpenAI-compatible endpoint with an Images API works).
+
+    Raises:
+        runtime.config.ConfigError: the alias is not configured.
+    """
+    from runtime.config import get_model
+
+    chat = get_model(provider_alias, model_id)
+    return ImageModel(id=model_id, provider=provider_alias, base_url=chat.base_url, headers=chat.headers)
+
+
+def _mime(data: bytes, output_format: str | None) -> str:
+    kind = filetype.guess(data)
+    if kind is not None and kind.mime.startswith("image/"):
+        return str(kind.mime)
+    return f"image/{'jpeg' if output_format == 'jpg' else output_format or 'png'}"
+
+
+async def generate_images(
+    model: ImageModel,
+    prompt_or_inputs: str | list[TextContent | ImageContent],
+    options: ImageGenerationOptions | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> ImageGenerationResult:
+    """Generate (or edit) images; never raises for provider or network failures.
+
+    Args:
+        model: From :func:`get_image_model`.
+        prompt_or_inputs: A prompt, or text blocks (joined as the prompt) plus input images
+            (→ ``/images/edits``).
+        options: See :class:`ImageGenerationOptions`.
+        client: An ``httpx.AsyncClient`` (default: the shared client of the running loop).
+
+    Returns:
+        The images with MIME types sniffed from their bytes, usage in tokens, or ``error_message``.
+    """
+    opts = options or ImageGenerationOptions()
+    result = ImageGenerationResult(model=model.id, provider=model.provider)
+    if isinstance(prompt_or_inputs, str):
+        prompt, images = prompt_or_inputs, []
+    else:
+        prompt = "\n".join(b.text for b in prompt_or_inputs if isinstance(b, TextContent))
+        images = [b for b in prompt_or_inputs if isinstance(b, ImageContent)]
+    chat_like = Model(id=model.id, api=API, provider=model.provider, base_url=model.base_url)
+    key = resolve_api_key(chat_like, StreamOptions(api_key=opts.api_key))
+    secrets = [key] if key else []
+    headers = {**model.headers, **opts.headers}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    fields: dict[str, Any] = {"model": model.id, "prompt": prompt}
+    for name in ("n", "size", "quality", "output_format"):
+        if getattr(opts, name) is not None:
+            fields[name] = getattr(opts, name)
+    if model.id.startswith("dall-e"):
+        fields["response_format"] = "b64_json"
+    fields.update(opts.extra)
+    base = model.base_url or DEFAULT_BASE_URL
+    http = client or get_http_client()
+    timeout = httpx.Timeout(opts.timeout or 300.0, connect=10.0)
+    try:
+        if images:
+            files = [
+                ("image[]", (f"input{i}.{b.mime_type.split('/')[-1]}", base64.b64decode(b.data), b.mime_type))
+                for i, b in enumerate(images)
+            ]
+            data = {k: str(v) for k, v in fields.items()}
+            call = http.post(
+                join_url(base, "images/edits"), headers=headers, data=data, files=files, timeout=timeout
+            )
+        else:
+            call = http.post(
+                join_url(base, "images/generations"), headers=headers, json=fields, timeout=timeout
+            )
+        resp = await _abortable(call, opts.signal)
+        if resp.status_code >= 400:
+            result.error_message = redact(error_message_from_body(resp.status_code, resp.content), secrets)
+            return result
+        payload = json.loads(resp.content)
+    except _Aborted:
+        result.error_message = "aborted"
+        return result
+    except httpx.HTTPError as exc:
+        result.error_message = redact(f"connection error: {type(exc).__name__}: {exc}", secrets)
+        return result
+    except ValueError as exc:
+        result.error_message = f"invalid JSON from the Images API: {exc}"
+        return result
+    for item in payload.get("data") or []:
+        b64 = item.get("b64_json")
+        if not b64:
+            continue
+        raw = base64.b64decode(b64)
+        result.images.append(ImageContent(data=b64, mime_type=_mime(raw, opts.output_format)))
+        result.revised_prompts.append(item.get("revised_prompt"))
+    u = payload.get("usage") or {}
+    result.usage.input = int(u.get("input_tokens") or 0)
+    result.usage.output = int(u.get("output_tokens") or 0)
+    result.usage.total_tokens = result.usage.input + result.usage.output
+    if not result.images:
+        result.error_message = "the Images API returned no b64_json image"
+    return result
+
+
+class _Aborted(Exception):
+    pass
+
+
+async def _abortable(call: Coroutine[Any, Any, httpx.Response], signal: AbortSignal | None) -> httpx.Response:
+    """Await ``call`` unless ``signal`` fires first (then cancel it, closing the connection)."""
+    if signal is None:
+        return await call
+    if signal.aborted:
+        call.close()
+        raise _Aborted
+    task = asyncio.ensure_future(call)
+    waiter = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise _Aborted
+    return task.result()

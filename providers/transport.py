@@ -1,0 +1,448 @@
+"""The one HTTP transport of every provider: POST a JSON body, decode the SSE reply, retry, cancel.
+
+It moves bytes and knows nothing of models or messages (STYLE.md, httpx note): a wire adapter
+hands it a request and an :class:`SseParser` that turns ``(event, data)`` pairs into
+:class:`~runtime.builder.MessageBuilder` calls.
+
+Rules (issue 3, item 4):
+
+* **Whole lines before decoding.** :class:`SSEDecoder` buffers raw bytes up to the last ``\\n``
+  and only then decodes UTF-8, so a multi-byte character split across two reads comes out
+  intact. ``\\r\\n`` line ends are accepted; a lone ``\\r`` is not a line end (no provider sends it).
+* **Timeouts.** ``StreamOptions.timeout`` (seconds, default 600) bounds the whole call; connecting
+  is bounded by :data:`CONNECT_TIMEOUT_S`. A timeout is an ``error`` event.
+* **Cancellation.** When ``StreamOptions.signal`` fires, the request task is cancelled, which
+  closes the connection (httpx leaves the ``stream`` context), and the stream ends with
+  ``stop_reason="aborted"``.
+* **Retries.** HTTP 408/409/429/5xx, connection failures and in-stream retryable errors
+  (Anthropic ``overloaded_error``) are retried with exponential backoff (or the server's
+  ``Retry-After``/``retry-after-ms``), at most ``StreamOptions.max_retries`` times, and **only
+  before the first content event** (no delta and no opened block yet); afterwards a failure is
+  an ``error`` event, never a replay of half an answer.
+* **Errors carry the provider's own message**: ``HTTP 429: Rate limit reached for ...``.
+* **JSON bodies.** A 200 answer with ``Content-Type: application/json`` (a server that ignored
+  ``stream: true``) goes to the parser's optional ``on_body`` as one document.
+* **Metrics**: every finished call counts ``sessionray_llm_requests_total{api,outcome}``,
+  ``sessionray_llm_tokens_total{api,kind}`` and ``sessionray_llm_errors_total{api,reason}``.
+* **API keys** never appear in logs or error texts: :func:`redact` removes them from every
+  message this module produces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import logging
+import random
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from runtime.builder import MessageBuilder
+from runtime.metrics import LLM_ERRORS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
+from runtime.options import StreamOptions
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
+    "HttpRequest",
+    "ProviderStreamError",
+    "SSEDecoder",
+    "SseParser",
+    "error_message_from_body",
+    "error_reason",
+    "get_http_client",
+    "record_call_metrics",
+    "redact",
+    "retry_delay_s",
+    "run_sse_request",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Whole-call timeout when ``StreamOptions.timeout`` is ``None`` (seconds)."""
+CONNECT_TIMEOUT_S = 10.0
+"""Upper bound on establishing the TCP/TLS connection (seconds)."""
+MAX_RETRY_DELAY_S = 60.0
+"""Longest single wait between retries, even if ``Retry-After`` asks for more (seconds)."""
+BACKOFF_BASE_S = 0.5
+"""First backoff delay; doubles per attempt, with up to 25 % jitter (seconds)."""
+RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+_sleep = asyncio.sleep  # tests replace this to observe retry delays without waiting
+
+
+class ProviderStreamError(Exception):
+    """Raised by an :class:`SseParser` for an error reported inside the stream.
+
+    Args:
+        message: The provider's own error text (e.g. ``overloaded_error: Overloaded``).
+        retryable: Whether the transport may retry (only honoured before the first content event).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+class SseParser(Protocol):
+    """What a wire adapter gives the transport: one instance per attempt."""
+
+    def on_event(self, event: str | None, data: str) -> None:
+        """Handle one SSE event (``event`` is the ``event:`` field or ``None``; ``data`` the joined
+        ``data:`` lines). May raise :class:`ProviderStreamError`."""
+
+    def on_end(self) -> None:
+        """The body ended; push the terminal event through the builder."""
+
+    # Optional: ``on_body(data: str) -> None`` handles a whole non-streaming JSON response (sent
+    # with ``Content-Type: application/json``) and pushes the terminal event.
+
+
+@dataclass
+class HttpRequest:
+    """One POST: absolute ``url``, ``headers`` (incl. auth), JSON ``body``, and the secrets to redact."""
+
+    url: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    secrets: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- SSE decoding
+
+
+class SSEDecoder:
+    """Incremental Server-Sent-Events decoder over raw bytes.
+
+    ``feed(chunk)`` returns the events completed by that chunk as ``(event, data)`` tuples:
+    ``event`` is the last ``event:`` field value (``None`` when absent) and ``data`` the ``data:``
+    lines joined by ``\\n``. Comments (``:``) and ``id``/``retry`` fields are ignored. Bytes are
+    decoded only once a whole line is buffered (UTF-8 safe).
+    """
+
+    __slots__ = ("_buf", "_data", "_event")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        """Consume ``chunk`` (any byte boundary) and return the events it completed."""
+        buf = self._buf + chunk if self._buf else chunk
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._buf = buf
+            return []
+        self._buf = buf[cut + 1 :]
+        return self._lines(buf[:cut].decode("utf-8", "replace").split("\n"))
+
+    def flush(self) -> list[tuple[str | None, str]]:
+        """End of body: treat a trailing unterminated line and a pending event as complete."""
+        out: list[tuple[str | None, str]] = []
+        if self._buf:
+            out = self._lines([self._buf.decode("utf-8", "replace")])
+            self._buf = b""
+        if self._data:
+            out.append((self._event, "\n".join(self._data)))
+            self._event, self._data = None, []
+        return out
+
+    def _lines(self, lines: list[str]) -> list[tuple[str | None, str]]:
+        out: list[tuple[str | None, str]] = []
+        data = self._data
+        for line in lines:
+            if line and line[-1] == "\r":
+                line = line[:-1]
+            if not line:
+                if data:
+                    out.append((self._event, "\n".join(data)))
+                    data = self._data = []
+                self._event = None
+                continue
+            if line.startswith("data:"):
+                data.append(line[6:] if line.startswith("data: ") else line[5:])
+            elif line.startswith("event:"):
+                self._event = line[6:].strip()
+            # comments (":"), id:, retry: and unknown fields are ignored (SSE spec)
+        return out
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    """Replace every secret (API keys; strings shorter than 4 chars are ignored) by ``***``."""
+    for s in secrets:
+        if s and len(s) >= 4:
+            text = text.replace(s, "***")
+    return text
+
+
+def error_message_from_body(status: int, body: bytes) -> str:
+    """Build ``HTTP <status>: <provider message>`` from an error response body.
+
+    Understands OpenAI/Gemini ``{"error": {"message": ...}}`` and Anthropic
+    ``{"type": "error", "error": {"type": ..., "message": ...}}``; otherwise quotes the first
+    500 characters of the body.
+    """
+    text = body.decode("utf-8", "replace").strip()
+    message = text[:500]
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        payload = None
+    if isinstance(payload, list) and payload and isinstance(payload[0], dict):
+        payload = payload[0]  # Gemini sometimes wraps the error in a list
+    if isinstance(payload, dict):
+        err = payload.get("error", payload)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            kind = err.get("type") or err.get("status")
+            message = f"{kind}: {err['message']}" if isinstance(kind, str) and kind else err["message"]
+        elif isinstance(err, str):
+            message = err
+    return f"HTTP {status}: {message}" if message else f"HTTP {status}"
+
+
+def retry_delay_s(attempt: int, headers: httpx.Headers | None = None) -> float:
+    """Seconds to wait before retry number ``attempt + 1``.
+
+    ``retry-after-ms`` (ms) or ``Retry-After`` (seconds or an HTTP date) win when present;
+    otherwise ``BACKOFF_BASE_S * 2**attempt`` plus up to 25 % jitter. Capped at
+    :data:`MAX_RETRY_DELAY_S`.
+    """
+    if headers is not None:
+        ms = headers.get("retry-after-ms")
+        if ms:
+            with contextlib.suppress(ValueError):
+                return min(max(float(ms) / 1000.0, 0.0), MAX_RETRY_DELAY_S)
+        ra = headers.get("retry-after")
+        if ra:
+            try:
+                return min(max(float(ra), 0.0), MAX_RETRY_DELAY_S)
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(ra) if ra.strip() else None
+                if when is not None:
+                    return min(max(when.timestamp() - time.time(), 0.0), MAX_RETRY_DELAY_S)
+    delay = BACKOFF_BASE_S * (2**attempt)
+    return min(delay * (1.0 + random.random() * 0.25), MAX_RETRY_DELAY_S)
+
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def get_http_client() -> httpx.AsyncClient:
+    """Return the shared ``httpx.AsyncClient`` of the running event loop (connection pooling).
+
+    A client is bound to the loop that created its connections, so there is one per loop.
+    """
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None or client.is_closed:
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(DEFAULT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+        )
+        _clients[loop] = client
+    return client
+
+
+# --------------------------------------------------------------------------- the request loop
+
+
+def _may_retry(builder: MessageBuilder) -> bool:
+    """Retries are allowed only before the first content event: no delta and no block opened."""
+    return not builder.content_started and not builder.message.content
+
+
+class _Retry(Exception):
+    def __init__(self, message: str, headers: httpx.Headers | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers
+
+
+async def _attempt(
+    client: httpx.AsyncClient,
+    request: HttpRequest,
+    content: bytes,
+    timeout: httpx.Timeout,
+    parser: SseParser,
+    builder: MessageBuilder,
+) -> None:
+    """One HTTP exchange; raises _Retry for a retryable failure before content, else ends the stream."""
+    secrets = request.secrets
+
+    def fail(message: str) -> None:
+        builder.fail(redact(message, secrets))
+
+    try:
+        async with client.stream(
+            "POST", request.url, headers=request.headers, content=content, timeout=timeout
+        ) as resp:
+            if resp.status_code >= 400:
+                msg = error_message_from_body(resp.status_code, await resp.aread())
+                if resp.status_code in RETRYABLE_STATUS:
+                    raise _Retry(msg, resp.headers)
+                fail(msg)
+                return
+            if resp.headers.get("content-type", "").startswith("application/json"):
+                # a server that ignored ``stream: true`` (or a non-streaming endpoint): one JSON body
+                body = (await resp.aread()).decode("utf-8", "replace")
+                on_body = getattr(parser, "on_body", None)
+                if on_body is None:
+                    fail(f"expected an event stream, got a JSON body: {body[:200]}")
+                else:
+                    on_body(body)
+                return
+            decoder = SSEDecoder()
+            ended = builder.stream
+            async for chunk in resp.aiter_bytes():
+                for ev, data in decoder.feed(chunk):
+                    parser.on_event(ev, data)
+                    if ended.ended:
+                        return
+            for ev, data in decoder.flush():
+                parser.on_event(ev, data)
+                if ended.ended:
+                    return
+            parser.on_end()
+    except ValueError as exc:  # malformed JSON in an event (the parsers' only ValueError)
+        fail(f"malformed event from the provider: {exc}")
+    except ProviderStreamError as exc:
+        if exc.retryable and _may_retry(builder):
+            raise _Retry(exc.message) from None
+        fail(exc.message)
+    except httpx.TimeoutException as exc:
+        if _may_retry(builder):
+            raise _Retry(f"timeout: {type(exc).__name__}") from None
+        fail(f"timeout while streaming: {type(exc).__name__}")
+    except httpx.TransportError as exc:
+        if _may_retry(builder):
+            raise _Retry(f"connection error: {type(exc).__name__}: {exc}") from None
+        fail(f"connection error while streaming: {type(exc).__name__}: {exc}")
+
+
+async def run_sse_request(
+    api: str,
+    request: HttpRequest,
+    options: StreamOptions,
+    builder: MessageBuilder,
+    make_parser: Callable[[], SseParser],
+    client: httpx.AsyncClient | None = None,
+) -> None:
+    """POST ``request`` and stream its SSE reply through a fresh parser per attempt.
+
+    Always ends ``builder.stream`` with exactly one terminal event (``done`` from the parser, or
+    ``error`` with ``stop_reason`` error/aborted from here); never raises for provider failures.
+
+    Args:
+        api: Api id, used as the metrics label (``sessionray_llm_retries_total``).
+        request: URL, headers, JSON body; ``request.secrets`` are redacted from error texts.
+        options: ``signal``, ``timeout`` (s, whole call), ``max_retries``.
+        builder: Receives the parsed content; ``content_started`` gates retries.
+        make_parser: Returns a new :class:`SseParser` for each attempt.
+        client: An ``httpx.AsyncClient`` (default: the shared client of the running loop).
+    """
+    client = client or get_http_client()
+    content = json.dumps(request.body, ensure_ascii=False, separators=(",", ":")).encode()
+    total = options.timeout if options.timeout is not None else DEFAULT_TIMEOUT_S
+    timeout = httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))
+    signal = options.signal
+
+    async def attempts() -> None:
+        attempt = 0
+        while True:
+            try:
+                await _attempt(client, request, content, timeout, make_parser(), builder)
+                return
+            except _Retry as r:
+                if attempt >= options.max_retries:
+                    builder.fail(redact(r.message, request.secrets))
+                    return
+                delay = retry_delay_s(attempt, r.headers)
+                attempt += 1
+                LLM_RETRIES.inc(api=api)
+                log.info(
+                    "%s: retry %d in %.2f s after: %s",
+                    api,
+                    attempt,
+                    delay,
+                    redact(r.message, request.secrets),
+                )
+                await _sleep(delay)
+
+    task = asyncio.ensure_future(attempts())
+    waiters: set[asyncio.Future[Any]] = {task}
+    abort_wait: asyncio.Future[None] | None = None
+    if signal is not None:
+        abort_wait = asyncio.ensure_future(signal.wait())
+        waiters.add(abort_wait)
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=total, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()  # leaving httpx's stream context closes the connection
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            if not builder.stream.ended:
+                if signal is not None and signal.aborted:
+                    builder.fail(f"aborted: {signal.reason or 'aborted'}", aborted=True)
+                else:
+                    builder.fail(f"timeout: no complete response within {total:g} s")
+        else:
+            task.result()  # re-raise a parser bug so run_stream reports it
+    finally:
+        if abort_wait is not None:
+            abort_wait.cancel()
+        if not task.done():
+            task.cancel()
+    if builder.stream.ended:
+        record_call_metrics(api, builder)
+
+
+def error_reason(error_message: str | None, stop_reason: str) -> str:
+    """Bounded label for ``sessionray_llm_errors_total``: ``aborted``, ``http_4xx``, ``http_429``,
+    ``http_5xx``, ``timeout``, ``connection``, ``malformed`` or ``provider`` (in-stream errors,
+    refusals, safety stops)."""
+    if stop_reason == "aborted":
+        return "aborted"
+    text = error_message or ""
+    if text.startswith("HTTP 429"):
+        return "http_429"
+    if text.startswith("HTTP 4"):
+        return "http_4xx"
+    if text.startswith("HTTP "):
+        return "http_5xx"
+    for prefix, reason in (("timeout", "timeout"), ("connection", "connection"), ("malformed", "malformed")):
+        if text.startswith(prefix):
+            return reason
+    return "provider"
+
+
+def record_call_metrics(api: str, builder: MessageBuilder) -> None:
+    """Count one finished call: requests by outcome, tokens by kind, errors by :func:`error_reason`."""
+    msg = builder.message
+    failed = msg.stop_reason in ("error", "aborted")
+    LLM_REQUESTS.inc(api=api, outcome=msg.stop_reason if failed else "ok")
+    u = msg.usage
+    for kind, n in (
+        ("input", u.input),
+        ("output", u.output),
+        ("cache_read", u.cache_read),
+        ("cache_write", u.cache_write),
+    ):
+        if n:
+            LLM_TOKENS.inc(n, api=api, kind=kind)
+    if failed:
+        LLM_ERRORS.inc(api=api, reason=error_reason(msg.error_message, msg.stop_reason))

@@ -1,0 +1,64 @@
+"""Small builders shared by the provider tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.events import AssistantMessageEvent
+from runtime.options import StreamOptions
+from runtime.stream import stream
+from runtime.types import AssistantMessage, Context, Model, UserMessage
+from tests.providers.replay_server import ReplayServer
+
+BASE_PATHS = {"openai-completions": "/v1", "anthropic-messages": "", "google-generative-ai": "/v1beta"}
+
+
+def model_for(server: ReplayServer, api: str, model_id: str = "m1", **kw: Any) -> Model:
+    """A model of ``api`` pointing at the replay server (provider alias ``p``)."""
+    kw.setdefault("provider", "p")
+    return Model(id=model_id, api=api, base_url=server.base_url + BASE_PATHS[api], **kw)
+
+
+def hello() -> Context:
+    return Context(system_prompt="be brief", messages=[UserMessage(content="hi", timestamp=1)])
+
+
+async def run(
+    model: Model, context: Context | None = None, **opts: Any
+) -> tuple[list[AssistantMessageEvent], AssistantMessage]:
+    """Stream one call; return every event and the final message."""
+    opts.setdefault("api_key", "sk-test-key-123456")
+    s = stream(model, context or hello(), StreamOptions(**opts))
+    events = [e async for e in s]
+    return events, await s.result()
+
+
+def dump(msg: AssistantMessage) -> dict[str, Any]:
+    """The message as a dict without its wall-clock timestamp."""
+    return msg.model_dump(exclude={"timestamp"})
+
+
+def usage(input: int = 0, output: int = 0, cache_read: int = 0, cache_write: int = 0) -> dict[str, Any]:
+    return {
+        "input": input,
+        "output": output,
+        "cache_read": cache_read,
+        "cache_write": cache_write,
+        "total_tokens": input + output + cache_read + cache_write,
+        "cost": {"input": 0.0, "output": 0.0, "cache_read": 0.0, "cache_write": 0.0, "total": 0.0},
+    }
+
+
+def sse(*payloads: Any, done: bool = False, events: bool = False) -> bytes:
+    """Frame JSON payloads as SSE (``event: <type>`` lines when ``events``)."""
+    import json
+
+    out = []
+    for p in payloads:
+        line = f"data: {json.dumps(p, ensure_ascii=False)}\n\n"
+        if events:
+            line = f"event: {p['type']}\n" + line
+        out.append(line)
+    if done:
+        out.append("data: [DONE]\n\n")
+    return "".join(out).encode()
