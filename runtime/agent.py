@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -46,6 +47,28 @@ from runtime.types import (
 )
 
 __all__ = ["Agent", "AgentBusyError", "AgentListener", "AgentState", "QueueMode"]
+
+log = logging.getLogger(__name__)
+
+_MESSAGE_TYPES = (UserMessage, AssistantMessage, ToolResultMessage, CustomMessage)
+
+
+def _as_message(message: object, what: str, *, allow_text: bool = True) -> AgentMessage:
+    """``message`` as an agent message (text becomes a :class:`UserMessage` when allowed).
+
+    Raises:
+        TypeError: anything else; the text names the method and the type received.
+    """
+    if isinstance(message, _MESSAGE_TYPES):
+        return message
+    if allow_text and isinstance(message, str):
+        return UserMessage(content=message)
+    kinds = "text or an agent message" if allow_text else "agent messages"
+    raise TypeError(
+        f"{what} takes {kinds} (UserMessage, AssistantMessage, ToolResultMessage, CustomMessage), "
+        f"got {type(message).__name__}"
+    )
+
 
 QueueMode: TypeAlias = Literal["one-at-a-time", "all"]
 AgentListener: TypeAlias = Callable[[AgentEvent, AbortSignal], Awaitable[None] | None]
@@ -136,6 +159,12 @@ class Agent:
         self._follow_ups: list[AgentMessage] = []
         self._controller: AbortController | None = None
         self._idle: asyncio.Future[None] | None = None
+        self._taken: list[tuple[AgentMessage, list[AgentMessage]]] = []
+        """Queued messages this run took, with the queue each came from (put back if never used)."""
+        self._unended: list[AgentMessage] = []
+        """Prompt/steering/tool-result messages whose ``message_start`` was seen but not their end."""
+        self._ended = False
+        """True once this run's ``agent_end`` was reduced."""
 
     # ------------------------------------------------------------------ events
     def subscribe(self, listener: AgentListener) -> Callable[[], None]:
@@ -152,9 +181,14 @@ class Agent:
         s = self.state
         if event.type == "message_start" or event.type == "message_update":
             s.streaming_message = event.message
+            if event.type == "message_start" and not isinstance(event.message, AssistantMessage):
+                self._unended.append(event.message)  # complete already; kept if a listener fails
         elif event.type == "message_end":
             s.streaming_message = None
+            self._unended = [m for m in self._unended if m is not event.message]
             s.messages.append(event.message)
+        elif event.type == "agent_end":
+            self._ended = True
         elif event.type == "tool_execution_start":
             s.pending_tool_calls.add(event.tool_call_id)
         elif event.type == "tool_execution_end":
@@ -169,14 +203,28 @@ class Agent:
             await resolve(listener(event, signal))
 
     # ------------------------------------------------------------------ queues
-    def steer(self, message: AgentMessage) -> None:
+    def steer(self, message: str | AgentMessage) -> None:
         """Queue a message for the running turn: it reaches the model after the current tool
-        batch (or at the next run's start). Never skips tools already requested."""
-        self._steering.append(message)
+        batch (or at the next run's start). Never skips tools already requested.
 
-    def follow_up(self, message: AgentMessage) -> None:
-        """Queue a message processed when the agent would otherwise stop."""
-        self._follow_ups.append(message)
+        Args:
+            message: An agent message, or text (becomes a :class:`UserMessage`).
+
+        Raises:
+            TypeError: ``message`` is neither text nor an agent message (nothing is queued).
+        """
+        self._steering.append(_as_message(message, "steer"))
+
+    def follow_up(self, message: str | AgentMessage) -> None:
+        """Queue a message processed when the agent would otherwise stop.
+
+        Args:
+            message: An agent message, or text (becomes a :class:`UserMessage`).
+
+        Raises:
+            TypeError: ``message`` is neither text nor an agent message (nothing is queued).
+        """
+        self._follow_ups.append(_as_message(message, "follow_up"))
 
     def clear_steering_queue(self) -> None:
         """Drop queued steering messages."""
@@ -222,7 +270,16 @@ class Agent:
             await asyncio.shield(self._idle)
 
     def reset(self) -> None:
-        """Forget messages, queues and error (keeps model, tools and system prompt)."""
+        """Forget messages, queues and error (keeps model, tools and system prompt).
+
+        Raises:
+            AgentBusyError: a run is in progress (``abort()`` and ``await wait_for_idle()`` first;
+                clearing under a running loop would leave its messages half recorded).
+        """
+        if self.state.is_streaming:
+            raise AgentBusyError(
+                "cannot reset while a run is in progress: abort() and await wait_for_idle() first"
+            )
         self.state.messages.clear()
         self.state.error = None
         self.clear_all_queues()
@@ -241,7 +298,9 @@ class Agent:
 
         Raises:
             AgentBusyError: a run is in progress; use :meth:`steer` or :meth:`follow_up`.
-            ValueError: no model is set.
+            ValueError: no model is set, ``images`` given with a message that is not text, or
+                ``max_iterations``/``tool_execution`` is invalid (see :class:`AgentLoopConfig`).
+            TypeError: an item is not an agent message (nothing is run or recorded).
         """
         self._check_idle()
         if isinstance(message, str):
@@ -250,10 +309,19 @@ class Agent:
                 prompts: list[AgentMessage] = [UserMessage(content=content)]
             else:
                 prompts = [UserMessage(content=message)]
-        elif isinstance(message, UserMessage | AssistantMessage | ToolResultMessage | CustomMessage):
-            prompts = [message]
         else:
-            prompts = list(message)
+            if images:
+                raise ValueError(
+                    "images= goes with a text prompt; put ImageContent blocks in the message instead"
+                )
+            if isinstance(message, _MESSAGE_TYPES):
+                prompts = [message]
+            elif isinstance(message, Sequence):
+                prompts = [_as_message(m, "prompt", allow_text=False) for m in message]
+            else:
+                raise TypeError(
+                    f"prompt takes text, an agent message or a list of them, got {type(message).__name__}"
+                )
         await self._run(prompts)
 
     async def continue_(self) -> None:
@@ -282,6 +350,46 @@ class Agent:
             raise ValueError("cannot continue from an assistant message: prompt, steer or follow_up first")
         await self._run(None)
 
+    async def _record_failure(
+        self, model: Model, controller: AbortController, exc: Exception, prompts: list[AgentMessage]
+    ) -> None:
+        """End a run that a listener or hook broke: stop its stream and tools, keep the prompts and
+        every complete message it had started (a prompt whose listener raised is not lost), put
+        queued steering/follow-up messages it took but never added back at the front of their
+        queue, append an ``error`` assistant message and emit ``agent_end`` once. A failure in an
+        ``agent_end`` listener only sets ``state.error`` (the run itself had finished)."""
+        s = self.state
+        text = f"{type(exc).__name__}: {exc}"
+        was_aborted = controller.signal.aborted
+        controller.abort(f"run failed: {text}")  # the provider stream and running tools stop
+        for m in [*prompts, *self._unended]:  # a prompt whose listener failed before it was added
+            if not any(m is kept for kept in s.messages):
+                s.messages.append(m)
+        self._unended = []
+        # Steering/follow-up messages taken from a queue but never added: back to the queue front.
+        for m, queue in reversed(self._taken):
+            if not any(m is kept for kept in s.messages):
+                queue.insert(0, m)
+        self._taken = []
+        if self._ended:
+            log.warning("agent_end listener failed: %s", text)
+            s.error = text
+            return
+        msg = AssistantMessage(
+            api=model.api,
+            provider=model.provider,
+            model=model.id,
+            stop_reason="aborted" if was_aborted else "error",
+            error_message=text,
+        )
+        s.messages.append(msg)
+        s.error = msg.error_message
+        try:
+            await self._emit(AgentEndEvent([msg], "error"))
+        except Exception:
+            log.exception("a listener failed on the agent_end of a failed run")
+            s.error = msg.error_message
+
     def _check_idle(self) -> None:
         if self.state.is_streaming:
             raise AgentBusyError(
@@ -291,10 +399,14 @@ class Agent:
 
     def _config(self, model: Model) -> AgentLoopConfig:
         async def steering() -> list[AgentMessage]:
-            return self._take(self._steering, self.steering_mode)
+            taken = self._take(self._steering, self.steering_mode)
+            self._taken.extend((m, self._steering) for m in taken)
+            return taken
 
         async def follow_ups() -> list[AgentMessage]:
-            return self._take(self._follow_ups, self.follow_up_mode)
+            taken = self._take(self._follow_ups, self.follow_up_mode)
+            self._taken.extend((m, self._follow_ups) for m in taken)
+            return taken
 
         return AgentLoopConfig(
             model=model,
@@ -315,27 +427,25 @@ class Agent:
         model = self.state.model
         if model is None:
             raise ValueError("Agent has no model: pass model=... or set agent.state.model")
+        config = self._config(
+            model
+        )  # ValueError for a bad max_iterations/tool_execution, before any state change
         s = self.state
         s.is_streaming, s.error, s.streaming_message = True, None, None
         self._controller = controller = AbortController()
         self._idle = asyncio.get_running_loop().create_future()
         context = AgentContext(s.system_prompt, list(s.messages), list(s.tools))
+        self._unended, self._ended, self._taken = [], False, []
         try:
             if prompts is None:
-                await run_agent_loop_continue(context, self._config(model), self._emit, controller.signal)
+                await run_agent_loop_continue(context, config, self._emit, controller.signal)
             else:
-                await run_agent_loop(prompts, context, self._config(model), self._emit, controller.signal)
-        except Exception as exc:  # a hook bug: recorded like a failed response, never lost
-            msg = AssistantMessage(
-                api=model.api,
-                provider=model.provider,
-                model=model.id,
-                stop_reason="aborted" if controller.signal.aborted else "error",
-                error_message=f"{type(exc).__name__}: {exc}",
-            )
-            s.messages.append(msg)
-            s.error = msg.error_message
-            await self._emit(AgentEndEvent([msg], "error"))
+                await run_agent_loop(prompts, context, config, self._emit, controller.signal)
+        except Exception as exc:  # a listener or hook bug: recorded like a failed response, never lost
+            await self._record_failure(model, controller, exc, prompts or [])
+        except asyncio.CancelledError:  # the caller cancelled prompt(): stop the provider call too
+            controller.abort("cancelled")
+            raise
         finally:
             s.is_streaming, s.streaming_message = False, None
             s.pending_tool_calls.clear()

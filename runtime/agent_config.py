@@ -125,6 +125,9 @@ StreamFnT: TypeAlias = Callable[[Model, Context, StreamOptions | None], Assistan
 class AgentLoopConfig:
     """Everything that parameterizes :func:`runtime.agent_loop.agent_loop` (issue 2, item 7).
 
+    Raises:
+        ValueError: ``max_iterations`` below 1, or an unknown ``tool_execution`` mode.
+
     Attributes:
         model: The model called every turn.
         convert_to_llm: ``(messages) -> list[Message]``; default drops custom messages. The loop
@@ -142,7 +145,7 @@ class AgentLoopConfig:
         get_steering_messages: ``() -> messages`` polled at loop start and after each whole tool
             batch; they enter the context before the next LLM call.
         get_follow_up_messages: ``() -> messages`` polled only when the loop would otherwise stop.
-        max_iterations: Most LLM calls in one run (``None``: unbounded). When the budget is
+        max_iterations: Most LLM calls in one run (``None``: unbounded; else ≥ 1). When the budget is
             spent the run ends after the current turn (its tool calls still run, so the context
             stays valid) with ``agent_end.reason == "max_iterations"``; queued steering and
             follow-up messages are then not polled.
@@ -173,3 +176,11 @@ class AgentLoopConfig:
     max_iterations: int | None = None
     stream_options: StreamOptions | None = None
     stream_fn: StreamFnT = default_stream
+
+    def __post_init__(self) -> None:
+        if self.max_iterations is not None and self.max_iterations < 1:
+            raise ValueError(f"max_iterations must be >= 1 or None, got {self.max_iterations}")
+        if self.tool_execution not in ("parallel", "sequential"):
+            raise ValueError(
+                f"tool_execution must be 'parallel' or 'sequential', got {self.tool_execution!r}"
+            )

@@ -12,6 +12,8 @@ drains follow-up messages; see :mod:`runtime.agent_events` for the event order. 
   gives the unfinished calls "interrupted" results, then the run ends with an assistant message
   of stop_reason ``aborted`` synthesized without calling the provider, so the context stays
   valid for the next prompt.
+* A steering/follow-up hook must return a list (or tuple) of agent messages, or ``None``; anything
+  else raises ``TypeError`` out of the run rather than being dropped silently.
 * Errors travel as events (pi rule): a failing ``stream_fn``, ``transform_context`` or
   ``convert_to_llm`` yields an assistant message with stop_reason ``error``; callers need no
   ``try`` around iteration.
@@ -40,7 +42,14 @@ from runtime.agent_events import (
 from runtime.options import StreamOptions
 from runtime.replay import default_convert_to_llm, prepare_replay
 from runtime.tool_executor import execute_tool_calls
-from runtime.types import AgentMessage, AssistantMessage, Context
+from runtime.types import (
+    AgentMessage,
+    AssistantMessage,
+    Context,
+    CustomMessage,
+    ToolResultMessage,
+    UserMessage,
+)
 
 __all__ = [
     "AgentContext",
@@ -80,7 +89,18 @@ class _Run:
         if hook is None:
             return []
         got = await resolve(hook())
-        return list(got) if isinstance(got, list) else []
+        if got is None:
+            return []
+        if not isinstance(got, list | tuple):
+            raise TypeError(
+                f"steering/follow-up hook returned {type(got).__name__}; expected a list of messages"
+            )
+        for m in got:
+            if not isinstance(m, UserMessage | AssistantMessage | ToolResultMessage | CustomMessage):
+                raise TypeError(
+                    f"steering/follow-up hook returned a {type(m).__name__} item; expected agent messages"
+                )
+        return list(got)
 
     def _bare(self, stop_reason: str, error: str) -> AssistantMessage:
         m = self.config.model

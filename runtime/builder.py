@@ -6,7 +6,10 @@ rules live in one place: blocks open with ``*_start``, grow with ``*_delta`` and
 single terminal event.
 
 Tool-call arguments are accumulated as raw JSON text per block and parsed once when the block
-closes (partial parses while streaming use pydantic-core's ``allow_partial`` mode).
+closes (partial parses while streaming use pydantic-core's ``allow_partial`` mode). When the
+final text is not a JSON object (truncated, trailing garbage, an array…) the block keeps the
+best-effort partial parse and is marked with :meth:`~runtime.types.ToolCall.mark_invalid_arguments`;
+the agent loop then answers it with an error result instead of running the tool.
 """
 
 from __future__ import annotations
@@ -33,7 +36,12 @@ from runtime.events import (
 )
 from runtime.types import AssistantMessage, Model, StopReason, TextContent, ThinkingContent, ToolCall
 
-__all__ = ["MessageBuilder", "parse_partial_json", "parse_tool_arguments"]
+__all__ = ["PARTIAL_PARSE_EVERY_DELTA_CHARS", "MessageBuilder", "parse_partial_json", "parse_tool_arguments"]
+
+PARTIAL_PARSE_EVERY_DELTA_CHARS = 65_536
+"""Up to this many characters of argument JSON, the partial parse is refreshed on every delta;
+beyond it, only once the text grew by 10 % since the last parse (the final parse at the block's
+end is always complete)."""
 
 
 def parse_partial_json(text: str) -> dict[str, Any]:
@@ -87,6 +95,7 @@ class MessageBuilder:
         self._open: int | None = None
         self._open_kind: Literal["text", "thinking", "toolCall"] | None = None
         self._args_raw: dict[int, str] = {}
+        self._parsed_len: dict[int, int] = {}
         self.started = False
         self.content_started = False
         """True once any content delta arrived (retries are allowed only before this)."""
@@ -115,10 +124,12 @@ class MessageBuilder:
             raw = self._args_raw.pop(idx, "")
             try:
                 block.arguments = parse_tool_arguments(raw)
-            except ValueError:
-                # Truncated or broken JSON (e.g. stop at max_tokens): keep the partial parse;
-                # the loop's validation reports it to the model.
+            except ValueError as exc:
+                # Truncated or broken JSON (e.g. stop at max_tokens): keep the partial parse for
+                # display and mark the call, so validate_tool_call refuses to run the tool on
+                # guessed arguments and tells the model what was wrong.
                 block.arguments = parse_partial_json(raw)
+                block.mark_invalid_arguments(raw, str(exc))
             self.stream.push(ToolCallEndEvent(content_index=idx, tool_call=block, partial=self.message))
 
     # ------------------------------------------------------------------ text / thinking
@@ -181,7 +192,8 @@ class MessageBuilder:
         return idx
 
     def tool_call_delta(self, delta: str) -> None:
-        """Append raw argument JSON to the open tool call and refresh its partial parse."""
+        """Append raw argument JSON to the open tool call and refresh its partial parse (see
+        :data:`PARTIAL_PARSE_EVERY_DELTA_CHARS` for huge arguments)."""
         idx = self._open
         if idx is None or self._open_kind != "toolCall" or not delta:
             return
@@ -189,7 +201,12 @@ class MessageBuilder:
         self._args_raw[idx] = raw
         block = self.message.content[idx]
         assert isinstance(block, ToolCall)
-        block.arguments = parse_partial_json(raw)
+        done = self._parsed_len.get(idx, 0)
+        if len(raw) <= PARTIAL_PARSE_EVERY_DELTA_CHARS or len(raw) - done >= len(raw) // 10:
+            # Past 64 KiB the partial view is refreshed only after 10 % growth: re-parsing the
+            # whole text on every delta would make a huge argument quadratic to stream.
+            block.arguments = parse_partial_json(raw)
+            self._parsed_len[idx] = len(raw)
         self.stream.push(ToolCallDeltaEvent(content_index=idx, delta=delta, partial=self.message))
 
     def tool_call_complete(self, call_id: str, name: str, arguments: dict[str, Any], **kw: Any) -> None:

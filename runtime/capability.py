@@ -76,10 +76,31 @@ _CAPABILITY_ERROR = re.compile(
     r"|tool_choice|does not support",
     re.IGNORECASE,
 )
+_FEATURE = re.compile(
+    r"response_format|json_schema|responseSchema|response_schema|structured|tool_choice|\btools?\b"
+    r"|function[_ ]call|not supported|unsupported|does not support",
+    re.IGNORECASE,
+)
+_NOT_A_CAPABILITY = re.compile(
+    r"context[_ ]length|context window|maximum context|too many tokens|max_tokens|too long|prompt is too"
+    r"|rate[_ ]limit|quota|api[_ ]key|unauthori[sz]ed|authentication|permission|forbidden|billing"
+    r"|model[_ ]not[_ ]found|no such model|does not exist",
+    re.IGNORECASE,
+)
 
 
 def is_capability_error(error_message: str | None) -> bool:
     """True when a provider error reads like a rejected feature (HTTP 400/404/415/422, "unsupported",
     ``invalid_request``, a complaint about ``response_format``/``json_schema``/``tool_choice``),
-    as opposed to a transport failure (429/5xx are retried by the transport already)."""
-    return bool(error_message) and bool(_CAPABILITY_ERROR.search(error_message or ""))
+    as opposed to a transport failure (429/5xx are retried by the transport already).
+
+    A 4xx that names a request problem unrelated to structured output — context length, max
+    tokens, rate limit/quota, API key/auth/permission, an unknown model — is *not* a capability
+    error unless it also names the feature (``response_format``, ``json_schema``, ``tool_choice``,
+    tools, "not supported"): downgrading would not help, and the downgrade is cached for the
+    (provider, model), so a single over-long prompt must not demote a model for good.
+    """
+    text = error_message or ""
+    if not text or not _CAPABILITY_ERROR.search(text):
+        return False
+    return not _NOT_A_CAPABILITY.search(text) or bool(_FEATURE.search(text))

@@ -467,6 +467,7 @@ class ImReplyContract:
 
         nxt = TIERS[TIERS.index(tier) + 1]
         self.cache.record(self.model, nxt)
+        self.tier = nxt  # a contract that lives across turns (one per session) follows at once
         metrics.STRUCTURED_DOWNGRADES.inc(from_mode=tier, to_mode=nxt)
         log.warning("IM reply: %s rejected the %s tier; next turns use %s", self.model.ref(), tier, nxt)
 

@@ -10,10 +10,19 @@ any nested string — for
 * common key formats (:data:`KEY_PATTERNS`: OpenAI/Anthropic ``sk-…``, AWS ``AKIA…``, GitHub
   ``ghp_…``, Slack ``xox?-…``, Google ``AIza…``, Telegram bot tokens, JWTs, PEM private keys).
 
-A hit either redacts the match (``action="redact"``: replaced by ``policy.redaction``) or blocks
-the whole reply (``action="block"``: replaced by one text segment ``policy.blocked_text``). Each
-string that matched increments ``sessionray_leak_hits_total{action}`` and logs a warning that
-names the pattern, never the secret.
+Literal secrets match case-insensitively and also in their URL-encoded spellings
+(``quote``/``quote_plus``), so ``?t=TG%2DSECRET`` is caught; zero-width and bidi formatting
+characters interleaved with a secret or key do not hide it. A secret split across consecutive
+``text``/``markdown`` segments (the user sees them joined) is caught on the joined text.
+
+A hit either redacts or blocks (``action="block"``: the whole reply becomes one text segment
+``policy.blocked_text``). Redaction (``action="redact"``) replaces the match by
+``policy.redaction`` inside free text (``text``, ``markdown`` content, ``share`` title); a hit in a
+*reference* (mention target, media value, share URL, reply/forward id, face id) makes the reference
+unusable, so that whole segment becomes one text segment ``policy.redaction`` — a mention of
+``[redacted]`` or a broken URL is never sent. Each string (or cross-segment span) that matched
+increments ``sessionray_leak_hits_total{action}`` and logs a warning that names the pattern,
+never the secret.
 """
 
 from __future__ import annotations
@@ -24,9 +33,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import quote, quote_plus
 
 from runtime import metrics
-from runtime.segments import Reply
+from runtime.segments import MarkdownSegment, Reply, Segment, ShareData, ShareSegment, TextSegment
 
 __all__ = ["KEY_PATTERNS", "LeakPolicy", "LeakResult", "scan_reply", "scan_text"]
 
@@ -99,8 +109,10 @@ class LeakPolicy:
         return cls.from_env([n for n in names if n], environ=environ, **kwargs)
 
     def _literal_pattern(self) -> re.Pattern[str] | None:
-        values = sorted({s for s in self.secrets if len(s) >= self.min_secret_chars}, key=len, reverse=True)
-        return re.compile("|".join(re.escape(v) for v in values)) if values else None
+        values = {s for s in self.secrets if len(s) >= self.min_secret_chars}
+        spellings = {v for s in values for v in (s, quote(s, safe=""), quote_plus(s, safe=""))}
+        ordered = sorted(spellings, key=len, reverse=True)
+        return re.compile("|".join(re.escape(v) for v in ordered), re.IGNORECASE) if ordered else None
 
 
 @dataclass
@@ -120,43 +132,145 @@ class LeakResult:
     patterns: list[str] = field(default_factory=list)
 
 
-def scan_text(text: str, policy: LeakPolicy) -> tuple[str, list[str]]:
-    """Return ``(redacted text, names of what matched)`` for one string (no metrics)."""
-    names: list[str] = []
+_INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
+"""Zero-width and formatting characters that render as nothing (soft hyphen, ZWSP/ZWJ, bidi marks,
+word joiner, BOM): a secret interleaved with them still matches."""
+
+
+def _raw_matches(text: str, policy: LeakPolicy) -> list[tuple[int, int, str]]:
+    found: list[tuple[int, int, str]] = []
     literal = policy._literal_pattern()
     if literal is not None:
-        text, n = literal.subn(policy.redaction, text)
-        if n:
-            names.append("configured_secret")
+        found += [(m.start(), m.end(), "configured_secret") for m in literal.finditer(text)]
     if policy.use_patterns:
         for name, pattern in KEY_PATTERNS.items():
-            text, n = pattern.subn(policy.redaction, text)
-            if n:
-                names.append(name)
-    return text, names
+            found += [(m.start(), m.end(), name) for m in pattern.finditer(text)]
+    return found
 
 
-def _walk(value: Any, policy: LeakPolicy, found: list[list[str]]) -> Any:
+def _matches(text: str, policy: LeakPolicy) -> list[tuple[int, int, str]]:
+    """Every ``(start, end, name)`` hit in ``text`` — also hits that appear once invisible characters
+    are removed (mapped back onto ``text``) — sorted and with overlaps merged."""
+    found = _raw_matches(text, policy)
+    if _INVISIBLE.search(text):
+        kept = [i for i, ch in enumerate(text) if not _INVISIBLE.fullmatch(ch)]
+        visible = "".join(text[i] for i in kept)
+        found += [(kept[a], kept[b - 1] + 1, n) for a, b, n in _raw_matches(visible, policy) if b > a]
+    found = [f for f in found if f[1] > f[0]]
+    found.sort()
+    merged: list[tuple[int, int, str]] = []
+    for start, end, name in found:
+        if merged and start < merged[-1][1]:
+            s0, e0, n0 = merged[-1]
+            merged[-1] = (s0, max(e0, end), n0 if n0 == name else f"{n0}+{name}")
+        else:
+            merged.append((start, end, name))
+    return merged
+
+
+def _names(hits: list[tuple[int, int, str]]) -> list[str]:
+    return sorted({n for _, _, name in hits for n in name.split("+")})
+
+
+def scan_text(text: str, policy: LeakPolicy) -> tuple[str, list[str]]:
+    """Return ``(redacted text, names of what matched)`` for one string (no metrics)."""
+    hits = _matches(text, policy)
+    out, pos = [], 0
+    for start, end, _ in hits:
+        out += [text[pos:start], policy.redaction]
+        pos = end
+    out.append(text[pos:])
+    return "".join(out), _names(hits)
+
+
+def _strings(value: Any) -> list[str]:
     if isinstance(value, str):
-        cleaned, names = scan_text(value, policy)
-        if names:
-            found.append(names)
-        return cleaned
+        return [value]
     if isinstance(value, dict):
-        return {k: _walk(v, policy, found) for k, v in value.items()}
+        return [s for v in value.values() for s in _strings(v)]
     if isinstance(value, list):
-        return [_walk(v, policy, found) for v in value]
-    return value
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _scan_segment(seg: Segment, policy: LeakPolicy, found: list[list[str]]) -> Segment:
+    """Redact one segment: free text in place, a reference-bearing segment replaced whole."""
+    if isinstance(seg, TextSegment | MarkdownSegment):
+        body = seg.data.text if isinstance(seg, TextSegment) else seg.data.content
+        cleaned, names = scan_text(body, policy)
+        if not names:
+            return seg
+        found.append(names)
+        return TextSegment.of(cleaned) if isinstance(seg, TextSegment) else MarkdownSegment.of(cleaned)
+    hits = [names for v in _strings(seg.data.model_dump(mode="json")) if (names := scan_text(v, policy)[1])]
+    if not hits:
+        return seg
+    found.extend(hits)
+    if isinstance(seg, ShareSegment) and not scan_text(seg.data.url, policy)[1]:
+        title = scan_text(seg.data.title, policy)[0]
+        return ShareSegment(data=ShareData(url=seg.data.url, title=title))
+    return TextSegment.of(policy.redaction)
+
+
+def _text_of(seg: Segment) -> str | None:
+    if isinstance(seg, TextSegment):
+        return seg.data.text
+    if isinstance(seg, MarkdownSegment):
+        return seg.data.content
+    return None
+
+
+def _with_text(seg: Segment, text: str) -> Segment:
+    return TextSegment.of(text) if isinstance(seg, TextSegment) else MarkdownSegment.of(text)
+
+
+def _scan_runs(segs: list[Segment], policy: LeakPolicy, found: list[list[str]]) -> list[Segment]:
+    """Catch secrets split across consecutive text/markdown segments: hits on the joined text that
+    span two or more segments are cut out of each, the redaction placed where the hit starts."""
+    out = list(segs)
+    i = 0
+    while i < len(out):
+        if _text_of(out[i]) is None:
+            i += 1
+            continue
+        j = i
+        while j < len(out) and _text_of(out[j]) is not None:
+            j += 1
+        texts = [_text_of(s) or "" for s in out[i:j]]
+        bounds, pos = [], 0
+        for t in texts:
+            bounds.append((pos, pos + len(t)))
+            pos += len(t)
+        cuts: list[list[tuple[int, int, str]]] = [[] for _ in texts]
+        for start, end, name in _matches("".join(texts), policy):
+            touched = [k for k, (a, b) in enumerate(bounds) if a < end and start < b]
+            if len(touched) < 2:
+                continue  # inside one segment: already redacted by _scan_segment
+            found.append(name.split("+"))
+            for n, k in enumerate(touched):
+                a, b = bounds[k]
+                cuts[k].append((max(start, a) - a, min(end, b) - a, policy.redaction if n == 0 else ""))
+        for k, segment_cuts in enumerate(cuts):
+            text = texts[k]
+            for a, b, insert in sorted(segment_cuts, reverse=True):
+                text = text[:a] + insert + text[b:]
+            if segment_cuts:
+                out[i + k] = _with_text(out[i + k], text)
+        i = j
+    return out
 
 
 def scan_reply(reply: Reply, policy: LeakPolicy) -> LeakResult:
-    """Scan every string of ``reply`` (nested ones included) and redact or block per ``policy``.
+    """Scan every string of ``reply`` (nested ones, and text split across adjacent text/markdown
+    segments) and redact or block per ``policy`` (see the module docstring).
 
     Returns:
-        :class:`LeakResult`. Each matching string counts once in ``LEAKS(action)``.
+        :class:`LeakResult`. Each matching string (or cross-segment span) counts once in
+        ``LEAKS(action)``; ``hits`` is that count.
     """
     found: list[list[str]] = []
-    cleaned = _walk(reply.model_dump(mode="json"), policy, found)
+    segs = [_scan_segment(seg, policy, found) for seg in reply.segments]
+    segs = _scan_runs(segs, policy, found)
     if not found:
         return LeakResult(reply=reply)
     names = sorted({n for group in found for n in group})
@@ -166,4 +280,4 @@ def scan_reply(reply: Reply, policy: LeakPolicy) -> LeakResult:
         return LeakResult(
             reply=Reply.of_text(policy.blocked_text), hits=len(found), blocked=True, patterns=names
         )
-    return LeakResult(reply=Reply.model_validate(cleaned), hits=len(found), patterns=names)
+    return LeakResult(reply=Reply(segments=segs), hits=len(found), patterns=names)

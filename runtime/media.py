@@ -5,13 +5,17 @@ Entry point: ``await check_reply_media(reply, policy, platform)`` → :class:`Me
 
 Per ``media.kind``:
 
-* ``url`` — fetched over HTTP(S) with ``httpx``. Before any connection, the host is resolved and
-  *every* address is checked: loopback, private, link-local, multicast, reserved and unspecified
-  addresses are refused unless ``MediaPolicy.allow_private_urls`` (DESIGN "Security"). Redirects
-  are followed by hand (≤ ``max_redirects``), each hop checked the same way. The body is read in
-  chunks and abandoned as soon as it passes the size limit.
-* ``path`` — confined to ``MediaPolicy.media_dir``: a ``..`` part is refused outright, and the
-  resolved path (symlinks followed) must stay inside the resolved media directory.
+* ``url`` — fetched by :func:`runtime.media_fetch.fetch_url`: only globally routable addresses
+  (checked before each hop and again at connect time, so decimal/octal IPv4 spellings, IPv4
+  inside IPv6, redirects and DNS rebinding cannot reach loopback/private/link-local hosts) unless
+  ``MediaPolicy.allow_private_urls`` / ``allowed_hosts`` (DESIGN "Security"); the body is read raw
+  (a compressed body is refused: no decompression bomb) and abandoned past the size limit; the
+  whole fetch is bounded by ``fetch_timeout_s``.
+* ``path`` — confined to ``MediaPolicy.media_dir``: a ``..`` part or a NUL is refused outright, an
+  absolute path outside the directory is refused without touching the file system (no existence
+  oracle), and the resolved path (symlinks followed) must stay inside the resolved media
+  directory. The file is opened non-blocking without following a symlink and must be a regular
+  file (a FIFO or device never blocks the reader); at most ``limit + 1`` bytes are read.
 * ``base64`` — strictly decoded (no ``data:`` prefix, no stray characters).
 * ``file`` — an opaque platform reference: its bytes live on the platform, the host cannot check
   them, so it passes through unchanged (seed 000).
@@ -23,8 +27,7 @@ that segment type. An unusable attachment is replaced by a short text segment
 (``MediaPolicy.unavailable_text``) and counted in ``sessionray_media_rejected_total{reason}``
 with ``reason`` ∈ :data:`REJECT_REASONS`.
 
-Known limit: the address check resolves the host name itself, then httpx resolves it again to
-connect; a DNS answer that changes in between (rebinding) is not caught. Literal IP URLs are exact.
+Zero-byte attachments are refused (``empty``): no platform accepts them.
 """
 
 from __future__ import annotations
@@ -32,22 +35,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import ipaddress
 import logging
-import socket
-import ssl
-from collections.abc import Iterable, Mapping
+import os
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Literal, TypeAlias
-from urllib.parse import urljoin, urlsplit
 
-import certifi
 import filetype
-import httpcore
-import httpx
 
 from runtime import metrics
+from runtime.media_fetch import REJECT_REASONS, MediaRejected, RejectReason, check_address, fetch_url
 from runtime.segments import (
     AudioSegment,
     FileSegment,
@@ -75,22 +73,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RejectReason: TypeAlias = Literal[
-    "not_found",
-    "outside_media_dir",
-    "forbidden_address",
-    "bad_url",
-    "fetch_failed",
-    "too_large",
-    "type_mismatch",
-    "unknown_type",
-    "bad_base64",
-]
-REJECT_REASONS: tuple[str, ...] = (
-    "not_found", "outside_media_dir", "forbidden_address", "bad_url", "fetch_failed",
-    "too_large", "type_mismatch", "unknown_type", "bad_base64",
-)  # fmt: skip
-"""The bounded ``reason`` label values of ``sessionray_media_rejected_total``."""
 
 MB = 1024 * 1024
 DEFAULT_LIMITS: dict[str, int] = {"image": 10 * MB, "audio": 20 * MB, "video": 50 * MB, "file": 50 * MB}
@@ -140,15 +122,6 @@ class MediaPolicy:
         return table.get(segment_type, DEFAULT_LIMITS[segment_type])
 
 
-class MediaRejected(Exception):
-    """An attachment cannot be used; ``reason`` is one of :data:`REJECT_REASONS`."""
-
-    def __init__(self, reason: RejectReason, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason: RejectReason = reason
-        self.detail = detail
-
-
 @dataclass(frozen=True)
 class ResolvedMedia:
     """A usable attachment.
@@ -183,148 +156,47 @@ class MediaCheckResult:
     rejected: list[tuple[int, str, str]] = field(default_factory=list)
 
 
-# --------------------------------------------------------------------------- addresses
-
-
-def _forbidden(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return (
-        ip.is_loopback
-        or ip.is_private
-        or ip.is_link_local
-        or ip.is_multicast
-        or ip.is_reserved
-        or ip.is_unspecified
-    )
-
-
-async def _resolve_checked(host: str, port: int | None, *, exempt: bool) -> list[str]:
-    """Resolve ``host`` (a literal IP needs no lookup) and refuse it unless every address is
-    public or ``exempt``. Returns the address strings, in resolver order."""
-    try:
-        addresses = [ipaddress.ip_address(host.strip("[]"))]
-    except ValueError:
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise MediaRejected("fetch_failed", f"cannot resolve {host!r}: {exc}") from None
-        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
-    if not exempt:
-        for ip in addresses:
-            if _forbidden(ip):
-                raise MediaRejected("forbidden_address", f"{host!r} resolves to non-public address {ip}")
-    return [str(ip) for ip in addresses]
-
-
-async def check_address(url: str, *, allow_private: bool, allowed_hosts: Iterable[str] = ()) -> None:
-    """Refuse ``url`` unless it is http(s) and every address its host resolves to is public.
-
-    Literal IPs are checked without any lookup; names are resolved with the event loop's
-    ``getaddrinfo``. Nothing is sent to the host. ``allow_private`` exempts every host;
-    ``allowed_hosts`` exempts the listed host names / IP literals only.
-
-    Raises:
-        MediaRejected: ``bad_url`` (scheme/host), ``fetch_failed`` (name does not resolve),
-            ``forbidden_address`` (loopback/private/link-local/… and not exempt).
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise MediaRejected("bad_url", f"only http(s) URLs with a host are fetched: {url[:200]!r}")
-    exempt = allow_private or parts.hostname in set(allowed_hosts)
-    await _resolve_checked(parts.hostname, parts.port, exempt=exempt)
-
-
-class _GuardedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore network backend that re-resolves and re-checks the host at connect time and then
-    connects to the vetted IP itself, so a DNS answer that changes after :func:`check_address`
-    (rebinding) cannot reach a private address. TLS still verifies the URL's host name."""
-
-    def __init__(self, policy: MediaPolicy) -> None:
-        self._inner = httpcore.AnyIOBackend()
-        self._policy = policy
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        exempt = self._policy.allow_private_urls or host in self._policy.allowed_hosts
-        ips = await _resolve_checked(host, port, exempt=exempt)
-        return await self._inner.connect_tcp(ips[0], port, timeout, local_address, socket_options)
-
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        raise MediaRejected("bad_url", "unix sockets are never used for media")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-def _client(policy: MediaPolicy) -> httpx.AsyncClient:
-    transport = httpx.AsyncHTTPTransport(trust_env=False)
-    # route every connection through the guarded backend (httpx exposes no public hook for it)
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=ssl.create_default_context(cafile=certifi.where()),
-        network_backend=_GuardedBackend(policy),
-    )
-    return httpx.AsyncClient(
-        transport=transport, timeout=policy.fetch_timeout_s, follow_redirects=False, trust_env=False
-    )
-
-
-async def _fetch(url: str, limit: int, policy: MediaPolicy) -> bytes:
-    async with _client(policy) as client:
-        for _ in range(policy.max_redirects + 1):
-            await check_address(
-                url, allow_private=policy.allow_private_urls, allowed_hosts=policy.allowed_hosts
-            )
-            try:
-                async with client.stream("GET", url) as resp:
-                    if resp.is_redirect and "location" in resp.headers:
-                        url = urljoin(url, resp.headers["location"])
-                        continue
-                    if resp.status_code != 200:
-                        raise MediaRejected("fetch_failed", f"GET {url[:200]} -> HTTP {resp.status_code}")
-                    declared = resp.headers.get("content-length")
-                    if declared and declared.isdigit() and int(declared) > limit:
-                        raise MediaRejected("too_large", f"{declared} bytes > limit {limit}")
-                    buf = bytearray()
-                    async for chunk in resp.aiter_bytes():
-                        buf += chunk
-                        if len(buf) > limit:
-                            raise MediaRejected("too_large", f"more than {limit} bytes")
-                    return bytes(buf)
-            except httpx.HTTPError as exc:
-                raise MediaRejected("fetch_failed", f"GET {url[:200]}: {type(exc).__name__}: {exc}") from None
-    raise MediaRejected("fetch_failed", f"more than {policy.max_redirects} redirects")
-
-
 # --------------------------------------------------------------------------- paths, base64
+
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def _read_path(value: str, limit: int, policy: MediaPolicy) -> bytes:
     if policy.media_dir is None:
         raise MediaRejected("outside_media_dir", "no media directory is configured; path media is refused")
+    if "\x00" in value:
+        raise MediaRejected("not_found", f"NUL character in media path {value[:200]!r}")
     if ".." in PurePosixPath(value).parts or ".." in PureWindowsPath(value).parts:
         raise MediaRejected("outside_media_dir", f"'..' in media path {value!r}")
     root = policy.media_dir.resolve()
+    if Path(value).is_absolute() and not (
+        Path(value).is_relative_to(policy.media_dir.absolute()) or Path(value).is_relative_to(root)
+    ):  # refused before any file-system access: no "does it exist?" oracle outside the directory
+        raise MediaRejected("outside_media_dir", f"{value!r} is outside the media directory")
     try:
         target = (root / value).resolve(strict=True)
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):
         raise MediaRejected("not_found", f"no such media file {value!r}") from None
     if not target.is_relative_to(root):
         raise MediaRejected("outside_media_dir", f"{value!r} resolves outside the media directory")
-    if not target.is_file():
-        raise MediaRejected("not_found", f"{value!r} is not a regular file")
-    size = target.stat().st_size
-    if size > limit:
-        raise MediaRejected("too_large", f"{size} bytes > limit {limit}")
-    return target.read_bytes()
+    try:
+        fd = os.open(target, _OPEN_FLAGS)  # no symlink swapped in since resolve(); never blocks
+    except OSError as exc:
+        raise MediaRejected("not_found", f"cannot open media file {value!r}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a directory, FIFO, socket or device
+            raise MediaRejected("not_found", f"{value!r} is not a regular file")
+        if info.st_size > limit:
+            raise MediaRejected("too_large", f"{info.st_size} bytes > limit {limit}")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)  # the file may grow after fstat
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise MediaRejected("too_large", f"more than {limit} bytes")
+    return data
 
 
 def _decode_base64(value: str, limit: int) -> bytes:
@@ -361,13 +233,22 @@ async def resolve_media(segment_type: str, media: Media, policy: MediaPolicy, pl
         return ResolvedMedia(segment_type, media, None, None, None)
     limit = policy.limit(platform, segment_type)
     if media.kind == "url":
-        data = await _fetch(media.value, limit, policy)
+        data = await fetch_url(
+            media.value,
+            limit,
+            allow_private=policy.allow_private_urls,
+            allowed_hosts=policy.allowed_hosts,
+            timeout_s=policy.fetch_timeout_s,
+            max_redirects=policy.max_redirects,
+        )
     elif media.kind == "path":
         data = await asyncio.to_thread(_read_path, media.value, limit, policy)
     else:
         data = _decode_base64(media.value, limit)
     if len(data) > limit:
         raise MediaRejected("too_large", f"{len(data)} bytes > limit {limit}")
+    if not data:
+        raise MediaRejected("empty", f"the {media.kind} attachment has no bytes")
     kind = filetype.guess(data)
     mime = kind.mime if kind is not None else None
     expected = _EXPECTED_PREFIX[segment_type]

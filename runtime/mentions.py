@@ -52,13 +52,18 @@ class MentionIdentity:
             elif isinstance(m, ToolResultMessage) and isinstance(m.details, dict) and not m.is_error:
                 ids = m.details.get("member_ids")
                 if isinstance(ids, list):
-                    lookup.update(str(i) for i in ids)
+                    lookup.update(
+                        str(i) for i in ids if i is not None and not isinstance(i, bool | dict | list)
+                    )
         return cls(sender_id=sender_id, known_ids=frozenset(known), lookup_ids=frozenset(lookup))
 
     def allowed(self) -> frozenset[str]:
-        """Every id a mention may target."""
+        """Every id a mention may target. Blank ids (``""``, whitespace) are never allowed: an empty
+        sender id or a tool's empty entry must not make ``{"target": ""}`` a valid mention."""
         base = self.known_ids | self.lookup_ids
-        return base | {self.sender_id} if self.sender_id else base
+        if self.sender_id:
+            base = base | {self.sender_id}
+        return frozenset(i for i in base if i.strip())
 
     def check(self, reply: Any) -> str | None:
         """Return an error text naming the first unknown mention target, or ``None``."""

@@ -49,8 +49,11 @@ import json
 from typing import Annotated, Any, ClassVar, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import ExtraValues
 from pydantic.json_schema import DEFAULT_REF_TEMPLATE, GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
 from pydantic_core import core_schema
+
+from runtime.strict_json import json_contract_problem, json_invalid_error
 
 __all__ = [
     "SEGMENT_TYPES",
@@ -438,6 +441,33 @@ class Reply(_Closed):
     schema_name: ClassVar[str] = "segments"
     segments: list[Segment]
     """Segments in send order; text, mentions and media may interleave freely."""
+
+    @classmethod
+    def model_validate_json(
+        cls,
+        json_data: str | bytes | bytearray,
+        *,
+        strict: bool | None = None,
+        extra: ExtraValues | None = None,
+        context: Any | None = None,
+        by_alias: bool | None = None,
+        by_name: bool | None = None,
+    ) -> Reply:
+        """Strictly validate a raw model answer (issue #4 rule 2): pydantic's strict JSON validation
+        plus :func:`runtime.strict_json.json_contract_problem` (duplicate keys, ``NaN``/``Infinity``,
+        overflowing numbers are rejected; pydantic alone would let the last duplicate win).
+
+        Raises:
+            pydantic.ValidationError: anything invalid; a pre-check failure is one ``json_invalid``
+                error at the root.
+        """
+        raw = bytes(json_data) if isinstance(json_data, bytearray) else json_data
+        problem = json_contract_problem(raw)
+        if problem is not None:
+            raise json_invalid_error(cls.__name__, raw, problem)
+        return super().model_validate_json(
+            raw, strict=strict, extra=extra, context=context, by_alias=by_alias, by_name=by_name
+        )
 
     @classmethod
     def of_text(cls, text: str) -> Reply:

@@ -47,6 +47,7 @@ from runtime.events import AssistantMessageEventStream
 from runtime.options import StreamOptions
 from runtime.segments import strict_json_schema
 from runtime.stream import stream as default_stream
+from runtime.strict_json import json_contract_problem
 from runtime.types import AssistantMessage, Context, Model, TextContent, Tool, UserMessage
 
 __all__ = [
@@ -182,9 +183,13 @@ def _error_text(err: ValidationError) -> str:
 def validate_raw(output_type: type[T], raw: str, check: Check | None = None) -> tuple[T | None, str | None]:
     """Strictly validate ``raw`` JSON text as ``output_type``; return ``(value, None)`` or ``(None, error)``.
 
-    Strict JSON mode: no coercion, no fence stripping, no extraction from prose (seed 000/003).
+    Strict JSON mode: no coercion, no fence stripping, no extraction from prose (seed 000/003), and
+    no duplicate keys, ``NaN``/``Infinity`` or overflowing numbers (:mod:`runtime.strict_json`).
     ``check`` runs on a schema-valid value for rules a schema cannot express (mention identity).
     """
+    problem = json_contract_problem(raw)
+    if problem is not None:
+        return None, f"(root): Invalid JSON: {problem}"
     try:
         value = output_type.model_validate_json(raw, strict=True)
     except ValidationError as err:

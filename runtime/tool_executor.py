@@ -12,7 +12,10 @@ Rules:
 * Results are returned in the assistant's source order whatever the completion order.
 * Abort (the signal fires) cancels the calls still running; they, and calls not started yet,
   get a synthetic "interrupted" error result, so every call has exactly one result.
-* Exceptions from a tool or a hook never escape: they become error results naming the tool.
+* Exceptions from a tool or a hook never escape: they become error results naming the tool. So
+  do wrong return types (a tool returning neither ``AgentToolResult`` nor ``str``, content that is
+  not text/image blocks, a hook returning something other than its result class or ``None``).
+  ``execute`` may be a coroutine function or a plain function.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from runtime.abort import AbortSignal
 from runtime.agent_config import (
     AfterToolCallContext,
+    AfterToolCallResult,
     AgentContext,
     AgentLoopConfig,
     BeforeToolCallContext,
+    BeforeToolCallResult,
     resolve,
 )
 from runtime.agent_events import (
@@ -70,6 +75,12 @@ def _error_result(call: ToolCall, text: str) -> ToolResultMessage:
     return ToolResultMessage(
         tool_call_id=call.id, tool_name=call.name, content=[TextContent(text=text)], is_error=True
     )
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']} ({exc.error_count()} error(s))"
 
 
 @dataclass
@@ -144,6 +155,13 @@ class _Batch:
                     index, _error_result(call, f"before_tool_call failed for {call.name!r}: {exc}"), "error"
                 )
                 return None
+            if verdict is not None and not isinstance(verdict, BeforeToolCallResult):
+                text = (
+                    f"before_tool_call returned {type(verdict).__name__} for {call.name!r}; "
+                    "expected BeforeToolCallResult or None"
+                )
+                await self.finish(index, _error_result(call, text), "error")
+                return None
             if verdict is not None and verdict.block:
                 reason = verdict.reason or f"Tool call {call.name!r} was blocked."
                 await self.finish(index, _error_result(call, reason), "blocked")
@@ -156,9 +174,17 @@ class _Batch:
 
         async def invoke() -> None:
             try:
-                out = await p.tool.execute(p.call.id, p.args, self.signal, on_update)
-                result = AgentToolResult.text(out) if isinstance(out, str) else out
-                self.queue.put_nowait(("done", p.index, (result, False)))
+                out: object = await resolve(p.tool.execute(p.call.id, p.args, self.signal, on_update))
+                if isinstance(out, str):
+                    result, failed = AgentToolResult.text(out), False
+                elif isinstance(out, AgentToolResult):
+                    result, failed = out, False
+                else:
+                    text = (
+                        f"Tool {p.call.name!r} returned {type(out).__name__}; expected AgentToolResult or str"
+                    )
+                    result, failed = AgentToolResult.text(text), True
+                self.queue.put_nowait(("done", p.index, (result, failed)))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -184,14 +210,32 @@ class _Batch:
                     [TextContent(text=f"after_tool_call failed for {p.call.name!r}: {exc}")],
                     True,
                 )
-            if over is not None:
+            if over is not None and not isinstance(over, AfterToolCallResult):
+                content, is_error = (
+                    [
+                        TextContent(
+                            text=f"after_tool_call returned {type(over).__name__} for {p.call.name!r}; "
+                            "expected AfterToolCallResult or None"
+                        )
+                    ],
+                    True,
+                )
+            elif over is not None:
                 content = list(over.content) if over.content is not None else content
                 details = over.details if over.details is not None else details
                 is_error = over.is_error if over.is_error is not None else is_error
-        msg = ToolResultMessage(
-            tool_call_id=p.call.id, tool_name=p.call.name, content=content, details=details, is_error=is_error
-        )
-        await self.finish(p.index, msg, "error" if is_error else "ok")
+        try:
+            msg = ToolResultMessage(
+                tool_call_id=p.call.id,
+                tool_name=p.call.name,
+                content=content,
+                details=details,
+                is_error=is_error,
+            )
+        except ValidationError as exc:  # content that is not text/image blocks
+            text = f"Tool {p.call.name!r} returned invalid content: {_first_error(exc)}"
+            msg = _error_result(p.call, text)
+        await self.finish(p.index, msg, "error" if msg.is_error else "ok")
 
     async def drain(self) -> bool:
         """Process queue items until no call is running; False if the signal fired first."""

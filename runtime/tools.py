@@ -24,6 +24,7 @@ from runtime.builder import parse_tool_arguments
 from runtime.types import ImageContent, TextContent, Tool, ToolCall
 
 __all__ = [
+    "MAX_ARGUMENTS_ECHO_CHARS",
     "AgentTool",
     "AgentToolResult",
     "ToolExecuteFn",
@@ -123,11 +124,22 @@ class ToolValidationError(ValueError):
         super().__init__("\n".join(lines))
 
 
+MAX_ARGUMENTS_ECHO_CHARS = 2000
+"""Longest echo of the received arguments in a :class:`ToolValidationError` text (characters);
+longer ones are cut and say how long they were, so a huge bad call does not flood the context."""
+
+
 def _dump(value: Any) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return repr(value)
+    if isinstance(value, str):
+        text = value  # raw argument text that did not parse: shown as it came
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            text = repr(value)
+    if len(text) > MAX_ARGUMENTS_ECHO_CHARS:
+        text = f"{text[:MAX_ARGUMENTS_ECHO_CHARS]}… (cut; {len(text)} characters in all)"
+    return text
 
 
 def find_tool(tools: Sequence[AgentTool[Any]], name: str) -> AgentTool[Any]:
@@ -159,6 +171,11 @@ def validate_tool_call(tools: Sequence[AgentTool[Any]], tool_call: ToolCall) -> 
 
     Lax pydantic validation: strings are coerced where pydantic's lax mode allows (``"500"`` → 500).
     Arguments of ``""``, whitespace or ``null`` (``None``) mean ``{}``; a JSON *string* is parsed.
+    A call whose streamed argument text did not parse (``tool_call.arguments_error`` set by the
+    stream builder: truncated JSON, trailing garbage, an array) is refused even though its
+    ``arguments`` hold a partial parse: the tool never runs on guessed arguments.
+    The received arguments are echoed in the error text up to
+    :data:`MAX_ARGUMENTS_ECHO_CHARS` characters.
 
     Args:
         tools: The available tools.
@@ -169,10 +186,15 @@ def validate_tool_call(tools: Sequence[AgentTool[Any]], tool_call: ToolCall) -> 
 
     Raises:
         ToolNotFoundError: ``tool_call.name`` is not in ``tools``.
-        ToolValidationError: the arguments do not fit; its text names the tool, each failing
-            field with pydantic's message, and the received arguments.
+        ToolValidationError: the arguments do not fit, or their JSON did not parse; its text
+            names the tool, each failing field with pydantic's message (``(arguments)`` for a
+            parse failure), and the received arguments.
     """
     tool = find_tool(tools, tool_call.name)
+    if tool_call.arguments_error is not None:
+        raise ToolValidationError(
+            tool.name, [("(arguments)", tool_call.arguments_error)], tool_call.raw_arguments or ""
+        )
     args = _normalize_arguments(tool.name, tool_call.arguments)
     try:
         return tool.parameters.model_validate(args)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 __all__ = [
     "AgentMessage",
@@ -108,6 +108,37 @@ class ToolCall(_Base):
     """Parsed JSON arguments. While streaming this is a best-effort parse of partial JSON."""
     thought_signature: str | None = None
     """Gemini ``thoughtSignature`` attached to the call part, replayed to the same model."""
+    _arguments_error: str | None = PrivateAttr(default=None)
+    _raw_arguments: str | None = PrivateAttr(default=None)
+
+    @property
+    def arguments_error(self) -> str | None:
+        """Why the streamed argument JSON did not parse (``None`` when it did).
+
+        Set by :meth:`runtime.builder.MessageBuilder.close_block` (via :meth:`mark_invalid_arguments`)
+        when the final argument text is not a JSON object; ``arguments`` then only holds a
+        best-effort partial parse, and :func:`runtime.tools.validate_tool_call` refuses the call
+        instead of running the tool on guessed arguments. Live only: not serialized.
+        """
+        return self._arguments_error
+
+    @property
+    def raw_arguments(self) -> str | None:
+        """The argument text as streamed, kept only when it did not parse (see ``arguments_error``)."""
+        return self._raw_arguments
+
+    def mark_invalid_arguments(self, raw: str, error: str) -> None:
+        """Record that the streamed argument text ``raw`` is not a JSON object (``error`` says why)."""
+        self._raw_arguments = raw
+        self._arguments_error = error
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the fields are equal (the live parse-failure marks are not part of the value)."""
+        if not isinstance(other, ToolCall):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like every pydantic model
 
 
 UserContent: TypeAlias = Annotated[TextContent | ImageContent, Field(discriminator="type")]

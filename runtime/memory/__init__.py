@@ -11,8 +11,8 @@ Public names (stable; the actor runtime, platforms and agent features import the
   :func:`parse_session_id`, :class:`SessionKey`, :class:`SessionId`, :class:`SessionKeyError`
   (``keys.py``).
 * :class:`ContextRepository` (``load_context``, ``append_messages``, ``archive_session``,
-  ``get_or_create_active``, ``add_summary``…), :class:`SessionInfo`, :class:`UnknownSessionError`
-  (``repository.py``).
+  ``get_or_create_active``, ``add_summary``…), :class:`SessionInfo`, :class:`UnknownSessionError`,
+  :class:`CorruptMessageError` (``repository.py``).
 * Transcripts: :class:`TranscriptStore` (``record_inbound`` / ``record_outbound``),
   :class:`TranscriptEntry` (``transcripts.py``); the ``chat_history`` tool:
   :func:`make_chat_history_tool`, :func:`escape_like` (``chat_history.py``).
@@ -45,6 +45,7 @@ from runtime.memory.keys import (
 from runtime.memory.repository import (
     SUMMARY_CUSTOM_TYPE,
     ContextRepository,
+    CorruptMessageError,
     SessionInfo,
     StoredMessage,
     UnknownSessionError,
@@ -79,6 +80,7 @@ __all__ = [
     "ChatHistoryParams",
     "CompactionHook",
     "ContextRepository",
+    "CorruptMessageError",
     "Database",
     "DatabaseUrlError",
     "ImTranscriptRow",

@@ -21,7 +21,7 @@ from sqlmodel import col, select
 from runtime.abort import AbortSignal
 from runtime.memory.db import Database
 from runtime.memory.tables import ImTranscriptRow
-from runtime.memory.transcripts import TranscriptEntry, entry_from_row
+from runtime.memory.transcripts import TranscriptEntry, entry_from_row, no_nul
 from runtime.tools import AgentTool, AgentToolResult, ToolUpdateFn
 
 __all__ = [
@@ -57,12 +57,18 @@ def escape_like(text: str, escape: str = "\\") -> str:
 
 
 def format_history_line(entry: TranscriptEntry) -> str:
-    """``[YYYY-MM-DD HH:MM:SS UTC] name (sender_id): body`` (body cut at :data:`MAX_BODY_CHARS`)."""
+    """``[YYYY-MM-DD HH:MM:SS UTC] name (sender_id): body`` (body cut at :data:`MAX_BODY_CHARS`;
+    line breaks in body, name and id become spaces: one entry is always one line)."""
     when = datetime.fromtimestamp(entry.time / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     body = entry.body if len(entry.body) <= MAX_BODY_CHARS else entry.body[: MAX_BODY_CHARS - 1] + "…"
-    body = body.replace("\n", " ")
     name = entry.sender_name or entry.sender_id
-    return f"[{when}] {name} ({entry.sender_id}): {body}"
+    return f"[{when}] {_one_line(name)} ({_one_line(entry.sender_id)}): {_one_line(body)}"
+
+
+def _one_line(text: str) -> str:
+    # Every line break str.splitlines knows (\n, \r, \u2028, \x85…) becomes a space, so a body or
+    # a display name cannot start a forged "[time] name (id): …" line of its own.
+    return " ".join(text.splitlines())
 
 
 async def search_transcripts(
@@ -78,7 +84,7 @@ async def search_transcripts(
 ) -> list[TranscriptEntry]:
     """The newest ``limit`` rows of the scene whose ``body`` contains ``query`` (case-insensitive,
     wildcards literal), returned oldest first. ``since_ms``/``until_ms`` bound ``time`` inclusively."""
-    pattern = f"%{escape_like(query)}%"
+    pattern = f"%{escape_like(no_nul(query))}%"  # stored bodies carry U+FFFD for NUL too
 
     def work() -> list[TranscriptEntry]:
         q = select(ImTranscriptRow).where(

@@ -34,7 +34,7 @@ from typing import Any
 
 from runtime import metrics
 from runtime.abort import AbortSignal
-from runtime.memory.repository import SUMMARY_CUSTOM_TYPE, ContextRepository, summary_message
+from runtime.memory.repository import SUMMARY_CUSTOM_TYPE, ContextRepository, message_json, summary_message
 from runtime.memory.sender import strip_user_message
 from runtime.options import SimpleStreamOptions
 from runtime.stream import complete_simple
@@ -98,7 +98,7 @@ def _message_chars(m: AgentMessage) -> tuple[int, int]:
             elif isinstance(c, ThinkingContent):
                 chars += len(c.thinking)
             else:
-                chars += len(c.name) + len(json.dumps(c.arguments, ensure_ascii=False))
+                chars += len(c.name) + len(json.dumps(c.arguments, ensure_ascii=False, default=repr))
     elif isinstance(m, ToolResultMessage):
         for r in m.content:
             if isinstance(r, TextContent):
@@ -106,7 +106,7 @@ def _message_chars(m: AgentMessage) -> tuple[int, int]:
             else:
                 images += 1
     else:
-        chars += len(json.dumps(m.data, ensure_ascii=False))
+        chars += len(json.dumps(m.data, ensure_ascii=False, default=repr))
     return chars, images
 
 
@@ -177,7 +177,9 @@ def render_for_summary(messages: Sequence[AgentMessage]) -> str:
                 if isinstance(c, TextContent):
                     parts.append(c.text)
                 elif isinstance(c, ToolCall):
-                    parts.append(f"(calls tool {c.name} {json.dumps(c.arguments, ensure_ascii=False)})")
+                    parts.append(
+                        f"(calls tool {c.name} {json.dumps(c.arguments, ensure_ascii=False, default=repr)})"
+                    )
             lines.append("[assistant]\n" + "\n".join(parts))
         elif isinstance(m, ToolResultMessage):
             body = " ".join(b.text if isinstance(b, TextContent) else "[image]" for b in m.content)
@@ -187,9 +189,11 @@ def render_for_summary(messages: Sequence[AgentMessage]) -> str:
 
 
 def _dump(m: AgentMessage) -> str:
+    # Exactly what append_messages stores (forged prefixes stripped, unserializable host data as
+    # repr), so live messages compare equal to their stored rows.
     if isinstance(m, UserMessage):
         m = strip_user_message(m)
-    return m.model_dump_json()
+    return message_json(m)
 
 
 @dataclass

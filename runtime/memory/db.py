@@ -26,6 +26,7 @@ Stable names other modules rely on: :meth:`Database.session` (``write=True`` for
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -43,6 +44,8 @@ DEFAULT_DATABASE_URL = "sqlite:///./data/sessionray.db"
 
 T = TypeVar("T")
 
+_PASSWORD = re.compile(r"(?<=://)([^:/@]*):[^@/]*@")
+
 
 class DatabaseUrlError(ValueError):
     """The database URL cannot be parsed or names an unsupported backend."""
@@ -57,14 +60,16 @@ def normalize_url(url: str | None) -> URL:
     Raises:
         DatabaseUrlError: unparsable URL, a backend other than SQLite/PostgreSQL, or an
             in-memory SQLite URL (each pooled connection would see its own empty database).
+            The message shows the URL with its password replaced by ``***``.
     """
     raw = url or DEFAULT_DATABASE_URL
     if raw.startswith("postgres://"):
         raw = "postgresql://" + raw.removeprefix("postgres://")
+    shown = _PASSWORD.sub(r"\1:***@", raw)  # error texts end up in logs: never the password
     try:
         parsed = make_url(raw)
-    except Exception as exc:  # sqlalchemy raises ArgumentError for garbage
-        raise DatabaseUrlError(f"cannot parse database URL {raw!r}: {exc}") from exc
+    except Exception:  # sqlalchemy raises ArgumentError for garbage (its text repeats the URL)
+        raise DatabaseUrlError(f"cannot parse database URL {shown!r}") from None
     backend = parsed.get_backend_name()
     if backend == "postgresql":
         if parsed.drivername != "postgresql+psycopg":
@@ -72,11 +77,11 @@ def normalize_url(url: str | None) -> URL:
     elif backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise DatabaseUrlError(
-                f"in-memory SQLite ({raw!r}) is not supported: use a file, e.g. {DEFAULT_DATABASE_URL}"
+                f"in-memory SQLite ({shown!r}) is not supported: use a file, e.g. {DEFAULT_DATABASE_URL}"
             )
     else:
         raise DatabaseUrlError(
-            f"unsupported database backend {backend!r} in {raw!r}: use sqlite:///path.db or "
+            f"unsupported database backend {backend!r} in {shown!r}: use sqlite:///path.db or "
             "postgresql+psycopg://user@host/db"
         )
     return parsed

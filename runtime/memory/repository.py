@@ -15,6 +15,10 @@ Rules:
   and inside the transaction the session row is locked (``SELECT … FOR UPDATE`` on PostgreSQL,
   ``BEGIN IMMEDIATE`` on SQLite), so writers in other processes queue too. Each call's messages
   stay contiguous and the load order is the append order (ordered by row id).
+* **Epoch changes are serialized per key** (``get_or_create_active``/``archive_session``): in
+  this process on an ``asyncio.Lock``; across processes by ``BEGIN IMMEDIATE`` on SQLite and a
+  transaction-scoped advisory lock on PostgreSQL, with a retry when another writer still wins
+  (unique violation, deadlock victim, serialization failure).
 * **Nothing is deleted**: archiving flips ``status`` and starts the next epoch; compaction adds a
   summary row. Old rows remain.
 * **Forged sender prefixes are stripped before storage** (decision 11): every user message's
@@ -30,9 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter
-from sqlalchemy import func
-from sqlalchemy.exc import IntegrityError
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+from sqlalchemy import func, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import Session, col, select
 
 from runtime.memory.db import Database
@@ -52,9 +57,11 @@ from runtime.types import (
 __all__ = [
     "SUMMARY_CUSTOM_TYPE",
     "ContextRepository",
+    "CorruptMessageError",
     "SessionInfo",
     "StoredMessage",
     "UnknownSessionError",
+    "message_json",
     "summary_message",
 ]
 
@@ -65,6 +72,13 @@ message the model can read."""
 
 _MESSAGE = TypeAdapter(AgentMessage)
 _KEY_RETRIES = 8
+_RETRY_SQLSTATES = frozenset({"40P01", "40001"})
+"""PostgreSQL deadlock_detected and serialization_failure: safe to retry the whole transaction."""
+
+
+class CorruptMessageError(ValueError):
+    """A stored ``agent_messages`` payload does not parse as an agent message (edited by hand,
+    or written by an incompatible version); the message names the row id and the session."""
 
 
 class UnknownSessionError(LookupError):
@@ -164,18 +178,32 @@ class ContextRepository:
     async def _retrying(self, session_key: str, fn: Callable[[], str]) -> str:
         # Another process may create/replace the active epoch between our read and our insert;
         # the primary key or the one-active index then refuses ours, and a retry sees theirs.
-        last: IntegrityError | None = None
+        # PostgreSQL may also pick one of several such writers as a deadlock victim (40P01) or a
+        # serialization failure (40001): retried the same way.
+        last: DBAPIError | None = None
         for _attempt in range(_KEY_RETRIES):
             try:
                 return await self.db.run(fn)
             except IntegrityError as exc:
                 last = exc
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) not in _RETRY_SQLSTATES:
+                    raise
+                last = exc
         raise RuntimeError(
             f"session {session_key!r}: epoch changed concurrently {_KEY_RETRIES} times"
         ) from last
 
+    def _lock_key(self, s: Session, session_key: str) -> None:
+        """PostgreSQL: serialize epoch changes of one key across processes for this transaction
+        (``pg_advisory_xact_lock``); SQLite's ``BEGIN IMMEDIATE`` already serializes writers."""
+        if not self.db.is_sqlite:
+            lock = text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
+            s.connection().execute(lock, {"k": f"sessionray:{session_key}"})
+
     def _get_or_create_sync(self, session_key: str, model: str) -> str:
         with self.db.session(write=True) as s:
+            self._lock_key(s, session_key)
             active = s.exec(
                 select(AgentSessionRow).where(
                     AgentSessionRow.session_key == session_key, AgentSessionRow.status == "active"
@@ -223,6 +251,7 @@ class ContextRepository:
 
         def work() -> str:
             with self.db.session(write=True) as s:
+                self._lock_key(s, session_key)
                 active = s.exec(
                     select(AgentSessionRow)
                     .where(AgentSessionRow.session_key == session_key, AgentSessionRow.status == "active")
@@ -285,18 +314,31 @@ class ContextRepository:
             SessionKeyError: malformed ``session_id``.
             UnknownSessionError: no such session row.
             TypeError: an item is not an agent message.
+            ValueError: an item cannot be serialized to JSON (a lone UTF-16 surrogate in its
+                text); the message names its index. Nothing of the call is stored in any of
+                these cases. (Unserializable values in free-form host data — a tool result's
+                ``details``, ``sender``, a custom message's ``data`` — are stored as their
+                ``repr`` instead of failing.)
         """
         parse_session_id(session_id)
         rows: list[tuple[str, str, int]] = []
         model = ""
-        for m in messages:
+        for i, m in enumerate(messages):
             if not isinstance(m, UserMessage | AssistantMessage | ToolResultMessage | CustomMessage):
-                raise TypeError(f"append_messages takes agent messages, got {type(m).__name__}")
+                raise TypeError(f"append_messages takes agent messages, got {type(m).__name__} at #{i}")
             if isinstance(m, UserMessage):
                 m = strip_user_message(m)
             if isinstance(m, AssistantMessage) and m.model:
                 model = f"{m.provider}/{m.model}" if m.provider else m.model
-            rows.append((m.role, m.model_dump_json(), m.timestamp))
+            try:
+                payload = message_json(m)
+            except PydanticSerializationError as exc:  # e.g. a lone UTF-16 surrogate in the text
+                raise ValueError(
+                    f"append_messages: message #{i} ({m.role}) cannot be stored as JSON, nothing was "
+                    f"appended: {exc}"
+                ) from None
+            rows.append((m.role, payload, m.timestamp))
+        model = model.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
         if not rows:
             return []
 
@@ -335,6 +377,7 @@ class ContextRepository:
 
         Raises:
             SessionKeyError: malformed ``session_id``.
+            CorruptMessageError: a stored row does not parse (its id is named; nothing is changed).
         """
         parse_session_id(session_id)
         summary, stored = await self.db.run(lambda: self._load_sync(session_id))
@@ -347,6 +390,7 @@ class ContextRepository:
 
         Raises:
             SessionKeyError: malformed ``session_id``.
+            CorruptMessageError: a stored row does not parse.
         """
         parse_session_id(session_id)
         return await self.db.run(lambda: self._messages_sync(session_id, after_id))
@@ -412,9 +456,34 @@ class ContextRepository:
         return await self.db.run(work)
 
 
+def message_json(message: AgentMessage) -> str:
+    """The message as stored in ``agent_messages.payload`` (JSON).
+
+    A value JSON cannot hold inside free-form host data (``details`` of a tool result,
+    ``sender``, ``data`` of a custom message: a set, a custom object…) is stored as its ``repr``
+    rather than losing the whole turn.
+
+    Raises:
+        PydanticSerializationError: the text cannot be encoded (a lone UTF-16 surrogate).
+    """
+    try:
+        return message.model_dump_json()
+    except PydanticSerializationError:
+        return message.model_dump_json(fallback=repr)
+
+
 def _select_messages(s: Session, session_id: str, after_id: int | None) -> list[StoredMessage]:
     q = select(AgentMessageRow.id, AgentMessageRow.payload).where(AgentMessageRow.session_id == session_id)
     if after_id is not None:
         q = q.where(col(AgentMessageRow.id) > after_id)
     rows = s.exec(q.order_by(col(AgentMessageRow.id))).all()
-    return [StoredMessage(int(i or 0), _MESSAGE.validate_json(p)) for i, p in rows]
+    out: list[StoredMessage] = []
+    for i, p in rows:
+        try:
+            out.append(StoredMessage(int(i or 0), _MESSAGE.validate_json(p)))
+        except ValidationError as exc:
+            raise CorruptMessageError(
+                f"agent_messages row {i} of {session_id!r} is not a valid message "
+                f"({exc.error_count()} error(s); first: {exc.errors()[0]['msg']}); the row is left as it is"
+            ) from exc
+    return out

@@ -12,7 +12,9 @@ Write rules (seed 002 D4 "写入规则"):
 * an **inbound** message with neither text (after stripping whitespace) nor a media segment is
   skipped (``"skipped"``);
 * ``UNIQUE (platform, bot_id, message_id, direction)``: a redelivered webhook (or a retried
-  confirmation) is stored once (``"duplicate"``), via ``INSERT … ON CONFLICT DO NOTHING``.
+  confirmation) is stored once (``"duplicate"``), via ``INSERT … ON CONFLICT DO NOTHING``;
+* NUL characters in the text columns are stored as U+FFFD on both backends (:func:`no_nul`;
+  PostgreSQL ``text`` cannot hold NUL); ``media_json`` escapes them as JSON does.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "TranscriptEntry",
     "TranscriptOutcome",
     "TranscriptStore",
+    "no_nul",
     "plain_text",
     "segments_to_dicts",
 ]
@@ -51,10 +54,19 @@ type (image, audio, video, file, face, share, forward, dice, rps, …) counts as
 
 
 def segments_to_dicts(segments: Sequence[Mapping[str, Any] | BaseModel]) -> list[dict[str, Any]]:
-    """Segments (pydantic segment models or plain dicts) as JSON-ready dicts."""
+    """Segments (pydantic segment models or plain dicts) as JSON-ready dicts.
+
+    Raises:
+        TypeError: an item is neither a mapping nor a pydantic model (its index and type named).
+    """
     out: list[dict[str, Any]] = []
-    for seg in segments:
-        out.append(seg.model_dump(mode="json") if isinstance(seg, BaseModel) else dict(seg))
+    for i, seg in enumerate(segments):
+        if isinstance(seg, BaseModel):
+            out.append(seg.model_dump(mode="json"))
+        elif isinstance(seg, Mapping):
+            out.append(dict(seg))
+        else:
+            raise TypeError(f"segment #{i} must be a mapping or a segment model, got {type(seg).__name__}")
     return out
 
 
@@ -73,6 +85,18 @@ def plain_text(segments: Sequence[Mapping[str, Any]]) -> str:
         elif seg.get("type") == "markdown":
             parts.append(str(data.get("content", "")))
     return "".join(parts)
+
+
+def no_nul(text: str) -> str:
+    r"""``text`` with every NUL character (U+0000) replaced by U+FFFD.
+
+    PostgreSQL ``text`` cannot hold NUL, so a chat message carrying one would otherwise be
+    refused there; both backends store the same replacement so they behave alike.
+
+    >>> no_nul("a\x00b") == "a\ufffdb"
+    True
+    """
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +161,15 @@ class TranscriptStore:
 
         Raises:
             ValueError: bad ``direction`` or ``scene_type``, or an empty ``message_id``.
+            TypeError: a segment that is not a mapping/segment model, or ``text`` not a string.
         """
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"transcript text must be a string or None, got {type(text).__name__}")
         if direction not in ("inbound", "outbound"):
             raise ValueError(f"transcript direction must be inbound|outbound, got {direction!r}")
         if scene_type not in SCOPES:
             raise ValueError(f"transcript scene_type must be one of {'|'.join(SCOPES)}, got {scene_type!r}")
-        if not message_id:
+        if message_id is None or str(message_id) == "":  # a numeric id 0 is a valid id
             raise ValueError("transcript message_id must not be empty")
         segs = segments_to_dicts(segments)
         body = plain_text(segs) if text is None else text
@@ -150,16 +177,16 @@ class TranscriptStore:
         if direction == "inbound" and not body.strip() and not has_media:
             return "skipped"
         values = {
-            "message_id": str(message_id),
-            "platform": platform,
-            "bot_id": bot_id,
-            "scene_id": scene_id,
+            "message_id": no_nul(str(message_id)),
+            "platform": no_nul(platform),
+            "bot_id": no_nul(bot_id),
+            "scene_id": no_nul(scene_id),
             "scene_type": scene_type,
-            "sender_id": sender_id,
-            "sender_name": sender_name,
-            "sender_role": sender_role,
+            "sender_id": no_nul(sender_id),
+            "sender_name": no_nul(sender_name),
+            "sender_role": no_nul(sender_role),
             "direction": direction,
-            "body": body,
+            "body": no_nul(body),
             "media_json": json.dumps(segs, ensure_ascii=False) if has_media else None,
             "time": now_ms() if time_ms is None else int(time_ms),
         }

@@ -199,3 +199,27 @@ async def test_summary_reaching_into_unstored_messages_is_used_but_not_stored(
     assert out[0].data == {"summary": "IN-MEMORY", "anchor_message_id": None}  # type: ignore[union-attr]
     assert any("not stored yet" in r.getMessage() for r in caplog.records)
     assert await repo.load_context(sid) == Context(messages=msgs[:2])
+
+
+async def test_live_messages_with_unserializable_details_still_anchor(
+    db: Database, faux: FauxProviderHandle
+) -> None:
+    """A live tool result whose ``details`` JSON cannot hold (stored as repr) still matches its
+    stored row, so the summary is stored with its anchor instead of crashing the hook."""
+
+    class Handle:
+        def __repr__(self) -> str:
+            return "Handle()"
+
+    live = conversation()
+    live[2] = live[2].model_copy(update={"details": {"h": Handle(), "tags": {"a"}}})
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    ids = await repo.append_messages(sid, live)
+    faux.set_responses([faux_assistant_message("SUMMARY-H")])
+    hook = make_compaction_hook(repo, sid, faux.get_model(), threshold=0.5, keep_recent_tokens=110)
+    out = await hook(list(live), None)
+    assert out[1:] == live[5:]
+    assert out[0].data == {"summary": "SUMMARY-H", "anchor_message_id": ids[4]}  # type: ignore[union-attr]
+    stored = (await repo.load_context(sid)).messages
+    assert stored[0].data["anchor_message_id"] == ids[4]  # type: ignore[union-attr]

@@ -70,6 +70,7 @@ REASONS = (
     "type_mismatch",
     "unknown_type",
     "bad_base64",
+    "empty",
 )
 MODES = ("native", "tool", "prompt")
 OUTCOMES = ("first_try", "corrected", "default", "failed")

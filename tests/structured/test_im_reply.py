@@ -331,6 +331,9 @@ async def test_provider_rejecting_native_downgrades_next_turn(faux, cache, delta
     assert (out.reply, out.outcome, faux.call_count) == (Reply.of_text(FAIL), "failed", 0)
     assert cache.get(faux.get_model()) == "tool"
     assert contract(faux, cache).tier == "tool"
+    # the same contract object (one per session) asks for the tool tier on its next turn
+    _ctx, opts = c.prepare(AgentContext(system_prompt="s").to_context(), None)
+    assert (c.tier, opts.output_schema, opts.tool_choice) == ("tool", None, "reply")
     assert deltas.downgrades() == {("native", "tool"): 1}
     assert deltas.structured() == {("native", "failed"): 1}
 
@@ -505,4 +508,21 @@ async def test_correction_cut_off_by_budget_is_never_sent(faux, cache, deltas) -
     assert (out.reply, out.outcome) == (Reply.of_text(FAIL), "failed")
     assert out.reason is not None
     assert out.reason.endswith("correction still invalid: the correction was cut off")
+    assert deltas.structured() == {("native", "failed"): 1}
+
+
+async def test_fixed_message_outcome_writes_one_log_record(faux, cache, deltas, caplog) -> None:
+    """Seed 003 §9.3: raw output, reason and tier — all three, in one record, every time."""
+    import logging
+
+    faux.set_responses([msg("still not json")])
+    with caplog.at_level(logging.INFO, logger="runtime.structured"):
+        out = await contract(faux, cache).finalize(msg("not json"), identity())
+    records = [r.structured for r in caplog.records if hasattr(r, "structured")]  # type: ignore[attr-defined]
+    assert [(r["tier"], r["outcome"], r["raw"], r["output_type"], r["calls"]) for r in records] == [
+        ("native", "failed", "still not json", "Reply", 1)
+    ]
+    assert records[0]["reason"] == out.reason and out.reason.startswith(
+        "(root): Invalid JSON: expected ident at line 1 column 2; correction still invalid: "
+    )
     assert deltas.structured() == {("native", "failed"): 1}

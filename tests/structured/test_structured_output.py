@@ -239,3 +239,32 @@ async def test_probe_capability_caches(faux, cache) -> None:
     assert await probe_capability(model, cache=cache) == "tool"
     assert await probe_capability(model, cache=cache) == "tool"
     assert faux.call_count == 2
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("HTTP 400: response_format json_schema is not supported by this model", True),
+        ("HTTP 400: tool_choice is not supported", True),
+        ("HTTP 422: Extra inputs are not permitted", True),
+        ("HTTP 400: This model's maximum context length is 8192 tokens", False),
+        ("HTTP 400: prompt is too long: 210000 tokens > 200000 maximum", False),
+        ("HTTP 404: model_not_found: The model `gpt-9` does not exist", False),
+        ("HTTP 401: invalid api key", False),
+        ("HTTP 503 overloaded", False),
+        ("connection reset by peer", False),
+    ],
+)
+def test_capability_error_classification(message: str, expected: bool) -> None:
+    from runtime.capability import is_capability_error
+
+    assert is_capability_error(message) is expected
+
+
+async def test_context_length_400_is_not_a_downgrade(faux, cache, deltas) -> None:
+    """One over-long prompt must not demote the model for good (the downgrade is cached)."""
+    faux.set_responses([error("HTTP 400: This model's maximum context length is 8192 tokens")])
+    value = await complete_structured(faux.get_model(), ctx(), Intent, default=SAFE, cache=cache)
+    assert (value, faux.call_count, cache.get(faux.get_model())) == (SAFE, 1, None)
+    assert deltas.downgrades() == {}
+    assert deltas.structured() == {("native", "default"): 1}
