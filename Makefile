@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) ## create .venv and install sessionray with its dev tools
 
 run: setup ## start the main job on the embedded defaults (local Ray, SQLite, console, built-in model)
-	$(VENV)/bin/sessionray chat
+	$(VENV)/bin/sessionray serve
 
 test: setup lint pytest ## lint, type-check and run the whole test suite
 

@@ -14,6 +14,8 @@ Stream rules (issue 3, item 2):
   ``cache_read_input_tokens`` → cache_read, ``cache_creation_input_tokens`` → cache_write);
 * ``stop_reason``: ``end_turn``/``stop_sequence``/``pause_turn`` → stop, ``max_tokens`` and
   ``model_context_window_exceeded`` → length, ``tool_use`` → toolUse, ``refusal`` → error;
+* a ``content_block_delta`` whose ``index`` is not the open block's ends the stream with an
+  ``error`` (content so far kept) rather than being appended to the wrong block;
 * ``ping`` is ignored; an ``error`` event ends the stream with the provider's message
   (``overloaded_error``/``api_error``/``rate_limit_error`` are retried if no content came yet).
 
@@ -28,7 +30,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from providers.common import crash_handler, finalize_usage, join_url, loads, resolve_api_key
+from providers.common import (
+    crash_handler,
+    finalize_usage,
+    join_url,
+    loads,
+    request_secrets,
+    resolve_api_key,
+)
 from providers.handoff import anthropic_tool_id, transform_messages
 from providers.transport import HttpRequest, ProviderStreamError, run_sse_request
 from runtime.builder import MessageBuilder
@@ -191,7 +200,7 @@ def build_request_body(
 class AnthropicMessagesParser:
     """Turns Messages-API stream events into :class:`MessageBuilder` calls (one per attempt)."""
 
-    __slots__ = ("_b", "_initial", "_model", "_stop", "_stopped", "_tool_raw")
+    __slots__ = ("_b", "_initial", "_model", "_open_idx", "_stop", "_stopped", "_tool_raw")
 
     def __init__(self, builder: MessageBuilder, model: Model) -> None:
         self._b = builder
@@ -201,13 +210,23 @@ class AnthropicMessagesParser:
         self._stopped = False
         self._initial: dict[int, Any] = {}  # block index -> non-empty input from content_block_start
         self._tool_raw: dict[int, bool] = {}  # block index -> got input_json_delta
+        self._open_idx: Any = None  # ``index`` of the block opened by the last content_block_start
 
     def on_event(self, event: str | None, data: str) -> None:
         """Handle one event; ``event`` falls back to the payload's ``type``."""
+        if not data.strip():  # an empty keep-alive ``data:`` line
+            return
         payload = loads(data)
         kind = event or payload.get("type")
         b = self._b
         if kind == "content_block_delta":
+            if "index" in payload and payload["index"] != self._open_idx:
+                # a delta for a block that was never started (or already stopped) would be
+                # appended to the wrong block; end the stream instead, keeping what came so far
+                raise ProviderStreamError(
+                    f"content_block_delta for block {payload['index']!r}, which is not open "
+                    f"(open block: {self._open_idx!r})"
+                )
             delta = payload.get("delta") or {}
             dt = delta.get("type")
             if dt == "text_delta":
@@ -226,13 +245,16 @@ class AnthropicMessagesParser:
             self._block_start(payload.get("index", -1), payload.get("content_block") or {})
         elif kind == "content_block_stop":
             idx = payload.get("index", -1)
+            if "index" in payload and idx != self._open_idx:
+                return  # stop of a block that is not open: nothing to close
+            self._open_idx = None
             initial = self._initial.pop(idx, None)
             if initial is not None and not self._tool_raw.get(idx):
                 b.tool_call_delta(json.dumps(initial, ensure_ascii=False))
             b.close_block()
         elif kind == "message_start":
             msg = payload.get("message") or {}
-            if msg.get("id"):
+            if isinstance(msg.get("id"), str):
                 b.message.response_id = msg["id"]
             self._usage(msg.get("usage") or {})
         elif kind == "message_delta":
@@ -265,6 +287,7 @@ class AnthropicMessagesParser:
 
     def _block_start(self, idx: int, block: dict[str, Any]) -> None:
         b = self._b
+        self._open_idx = idx
         bt = block.get("type")
         if bt == "tool_use":
             b.tool_call_start(block.get("id", ""), block.get("name", ""))
@@ -272,9 +295,13 @@ class AnthropicMessagesParser:
             if initial:
                 self._initial[idx] = initial
         elif bt == "thinking":
-            b.thinking_delta(block.get("thinking", ""), signature=block.get("signature") or None)
+            sig = block.get("signature")
+            b.thinking_delta(
+                block.get("thinking", ""), signature=sig if isinstance(sig, str) and sig else None
+            )
         elif bt == "redacted_thinking":
-            b.thinking_delta("", signature=block.get("data", ""), redacted=True)
+            data = block.get("data")
+            b.thinking_delta("", signature=data if isinstance(data, str) else "", redacted=True)
         elif bt == "text":
             b.text_delta(block.get("text", ""))
         else:
@@ -323,7 +350,7 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
     base = (model.base_url or DEFAULT_BASE_URL).rstrip("/")
     url = join_url(base, "messages" if base.endswith("/v1") else "v1/messages")
     body = build_request_body(model, context, options, reasoning)
-    return HttpRequest(url, headers, body, [key] if key else [])
+    return HttpRequest(url, headers, body, request_secrets(key, headers))
 
 
 def stream_anthropic_messages(

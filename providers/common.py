@@ -9,6 +9,7 @@ import os
 import secrets as _secrets
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic_core import from_json
 
@@ -17,12 +18,16 @@ from runtime.types import AssistantMessage, Model, Usage
 
 __all__ = [
     "DEFAULT_KEY_ENV",
+    "OFFICIAL_HOSTS",
+    "SECRET_HEADERS",
+    "ApiKeyError",
     "apply_cost",
     "crash_handler",
     "finalize_usage",
     "join_url",
     "loads",
     "mint_tool_call_id",
+    "request_secrets",
     "resolve_api_key",
 ]
 
@@ -34,30 +39,88 @@ DEFAULT_KEY_ENV: dict[str, str] = {
 }
 """Environment variable read when neither options, ``get_api_key`` nor the config give a key."""
 
+OFFICIAL_HOSTS: dict[str, str] = {
+    "openai-completions": "api.openai.com",
+    "anthropic-messages": "api.anthropic.com",
+    "google-generative-ai": "generativelanguage.googleapis.com",
+    "openai-images": "api.openai.com",
+}
+"""The only host each :data:`DEFAULT_KEY_ENV` variable is ever sent to."""
+
+
+class ApiKeyError(ValueError):
+    """No usable API key for a call; the message names where the key was expected (the
+    environment variable's *name*), never a key value."""
+
+
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key", "proxy-authorization"})
+"""Header names whose values are redacted from errors and logs like API keys."""
+
+
+def _clean_key(key: str, source: str) -> str:
+    key = key.strip()
+    if any(ch.isspace() or not ch.isprintable() for ch in key):
+        # httpx would quote the whole header value (key included) in its error
+        raise ApiKeyError(f"the API key from {source} contains whitespace or control characters")
+    return key
+
 
 def resolve_api_key(model: Model, options: StreamOptions | None) -> str | None:
     """Return the API key for one call, or ``None`` (keyless local servers).
 
     Order (issue 3, item 4): ``options.api_key``; ``options.extra["get_api_key"](provider_alias)``
-    (the agent loop's dynamic-key hook, seed 002 D3 ``getApiKey``); the provider's
-    ``api_key_env`` from the loaded configuration (:func:`runtime.config.get_api_key`); finally the
-    api's conventional variable (:data:`DEFAULT_KEY_ENV`). Keys are never logged.
+    (the agent loop's dynamic-key hook, seed 002 D3 ``getApiKey``); for a provider configured in
+    ``ai.providers``, the variable named by its ``api_key_env`` (no ``api_key_env``: keyless, and
+    no other vendor's key is ever sent to it); for an unconfigured provider alias, the api's
+    conventional variable (:data:`DEFAULT_KEY_ENV`), and only when the model's ``base_url`` is
+    empty or on the api's own host (:data:`OFFICIAL_HOSTS`). Surrounding whitespace (a trailing newline
+    from a ``.env`` file) is stripped. Keys are never logged.
+
+    Raises:
+        ApiKeyError: the configured ``api_key_env`` variable is unset or empty (the message names
+            the variable and the config key), or the key contains whitespace/control characters.
     """
     if options is not None:
         if options.api_key:
-            return options.api_key
+            return _clean_key(options.api_key, "StreamOptions.api_key")
         hook: Callable[[str], str | None] | None = options.extra.get("get_api_key")
         if hook is not None:
             key = hook(model.provider)
             if key:
-                return key
-    from runtime.config import get_api_key  # local import: config is optional at import time
+                return _clean_key(key, "the get_api_key hook")
+    from runtime.config import get_provider_config  # local import: config is optional here
 
-    key = get_api_key(model.provider) if model.provider else None
-    if key:
-        return key
-    env = DEFAULT_KEY_ENV.get(model.api)
-    return os.environ.get(env) if env else None
+    provider = get_provider_config(model.provider) if model.provider else None
+    if provider is not None:
+        env = provider.api_key_env
+        if not env:
+            return None
+        value = os.environ.get(env, "")
+        if not value.strip():
+            raise ApiKeyError(
+                f"no API key for provider {model.provider!r}: the environment variable {env} "
+                f"(ai.providers.{model.provider}.api_key_env) is not set"
+            )
+        return _clean_key(value, f"the environment variable {env}")
+    default_env = DEFAULT_KEY_ENV.get(model.api)
+    host = urlsplit(model.base_url).hostname if model.base_url else OFFICIAL_HOSTS.get(model.api)
+    if not default_env or host != OFFICIAL_HOSTS.get(model.api):
+        return None  # never send e.g. OPENAI_API_KEY to a host that is not OpenAI's
+    value = os.environ.get(default_env, "")
+    return _clean_key(value, f"the environment variable {default_env}") if value.strip() else None
+
+
+def request_secrets(key: str | None, headers: dict[str, str]) -> list[str]:
+    """Strings to redact for one request: the key, and the values of :data:`SECRET_HEADERS`
+    (a key put into ``headers`` in the configuration) with and without a ``Bearer`` prefix."""
+    out = [key] if key else []
+    for name, value in headers.items():
+        if name.lower() in SECRET_HEADERS and value:
+            out.append(value)
+            scheme, _, rest = value.partition(" ")
+            if rest and scheme.lower() in ("bearer", "basic"):
+                out.append(rest.strip())
+    return sorted(set(out), key=len, reverse=True)  # longest first: no partial replacement
 
 
 def loads(data: str) -> Any:
@@ -71,7 +134,25 @@ def loads(data: str) -> Any:
 
 
 def finalize_usage(model: Model, usage: Usage) -> None:
-    """Fill ``usage.total_tokens`` (input + output + cache_read + cache_write) and its cost."""
+    """Fill ``usage.total_tokens`` (input + output + cache_read + cache_write) and its cost.
+
+    Raises:
+        ValueError: a count the provider sent is not a whole number (``1.5``, ``true``, ``"7"``);
+            the transport turns it into a ``malformed event`` error instead of storing a message
+            that would not validate when read back.
+    """
+    bad: list[str] = []
+    for name in ("input", "output", "cache_read", "cache_write"):
+        value = getattr(usage, name)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            bad.append(f"{name}={value!r}")
+            value = 0  # the message keeps valid types whatever the provider sent
+        setattr(usage, name, value)
+    if bad:
+        usage.total_tokens = 0
+        raise ValueError(f"usage: token count {', '.join(bad)} is not a whole number")
     usage.total_tokens = usage.input + usage.output + usage.cache_read + usage.cache_write
     apply_cost(model, usage)
 
@@ -107,7 +188,7 @@ def crash_handler(model: Model) -> Callable[[BaseException], AssistantMessage]:
             provider=model.provider,
             model=model.id,
             stop_reason="error",
-            error_message=f"{type(exc).__name__}: {exc}",
+            error_message=str(exc) if isinstance(exc, ApiKeyError) else f"{type(exc).__name__}: {exc}",
         )
 
     return on_crash

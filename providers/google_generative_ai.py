@@ -12,7 +12,8 @@ Stream rules (issue 3, item 3):
   ``thoughtsTokenCount``;
 * ``finishReason``: ``STOP`` → stop (toolUse when the message has calls), ``MAX_TOKENS`` → length,
   anything else (``SAFETY``, ``RECITATION``, ``PROHIBITED_CONTENT``, ``MALFORMED_FUNCTION_CALL``…)
-  → error with the reason; ``promptFeedback.blockReason`` → error.
+  → error with the reason; ``promptFeedback.blockReason`` → error; no ``finishReason`` at all
+  (a cut stream) → error, keeping the content received.
 
 The key goes in the ``x-goog-api-key`` header, never in the URL. ``StreamOptions.output_schema``
 is sent natively (``responseMimeType: application/json`` + ``responseJsonSchema``).
@@ -29,6 +30,7 @@ from providers.common import (
     join_url,
     loads,
     mint_tool_call_id,
+    request_secrets,
     resolve_api_key,
 )
 from providers.handoff import transform_messages
@@ -190,6 +192,8 @@ class GoogleParser:
 
     def on_event(self, event: str | None, data: str) -> None:
         """Handle one response chunk."""
+        if not data.strip():  # an empty keep-alive ``data:`` line
+            return
         chunk = loads(data)
         b = self._b
         if isinstance(chunk, dict) and "error" in chunk:
@@ -199,7 +203,7 @@ class GoogleParser:
             raise ProviderStreamError(
                 f"{status}: {msg}" if status else msg, retryable=status == "UNAVAILABLE"
             )
-        if b.message.response_id is None and chunk.get("responseId"):
+        if b.message.response_id is None and isinstance(chunk.get("responseId"), str):
             b.message.response_id = chunk["responseId"]
         feedback = chunk.get("promptFeedback") or {}
         if feedback.get("blockReason"):
@@ -213,6 +217,8 @@ class GoogleParser:
         cand = candidates[0]
         for part in (cand.get("content") or {}).get("parts") or ():
             sig = part.get("thoughtSignature")
+            if not isinstance(sig, str):
+                sig = None
             if "functionCall" in part:
                 fc = part["functionCall"]
                 name = fc.get("name", "")
@@ -256,10 +262,8 @@ class GoogleParser:
             return
         fr = self._finish
         if fr is None:
-            if not b.started:
-                b.fail("stream ended without any chunk")
-                return
-            b.finish()
+            # Gemini's last chunk always carries finishReason: without it the stream was cut
+            b.fail("stream ended without any chunk" if not b.started else "stream ended before finishReason")
         elif fr == "STOP":
             b.finish()
         elif fr == "MAX_TOKENS":
@@ -281,9 +285,10 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
     }
     if key:
         headers["x-goog-api-key"] = key
-    url = join_url(model.base_url or DEFAULT_BASE_URL, f"models/{model.id}:streamGenerateContent?alt=sse")
+    model_id = model.id.removeprefix("models/")  # the API's own listing names models "models/<id>"
+    url = join_url(model.base_url or DEFAULT_BASE_URL, f"models/{model_id}:streamGenerateContent?alt=sse")
     body = build_request_body(model, context, options, reasoning)
-    return HttpRequest(url, headers, body, [key] if key else [])
+    return HttpRequest(url, headers, body, request_secrets(key, headers))
 
 
 def stream_google_generative_ai(

@@ -7,9 +7,12 @@ handoff before a cross-provider call"; issue 3, item 5). Rules:
   text; empty thinking is dropped; redacted thinking and signatures (thinking signatures, text
   signatures, Gemini thought signatures) are kept only when the target is the same model.
 * Tool-call ids are rewritten by ``normalize_id`` (e.g. Anthropic allows ``[a-zA-Z0-9_-]``, at
-  most 64 characters) and the same mapping is applied to the later tool results.
+  most 64 characters; OpenAI at most 40 characters) and the same mapping is applied to the later
+  tool results; two ids that normalize to the same string get distinct ids (a hash suffix on the
+  second).
 * Assistant messages that ended in ``error`` or ``aborted`` are skipped, with any tool results
-  that answer their calls.
+  that answer their calls; so is a tool result that answers no open call of the assistant
+  message before it (its call was trimmed from the context, or it is a duplicate).
 * A tool call with no result before the next user/assistant message (or the end) gets a
   synthetic error result, so every provider sees a well-formed call/result pairing.
 * Images are replaced by a short text placeholder when ``"image" not in target.input``.
@@ -41,6 +44,7 @@ __all__ = [
     "MISSING_RESULT_TEXT",
     "anthropic_tool_id",
     "is_same_model",
+    "openai_tool_id",
     "transform_messages",
 ]
 
@@ -62,6 +66,17 @@ def anthropic_tool_id(call_id: str) -> str:
     return clean[:55] + "_" + hashlib.sha1(call_id.encode()).hexdigest()[:8]
 
 
+def openai_tool_id(call_id: str) -> str:
+    """Map any id onto OpenAI's limit of 40 characters (longer ids are rejected with HTTP 400).
+
+    Ids of at most 40 characters are kept as they are; longer ones keep 31 characters plus ``_``
+    and 8 hex digits of their SHA-1, so distinct long ids stay distinct.
+    """
+    if len(call_id) <= 40:
+        return call_id
+    return call_id[:31] + "_" + hashlib.sha1(call_id.encode()).hexdigest()[:8]
+
+
 def is_same_model(message: AssistantMessage, target: Model) -> bool:
     """True when ``message`` was produced by ``target`` (same api, provider alias and model id)."""
     return message.api == target.api and message.provider == target.provider and message.model == target.id
@@ -80,6 +95,16 @@ def _images_to_text(blocks: list[Any], vision: bool) -> list[Any]:
     return out
 
 
+def _unique(norm: Callable[[str], str], call_id: str, ids: dict[str, str]) -> str:
+    """``norm(call_id)``, made distinct from the ids other calls were already mapped to (two ids
+    such as ``call|1`` and ``call.1`` both normalize to ``call_1``; a target rejects duplicates)."""
+    new_id = norm(call_id)
+    taken = set(ids.values())
+    if new_id in taken:
+        new_id = norm(f"{call_id}_{hashlib.sha1(call_id.encode()).hexdigest()[:8]}")
+    return new_id
+
+
 def _assistant(
     msg: AssistantMessage, target: Model, ids: dict[str, str], norm: Callable[[str], str]
 ) -> AssistantMessage:
@@ -94,7 +119,7 @@ def _assistant(
         elif isinstance(b, TextContent):
             content.append(b if same or b.text_signature is None else TextContent(text=b.text))
         else:
-            new_id = norm(b.id)
+            new_id = ids.get(b.id) or _unique(norm, b.id, ids)
             ids[b.id] = new_id
             keep_sig = same and b.thought_signature is not None
             if new_id != b.id or (b.thought_signature is not None and not keep_sig):
@@ -152,6 +177,10 @@ def transform_messages(
             if msg.tool_call_id in skipped:
                 continue
             new_id = ids.get(msg.tool_call_id, norm(msg.tool_call_id))
+            if not any(c.id == new_id for c in pending):
+                # orphan (its call was trimmed away) or duplicate result: every api rejects a
+                # result that does not answer an open call of the preceding assistant message
+                continue
             content = _images_to_text(msg.content, vision)
             if new_id != msg.tool_call_id or content is not msg.content:
                 msg = msg.model_copy(update={"tool_call_id": new_id, "content": content})

@@ -9,12 +9,15 @@ Stream rules (issue 3, item 1):
   ``delta.reasoning`` or ``delta.reasoning_text`` (vLLM, OpenRouter, Ollama);
 * tool calls keyed by ``index``; arguments arrive in pieces and are parsed once when the call
   closes. A delta with no ``index`` opens a new slot when it carries a new ``id`` and continues the
-  latest slot when the id is missing too (servers seen in the wild omit ``index``);
+  latest slot when the id is missing too (servers seen in the wild omit ``index``); an ``index``
+  reused with a new ``id`` opens a new slot, and id-less pieces at that index continue it;
 * usage is read from **any** chunk that carries it, including the final ``choices: []`` chunk;
   ``prompt_tokens`` includes cached tokens, so ``input = prompt_tokens - cached``;
 * ``finish_reason``: ``stop`` → stop, ``length`` → length, ``tool_calls``/``function_call`` →
   toolUse, ``content_filter`` → error; ``delta.refusal`` text is kept as text and ends the message
-  with ``stop_reason="error"`` and ``error_message="refusal: …"``.
+  with ``stop_reason="error"`` and ``error_message="refusal: …"``;
+* a body that ends with neither a ``finish_reason`` nor ``data: [DONE]`` was cut short: the
+  message ends with ``error`` (content kept); ``[DONE]`` without a ``finish_reason`` is a stop.
 
 ``StreamOptions.extra`` keys read here: ``http_client`` (an ``httpx.AsyncClient``).
 """
@@ -30,9 +33,10 @@ from providers.common import (
     join_url,
     loads,
     mint_tool_call_id,
+    request_secrets,
     resolve_api_key,
 )
-from providers.handoff import transform_messages
+from providers.handoff import openai_tool_id, transform_messages
 from providers.profiles import OpenAICompat, openai_compat
 from providers.transport import HttpRequest, ProviderStreamError, run_sse_request
 from runtime.builder import MessageBuilder, parse_partial_json, parse_tool_arguments
@@ -69,6 +73,7 @@ _FINISH: dict[str, StopReason] = {
     "tool_calls": "toolUse",
     "function_call": "toolUse",
     "content_filter": "error",
+    "error": "error",
 }
 
 # --------------------------------------------------------------------------- request
@@ -125,14 +130,15 @@ def convert_messages(model: Model, context: Context, compat: OpenAICompat) -> li
 
     The system prompt goes first as ``developer`` for reasoning models on servers that support
     that role, else ``system``. Images returned by tools follow the tool messages as one user
-    message (``tool`` messages cannot carry images).
+    message (``tool`` messages cannot carry images). Tool-call ids longer than OpenAI's 40
+    characters are shortened (:func:`providers.handoff.openai_tool_id`), results alike.
     """
     out: list[dict[str, Any]] = []
     if context.system_prompt:
         role = "developer" if model.reasoning and compat.supports_developer_role else "system"
         out.append({"role": role, "content": context.system_prompt})
     tool_images: list[dict[str, Any]] = []
-    for msg in transform_messages(context.messages, model):
+    for msg in transform_messages(context.messages, model, openai_tool_id):
         if not isinstance(msg, ToolResultMessage) and tool_images:
             out.append({"role": "user", "content": tool_images})
             tool_images = []
@@ -224,7 +230,19 @@ class OpenAICompletionsParser:
     are re-parsed at the end, so no argument byte is lost.
     """
 
-    __slots__ = ("_b", "_by_id", "_finish", "_late", "_live", "_model", "_open_slot", "_refusal", "_slots")
+    __slots__ = (
+        "_alias",
+        "_b",
+        "_by_id",
+        "_done",
+        "_finish",
+        "_late",
+        "_live",
+        "_model",
+        "_open_slot",
+        "_refusal",
+        "_slots",
+    )
 
     def __init__(self, builder: MessageBuilder, model: Model) -> None:
         self._b = builder
@@ -236,17 +254,23 @@ class OpenAICompletionsParser:
         self._by_id: dict[str, Any] = {}
         self._live: Any = None  # the slot whose block is open in the builder
         self._late: set[Any] = set()
+        self._alias: dict[Any, Any] = {}  # index -> slot of the latest call that reused it
         self._refusal = ""
+        self._done = False  # ``data: [DONE]`` seen
 
     def on_event(self, event: str | None, data: str) -> None:
-        """Handle one ``data:`` payload (``[DONE]`` is ignored; the body's end finishes)."""
-        if data == "[DONE]" or not data:
+        """Handle one ``data:`` payload (``[DONE]`` is noted; the body's end finishes)."""
+        if data == "[DONE]":
+            self._done = True
+            return
+        if not data:
             return
         self._chunk(loads(data))
 
     def on_body(self, data: str) -> None:
         """Handle a non-streaming ``chat.completion`` body (e.g. a server that ignored ``stream``)."""
         doc = loads(data)
+        self._done = True
         choices = doc.get("choices") or [{}]
         message = choices[0].get("message") or {}
         delta = {k: message.get(k) for k in ("content", "reasoning_content", "reasoning", "refusal")}
@@ -260,10 +284,12 @@ class OpenAICompletionsParser:
     def _chunk(self, chunk: dict[str, Any]) -> None:
         b = self._b
         err = chunk.get("error")
+        if not err and chunk.get("object") == "error":  # vLLM's in-stream error shape
+            err = chunk
         if err:
             msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
             raise ProviderStreamError(f"stream error: {msg}", retryable=False)
-        if b.message.response_id is None and chunk.get("id"):
+        if b.message.response_id is None and isinstance(chunk.get("id"), str):
             b.message.response_id = chunk["id"]
         usage = chunk.get("usage")
         if usage:
@@ -306,9 +332,14 @@ class OpenAICompletionsParser:
             if call_id in self._by_id:
                 key = self._by_id[call_id]
             elif key is None or (key in self._slots and self._slots[key][2] not in (None, call_id)):
+                index = key
                 key = ("new", len(self._slots))  # no index, or an index reused for another call
+                if index is not None:
+                    self._alias[index] = key  # later id-less pieces at this index belong to it
         elif key is None:  # bug shape: neither index nor id continues the latest slot
             key = self._open_slot if self._open_slot is not None else ("new", len(self._slots))
+        else:
+            key = self._alias.get(key, key)
         slot = self._slots.get(key)
         if slot is None:
             idx = b.tool_call_start(call_id or mint_tool_call_id(fn.get("name", "")), fn.get("name") or "")
@@ -325,6 +356,8 @@ class OpenAICompletionsParser:
                 slot[2] = block.id = call_id
                 self._by_id[call_id] = key
         args = fn.get("arguments")
+        if isinstance(args, dict):  # some compatible servers send the arguments as an object
+            args = json.dumps(args, ensure_ascii=False)
         if args:
             slot[1] += args
             if key == self._live and key not in self._late:
@@ -350,10 +383,15 @@ class OpenAICompletionsParser:
             idx, raw = self._slots[key][0], self._slots[key][1]
             block = b.message.content[idx]
             assert isinstance(block, ToolCall)
+            # a fresh block: the builder marked the call invalid when it closed it with only the
+            # first pieces of its arguments; the whole text decides now
+            fresh = ToolCall(id=block.id, name=block.name, thought_signature=block.thought_signature)
             try:
-                block.arguments = parse_tool_arguments(raw)
-            except ValueError:
-                block.arguments = parse_partial_json(raw)
+                fresh.arguments = parse_tool_arguments(raw)
+            except ValueError as exc:
+                fresh.arguments = parse_partial_json(raw)
+                fresh.mark_invalid_arguments(raw, str(exc))
+            b.message.content[idx] = fresh
         fr = self._finish
         if self._refusal:
             b.message.error_message = f"refusal: {self._refusal}"
@@ -362,8 +400,10 @@ class OpenAICompletionsParser:
         if fr is None:
             if not b.started:
                 b.fail("stream ended without any chunk")
-                return
-            b.finish()
+            elif not self._done:  # neither finish_reason nor [DONE]: the stream was cut short
+                b.fail("stream ended before finish_reason or [DONE]")
+            else:
+                b.finish()
             return
         reason = _FINISH.get(fr, "stop")
         if reason == "error":
@@ -386,7 +426,7 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
         headers["authorization"] = f"Bearer {key}"
     url = join_url(model.base_url or DEFAULT_BASE_URL, "chat/completions")
     return HttpRequest(
-        url, headers, build_request_body(model, context, options, reasoning), [key] if key else []
+        url, headers, build_request_body(model, context, options, reasoning), request_secrets(key, headers)
     )
 
 

@@ -22,7 +22,7 @@ import filetype
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from providers.common import join_url, resolve_api_key
+from providers.common import ApiKeyError, join_url, request_secrets, resolve_api_key
 from providers.transport import error_message_from_body, get_http_client, redact
 from runtime.abort import AbortSignal
 from runtime.options import StreamOptions
@@ -145,9 +145,13 @@ async def generate_images(
         prompt = "\n".join(b.text for b in prompt_or_inputs if isinstance(b, TextContent))
         images = [b for b in prompt_or_inputs if isinstance(b, ImageContent)]
     chat_like = Model(id=model.id, api=API, provider=model.provider, base_url=model.base_url)
-    key = resolve_api_key(chat_like, StreamOptions(api_key=opts.api_key))
-    secrets = [key] if key else []
+    try:
+        key = resolve_api_key(chat_like, StreamOptions(api_key=opts.api_key))
+    except ApiKeyError as exc:
+        result.error_message = str(exc)
+        return result
     headers = {**model.headers, **opts.headers}
+    secrets = request_secrets(key, headers)
     if key:
         headers["authorization"] = f"Bearer {key}"
     fields: dict[str, Any] = {"model": model.id, "prompt": prompt}
@@ -159,13 +163,19 @@ async def generate_images(
     fields.update(opts.extra)
     base = model.base_url or DEFAULT_BASE_URL
     http = client or get_http_client()
-    timeout = httpx.Timeout(opts.timeout or 300.0, connect=10.0)
+    total_s = opts.timeout or 300.0
+    # httpx's own per-read bound stays above the whole-call bound so the latter decides
+    timeout = httpx.Timeout(total_s + 5.0, connect=min(10.0, total_s))
+    files = []
+    for i, b in enumerate(images):
+        try:
+            raw_input = base64.b64decode(b.data, validate=True)
+        except ValueError:
+            result.error_message = f"input image {i} is not valid base64"
+            return result
+        files.append(("image[]", (f"input{i}.{b.mime_type.split('/')[-1]}", raw_input, b.mime_type)))
     try:
         if images:
-            files = [
-                ("image[]", (f"input{i}.{b.mime_type.split('/')[-1]}", base64.b64decode(b.data), b.mime_type))
-                for i, b in enumerate(images)
-            ]
             data = {k: str(v) for k, v in fields.items()}
             call = http.post(
                 join_url(base, "images/edits"), headers=headers, data=data, files=files, timeout=timeout
@@ -174,7 +184,7 @@ async def generate_images(
             call = http.post(
                 join_url(base, "images/generations"), headers=headers, json=fields, timeout=timeout
             )
-        resp = await _abortable(call, opts.signal)
+        resp = await _abortable(call, opts.signal, total_s)
         if resp.status_code >= 400:
             result.error_message = redact(error_message_from_body(resp.status_code, resp.content), secrets)
             return result
@@ -182,48 +192,67 @@ async def generate_images(
     except _Aborted:
         result.error_message = "aborted"
         return result
+    except TimeoutError:
+        result.error_message = f"timeout: no complete response within {total_s:g} s"
+        return result
     except httpx.HTTPError as exc:
         result.error_message = redact(f"connection error: {type(exc).__name__}: {exc}", secrets)
         return result
     except ValueError as exc:
         result.error_message = f"invalid JSON from the Images API: {exc}"
         return result
+    try:
+        _read_payload(payload, result, opts.output_format)
+    except (AttributeError, TypeError, ValueError) as exc:  # valid JSON of the wrong shape
+        result.images, result.revised_prompts = [], []
+        result.error_message = f"unexpected response from the Images API: {type(exc).__name__}: {exc}"
+        return result
+    if not result.images:
+        result.error_message = "the Images API returned no b64_json image"
+    return result
+
+
+def _read_payload(payload: Any, result: ImageGenerationResult, output_format: str | None) -> None:
+    """Fill ``result`` from an ``images`` response; raises on a payload of the wrong shape."""
     for item in payload.get("data") or []:
         b64 = item.get("b64_json")
         if not b64:
             continue
-        raw = base64.b64decode(b64)
-        result.images.append(ImageContent(data=b64, mime_type=_mime(raw, opts.output_format)))
+        raw = base64.b64decode(b64, validate=True)
+        result.images.append(ImageContent(data=b64, mime_type=_mime(raw, output_format)))
         result.revised_prompts.append(item.get("revised_prompt"))
     u = payload.get("usage") or {}
     result.usage.input = int(u.get("input_tokens") or 0)
     result.usage.output = int(u.get("output_tokens") or 0)
     result.usage.total_tokens = result.usage.input + result.usage.output
-    if not result.images:
-        result.error_message = "the Images API returned no b64_json image"
-    return result
 
 
 class _Aborted(Exception):
     pass
 
 
-async def _abortable(call: Coroutine[Any, Any, httpx.Response], signal: AbortSignal | None) -> httpx.Response:
-    """Await ``call`` unless ``signal`` fires first (then cancel it, closing the connection)."""
-    if signal is None:
-        return await call
-    if signal.aborted:
+async def _abortable(
+    call: Coroutine[Any, Any, httpx.Response], signal: AbortSignal | None, total_s: float
+) -> httpx.Response:
+    """Await ``call`` unless ``signal`` fires or ``total_s`` seconds pass first (then cancel it,
+    which closes the connection, and raise :class:`_Aborted` or :class:`TimeoutError`)."""
+    if signal is not None and signal.aborted:
         call.close()
         raise _Aborted
     task = asyncio.ensure_future(call)
-    waiter = asyncio.ensure_future(signal.wait())
+    waiter = asyncio.ensure_future(signal.wait()) if signal is not None else None
     try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {task} | ({waiter} if waiter else set()), timeout=total_s, return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
-        waiter.cancel()
+        if waiter is not None:
+            waiter.cancel()
     if not task.done():
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-        raise _Aborted
+        if signal is not None and signal.aborted:
+            raise _Aborted
+        raise TimeoutError
     return task.result()

@@ -15,7 +15,8 @@ Keys (all optional in ``compat``):
 * ``max_tokens_field`` (``max_tokens`` | ``max_completion_tokens``).
 * ``supports_usage_in_streaming`` (bool): send ``stream_options.include_usage``.
 * ``supports_json_schema`` (bool): ``response_format={"type": "json_schema"}`` is understood;
-  ``supports_strict_mode`` (bool): ``strict: true`` on schemas and tools is understood.
+  ``supports_strict_mode`` (bool): ``strict: true`` on the ``response_format`` schema is understood
+  (tools are sent without ``strict``: arbitrary tool schemas rarely meet its rules).
 * ``reasoning_format`` (``openai`` | ``openrouter`` | ``qwen`` | ``deepseek`` | ``none``): how the
   unified reasoning level is sent (``reasoning_effort``, ``reasoning: {effort}``,
   ``enable_thinking``, nothing).
@@ -102,10 +103,11 @@ def openai_compat(model: Model) -> OpenAICompat:
     """Return the capability flags for ``model``: base-URL defaults overlaid with ``model.compat``.
 
     Unknown ``compat`` keys are ignored here (they may belong to another api); values of known
-    keys are used as given.
+    keys are checked (booleans must be ``true``/``false``, not ``"yes"``).
 
     Raises:
-        ValueError: ``compat.profile`` names no profile in :data:`PROFILES`.
+        ValueError: ``compat.profile`` names no profile in :data:`PROFILES`, or a known flag has a
+            value of the wrong type (the message names ``ai.providers.<alias>.compat.<key>``).
     """
     name = model.compat.get("profile")
     if name is not None:
@@ -116,4 +118,20 @@ def openai_compat(model: Model) -> OpenAICompat:
         base = _by_base_url(model.base_url or "https://api.openai.com/v1")
     names = {f.name for f in fields(OpenAICompat)}
     overrides: dict[str, Any] = {k: v for k, v in model.compat.items() if k in names}
+    for key, value in overrides.items():
+        choices = _CHOICES.get(key)
+        if choices is not None and value not in choices:
+            problem = f"{value!r} is not one of {', '.join(choices)}"
+        elif choices is None and not isinstance(value, bool):
+            problem = f"expected true or false, got {value!r}"
+        else:
+            continue
+        raise ValueError(f"ai.providers.{model.provider}.compat.{key} (model {model.id}): {problem}")
     return replace(base, **overrides) if overrides else base
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "max_tokens_field": ("max_tokens", "max_completion_tokens"),
+    "reasoning_format": ("openai", "openrouter", "qwen", "deepseek", "none"),
+}
+"""Allowed values of the non-boolean flags (every other flag is a bool)."""

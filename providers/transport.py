@@ -16,12 +16,18 @@ Rules (issue 3, item 4):
   ``stop_reason="aborted"``.
 * **Retries.** HTTP 408/409/429/5xx, connection failures and in-stream retryable errors
   (Anthropic ``overloaded_error``) are retried with exponential backoff (or the server's
-  ``Retry-After``/``retry-after-ms``), at most ``StreamOptions.max_retries`` times, and **only
+  ``Retry-After`` in seconds or as an HTTP date, or ``retry-after-ms``; an unreadable value falls
+  back to the backoff, every wait is capped at :data:`MAX_RETRY_DELAY_S`), at most
+  ``StreamOptions.max_retries`` times, and **only
   before the first content event** (no delta and no opened block yet); afterwards a failure is
   an ``error`` event, never a replay of half an answer.
 * **Errors carry the provider's own message**: ``HTTP 429: Rate limit reached for ...``.
+* **Bad bodies.** An event of the wrong JSON shape ends the stream with ``malformed event from
+  the provider: …`` and keeps the content received before it; a 200 body without any SSE event
+  (an HTML page from a proxy) ends with ``expected an event stream, got <content type>: <start>``.
 * **JSON bodies.** A 200 answer with ``Content-Type: application/json`` (a server that ignored
-  ``stream: true``) goes to the parser's optional ``on_body`` as one document.
+  ``stream: true``) goes to the parser's optional ``on_body`` as one document; a body labelled
+  JSON that starts like an event stream (``data:``) is decoded as one.
 * **Metrics**: every finished call counts ``sessionray_llm_requests_total{api,outcome}``,
   ``sessionray_llm_tokens_total{api,kind}`` and ``sessionray_llm_errors_total{api,reason}``.
 * **API keys** never appear in logs or error texts: :func:`redact` removes them from every
@@ -32,18 +38,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import email.utils
 import json
 import logging
+import math
 import random
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
+from providers.sse import SSEDecoder
 from runtime.builder import MessageBuilder
 from runtime.metrics import LLM_ERRORS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
 from runtime.options import StreamOptions
@@ -117,66 +126,6 @@ class HttpRequest:
     secrets: list[str] = field(default_factory=list)
 
 
-# --------------------------------------------------------------------------- SSE decoding
-
-
-class SSEDecoder:
-    """Incremental Server-Sent-Events decoder over raw bytes.
-
-    ``feed(chunk)`` returns the events completed by that chunk as ``(event, data)`` tuples:
-    ``event`` is the last ``event:`` field value (``None`` when absent) and ``data`` the ``data:``
-    lines joined by ``\\n``. Comments (``:``) and ``id``/``retry`` fields are ignored. Bytes are
-    decoded only once a whole line is buffered (UTF-8 safe).
-    """
-
-    __slots__ = ("_buf", "_data", "_event")
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._event: str | None = None
-        self._data: list[str] = []
-
-    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
-        """Consume ``chunk`` (any byte boundary) and return the events it completed."""
-        buf = self._buf + chunk if self._buf else chunk
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            self._buf = buf
-            return []
-        self._buf = buf[cut + 1 :]
-        return self._lines(buf[:cut].decode("utf-8", "replace").split("\n"))
-
-    def flush(self) -> list[tuple[str | None, str]]:
-        """End of body: treat a trailing unterminated line and a pending event as complete."""
-        out: list[tuple[str | None, str]] = []
-        if self._buf:
-            out = self._lines([self._buf.decode("utf-8", "replace")])
-            self._buf = b""
-        if self._data:
-            out.append((self._event, "\n".join(self._data)))
-            self._event, self._data = None, []
-        return out
-
-    def _lines(self, lines: list[str]) -> list[tuple[str | None, str]]:
-        out: list[tuple[str | None, str]] = []
-        data = self._data
-        for line in lines:
-            if line and line[-1] == "\r":
-                line = line[:-1]
-            if not line:
-                if data:
-                    out.append((self._event, "\n".join(data)))
-                    data = self._data = []
-                self._event = None
-                continue
-            if line.startswith("data:"):
-                data.append(line[6:] if line.startswith("data: ") else line[5:])
-            elif line.startswith("event:"):
-                self._event = line[6:].strip()
-            # comments (":"), id:, retry: and unknown fields are ignored (SSE spec)
-        return out
-
-
 # --------------------------------------------------------------------------- helpers
 
 
@@ -221,20 +170,39 @@ def retry_delay_s(attempt: int, headers: httpx.Headers | None = None) -> float:
     :data:`MAX_RETRY_DELAY_S`.
     """
     if headers is not None:
-        ms = headers.get("retry-after-ms")
-        if ms:
-            with contextlib.suppress(ValueError):
-                return min(max(float(ms) / 1000.0, 0.0), MAX_RETRY_DELAY_S)
-        ra = headers.get("retry-after")
-        if ra:
-            try:
-                return min(max(float(ra), 0.0), MAX_RETRY_DELAY_S)
-            except ValueError:
-                when = email.utils.parsedate_to_datetime(ra) if ra.strip() else None
-                if when is not None:
-                    return min(max(when.timestamp() - time.time(), 0.0), MAX_RETRY_DELAY_S)
+        asked = _header_delay_s(headers)
+        if asked is not None:
+            return min(max(asked, 0.0), MAX_RETRY_DELAY_S)
     delay = BACKOFF_BASE_S * (2**attempt)
     return min(delay * (1.0 + random.random() * 0.25), MAX_RETRY_DELAY_S)
+
+
+def _header_delay_s(headers: httpx.Headers) -> float | None:
+    """The server's requested delay in seconds, or ``None`` when absent or unreadable.
+
+    Garbage, ``nan`` and dates without a zone are ignored rather than trusted (a header must
+    never crash the call or make it sleep for an undefined time); ``inf`` is capped by the caller.
+    """
+    ms = headers.get("retry-after-ms", "").strip()
+    if ms:
+        with contextlib.suppress(ValueError):
+            value = float(ms)
+            if not math.isnan(value):
+                return value / 1000.0
+    ra = headers.get("retry-after", "").strip()
+    if not ra:
+        return None
+    try:
+        value = float(ra)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(ra)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # RFC 9110 dates are GMT; treat a zone-less one as UTC
+            when = when.replace(tzinfo=datetime.UTC)
+        return when.timestamp() - time.time()
+    return None if math.isnan(value) else value
 
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
@@ -273,6 +241,10 @@ class _Retry(Exception):
         self.headers = headers
 
 
+async def _replay(raw: bytes) -> AsyncIterator[bytes]:
+    yield raw
+
+
 async def _attempt(
     client: httpx.AsyncClient,
     request: HttpRequest,
@@ -291,35 +263,62 @@ async def _attempt(
         async with client.stream(
             "POST", request.url, headers=request.headers, content=content, timeout=timeout
         ) as resp:
+            if 300 <= resp.status_code < 400:
+                # never followed: a redirected POST would carry the key to wherever it points
+                where = resp.headers.get("location") or "(no location)"
+                fail(
+                    f"HTTP {resp.status_code}: redirected to {where}; redirects are not followed, "
+                    "set base_url to the final address"
+                )
+                return
             if resp.status_code >= 400:
                 msg = error_message_from_body(resp.status_code, await resp.aread())
                 if resp.status_code in RETRYABLE_STATUS:
                     raise _Retry(msg, resp.headers)
                 fail(msg)
                 return
+            chunks = resp.aiter_bytes()
             if resp.headers.get("content-type", "").startswith("application/json"):
                 # a server that ignored ``stream: true`` (or a non-streaming endpoint): one JSON body
-                body = (await resp.aread()).decode("utf-8", "replace")
-                on_body = getattr(parser, "on_body", None)
-                if on_body is None:
-                    fail(f"expected an event stream, got a JSON body: {body[:200]}")
-                else:
-                    on_body(body)
-                return
+                raw = await resp.aread()
+                if not raw.lstrip().startswith((b"data:", b"event:", b":")):
+                    body = raw.decode("utf-8", "replace")
+                    on_body = getattr(parser, "on_body", None)
+                    if on_body is None:
+                        fail(f"expected an event stream, got a JSON body: {body[:200]}")
+                    else:
+                        on_body(body)
+                    return
+                chunks = _replay(raw)  # an event stream mislabelled as JSON: decode it as one
             decoder = SSEDecoder()
             ended = builder.stream
-            async for chunk in resp.aiter_bytes():
+            head = b""  # the body's first bytes, quoted when it holds no event at all
+            events = 0
+            async for chunk in chunks:
+                if len(head) < 200:
+                    head += chunk[: 200 - len(head)]
                 for ev, data in decoder.feed(chunk):
+                    events += 1
                     parser.on_event(ev, data)
                     if ended.ended:
                         return
             for ev, data in decoder.flush():
+                events += 1
                 parser.on_event(ev, data)
                 if ended.ended:
                     return
+            kind = resp.headers.get("content-type") or "no content type"
+            if not events and head.strip() and not kind.startswith("text/event-stream"):
+                # e.g. a proxy's HTML login page with status 200: say what came instead of events
+                fail(f"expected an event stream, got {kind}: {head.decode('utf-8', 'replace').strip()}")
+                return
             parser.on_end()
     except ValueError as exc:  # malformed JSON in an event (the parsers' only ValueError)
         fail(f"malformed event from the provider: {exc}")
+    except (AttributeError, KeyError, IndexError, TypeError) as exc:
+        # valid JSON of the wrong shape (``data: 5``, ``"choices": [null]``): keep what was
+        # received so far instead of letting run_stream replace the message (nothing is lost)
+        fail(f"malformed event from the provider: {type(exc).__name__}: {exc}")
     except ProviderStreamError as exc:
         if exc.retryable and _may_retry(builder):
             raise _Retry(exc.message) from None
@@ -413,18 +412,24 @@ async def run_sse_request(
 
 def error_reason(error_message: str | None, stop_reason: str) -> str:
     """Bounded label for ``sessionray_llm_errors_total``: ``aborted``, ``http_4xx``, ``http_429``,
-    ``http_5xx``, ``timeout``, ``connection``, ``malformed`` or ``provider`` (in-stream errors,
-    refusals, safety stops)."""
+    ``http_5xx``, ``timeout``, ``connection``, ``malformed`` (bad events, a body that is no event
+    stream) or ``provider`` (in-stream errors, refusals, safety stops). Redirects count as
+    ``http_4xx``."""
     if stop_reason == "aborted":
         return "aborted"
     text = error_message or ""
     if text.startswith("HTTP 429"):
         return "http_429"
-    if text.startswith("HTTP 4"):
+    if text.startswith(("HTTP 4", "HTTP 3")):  # a redirect is a client-side configuration error too
         return "http_4xx"
     if text.startswith("HTTP "):
         return "http_5xx"
-    for prefix, reason in (("timeout", "timeout"), ("connection", "connection"), ("malformed", "malformed")):
+    for prefix, reason in (
+        ("timeout", "timeout"),
+        ("connection", "connection"),
+        ("malformed", "malformed"),
+        ("expected", "malformed"),
+    ):
         if text.startswith(prefix):
             return reason
     return "provider"

@@ -15,6 +15,7 @@ file (or the embedded defaults) on first use. Pass ``config=`` to use another on
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +44,7 @@ __all__ = [
     "get_api_key",
     "get_config",
     "get_model",
+    "get_provider_config",
     "load_config",
     "resolve_model_ref",
     "set_config",
@@ -71,6 +73,9 @@ DRIVER_TO_API: dict[str, str] = {
     "google": "google-generative-ai",
 }
 """The documented ``driver`` → ``api`` migration table (seed 002, D1; docs only, no runtime shim)."""
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ConfigError(ValueError):
@@ -134,6 +139,24 @@ class ProviderConfig(_Closed):
             raise ValueError(f"the `driver` key was removed (seed 002 D1); {_driver_hint(data['driver'])}")
         return data
 
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if v and not v.lower().startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} must start with http:// or https://")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        # the value is never echoed: a key pasted here by mistake must not reach logs
+        if v is not None and (not _ENV_NAME.fullmatch(v) or v.startswith(("sk_", "AIza"))):
+            raise ValueError(
+                "must be the NAME of an environment variable holding the key (letters, digits, "
+                "`_`; e.g. OPENAI_API_KEY), not the key itself"
+            )
+        return v
+
     @field_validator("api")
     @classmethod
     def _known_api(cls, v: str) -> str:
@@ -172,11 +195,18 @@ class McpServerConfig(_Closed):
     """Prefix of the tool names the model sees (``None``: ``<name>_``; ``""``: the server's names)."""
     timeout_s: float = Field(30.0, gt=0)
     """Bound of connecting, listing and of each tool call (seconds)."""
+    platforms: list[str] | None = None
+    """Tool permissions of every tool of this server (``runtime.tool_policy``; ``None``: no limit)."""
+    scopes: list[str] | None = None
+    required_any_role: list[str] | None = None
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:
         if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one of `command` (stdio) or `url` (streamable HTTP)")
+        from runtime.tool_policy import ToolPermissions
+
+        ToolPermissions.from_mapping(self.model_dump())  # raises ValueError naming the key
         return self
 
 
@@ -210,6 +240,9 @@ class AiConfig(_Closed):
 
     @model_validator(mode="after")
     def _refs_exist(self) -> AiConfig:
+        for alias in self.providers:
+            if not alias or "/" in alias:  # refs are "alias/model_id": the first "/" ends the alias
+                raise ValueError(f"[providers.{alias}] a provider alias must be non-empty and contain no '/'")
         for key in ("default_model", "vision_model"):
             ref = getattr(self, key)
             if ref is not None:
@@ -497,3 +530,10 @@ def get_api_key(provider_alias: str, config: Config | None = None) -> str | None
     if provider is None or not provider.api_key_env:
         return None
     return os.environ.get(provider.api_key_env) or None
+
+
+def get_provider_config(provider_alias: str, config: Config | None = None) -> ProviderConfig | None:
+    """Return ``ai.providers.<provider_alias>`` of ``config`` (default: the current config, without
+    loading any file), or ``None`` when it is not configured."""
+    cfg = config or _current
+    return cfg.ai.providers.get(provider_alias) if cfg is not None else None

@@ -208,7 +208,7 @@ TURNS = Counter(
     "sessionray_turns_total", "Agent turns by outcome (ok, error, aborted).", ("platform", "outcome")
 )
 TURN_LATENCY = Histogram(
-    "sessionray_turn_latency_seconds", "Inbound accepted → reply handed to delivery.", ("platform",)
+    "sessionray_turn_latency_seconds", "Inbound accepted to reply handed to delivery.", ("platform",)
 )
 CONTROL = Counter(
     "sessionray_control_total", "steer / follow_up / abort requests by outcome.", ("kind", "outcome")
@@ -233,7 +233,7 @@ STRUCTURED_REPLIES = Counter(
 )
 STRUCTURED_DOWNGRADES = Counter(
     "sessionray_structured_downgrades_total",
-    "Capability downgrades (native→tool→prompt).",
+    "Capability downgrades (native to tool to prompt).",
     ("from_mode", "to_mode"),
 )
 MEDIA_REJECTED = Counter(

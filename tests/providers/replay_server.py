@@ -50,6 +50,7 @@ class Reply:
         seed: Seed of the random piece sizes (reproducible cuts).
         delay_s: Pause between pieces in seconds (0: just yield to the loop and drain).
         cut_after: Close the connection abruptly after this many body bytes (simulates a drop).
+        head_delay_s: Pause before the status line (a server that stalls before the first byte).
     """
 
     status: int = 200
@@ -63,6 +64,7 @@ class Reply:
     seed: int = 0
     delay_s: float = 0.0
     cut_after: int | None = None
+    head_delay_s: float = 0.0
 
     @classmethod
     def fixture(cls, file: Path, **kw: Any) -> Reply:
@@ -107,6 +109,14 @@ class RecordedRequest:
     def json(self) -> Any:
         """The request body parsed as JSON."""
         return json.loads(self.body)
+
+
+async def _hung_up_during(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Pause ``seconds``, returning early with ``True`` if the client closes the connection."""
+    try:
+        return await asyncio.wait_for(reader.read(1), seconds) == b""
+    except TimeoutError:
+        return False
 
 
 class ReplayServer:
@@ -203,13 +213,20 @@ class ReplayServer:
                 "connection": "close",
                 **reply.headers,
             }
+            if reply.head_delay_s and await _hung_up_during(reader, reply.head_delay_s):
+                rec.outcome = "disconnected"
+                return
             status_line = f"HTTP/1.1 {reply.status} X\r\n"
             writer.write((status_line + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n").encode())
             await writer.drain()
             for piece in reply.pieces():
                 writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                 await writer.drain()
-                await asyncio.sleep(reply.delay_s)
+                if not reply.delay_s:
+                    await asyncio.sleep(0)
+                elif await _hung_up_during(reader, reply.delay_s):
+                    rec.outcome = "disconnected"
+                    return
             if reply.cut_after is not None:
                 rec.outcome = "cut"
                 writer.transport.abort()

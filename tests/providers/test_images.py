@@ -131,4 +131,6 @@ async def test_abort_cancels_the_request(replay: ReplayServer) -> None:
     ctl.abort()
     result = await task
     assert (result.images, result.error_message) == ([], "aborted")
-    assert replay.requests[0].outcome == "pending"  # the answer had not arrived: aborted, not completed
+    # the answer had not arrived: the client hung up (connection closed), nothing was completed
+    assert await asyncio.to_thread(replay.requests[0].finished.wait, 10)
+    assert replay.requests[0].outcome == "disconnected"

@@ -167,17 +167,26 @@ async def test_api_key_never_in_errors_or_logs(
 async def test_api_key_from_environment_and_get_api_key(
     replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    replay.enqueue(*[Reply(body=sse(_text_chunk("ok", "stop"))) for _ in range(2)])
-    monkeypatch.setenv("OPENAI_API_KEY", "env-key-1234")
-    await run(model_for(replay, OPENAI), api_key=None)
+    from runtime.config import parse_config, set_config
+
+    replay.enqueue(*[Reply(body=sse(_text_chunk("ok", "stop"))) for _ in range(3)])
+    monkeypatch.setenv("P_API_KEY", "env-key-1234")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-only-for-api.openai.com")
+    set_config(parse_config({"ai": {"providers": {"p": {"api": OPENAI, "api_key_env": "P_API_KEY"}}}}))
+    try:
+        await run(model_for(replay, OPENAI), api_key=None)  # ai.providers.p.api_key_env
+    finally:
+        set_config(None)
     await run(
         model_for(replay, OPENAI),
         api_key=None,
         extra={"get_api_key": lambda provider: f"hook-{provider}-key"},
     )
-    assert [r.headers["authorization"] for r in replay.requests] == [
+    await run(model_for(replay, OPENAI), api_key=None)  # unconfigured alias, not OpenAI's host
+    assert [r.headers.get("authorization") for r in replay.requests] == [
         "Bearer env-key-1234",
         "Bearer hook-p-key",
+        None,
     ]
 
 

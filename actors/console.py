@@ -1,0 +1,269 @@
+"""The built-in web console: starlette routes the ingress mounts (``console_routes(runtime, config)``).
+
+Routes::
+
+    GET  /console                    the single-page chat (plain HTML + JS, no build step)
+    GET  /console/static/{name}      console.js / console.css
+    GET  /console/api/info           {"bots": [...], "token_required": bool}
+    GET  /console/api/stream         Server-Sent Events for one browser: ?user=&group=
+    POST /console/api/echo           a user's message, shown to the other members of its group scene
+    POST /console/api/deliver        the console "platform API": DeliveryActors POST replies here
+    POST /console/api/events         agent events for a session ({"session_key", "event"})
+    GET  /console/api/sessions       live sessions (SessionRuntime.sessions())
+    POST /console/api/steer          {"user", "session_key", "text"} → SessionRuntime.steer
+    POST /console/api/follow_up      same → SessionRuntime.follow_up
+
+The browser sends its chat messages to the regular webhook ``POST /webhooks/console/{bot_id}``
+(verified and parsed by :mod:`runtime.platforms.console`, like any platform). Replies come back
+the way every platform gets them: the DeliveryActor renders the reply with the console codec and
+POSTs it to ``/console/api/deliver``, which fans it out to the browsers whose scene it is (a
+private scene to that user's tabs; a group scene to every member watching the group).
+
+Steer and follow-up are sent with the console user's name as ``sender_id``; the runtime allows
+them only to the bot's masters (default config: the console user ``admin``) and answers 403
+otherwise. With ``secret_env`` set on the console bot, every ``/console/api`` call (and the
+webhook) needs ``X-Console-Token``; without it the console is meant for 127.0.0.1 only.
+
+The fan-out hub lives in this process: with several ingress replicas (Ray Serve), a browser sees
+the replies delivered to its own replica only — run the console on one replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from runtime.memory.keys import SessionKeyError, parse_session_key
+from runtime.platforms.base import read_env
+from runtime.platforms.console import NAME_RULE
+
+__all__ = ["ConsoleHub", "console_routes"]
+
+log = logging.getLogger("sessionray.console")
+
+_STATIC = {"console.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
+_KEEPALIVE_S = 15.0
+_QUEUE_MAX = 256
+
+
+@dataclass(eq=False)
+class _Subscriber:
+    user: str
+    group: str | None
+    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=lambda: asyncio.Queue(_QUEUE_MAX))
+
+    def wants(self, scene_type: str, scene_id: str) -> bool:
+        if scene_type == "private":
+            return scene_id == self.user
+        return self.group is not None and scene_id == self.group
+
+
+class ConsoleHub:
+    """In-process fan-out of console events to the browsers' SSE streams, by scene.
+
+    A slow browser whose queue is full (256 events) loses the oldest event rather than blocking
+    delivery (counted in the log).
+    """
+
+    def __init__(self) -> None:
+        self._subs: set[_Subscriber] = set()
+        self._ids = itertools.count(1)
+
+    def subscribe(self, user: str, group: str | None) -> _Subscriber:
+        """Register one browser stream."""
+        sub = _Subscriber(user, group)
+        self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: _Subscriber) -> None:
+        """Forget a browser stream."""
+        self._subs.discard(sub)
+
+    def next_message_id(self) -> str:
+        """A console message id for a delivered reply (``console-<n>``)."""
+        return f"console-{next(self._ids)}"
+
+    def publish(self, scene_type: str, scene_id: str, event: dict[str, Any]) -> int:
+        """Queue ``event`` to every subscriber of the scene; returns how many got it."""
+        n = 0
+        for sub in list(self._subs):
+            if not sub.wants(scene_type, scene_id):
+                continue
+            if sub.queue.full():
+                sub.queue.get_nowait()
+                log.warning("console stream of %s is full: dropped its oldest event", sub.user)
+            sub.queue.put_nowait(event)
+            n += 1
+        return n
+
+
+def _static(name: str) -> str:
+    return resources.files("actors.static").joinpath(name).read_text(encoding="utf-8")
+
+
+def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> list[BaseRoute]:
+    """The console routes (module docstring) over a ``SessionRuntime`` and the config.
+
+    Returns ``[]`` when no ``console`` bot is configured.
+
+    Raises:
+        ValueError: the console bot's ``secret_env`` names an unset variable.
+    """
+    bots = [b for b in config.bots if str(b.platform) == "console"]
+    if not bots:
+        return []
+    hub = hub or ConsoleHub()
+    token = read_env(getattr(bots[0], "secret_env", None), what="console token")
+    bot_ids = [str(b.self_id) for b in bots]
+
+    def authorized(request: Request) -> bool:
+        if not token:
+            return True
+        got = request.headers.get("x-console-token") or request.query_params.get("token") or ""
+        return hmac.compare_digest(got.encode(), token.encode())
+
+    def denied() -> Response:
+        return JSONResponse({"error": "missing or wrong X-Console-Token"}, status_code=401)
+
+    async def json_body(request: Request) -> dict[str, Any] | None:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def bad(message: str) -> Response:
+        return JSONResponse({"error": message}, status_code=400)
+
+    async def page(request: Request) -> Response:
+        return HTMLResponse(_static("console.html"))
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            return JSONResponse({"error": "not found"}, status_code=404)
+        return Response(_static(name), media_type=_STATIC[name])
+
+    async def info(request: Request) -> Response:
+        return JSONResponse({"bots": bot_ids, "token_required": bool(token)})
+
+    async def stream(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        user = request.query_params.get("user", "")
+        group = request.query_params.get("group") or None
+        if not NAME_RULE.match(user) or (group is not None and not NAME_RULE.match(group)):
+            return bad("user and group must be 1-32 letters, digits, '_', '.' or '-'")
+        sub = hub.subscribe(user, group)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield b": connected\n\n"
+                while True:
+                    try:
+                        event = await asyncio.wait_for(sub.queue.get(), _KEEPALIVE_S)
+                    except TimeoutError:
+                        yield b": keepalive\n\n"
+                        continue
+                    yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+            finally:
+                hub.unsubscribe(sub)
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+    async def echo(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        body = await json_body(request)
+        if body is None:
+            return bad("expected a JSON object")
+        user, group, text = body.get("user"), body.get("group_id"), body.get("text")
+        if not (isinstance(user, str) and NAME_RULE.match(user) and isinstance(group, str)
+                and NAME_RULE.match(group) and isinstance(text, str)):  # fmt: skip
+            return bad("echo needs user, group_id (names) and text")
+        event = {"type": "message", "scene_type": "group", "scene_id": group, "user": user, "text": text,
+                 "message_id": str(body.get("message_id", ""))}  # fmt: skip
+        return JSONResponse({"ok": True, "receivers": hub.publish("group", group, event)})
+
+    async def deliver(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        body = await json_body(request)
+        if body is None:
+            return bad("expected a JSON object")
+        scene_type, scene_id, segments = body.get("scene_type"), body.get("scene_id"), body.get("segments")
+        if scene_type not in ("private", "group", "channel") or not isinstance(scene_id, str):
+            return bad("deliver needs scene_type (private|group|channel) and scene_id")
+        if not isinstance(segments, list):
+            return bad("deliver needs a segments array")
+        message_id = hub.next_message_id()
+        event = {"type": "reply", "scene_type": scene_type, "scene_id": scene_id, "message_id": message_id,
+                 "bot_id": body.get("bot_id"), "reply_to": body.get("reply_to"),
+                 "segments": segments}  # fmt: skip
+        hub.publish(scene_type, scene_id, event)
+        return JSONResponse({"ok": True, "message_id": message_id})
+
+    async def agent_events(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        body = await json_body(request)
+        if body is None or not isinstance(body.get("event"), dict):
+            return bad("events needs {session_key, event: {...}}")
+        try:
+            key = parse_session_key(str(body.get("session_key", "")))
+        except SessionKeyError as exc:
+            return bad(str(exc))
+        event = {"type": "agent", "session_key": str(key), "event": body["event"]}
+        return JSONResponse({"ok": True, "receivers": hub.publish(key.scope, key.scene_id, event)})
+
+    async def sessions(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        infos = await runtime.sessions()
+        return JSONResponse({"sessions": [i.model_dump(mode="json") if hasattr(i, "model_dump") else i
+                                          for i in infos]})  # fmt: skip
+
+    async def control(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        kind = request.path_params["kind"]
+        if kind not in ("steer", "follow_up"):
+            return JSONResponse({"error": "not found"}, status_code=404)
+        body = await json_body(request)
+        if body is None:
+            return bad("expected a JSON object")
+        user, key, text = body.get("user"), body.get("session_key"), body.get("text")
+        if not (isinstance(user, str) and isinstance(key, str) and isinstance(text, str) and text.strip()):
+            return bad(f"{kind} needs user, session_key and a non-empty text")
+        method = runtime.steer if kind == "steer" else runtime.follow_up
+        try:
+            outcome = await method(key, text, user)
+        except PermissionError as exc:  # actors.runtime.NotMasterError
+            return JSONResponse({"error": str(exc) or f"{user} is not a master"}, status_code=403)
+        except LookupError as exc:  # actors.runtime.UnknownSessionError
+            return JSONResponse({"error": str(exc) or f"no live session {key}"}, status_code=404)
+        return JSONResponse({"ok": True, "outcome": outcome})
+
+    return [
+        Route("/console", page, methods=["GET"]),
+        Route("/console/static/{name}", static, methods=["GET"]),
+        Route("/console/api/info", info, methods=["GET"]),
+        Route("/console/api/stream", stream, methods=["GET"]),
+        Route("/console/api/echo", echo, methods=["POST"]),
+        Route("/console/api/deliver", deliver, methods=["POST"]),
+        Route("/console/api/events", agent_events, methods=["POST"]),
+        Route("/console/api/sessions", sessions, methods=["GET"]),
+        Route("/console/api/{kind:str}", control, methods=["POST"]),  # steer | follow_up
+    ]

@@ -1,0 +1,263 @@
+"""The ingress: one starlette ASGI app for webhooks, health, metrics, the admin API and the console.
+
+Routes (issue #8, item 5)::
+
+    POST /webhooks/{platform}/{bot_id}   verify → parse → persist inbound transcript → route → 200
+    GET  /healthz                        {"status": "ok"}
+    GET  /metrics                        prometheus-client text format (this process's registry)
+    /admin/...                           actors/admin.py (bearer token)
+    /console...                          actors/console.py's routes, when that module exists
+
+A webhook answers:
+
+* **200** ``{"status": "accepted" | "duplicate" | "ignored" | "untriggered"}`` — ``ignored`` for
+  events the codec accepts and drops (heartbeats, notices); ``untriggered`` for a group message
+  the bot is not asked to answer (stored in transcripts for ``chat_history``, no turn);
+* **503** with ``Retry-After`` (whole seconds, ≥ 1) when the session's mailbox is full
+  (``{"status": "busy"}``, backpressure) or the database / a router shard is momentarily
+  unavailable (``{"status": "unavailable"}``: SQLite lock timeout, router restarting); nothing was
+  accepted. The inbound transcript row of that event, if written, is kept, and the redelivery of
+  the same message id is stored once (``UNIQUE (platform, bot_id, message_id, direction)``);
+* **401** bad signature / secret, **400** malformed event — in both cases nothing is stored and
+  nothing is routed;
+* **404** when no bot ``{platform}/{bot_id}`` is configured.
+
+Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}``; every request
+in ``sessionray_http_requests_total{route, status}`` and
+``sessionray_http_request_duration_seconds{route}`` with the *route template* as label (never a
+raw path: bounded labels). Router-level gauges (live sessions, warm pool size) are refreshed from
+``runtime.status()`` when ``/metrics`` is scraped.
+
+This app runs in the driver under uvicorn (``sessionray serve``) or inside a Ray Serve replica
+(``actors/serve_app.py``); it never imports a platform by name (codecs come from the registry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import prometheus_client
+from ray.exceptions import ActorUnavailableError, RayActorError
+from sqlalchemy.exc import OperationalError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from actors.admin import admin_routes
+from runtime import metrics
+from runtime.memory.transcripts import TranscriptStore
+from runtime.platforms.base import InboundMessage, MalformedEvent, PlatformCodec, SignatureError, get_codec
+
+__all__ = ["Ingress", "build_app", "console_routes"]
+
+log = logging.getLogger("sessionray.ingress")
+
+
+class _RouteMetrics:
+    """ASGI middleware: request count and latency by route template (bounded labels)."""
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.routes = routes
+
+    def _template(self, scope: Scope) -> str:
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                return str(getattr(route, "path", "") or "other")
+        return "other"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = self._template(scope)
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_wrapper(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            metrics.HTTP_REQUESTS.inc(route=route, status=str(status["code"]))
+            metrics.HTTP_LATENCY.observe(time.perf_counter() - started, route=route)
+
+
+def console_routes(runtime: Any, config: Any) -> list[BaseRoute]:
+    """The console's routes from ``actors/console.py`` (PLATFORMS), or ``[]`` when it is absent.
+
+    The module is expected to expose ``console_routes(runtime, config) -> list[BaseRoute]``
+    (or ``routes(runtime, config)``).
+    """
+    try:
+        module = importlib.import_module("actors.console")
+    except ModuleNotFoundError as exc:
+        if exc.name != "actors.console":
+            raise
+        return []
+    factory = getattr(module, "console_routes", None) or getattr(module, "routes", None)
+    if factory is None:
+        log.warning("actors/console.py has no console_routes(runtime, config): console not mounted")
+        return []
+    return list(factory(runtime, config))
+
+
+class Ingress:
+    """The webhook logic over a session runtime and the configured bots.
+
+    Args:
+        runtime: ``actors.runtime.SessionRuntime`` (or anything with ``submit``/``status``/the admin
+            methods as coroutines).
+        config: ``runtime.config.Config`` (``bots``, ``database.url``, ``server.admin_token_env``).
+        transcripts: Where inbound rows go (default: a store on ``config.database.url``).
+
+    Raises:
+        ValueError: a bot's secret environment variable is missing (from its codec).
+    """
+
+    def __init__(self, runtime: Any, config: Any, transcripts: TranscriptStore | None = None) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.codecs: dict[tuple[str, str], PlatformCodec] = {
+            (str(bot.platform), str(bot.self_id)): get_codec(bot) for bot in config.bots
+        }
+        if transcripts is None:
+            from runtime.memory.db import Database
+
+            db = Database(config.database.url, busy_timeout_ms=15_000)
+            db.create_tables()
+            transcripts = TranscriptStore(db)
+        self.transcripts = transcripts
+
+    async def webhook(self, request: Request) -> Response:
+        """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers)."""
+        platform, bot_id = request.path_params["platform"], request.path_params["bot_id"]
+        codec = self.codecs.get((platform, bot_id))
+        if codec is None:
+            return JSONResponse({"error": f"no bot {platform}/{bot_id} is configured"}, status_code=404)
+        body = await request.body()
+        headers = request.headers
+        try:
+            codec.verify(headers, body)
+        except SignatureError as exc:
+            metrics.INBOUND.inc(platform=platform, outcome="bad_signature")
+            return JSONResponse({"error": f"bad signature: {exc}"}, status_code=401)
+        try:
+            msg = codec.parse(headers, body)
+        except MalformedEvent as exc:
+            metrics.INBOUND.inc(platform=platform, outcome="malformed")
+            return JSONResponse({"error": f"malformed event: {exc}"}, status_code=400)
+        if msg is None:
+            metrics.INBOUND.inc(platform=platform, outcome="ignored")
+            return JSONResponse({"status": "ignored"})
+        try:
+            await self._persist(msg)
+            if not msg.triggered:
+                metrics.INBOUND.inc(platform=platform, outcome="untriggered")
+                return JSONResponse({"status": "untriggered"})
+            result = await self.runtime.submit(msg)
+        except (OperationalError, RayActorError, ActorUnavailableError) as exc:
+            # SQLite lock timeout, database down, or a router shard restarting: nothing was
+            # accepted, so the platform must redeliver (the transcript row, if written, dedups).
+            log.warning("webhook %s/%s unavailable: %r", platform, bot_id, exc)
+            metrics.INBOUND.inc(platform=platform, outcome="unavailable")
+            return _busy("unavailable", 1.0)
+        status = str(getattr(result, "status", result))
+        if status == "busy":
+            metrics.INBOUND.inc(platform=platform, outcome="backpressure")
+            return _busy("busy", getattr(result, "retry_after_s", None))
+        metrics.INBOUND.inc(platform=platform, outcome=status)
+        return JSONResponse({"status": status})
+
+    async def _persist(self, msg: InboundMessage) -> None:
+        """Inbound transcript row (issue #5 rule 4: written when the event is accepted)."""
+        await self.transcripts.record_inbound(
+            message_id=msg.message_id,
+            platform=msg.platform,
+            bot_id=msg.bot_id,
+            scene_id=msg.scene_id,
+            scene_type=msg.scene_type,
+            sender_id=msg.sender.id,
+            sender_name=msg.sender.name,
+            sender_role=",".join(msg.sender.roles),
+            segments=msg.segments,
+            text=msg.text,
+            time_ms=msg.time_ms,
+        )
+
+    async def healthz(self, request: Request) -> Response:
+        """``GET /healthz``: 200 while this process serves."""
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        """``GET /metrics``: refresh the router-level gauges, then prometheus-client's text format."""
+        try:
+            status = await asyncio.wait_for(self.runtime.status(), timeout=2.0)
+            _refresh_gauges(status)
+        except Exception as exc:  # the scrape must not fail because the runtime is busy or down
+            log.debug("runtime status for /metrics unavailable: %r", exc)
+        return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+def _busy(status: str, retry_after_s: float | None) -> Response:
+    """503 with ``Retry-After`` in whole seconds (≥ 1)."""
+    retry_after = max(1, math.ceil(float(retry_after_s or 1)))
+    return JSONResponse(
+        {"status": status, "retry_after_s": retry_after},
+        status_code=503,
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def _field(status: Any, *names: str) -> float | None:
+    for name in names:
+        value = status.get(name) if isinstance(status, dict) else getattr(status, name, None)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, list | tuple | dict):
+            return float(len(value))
+    return None
+
+
+def _refresh_gauges(status: Any) -> None:
+    live = _field(status, "live_sessions", "live")
+    if live is not None:
+        metrics.LIVE_SESSIONS.set(live)
+    pool = _field(status, "warm_pool_size", "warm_pool", "pool_size")
+    if pool is not None:
+        metrics.WARM_POOL_SIZE.set(pool)
+
+
+def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None = None) -> Starlette:
+    """The ASGI app: webhooks, ``/healthz``, ``/metrics``, ``/admin/...`` and the console routes.
+
+    Args:
+        runtime: The session runtime handle (already started).
+        config: ``runtime.config.Config``.
+        transcripts: Optional transcript store (default: on ``config.database.url``).
+    """
+    ingress = Ingress(runtime, config, transcripts)
+    token_env = getattr(getattr(config, "server", None), "admin_token_env", None)
+    routes: list[BaseRoute] = [
+        Route("/webhooks/{platform}/{bot_id}", ingress.webhook, methods=["POST"]),
+        Route("/healthz", ingress.healthz, methods=["GET"]),
+        Route("/metrics", ingress.metrics_endpoint, methods=["GET"]),
+        *admin_routes(runtime, token_env),
+        *console_routes(runtime, config),
+    ]
+    app = Starlette(routes=routes)
+    app.state.ingress = ingress
+    app.add_middleware(_RouteMetrics, routes=routes)
+    return app

@@ -1,0 +1,281 @@
+"""``SessionRuntime``: the handle the ingress, admin API and CLI use (actor interfaces, contract 2).
+
+Topology it starts (all named actors in Ray namespace ``sessionray``)::
+
+    ingress (driver or Serve replica)
+        │ submit / steer / follow_up / abort / archive          shard = crc32(session_key) % N
+        ▼
+    sessionray-router-{0..N-1}   RouterActor, detached   directory, dedup, mailbox, seq, lifecycle
+        │ acquire / release                 │ submit (turn group) · steer… (control group)
+        ▼                                   ▼
+    sessionray-pool   PoolSupervisor, detached ──owns──▶ SessionActor × (warm + live)
+                                                           │ DeliveryPool.deliver(job)
+                                                           ▼
+                                              sessionray-delivery-{0..M-1}  (EDGE)
+
+:meth:`SessionRuntime.start` creates them (or attaches to running ones: ``get_if_exists``);
+:meth:`SessionRuntime.connect` only attaches (a Ray Serve replica). Errors crossing Ray come back
+as plain result dicts and are raised here as :class:`NotMasterError` / :class:`UnknownSessionError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, Literal
+
+import ray
+from pydantic import BaseModel
+
+from actors.pool import NAMESPACE, PoolSupervisor
+from actors.router import RouterActor, shard_of
+from actors.setup import ConfigSetupFactory
+from runtime.turn import SetupFactory
+
+__all__ = ["NotMasterError", "SessionInfo", "SessionRuntime", "SubmitResult", "UnknownSessionError"]
+
+
+class NotMasterError(PermissionError):
+    """``steer`` / ``follow_up`` from a user who is not a master of the bot (seed 002 #7)."""
+
+
+class UnknownSessionError(LookupError):
+    """No live session with that key (never seen, or passivated), or a malformed key."""
+
+
+class SubmitResult(BaseModel):
+    """Answer to :meth:`SessionRuntime.submit`.
+
+    ``accepted``: the message will get a turn (``seq`` set) or was stored without one (``seq``
+    None: un-triggered). ``duplicate``: already seen (same platform, bot_id, message_id).
+    ``busy``: the session's mailbox is full or no live-session slot freed in time; answer 503 with
+    ``Retry-After: retry_after_s`` — nothing was accepted.
+    """
+
+    status: Literal["accepted", "duplicate", "busy"]
+    retry_after_s: float | None = None
+    seq: int | None = None
+
+
+class SessionInfo(BaseModel):
+    """One live session as the router shard sees it (``idle_s``: seconds since last activity)."""
+
+    session_key: str
+    session_id: str
+    shard: int
+    pending: int
+    turns: int
+    idle_s: float
+    actor: dict[str, Any] | None = None
+    """The session actor's ``status()`` (only from :meth:`SessionRuntime.session`)."""
+
+
+class SessionRuntime:
+    """Handle on the router shards and the warm pool.
+
+    Args:
+        prefix: Name prefix of the named actors (``sessionray`` → ``sessionray-router-0``,
+            ``sessionray-pool``); tests use a unique prefix per runtime.
+    """
+
+    def __init__(self, prefix: str = "sessionray") -> None:
+        self.prefix = prefix
+        self.config: Any = None
+        self.routers: list[Any] = []
+        self.pool: Any = None
+        self.delivery: Any = None
+        self._owns_delivery = False
+
+    @property
+    def pool_name(self) -> str:
+        """Name of the pool supervisor actor."""
+        return f"{self.prefix}-pool"
+
+    def router_name(self, i: int) -> str:
+        """Name of router shard ``i``."""
+        return f"{self.prefix}-router-{i}"
+
+    async def start(
+        self,
+        config: Any,
+        *,
+        setup_factory: SetupFactory | None = None,
+        delivery: Any = None,
+        wait_warm: bool = False,
+    ) -> SessionRuntime:
+        """Create (or attach to) the pool supervisor and the router shards; Ray must be initialized.
+
+        Args:
+            config: ``runtime.config.Config``.
+            setup_factory: ``(session_key) -> SessionSetup`` run inside session actors; default
+                :class:`actors.setup.ConfigSetupFactory` (the configured model, IM preset).
+            delivery: A delivery pool (``pick``/``deliver``); default: EDGE's ``DeliveryPool`` with
+                ``runtime.delivery_actors`` actors.
+            wait_warm: Return only once the warm pool is full (benchmarks, tests).
+
+        Raises:
+            actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
+            runtime.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
+        """
+        from actors.cluster import ensure_database_fits_cluster
+        from runtime.memory.db import Database
+
+        ensure_database_fits_cluster(config.database.url)
+        if config.ai.tools_dir:  # issue 9 / seed 002 #18: a bad *.tool.md stops start-up (ToolMdError)
+            from runtime.tool_md import load_tool_dir
+
+            load_tool_dir(config.ai.tools_dir)
+        db = Database(config.database.url, threads=1)
+        try:
+            await asyncio.to_thread(db.create_tables)
+        finally:
+            db.dispose()
+        self.config = config
+        rt = config.runtime
+        if delivery is None:
+            from actors.delivery import DeliveryPool, DeliverySettings
+
+            delivery = DeliveryPool.create(DeliverySettings.from_config(config), rt.delivery_actors)
+            self._owns_delivery = True
+        self.delivery = delivery
+        factory = setup_factory or ConfigSetupFactory(config)
+        self.pool = PoolSupervisor.options(  # type: ignore[attr-defined]
+            name=self.pool_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+        ).remote(
+            config,
+            factory,
+            delivery,
+            size=rt.warm_pool,
+            recycle_after_sessions=rt.recycle_after_sessions,
+            recycle_memory_mib=rt.recycle_memory_mib,
+        )
+        self.routers = [
+            RouterActor.options(  # type: ignore[attr-defined]
+                name=self.router_name(i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+            ).remote(config, i, rt.router_shards, self.pool_name)
+            for i in range(rt.router_shards)
+        ]
+        await self.pool.start.remote(wait=wait_warm)
+        await asyncio.gather(*(r.status.remote() for r in self.routers))
+        return self
+
+    @classmethod
+    def connect(cls, config: Any, prefix: str = "sessionray") -> SessionRuntime:
+        """Attach to a running runtime by actor names (e.g. from a Ray Serve replica).
+
+        Raises:
+            ValueError: an actor is missing (the runtime was not started).
+        """
+        rt = cls(prefix)
+        rt.config = config
+        rt.pool = ray.get_actor(rt.pool_name, namespace=NAMESPACE)
+        rt.routers = [
+            ray.get_actor(rt.router_name(i), namespace=NAMESPACE) for i in range(config.runtime.router_shards)
+        ]
+        return rt
+
+    async def stop(self) -> None:
+        """Kill the router shards, the pool (and every session actor it owns) and, when this
+        handle created it, the delivery pool. Session state is all in SQL."""
+        for r in self.routers:
+            with contextlib.suppress(Exception):
+                await r.shutdown.remote()
+            with contextlib.suppress(Exception):
+                ray.kill(r, no_restart=True)
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                await self.pool.shutdown.remote()
+            with contextlib.suppress(Exception):
+                ray.kill(self.pool, no_restart=True)
+        if self._owns_delivery and self.delivery is not None:
+            with contextlib.suppress(Exception):
+                self.delivery.stop()
+        self.routers, self.pool = [], None
+
+    def _router(self, session_key: str) -> Any:
+        if not self.routers:
+            raise RuntimeError("SessionRuntime is not started")
+        return self.routers[shard_of(session_key, len(self.routers))]
+
+    # ------------------------------------------------------------------ inbound
+
+    async def submit(self, inbound: Any) -> SubmitResult:
+        """Route an ``InboundMessage`` to its shard (see :class:`SubmitResult`)."""
+        res = await self._router(inbound.session_key).submit.remote(inbound)
+        return SubmitResult(**res)
+
+    # ------------------------------------------------------------------ control
+
+    async def _control(self, kind: str, session_key: str, text: str = "", sender_id: str = "") -> Any:
+        res = await self._router(session_key).control.remote(kind, session_key, text, sender_id)
+        if not res["ok"]:
+            if res["error"] == "not_master":
+                raise NotMasterError(res["message"])
+            raise UnknownSessionError(res["message"])
+        return res["outcome"]
+
+    async def steer(self, session_key: str, text: str, sender_id: str) -> str:
+        """Steer the session's latest active turn (``"steered"``), or run the text as a turn when
+        none is active (``"started"``).
+
+        Raises:
+            NotMasterError: ``sender_id`` is not a master of the session's bot (counted).
+            UnknownSessionError: no live session ``session_key``.
+        """
+        return str(await self._control("steer", session_key, text, sender_id))
+
+    async def follow_up(self, session_key: str, text: str, sender_id: str) -> str:
+        """Queue a follow-up on the latest active turn (``"queued"``) or run it as a turn
+        (``"started"``). Raises like :meth:`steer`."""
+        return str(await self._control("follow_up", session_key, text, sender_id))
+
+    async def abort(self, session_key: str) -> int:
+        """Abort the session's running turns; returns how many.
+
+        Raises:
+            UnknownSessionError: no live session ``session_key``.
+        """
+        return int(await self._control("abort", session_key))
+
+    async def archive(self, session_key: str) -> str:
+        """Archive the live session's epoch (``/new``); returns the new ``session_id``.
+
+        Raises:
+            UnknownSessionError: no live session ``session_key``.
+        """
+        return str(await self._control("archive", session_key))
+
+    async def passivate(self, session_key: str) -> bool:
+        """Passivate an idle live session now; returns whether it was passivated."""
+        return bool(await self._router(session_key).passivate.remote(session_key))
+
+    # ------------------------------------------------------------------ introspection
+
+    async def sessions(self) -> list[SessionInfo]:
+        """Every live session over all shards, by key."""
+        parts = await asyncio.gather(*(r.sessions.remote() for r in self.routers))
+        return sorted((SessionInfo(**s) for part in parts for s in part), key=lambda s: s.session_key)
+
+    async def session(self, session_key: str) -> SessionInfo | None:
+        """One live session with its actor's status, or ``None``."""
+        res = await self._router(session_key).session.remote(session_key)
+        return SessionInfo(**res) if res is not None and "session_id" in res else None
+
+    async def context(self, session_key: str) -> list[dict[str, Any]]:
+        """The live context of a session as JSON dicts (debugging, tests); ``[]`` when not live."""
+        return list(await self._router(session_key).context.remote(session_key))
+
+    async def status(self) -> dict[str, Any]:
+        """``{"live_sessions", "warm_pool_size", "pending", "turns", "throughput_msg_s", "pool": {...},
+        "shards": [...]}``."""
+        shards = await asyncio.gather(*(r.status.remote() for r in self.routers))
+        pool = await self.pool.status.remote() if self.pool is not None else {}
+        return {
+            "live_sessions": sum(s["live"] for s in shards),
+            "warm_pool_size": pool.get("warm", 0),
+            "pending": sum(s["pending"] for s in shards),
+            "turns": sum(s["turns"] for s in shards),
+            "throughput_msg_s": round(sum(s["throughput_msg_s"] for s in shards), 3),
+            "pool": pool,
+            "shards": list(shards),
+        }

@@ -1,0 +1,83 @@
+"""The ingress as a Ray Serve deployment — the import path a KubeRay ``RayService`` names.
+
+On a cluster the same ASGI app that ``sessionray serve`` hosts locally (:func:`actors.ingress.build_app`)
+runs in Serve replicas. Use it in a RayService's ``serveConfigV2``::
+
+    applications:
+      - name: sessionray
+        import_path: actors.serve_app:app
+        route_prefix: /
+        runtime_env:
+          env_vars: {SESSIONRAY_CONFIG: /etc/sessionray/sessionray.yaml}
+
+or locally: ``serve run actors.serve_app:app``. ``app`` reads its configuration from the file named by
+``SESSIONRAY_CONFIG`` (default ``sessionray.yaml`` in the working directory, else the embedded
+defaults); :func:`build` builds the application for an explicit config file (Serve's
+"application builder" form: ``import_path: actors.serve_app:build`` with ``args: {config: ...}``).
+
+Each replica attaches to the session runtime by actor name (namespace ``sessionray``): the first
+replica to start creates the router shards, the warm-pool supervisor and the delivery pool
+(``SessionRuntime.start`` is idempotent: it attaches to actors that already exist), the others only
+attach. Costs measured on this machine (DESIGN.md): Serve adds ≈ 240 MiB and p50 4 ms per request
+vs 0.7 ms for uvicorn in the driver, which is why ``sessionray serve`` does not use it locally.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ray import serve
+
+__all__ = ["CONFIG_ENV", "SessionrayIngress", "app", "build", "replica_config"]
+
+log = logging.getLogger("sessionray.serve_app")
+
+CONFIG_ENV = "SESSIONRAY_CONFIG"
+"""Environment variable naming the YAML configuration file of the Serve deployment."""
+
+
+def replica_config(config_path: str | None = None) -> Any:
+    """The replica's ``runtime.config.Config``: ``config_path``, else ``$SESSIONRAY_CONFIG``, else
+    ``sessionray.yaml`` in the working directory, else the embedded defaults.
+
+    Raises:
+        runtime.config.ConfigError: a named file is missing or invalid.
+    """
+    from runtime.config import load_config
+
+    return load_config(config_path or os.environ.get(CONFIG_ENV) or None)
+
+
+@serve.deployment(name="sessionray-ingress", ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class SessionrayIngress:
+    """A Serve replica hosting :func:`actors.ingress.build_app` over a shared ``SessionRuntime``.
+
+    Args:
+        config_path: YAML file; None: ``$SESSIONRAY_CONFIG``, else ``sessionray.yaml``/defaults.
+    """
+
+    def __init__(self, config_path: str | None = None) -> None:
+        self.config = replica_config(config_path)
+        self.runtime: Any = None
+
+    async def __serve_build_asgi_app__(self) -> Any:
+        """Start (or attach to) the session runtime, then build the ASGI app (called once per replica)."""
+        from actors.ingress import build_app
+        from actors.runtime import SessionRuntime
+
+        self.runtime = SessionRuntime()
+        await self.runtime.start(self.config)
+        log.info("sessionray ingress replica ready (%d bots)", len(self.config.bots))
+        return build_app(self.runtime, self.config)
+
+
+def build(args: dict[str, Any]) -> Any:
+    """Serve application builder: ``import_path: actors.serve_app:build``, ``args: {config: FILE}``."""
+    return SessionrayIngress.bind(args.get("config"))  # type: ignore[attr-defined]
+
+
+app = SessionrayIngress.bind()  # type: ignore[attr-defined]
+"""The bound application (``import_path: actors.serve_app:app``)."""

@@ -1,0 +1,94 @@
+"""The default ``SetupFactory``: what a session's turns run with, built from the configuration.
+
+A factory runs *inside* each session actor (models, provider registrations and faux scripts are
+process-local; a faux handle registered in the driver is invisible in an actor). It must be
+picklable: :class:`ConfigSetupFactory` holds only the ``Config``.
+
+Tests script the model the same way: they pass their own picklable factory to
+``SessionRuntime.start(config, setup_factory=...)`` — a top-level class whose ``__call__``
+registers a faux provider in the actor process with replies computed from the context (see
+``tests/actors/scripts.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from runtime.turn import SessionSetup
+
+__all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory"]
+
+IM_SYSTEM_PROMPT = (
+    "You are a helpful assistant in an instant-messaging chat. Keep answers short and friendly. "
+    "In group chats each user message starts with a [sender:...] block naming who wrote it."
+)
+"""The IM preset's base system prompt (the reply contract adds its own instructions)."""
+
+
+class ConfigSetupFactory:
+    """``(session_key) -> SessionSetup`` from ``config``: the model ``ai.default_model`` (the built-in
+    offline model when unset), the ``chat_history`` tool bound to the session's scene, the IM
+    preset prompt, ``ai.agent`` output schema and queue modes.
+
+    Args:
+        config: ``runtime.config.Config``.
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self._db: Any = None
+
+    def __call__(self, session_key: str) -> SessionSetup:
+        """Build the setup in the calling (actor) process.
+
+        Raises:
+            runtime.config.ConfigError: ``ai.default_model`` names an unknown provider.
+        """
+        from providers import register_builtin_providers
+        from runtime.agent_features import AgentFeatures
+        from runtime.memory.chat_history import make_chat_history_tool
+        from runtime.memory.db import Database
+        from runtime.memory.keys import parse_session_key
+
+        register_builtin_providers()
+        agent = self.config.ai.agent
+        key = parse_session_key(session_key)
+        if self._db is None:
+            self._db = Database(self.config.database.url, threads=1)
+        tools: list[Any] = [
+            make_chat_history_tool(self._db, platform=key.platform, bot_id=key.bot_id, scene_id=key.scene_id)
+        ]
+        if self.config.ai.tools_dir:  # issue 9: *.tool.md tools (validated at start-up, SessionRuntime.start)
+            from runtime.tool_md import load_tool_dir
+
+            tools += load_tool_dir(self.config.ai.tools_dir)
+        model = self._model()
+        if not self.config.ai.default_model:
+            from providers.builtin import builtin_tools
+
+            tools += builtin_tools()  # the offline model's demo tools (clock, echo)
+        output_schema: Literal["segments"] | Literal[False] = (
+            False if agent.output_schema is False else "segments"
+        )
+        return SessionSetup(
+            model=model,
+            tools=tools,
+            system_prompt=IM_SYSTEM_PROMPT,
+            output_schema=output_schema,
+            steering_mode=agent.steering_mode,
+            follow_up_mode=agent.follow_up_mode,
+            features=AgentFeatures.from_config(self.config),  # issue 9
+        )
+
+    def _model(self) -> Any:
+        ref = self.config.ai.default_model
+        if ref:
+            from runtime.config import resolve_model_ref
+
+            return resolve_model_ref(ref, self.config)
+        from providers.builtin import builtin_model  # the offline built-in model (issue 2, item 5)
+
+        return builtin_model()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "_db": None}

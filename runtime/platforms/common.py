@@ -1,0 +1,148 @@
+"""Helpers shared by the platform codecs: trigger modes, config access, media paths, HTTP results."""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+from runtime import metrics
+from runtime.platforms.base import SendResult, header
+
+log = logging.getLogger("sessionray.platforms")
+
+__all__ = [
+    "TRIGGER_MODES",
+    "MediaPathError",
+    "http_send_result",
+    "keyword_hit",
+    "keywords_of",
+    "media_filename",
+    "media_unavailable",
+    "parse_retry_after",
+    "read_media_path",
+    "resolve_media_path",
+    "setting",
+]
+
+TRIGGER_MODES = ("always", "mention", "keyword")
+"""When a group message starts a turn (issue #6): every message, only when the bot is
+mentioned, or when a configured keyword (or a mention) appears. Private messages always do."""
+
+
+class MediaPathError(ValueError):
+    """A ``path`` medium cannot be used; ``reason`` is a ``runtime.media`` reject reason
+    (``outside_media_dir`` | ``not_found``)."""
+
+    def __init__(self, message: str, reason: str = "outside_media_dir") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def read_media_path(value: str, media_dir: Path | None) -> bytes:
+    """The bytes of a ``path`` medium (confined like :func:`resolve_media_path`).
+
+    Raises:
+        MediaPathError: outside the media directory, or not a readable file (``not_found``).
+    """
+    path = resolve_media_path(value, media_dir)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise MediaPathError(f"media path {value!r}: {exc.strerror or exc}", "not_found") from None
+
+
+def media_unavailable(platform: str, segment_type: str, exc: MediaPathError) -> str:
+    """Count and log an attachment the codec cannot send, and return the notice text that replaces
+    it (the same text as ``runtime.media``; issue #4 rule 7: replaced and counted, never dropped).
+
+    Normally ``runtime.media.check_reply_media`` has already replaced unusable media before a
+    codec renders; this covers a media directory configured for the check but not for the bot.
+    """
+    from runtime.media import MediaPolicy
+
+    metrics.MEDIA_REJECTED.inc(reason=exc.reason)
+    log.warning("%s: %s attachment unavailable: %s", platform, segment_type, exc)
+    return MediaPolicy().unavailable_text
+
+
+def setting(bot: Any, name: str, default: Any) -> Any:
+    """Read an optional field of a ``bots:`` entry (a pydantic model, a dataclass or a dict)."""
+    if isinstance(bot, Mapping):
+        return bot.get(name, default)
+    return getattr(bot, name, default)
+
+
+def keywords_of(bot: Any) -> list[str]:
+    """The trigger keywords of a ``bots:`` entry: ``keyword`` (one word, the config key) plus any
+    ``keywords`` list."""
+    words = [str(k) for k in setting(bot, "keywords", None) or ()]
+    one = setting(bot, "keyword", None)
+    return [*words, str(one)] if one else words
+
+
+def keyword_hit(text: str, keywords: tuple[str, ...] | list[str]) -> bool:
+    """True when any non-empty keyword occurs in ``text`` (case-insensitive substring)."""
+    low = text.casefold()
+    return any(k and k.casefold() in low for k in keywords)
+
+
+def resolve_media_path(value: str, media_dir: Path | None) -> Path:
+    """Resolve a ``path`` medium to an absolute path confined to ``media_dir``.
+
+    Relative values are taken relative to ``media_dir``; ``..`` and symlinks that leave the
+    directory are refused (DESIGN "Security": media ``path`` is confined to a configured directory).
+
+    Raises:
+        MediaPathError: no ``media_dir`` configured, or the path resolves outside it.
+    """
+    if media_dir is None:
+        raise MediaPathError(f"media path {value!r} given but no media directory is configured")
+    root = media_dir.resolve()
+    if ".." in PurePosixPath(value).parts:
+        raise MediaPathError(f"media path {value!r} contains '..'")
+    candidate = (root / value).resolve()
+    if candidate != root and root not in candidate.parents:
+        raise MediaPathError(f"media path {value!r} resolves outside the media directory")
+    return candidate
+
+
+def media_filename(kind: str, value: str) -> str:
+    """A file name for an upload: the last path component of a ``path``/``url`` medium, else ``file``."""
+    if kind == "path":
+        return PurePosixPath(value).name or "file"
+    if kind == "url":
+        return PurePosixPath(urlsplit(value).path).name or "file"
+    return "file"
+
+
+def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float | None:
+    """Parse an HTTP ``Retry-After`` value (delta seconds or an HTTP date) into seconds ≥ 0."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
+
+
+def http_send_result(status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
+    """A failed :class:`SendResult` for a non-200 HTTP answer: retryable on 429 and 5xx, with
+    ``Retry-After`` in seconds; the error names the status and the start of the body."""
+    snippet = body[:300].decode("utf-8", errors="replace")
+    return SendResult(
+        ok=False,
+        error=f"HTTP {status}: {snippet}",
+        retry_after_s=parse_retry_after(header(headers, "Retry-After")),
+        retryable=status == 429 or status >= 500,
+    )

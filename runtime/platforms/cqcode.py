@@ -1,0 +1,81 @@
+"""OneBot v11 CQ-code strings ⇄ OneBot message-segment arrays.
+
+Wire format (OneBot v11 spec, ``message/string.md``): plain text with embedded codes
+``[CQ:<type>,<key>=<value>,...]``. Escaping:
+
+* in plain text: ``&`` → ``&amp;``, ``[`` → ``&#91;``, ``]`` → ``&#93;``;
+* inside a code's values additionally ``,`` → ``&#44;``.
+
+Example (the spec's)::
+
+    &#91;第一部分&#93;[CQ:image,file=123.jpg]图片之后的部分，表情：[CQ:face,id=123]
+
+parses to ``[{"type": "text", "data": {"text": "[第一部分]"}}, {"type": "image", "data": {"file":
+"123.jpg"}}, {"type": "text", "data": {"text": "图片之后的部分，表情："}}, {"type": "face", "data":
+{"id": "123"}}]`` — the same array as the spec's array-form example. All values parse as strings.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["CQCodeError", "escape", "parse_cq", "to_cq", "unescape"]
+
+_CODE = re.compile(r"\[CQ:([^,\[\]]+)((?:,[^\[\]]*)?)\]")
+
+
+class CQCodeError(ValueError):
+    """A ``[CQ:...]`` code is malformed (e.g. a parameter without ``=``)."""
+
+
+def escape(text: str, *, in_value: bool = False) -> str:
+    """Escape ``text`` for a CQ string (``in_value``: also escape ``,`` for a code parameter)."""
+    out = text.replace("&", "&amp;").replace("[", "&#91;").replace("]", "&#93;")
+    return out.replace(",", "&#44;") if in_value else out
+
+
+def unescape(text: str) -> str:
+    """Reverse :func:`escape` (``&amp;`` last, so ``&amp;#91;`` stays ``&#91;``)."""
+    return text.replace("&#91;", "[").replace("&#93;", "]").replace("&#44;", ",").replace("&amp;", "&")
+
+
+def parse_cq(message: str) -> list[dict[str, Any]]:
+    """Parse a CQ-code string into OneBot segments ``[{"type", "data"}]`` (values are strings).
+
+    Adjacent plain text becomes one ``text`` segment; empty text between codes is omitted.
+
+    Raises:
+        CQCodeError: a code parameter lacks ``=``.
+    """
+    segments: list[dict[str, Any]] = []
+    pos = 0
+    for m in _CODE.finditer(message):
+        if m.start() > pos:
+            segments.append({"type": "text", "data": {"text": unescape(message[pos : m.start()])}})
+        data: dict[str, str] = {}
+        params = m.group(2)
+        if params:
+            for item in params[1:].split(","):
+                key, sep, value = item.partition("=")
+                if not sep:
+                    raise CQCodeError(f"CQ code parameter without '=': {item!r} in {m.group(0)!r}")
+                data[key] = unescape(value)
+        segments.append({"type": m.group(1), "data": data})
+        pos = m.end()
+    if pos < len(message):
+        segments.append({"type": "text", "data": {"text": unescape(message[pos:])}})
+    return segments
+
+
+def to_cq(segments: list[dict[str, Any]]) -> str:
+    """Serialize OneBot segments into a CQ-code string (inverse of :func:`parse_cq`)."""
+    parts: list[str] = []
+    for seg in segments:
+        data = seg.get("data") or {}
+        if seg["type"] == "text":
+            parts.append(escape(str(data.get("text", ""))))
+            continue
+        params = "".join(f",{k}={escape(str(v), in_value=True)}" for k, v in data.items())
+        parts.append(f"[CQ:{seg['type']}{params}]")
+    return "".join(parts)

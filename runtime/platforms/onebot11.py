@@ -1,0 +1,421 @@
+"""OneBot v11 codec (go-cqhttp, NapCat, Lagrange): HTTP POST event reporting in, HTTP API out.
+
+Inbound (OneBot v11 spec, ``communication/http-post.md``): the implementation POSTs each event as
+JSON to ``/webhooks/onebot11/{self_id}``; with a secret configured it signs the body with
+``X-Signature: sha1=<hex HMAC-SHA1(secret, body)>``, verified here in constant time.
+
+* ``post_type: message`` with ``message_type`` ``private`` | ``group`` → :class:`InboundMessage`;
+  ``message`` may be the **array** form or the **CQ-code string** form (with CQ escaping; see
+  :mod:`runtime.platforms.cqcode`) — both give the same segments.
+* ``notice``, ``request``, ``meta_event`` (heartbeat, lifecycle) and ``message_sent`` (the bot's
+  own messages) are accepted and ignored (``parse`` returns None).
+* Groups trigger a turn per ``trigger``: ``always``; ``mention`` (default: an ``at`` of the
+  bot's ``self_id``); ``keyword`` (a configured keyword in the text, or a mention).
+
+Outbound (``api/public.md``): ``POST {api_base}/send_private_msg`` ``{"user_id", "message"}`` or
+``/send_group_msg`` ``{"group_id", "message"}`` with the message as a segment array, and
+``Authorization: Bearer <access_token>`` when configured. Segment mapping:
+
+============ ==================================================================
+canonical    OneBot v11
+============ ==================================================================
+text         ``text {text}``
+markdown     ``text {text: content}`` — **degraded** (no Markdown on QQ), counted
+mention      ``at {qq: target}``
+image        ``image {file}``: url as is, ``base64://…``, ``file:///abs`` (path
+             under the media directory), platform ref as is
+audio        ``record {file}`` (same ``file`` forms)
+video        ``video {file}``
+file         ``file {file, name}``
+reply        ``reply {id}``
+forward      ``forward {id}``
+face         ``face {id}`` (id as a string)
+dice / rps   ``dice {}`` / ``rps {}``
+share        ``share {url, title}``
+============ ==================================================================
+
+Send results: HTTP 200 with ``retcode`` 0 (ok) or 1 (queued, no message id) is a success; any
+other ``retcode`` is a failed send carrying the platform's wording (``wording`` / ``message`` /
+``msg``); HTTP 429 and 5xx are retryable, honouring ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from runtime.platforms import cqcode
+from runtime.platforms.base import (
+    ApiCall,
+    InboundMessage,
+    MalformedEvent,
+    RenderTarget,
+    Sender,
+    SendResult,
+    SignatureError,
+    count_degraded,
+    header,
+    read_env,
+)
+from runtime.platforms.common import (
+    TRIGGER_MODES,
+    MediaPathError,
+    http_send_result,
+    keyword_hit,
+    keywords_of,
+    media_filename,
+    media_unavailable,
+    resolve_media_path,
+    setting,
+)
+from runtime.segments import (
+    AudioSegment,
+    DiceSegment,
+    FaceSegment,
+    FileSegment,
+    ForwardSegment,
+    ImageSegment,
+    MarkdownSegment,
+    MentionSegment,
+    Reply,
+    ReplySegment,
+    RpsSegment,
+    ShareSegment,
+    TextSegment,
+    VideoSegment,
+)
+
+__all__ = ["CODEC_FACTORY", "OneBot11Codec", "from_onebot_segments", "to_onebot_segments"]
+
+PLATFORM = "onebot11"
+_IGNORED_POST_TYPES = frozenset({"notice", "request", "meta_event", "message_sent"})
+_MEDIA_TYPES = {"image": "image", "audio": "record", "video": "video", "file": "file"}
+_MEDIA_TYPES_IN = {"image": "image", "record": "audio", "video": "video", "file": "file"}
+
+
+def from_onebot_segments(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Map OneBot v11 segments to canonical seed-000 segments.
+
+    ``at`` → ``mention``; ``image``/``record``/``video``/``file`` → ``image``/``audio``/``video``/
+    ``file`` with ``media: {kind: "url", value: url}`` when an http(s) URL is known, else
+    ``{kind: "file", value: file}`` (an opaque platform reference); ``reply {id}`` →
+    ``reply {message_id}``; ``forward {id}`` → ``forward {forward_id}``; ``face`` id as string;
+    ``dice``/``rps`` → empty data; ``share`` keeps url/title. Any other type (``json``, ``xml``,
+    ``poke``…) becomes a ``text`` segment ``[<type>]`` so nothing disappears from the transcript.
+
+    Raises:
+        MalformedEvent: a segment is not ``{"type": str, "data": object}``.
+    """
+    out: list[dict[str, Any]] = []
+    for seg in segments:
+        if not isinstance(seg, dict) or not isinstance(seg.get("type"), str):
+            raise MalformedEvent(f"OneBot message segment must be an object with a string 'type': {seg!r}")
+        data = seg.get("data") or {}
+        if not isinstance(data, dict):
+            raise MalformedEvent(f"OneBot segment 'data' must be an object: {seg!r}")
+        t = seg["type"]
+        if t == "text":
+            out.append({"type": "text", "data": {"text": str(data.get("text", ""))}})
+        elif t == "at":
+            out.append({"type": "mention", "data": {"target": str(data.get("qq", ""))}})
+        elif t in _MEDIA_TYPES_IN:
+            url = str(data.get("url") or "")
+            ref = str(data.get("file") or "")
+            if url.startswith(("http://", "https://")):
+                media = {"kind": "url", "value": url}
+            elif ref.startswith(("http://", "https://")):
+                media = {"kind": "url", "value": ref}
+            else:
+                media = {"kind": "file", "value": ref}
+            out.append({"type": _MEDIA_TYPES_IN[t], "data": {"media": media}})
+        elif t == "reply":
+            out.append({"type": "reply", "data": {"message_id": str(data.get("id", ""))}})
+        elif t == "forward":
+            out.append({"type": "forward", "data": {"forward_id": str(data.get("id", ""))}})
+        elif t == "face":
+            out.append({"type": "face", "data": {"id": str(data.get("id", ""))}})
+        elif t in ("dice", "rps"):
+            out.append({"type": t, "data": {}})
+        elif t == "share":
+            share = {"url": str(data.get("url", "")), "title": str(data.get("title", ""))}
+            out.append({"type": "share", "data": share})
+        else:
+            out.append({"type": "text", "data": {"text": f"[{t}]"}})
+    return out
+
+
+def plain_text(segments: list[dict[str, Any]]) -> str:
+    """Plain text of canonical segments: text verbatim, mentions as ``@<id>`` (followed by a space
+    when text follows without one, as QQ clients show it), no media."""
+    parts: list[str] = []
+    after_mention = False
+    for seg in segments:
+        if seg["type"] == "text":
+            text = seg["data"]["text"]
+            if after_mention and text and not text[0].isspace():
+                parts.append(" ")
+            parts.append(text)
+            after_mention = False
+        elif seg["type"] == "mention":
+            parts.append("@" + seg["data"]["target"])
+            after_mention = True
+    return "".join(parts)
+
+
+def to_onebot_segments(reply: Reply, media_dir: Path | None) -> list[dict[str, Any]]:
+    """Map a reply's segments to OneBot v11 segments (table in the module docstring).
+
+    ``markdown`` is the one degraded type (sent as text, counted in SEGMENTS_DEGRADED). A
+    ``path`` medium outside the media directory becomes the "attachment unavailable" text
+    (counted in MEDIA_REJECTED).
+    """
+    out: list[dict[str, Any]] = []
+    for seg in reply.segments:
+        if isinstance(seg, TextSegment):
+            out.append({"type": "text", "data": {"text": seg.data.text}})
+        elif isinstance(seg, MarkdownSegment):
+            count_degraded(PLATFORM, "markdown")
+            out.append({"type": "text", "data": {"text": seg.data.content}})
+        elif isinstance(seg, MentionSegment):
+            out.append({"type": "at", "data": {"qq": seg.data.target}})
+        elif isinstance(seg, ImageSegment | AudioSegment | VideoSegment | FileSegment):
+            media = seg.data.media
+            if media.kind == "base64":
+                ref = "base64://" + media.value
+            elif media.kind == "path":
+                try:
+                    ref = resolve_media_path(media.value, media_dir).as_uri()
+                except MediaPathError as exc:
+                    out.append({"type": "text", "data": {"text": media_unavailable(PLATFORM, seg.type, exc)}})
+                    continue
+            else:
+                ref = media.value
+            data: dict[str, Any] = {"file": ref}
+            if isinstance(seg, FileSegment):
+                data["name"] = media_filename(media.kind, media.value)
+            out.append({"type": _MEDIA_TYPES[seg.type], "data": data})
+        elif isinstance(seg, ReplySegment):
+            out.append({"type": "reply", "data": {"id": seg.data.message_id}})
+        elif isinstance(seg, ForwardSegment):
+            out.append({"type": "forward", "data": {"id": seg.data.forward_id}})
+        elif isinstance(seg, FaceSegment):
+            out.append({"type": "face", "data": {"id": str(seg.data.id)}})
+        elif isinstance(seg, DiceSegment | RpsSegment):
+            out.append({"type": seg.type, "data": {}})
+        elif isinstance(seg, ShareSegment):
+            out.append({"type": "share", "data": {"url": seg.data.url, "title": seg.data.title}})
+    return out
+
+
+def _id_value(raw: str) -> int | str:
+    """OneBot ids are numbers on the wire; keep non-numeric ids as strings."""
+    return int(raw) if raw.isdigit() else raw
+
+
+class OneBot11Codec:
+    """The OneBot v11 :class:`~runtime.platforms.base.PlatformCodec` (see module docstring).
+
+    Args:
+        self_id: The bot's QQ id (``self_id``), as a string.
+        api_base: The implementation's HTTP API base URL, e.g. ``http://127.0.0.1:5700``.
+        secret: HMAC secret for ``X-Signature`` (None: signatures are not checked).
+        access_token: Bearer token for the HTTP API (None: no ``Authorization`` header).
+        trigger: ``always`` | ``mention`` | ``keyword`` — when group messages start a turn.
+        keywords: Words that trigger in ``keyword`` mode (case-insensitive substring match).
+        masters: User ids allowed to steer; their inbound ``sender.roles`` get ``"master"``.
+        media_dir: Directory that ``path`` media must lie under.
+    """
+
+    platform = PLATFORM
+    supported_segments = frozenset(
+        {"text", "mention", "image", "audio", "video", "file", "reply", "forward", "face", "dice", "rps"}
+        | {"share"}
+    )
+
+    def __init__(
+        self,
+        *,
+        self_id: str,
+        api_base: str = "http://127.0.0.1:5700",
+        secret: str | None = None,
+        access_token: str | None = None,
+        trigger: str = "mention",
+        keywords: list[str] | tuple[str, ...] = (),
+        masters: list[str] | tuple[str, ...] = (),
+        media_dir: Path | str | None = None,
+    ) -> None:
+        if trigger not in TRIGGER_MODES:
+            raise ValueError(f"onebot11 trigger must be one of {', '.join(TRIGGER_MODES)}, got {trigger!r}")
+        self.self_id = str(self_id)
+        self.api_base = api_base
+        self._secret = secret
+        self._access_token = access_token
+        self.trigger = trigger
+        self.keywords = tuple(keywords)
+        self.masters = frozenset(str(m) for m in masters)
+        self.media_dir = Path(media_dir) if media_dir else None
+
+    # ------------------------------------------------------------------ inbound
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        """Check ``X-Signature: sha1=<hex>`` = HMAC-SHA1(secret, body) (OneBot v11 HTTP POST).
+
+        Raises:
+            SignatureError: a secret is configured and the header is missing or wrong.
+        """
+        if not self._secret:
+            return
+        got = header(headers, "X-Signature")
+        if not got:
+            raise SignatureError("missing X-Signature header")
+        want = "sha1=" + hmac.new(self._secret.encode(), body, hashlib.sha1).hexdigest()
+        if not hmac.compare_digest(got.strip().lower(), want):
+            raise SignatureError("X-Signature does not match the body")
+
+    def parse(self, headers: Mapping[str, str], body: bytes) -> InboundMessage | None:
+        """Parse one OneBot v11 event (array or CQ-string ``message``).
+
+        Returns None for notices, requests, meta events and the bot's own ``message_sent``.
+
+        Raises:
+            MalformedEvent: not a JSON object, no ``post_type``, a message event lacking
+                ``message_type``/``message_id``/``user_id``/``message``, an unknown
+                ``message_type``, a ``group`` message without ``group_id``, a bad CQ code, or
+                an event for another ``self_id``.
+        """
+        try:
+            event = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedEvent(f"OneBot event is not valid JSON: {exc}") from exc
+        if not isinstance(event, dict) or not isinstance(event.get("post_type"), str):
+            raise MalformedEvent("OneBot event must be a JSON object with a string 'post_type'")
+        post_type = event["post_type"]
+        if post_type in _IGNORED_POST_TYPES:
+            return None
+        if post_type != "message":
+            raise MalformedEvent(f"unknown OneBot post_type {post_type!r}")
+        missing = [k for k in ("message_type", "message_id", "user_id", "message") if k not in event]
+        if missing:
+            raise MalformedEvent(f"OneBot message event lacks {', '.join(missing)}")
+        if "self_id" in event and str(event["self_id"]) != self.self_id:
+            raise MalformedEvent(f"event for self_id {event['self_id']} posted to bot {self.self_id}")
+        raw = event["message"]
+        if isinstance(raw, str):
+            try:
+                ob_segments = cqcode.parse_cq(raw)
+            except cqcode.CQCodeError as exc:
+                raise MalformedEvent(str(exc)) from exc
+        elif isinstance(raw, list):
+            ob_segments = raw
+        else:
+            raise MalformedEvent("OneBot 'message' must be a segment array or a CQ-code string")
+        segments = from_onebot_segments(ob_segments)
+        user_id = str(event["user_id"])
+        message_type = event["message_type"]
+        if message_type == "private":
+            scene_type, scene_id = "private", user_id
+        elif message_type == "group":
+            if "group_id" not in event:
+                raise MalformedEvent("OneBot group message lacks group_id")
+            scene_type, scene_id = "group", str(event["group_id"])
+        else:
+            raise MalformedEvent(f"unsupported OneBot message_type {message_type!r}")
+        sender_obj = event.get("sender") if isinstance(event.get("sender"), dict) else {}
+        assert isinstance(sender_obj, dict)
+        name = str(sender_obj.get("card") or sender_obj.get("nickname") or "")
+        roles = [str(sender_obj["role"])] if sender_obj.get("role") else []
+        if user_id in self.masters:
+            roles.append("master")
+        text = plain_text(segments)
+        mentioned = any(s["type"] == "mention" and s["data"]["target"] == self.self_id for s in segments)
+        reply_to = next((s["data"]["message_id"] for s in segments if s["type"] == "reply"), None)
+        if scene_type == "private" or self.trigger == "always":
+            triggered = True
+        elif self.trigger == "keyword":
+            triggered = mentioned or keyword_hit(text, self.keywords)
+        else:
+            triggered = mentioned
+        time_s = event.get("time")
+        return InboundMessage(
+            platform=PLATFORM,
+            bot_id=self.self_id,
+            message_id=str(event["message_id"]),
+            scene_type=scene_type,
+            scene_id=scene_id,
+            sender=Sender(id=user_id, name=name, roles=roles),
+            text=text,
+            segments=segments,
+            reply_to=reply_to,
+            mentioned_bot=mentioned,
+            triggered=triggered,
+            time_ms=int(time_s * 1000) if isinstance(time_s, int | float) else 0,
+        )
+
+    # ------------------------------------------------------------------ outbound
+
+    def render(self, reply: Reply, target: RenderTarget) -> list[ApiCall]:
+        """One ``send_private_msg`` / ``send_group_msg`` call carrying every segment, in order.
+
+        In group scenes ``target.reply_to`` is quoted (a leading ``reply`` segment) unless the
+        reply already has a ``reply`` segment. Empty reply → ``[]``.
+        """
+        if reply.is_empty():
+            return []
+        message = to_onebot_segments(reply, self.media_dir)
+        has_reply = any(s["type"] == "reply" for s in message)
+        if target.scene_type != "private" and target.reply_to and not has_reply:
+            message.insert(0, {"type": "reply", "data": {"id": target.reply_to}})
+        headers = {"Authorization": f"Bearer {self._access_token}"} if self._access_token else {}
+        if target.scene_type == "private":
+            path, body = "/send_private_msg", {"user_id": _id_value(target.scene_id), "message": message}
+        else:
+            path, body = "/send_group_msg", {"group_id": _id_value(target.scene_id), "message": message}
+        return [ApiCall(base_url=self.api_base, path=path, json_body=body, headers=headers)]
+
+    def parse_send_result(self, status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
+        """Read an HTTP API answer: retcode 0/1 ok (message_id from ``data``); other retcodes fail
+        with ``"retcode <n>: <wording>"``; HTTP 429/5xx retryable (``Retry-After`` honoured)."""
+        if status != 200:
+            return http_send_result(status, headers, body)
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return SendResult(ok=False, error=f"OneBot API answered non-JSON: {body[:200]!r}")
+        if not isinstance(answer, dict):
+            return SendResult(ok=False, error=f"OneBot API answered {answer!r}")
+        retcode = answer.get("retcode")
+        if retcode in (0, 1):
+            data = answer.get("data")
+            mid = data.get("message_id") if isinstance(data, dict) else None
+            return SendResult(ok=True, message_id=None if mid is None else str(mid))
+        wording = answer.get("wording") or answer.get("message") or answer.get("msg") or answer.get("status")
+        return SendResult(ok=False, error=f"retcode {retcode}: {wording}")
+
+
+def from_config(bot: Any) -> OneBot11Codec:
+    """Build the codec from a ``bots:`` entry (``platform: onebot11``).
+
+    Reads ``self_id``, ``api_base``, ``secret_env``, ``access_token_env``, ``trigger``,
+    ``keyword``, ``masters``, ``media_dir``.
+
+    Raises:
+        ValueError: a named environment variable is unset, or a bad ``trigger``.
+    """
+    return OneBot11Codec(
+        self_id=str(bot.self_id),
+        api_base=setting(bot, "api_base", None) or "http://127.0.0.1:5700",
+        secret=read_env(setting(bot, "secret_env", None), what="OneBot X-Signature secret"),
+        access_token=read_env(setting(bot, "access_token_env", None), what="OneBot access token"),
+        trigger=setting(bot, "trigger", None) or "mention",
+        keywords=keywords_of(bot),
+        masters=[str(m) for m in setting(bot, "masters", None) or ()],
+        media_dir=setting(bot, "media_dir", None),
+    )
+
+
+CODEC_FACTORY = from_config
+"""Registry hook used by :func:`runtime.platforms.base.get_codec`."""

@@ -1,0 +1,476 @@
+"""Telegram Bot API codec: webhook updates in, Bot API methods out.
+
+Inbound (Bot API ``setWebhook``): Telegram POSTs each ``Update`` as JSON to
+``/webhooks/telegram/{bot_id}``; with ``secret_token`` set it sends
+``X-Telegram-Bot-Api-Secret-Token``, compared here in constant time.
+
+* ``message`` updates in ``private`` chats, ``group`` and ``supergroup`` (both scene ``group``)
+  → :class:`InboundMessage`. Other updates (edited messages, channel posts, callbacks…) are
+  accepted and ignored (``parse`` returns None).
+* Text or caption with entities (offsets in UTF-16 code units) → canonical segments:
+  ``text_mention`` → ``mention {target: user.id}``; a ``mention`` entity of the bot's own
+  ``@username`` → ``mention {target: bot_id}`` (other ``@username`` mentions carry no id and stay
+  text — seed 000: never guess an id); photo (largest size) / video / animation / audio / voice /
+  document / sticker → media ``{kind: "file", value: file_id}``; dice → ``dice``;
+  ``reply_to_message`` → a leading ``reply {message_id}`` segment and ``reply_to``.
+* Groups trigger per ``trigger`` (``mention`` by default): the bot is *mentioned* by a
+  ``mention`` entity of its username, a ``text_mention`` of its id, or a reply to one of its
+  messages; a ``bot_command`` (``/cmd`` or ``/cmd@<this bot>``) also triggers.
+
+Outbound: consecutive text / markdown / mention / share / degraded segments form one
+``sendMessage`` with ``parse_mode: "HTML"`` (Markdown → Telegram HTML with escaping, see
+:mod:`runtime.platforms.tg_html`; mentions as ``<a href="tg://user?id=…">`` links), split into
+several messages past 4,096 characters on character boundaries. Media → ``sendPhoto`` /
+``sendAudio`` / ``sendVideo`` / ``sendDocument`` with the URL or ``file_id`` in JSON, or a
+multipart upload of the bytes (``base64`` and ``path`` media). ``dice`` → ``sendDice``. A
+``reply`` segment (or, in groups, the answered message) becomes ``reply_parameters`` of the
+first call. Degraded (counted in SEGMENTS_DEGRADED): ``share`` → an HTML link, ``face`` →
+``[face <id>]``, ``rps`` → ``[rock-paper-scissors]``, ``forward`` → ``[forward <id>]``.
+
+Send results: ``{"ok": true, "result": {"message_id"}}``; failures carry ``"<error_code>:
+<description>"``; 429 honours ``parameters.retry_after`` (or ``Retry-After``); 429/5xx retryable.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import filetype
+
+from runtime.platforms.base import (
+    ApiCall,
+    InboundMessage,
+    MalformedEvent,
+    MultipartFile,
+    RenderTarget,
+    Sender,
+    SendResult,
+    SignatureError,
+    count_degraded,
+    header,
+    read_env,
+)
+from runtime.platforms.common import (
+    TRIGGER_MODES,
+    MediaPathError,
+    keyword_hit,
+    keywords_of,
+    media_filename,
+    media_unavailable,
+    parse_retry_after,
+    read_media_path,
+    setting,
+)
+from runtime.platforms.tg_html import Run, link, markdown_runs, split_runs, to_html
+from runtime.segments import (
+    AudioSegment,
+    DiceSegment,
+    FaceSegment,
+    FileSegment,
+    ForwardSegment,
+    ImageSegment,
+    MarkdownSegment,
+    Media,
+    MentionSegment,
+    Reply,
+    ReplySegment,
+    RpsSegment,
+    ShareSegment,
+    TextSegment,
+    VideoSegment,
+)
+
+__all__ = ["CODEC_FACTORY", "TelegramCodec", "utf16_slice"]
+
+PLATFORM = "telegram"
+_SEND = {"image": ("sendPhoto", "photo"), "audio": ("sendAudio", "audio"),
+         "video": ("sendVideo", "video"), "file": ("sendDocument", "document")}  # fmt: skip
+_INBOUND_MEDIA = (("photo", "image"), ("video", "video"), ("animation", "video"), ("audio", "audio"),
+                  ("voice", "audio"), ("video_note", "video"), ("document", "file"),
+                  ("sticker", "image"))  # fmt: skip
+
+
+def utf16_slice(text: str, offset: int, length: int) -> str:
+    """Slice ``text`` by UTF-16 code units (Telegram entity offsets/lengths)."""
+    raw = text.encode("utf-16-le")
+    return raw[2 * offset : 2 * (offset + length)].decode("utf-16-le")
+
+
+def _chat_id(raw: str) -> int | str:
+    """Numeric chat ids (negative for groups) go as integers; ``@channelname`` stays a string."""
+    try:
+        return int(raw)
+    except ValueError:
+        return raw
+
+
+class TelegramCodec:
+    """The Telegram :class:`~runtime.platforms.base.PlatformCodec` (see module docstring).
+
+    Args:
+        bot_id: The bot's user id (the digits before ``:`` in its token).
+        token: The bot token (goes into the API path ``/bot<token>/<method>``; never logged).
+        username: The bot's ``@username`` without ``@`` (for mention detection).
+        api_base: Bot API server, default ``https://api.telegram.org``.
+        secret_token: Expected ``X-Telegram-Bot-Api-Secret-Token`` (None: not checked).
+        trigger: ``always`` | ``mention`` | ``keyword``.
+        keywords: Words that trigger in ``keyword`` mode.
+        masters: User ids allowed to steer (``"master"`` role).
+        media_dir: Directory that ``path`` media must lie under.
+    """
+
+    platform = PLATFORM
+    supported_segments = frozenset(
+        {"text", "markdown", "mention", "image", "audio", "video", "file", "reply", "dice"}
+    )
+
+    def __init__(
+        self,
+        *,
+        bot_id: str,
+        token: str,
+        username: str | None = None,
+        api_base: str = "https://api.telegram.org",
+        secret_token: str | None = None,
+        trigger: str = "mention",
+        keywords: list[str] | tuple[str, ...] = (),
+        masters: list[str] | tuple[str, ...] = (),
+        media_dir: Path | str | None = None,
+    ) -> None:
+        if trigger not in TRIGGER_MODES:
+            raise ValueError(f"telegram trigger must be one of {', '.join(TRIGGER_MODES)}, got {trigger!r}")
+        self.bot_id = str(bot_id)
+        self._token = token
+        self.username = (username or "").lstrip("@") or None
+        self.api_base = api_base
+        self._secret = secret_token
+        self.trigger = trigger
+        self.keywords = tuple(keywords)
+        self.masters = frozenset(str(m) for m in masters)
+        self.media_dir = Path(media_dir) if media_dir else None
+
+    # ------------------------------------------------------------------ inbound
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        """Compare ``X-Telegram-Bot-Api-Secret-Token`` with the configured secret.
+
+        Raises:
+            SignatureError: a secret is configured and the header is missing or different.
+        """
+        if not self._secret:
+            return
+        got = header(headers, "X-Telegram-Bot-Api-Secret-Token")
+        if not got:
+            raise SignatureError("missing X-Telegram-Bot-Api-Secret-Token header")
+        if not hmac.compare_digest(got.encode(), self._secret.encode()):
+            raise SignatureError("X-Telegram-Bot-Api-Secret-Token does not match")
+
+    def _is_me(self, user: Any) -> bool:
+        return isinstance(user, dict) and str(user.get("id")) == self.bot_id
+
+    def parse(self, headers: Mapping[str, str], body: bytes) -> InboundMessage | None:
+        """Parse one ``Update``; None for updates other than ``message`` (and non-message chats).
+
+        Raises:
+            MalformedEvent: not a JSON object, or a ``message`` without ``message_id``, ``date``
+                or ``chat {id, type}``.
+        """
+        try:
+            update = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedEvent(f"Telegram update is not valid JSON: {exc}") from exc
+        if not isinstance(update, dict):
+            raise MalformedEvent("Telegram update must be a JSON object")
+        msg = update.get("message")
+        if msg is None:
+            return None
+        if not isinstance(msg, dict):
+            raise MalformedEvent("Telegram 'message' must be an object")
+        chat = msg.get("chat")
+        if not isinstance(chat, dict) or "id" not in chat or "type" not in chat:
+            raise MalformedEvent("Telegram message lacks chat {id, type}")
+        if "message_id" not in msg or not isinstance(msg.get("date"), int):
+            raise MalformedEvent("Telegram message lacks message_id or date")
+        chat_type = chat["type"]
+        if chat_type == "private":
+            scene_type = "private"
+        elif chat_type in ("group", "supergroup"):
+            scene_type = "group"
+        else:
+            return None
+        user = msg.get("from") if isinstance(msg.get("from"), dict) else {}
+        assert isinstance(user, dict)
+        sender_id = str(user.get("id", chat["id"]))
+        name = " ".join(str(p) for p in (user.get("first_name"), user.get("last_name")) if p)
+        roles = ["bot"] if user.get("is_bot") else []
+        if sender_id in self.masters:
+            roles.append("master")
+
+        segments, mentioned, command = self._segments(msg)
+        reply_msg = msg.get("reply_to_message")
+        reply_to = None
+        if isinstance(reply_msg, dict) and "message_id" in reply_msg:
+            reply_to = str(reply_msg["message_id"])
+            segments.insert(0, {"type": "reply", "data": {"message_id": reply_to}})
+            mentioned = mentioned or self._is_me(reply_msg.get("from"))
+        text = "".join(
+            s["data"]["text"] if s["type"] == "text" else "@" + s["data"]["target"]
+            for s in segments
+            if s["type"] in ("text", "mention")
+        )
+        if scene_type == "private" or self.trigger == "always":
+            triggered = True
+        elif self.trigger == "keyword":
+            triggered = mentioned or command or keyword_hit(text, self.keywords)
+        else:
+            triggered = mentioned or command
+        return InboundMessage(
+            platform=PLATFORM,
+            bot_id=self.bot_id,
+            message_id=str(msg["message_id"]),
+            scene_type=scene_type,
+            scene_id=str(chat["id"]),
+            sender=Sender(id=sender_id, name=name, roles=roles),
+            text=text,
+            segments=segments,
+            reply_to=reply_to,
+            mentioned_bot=mentioned,
+            triggered=triggered,
+            time_ms=msg["date"] * 1000,
+        )
+
+    def _segments(self, msg: dict[str, Any]) -> tuple[list[dict[str, Any]], bool, bool]:
+        """Segments of a message's text/caption and media; (segments, mentioned_bot, command)."""
+        segments: list[dict[str, Any]] = []
+        mentioned = command = False
+        for field, seg_type in _INBOUND_MEDIA:
+            item = msg.get(field)
+            if isinstance(item, list) and item:  # photo: sizes ascending, take the largest
+                item = item[-1]
+            if isinstance(item, dict) and "file_id" in item:
+                media = {"kind": "file", "value": item["file_id"]}
+                segments.append({"type": seg_type, "data": {"media": media}})
+                break
+        if isinstance(msg.get("dice"), dict):
+            segments.append({"type": "dice", "data": {}})
+        text = msg.get("text") if isinstance(msg.get("text"), str) else msg.get("caption")
+        if not isinstance(text, str):
+            return segments, mentioned, command
+        entities = msg.get("entities") if "text" in msg else msg.get("caption_entities")
+        cursor = 0  # in UTF-16 units
+        text_units = len(text.encode("utf-16-le")) // 2
+        out: list[dict[str, Any]] = []
+
+        def plain(start: int, end: int) -> None:
+            if end > start:
+                out.append({"type": "text", "data": {"text": utf16_slice(text, start, end - start)}})
+
+        for ent in sorted(entities or [], key=lambda e: int(e.get("offset", 0))):
+            if not isinstance(ent, dict):
+                continue
+            off, length, etype = int(ent.get("offset", 0)), int(ent.get("length", 0)), ent.get("type")
+            piece = utf16_slice(text, off, length)
+            target: str | None = None
+            if etype == "text_mention" and isinstance(ent.get("user"), dict):
+                target = str(ent["user"].get("id"))
+                mentioned = mentioned or target == self.bot_id
+            elif etype == "mention" and self.username and piece[1:].lower() == self.username.lower():
+                target = self.bot_id
+                mentioned = True
+            elif etype == "bot_command":
+                _, _, addressee = piece.partition("@")
+                command = command or not addressee or addressee.lower() == (self.username or "").lower()
+            if target is not None and off >= cursor:
+                plain(cursor, off)
+                out.append({"type": "mention", "data": {"target": target}})
+                cursor = off + length
+        plain(cursor, text_units)
+        return segments + out, mentioned, command
+
+    # ------------------------------------------------------------------ outbound
+
+    def _call(self, method: str, kind: str, **fields: Any) -> ApiCall:
+        return ApiCall(base_url=self.api_base, path=f"/bot{self._token}/{method}", kind=kind, **fields)
+
+    def render(
+        self, reply: Reply, target: RenderTarget, attachments: Mapping[int, Any] | None = None
+    ) -> list[ApiCall]:
+        """Turn a reply into Bot API calls in order (see module docstring).
+
+        Args:
+            reply: The validated reply.
+            target: Chat and the message being answered.
+            attachments: Optional bytes already read by ``runtime.media.check_reply_media``
+                (segment index → object with ``.data``/``.mime``), reused for uploads.
+
+        An attachment that cannot be read (``path`` outside the media directory, bad base64)
+        becomes the "attachment unavailable" text, counted in MEDIA_REJECTED.
+        """
+        chat_id = _chat_id(target.scene_id)
+        calls: list[ApiCall] = []
+        runs: list[Run] = []
+        quoted = [s.data.message_id for s in reply.segments if isinstance(s, ReplySegment)]
+        quote: str | None = quoted[0] if quoted else None
+        if quote is None and target.scene_type != "private" and target.reply_to:
+            quote = target.reply_to
+
+        def reply_params() -> dict[str, Any]:
+            nonlocal quote
+            if quote is None:
+                return {}
+            out = {"reply_parameters": {"message_id": int(quote) if quote.isdigit() else quote}}
+            quote = None  # only the first message quotes
+            return out
+
+        def flush() -> None:
+            nonlocal runs
+            if "".join(r.text for r in runs).strip():
+                for piece in split_runs(runs):
+                    body = {"chat_id": chat_id, "text": to_html(piece), "parse_mode": "HTML"}
+                    body.update(reply_params())
+                    calls.append(self._call("sendMessage", "message", json_body=body))
+            runs = []
+
+        for index, seg in enumerate(reply.segments):
+            if isinstance(seg, TextSegment):
+                runs.append(Run(seg.data.text))
+            elif isinstance(seg, MarkdownSegment):
+                runs.extend(markdown_runs(seg.data.content))
+            elif isinstance(seg, MentionSegment):
+                runs.append(link("@" + seg.data.target, f"tg://user?id={seg.data.target}"))
+            elif isinstance(seg, ShareSegment):
+                count_degraded(PLATFORM, "share")
+                runs.append(link(seg.data.title or seg.data.url, seg.data.url))
+            elif isinstance(seg, FaceSegment):
+                count_degraded(PLATFORM, "face")
+                runs.append(Run(f"[face {seg.data.id}]"))
+            elif isinstance(seg, RpsSegment):
+                count_degraded(PLATFORM, "rps")
+                runs.append(Run("[rock-paper-scissors]"))
+            elif isinstance(seg, ForwardSegment):
+                count_degraded(PLATFORM, "forward")
+                runs.append(Run(f"[forward {seg.data.forward_id}]"))
+            elif isinstance(seg, DiceSegment):
+                flush()
+                calls.append(self._call("sendDice", "dice", json_body={"chat_id": chat_id, **reply_params()}))
+            elif isinstance(seg, ImageSegment | AudioSegment | VideoSegment | FileSegment):
+                try:
+                    upload = self._upload(seg.type, seg.data.media, (attachments or {}).get(index))
+                except MediaPathError as exc:
+                    runs.append(Run(media_unavailable(PLATFORM, seg.type, exc)))
+                    continue
+                flush()
+                calls.append(self._media_call(seg.type, seg.data.media, chat_id, reply_params(), upload))
+        flush()
+        return calls
+
+    def _upload(self, seg_type: str, media: Media, resolved: Any) -> MultipartFile | None:
+        """The file to upload for ``base64``/``path`` media (None for ``url``/``file``: sent by reference).
+
+        Raises:
+            MediaPathError: unreadable ``path`` (outside the media directory, missing) or bad base64.
+        """
+        if media.kind in ("url", "file"):
+            return None
+        field = _SEND[seg_type][1]
+        data: bytes | None = getattr(resolved, "data", None)
+        mime: str | None = getattr(resolved, "mime", None)
+        if data is None:
+            if media.kind == "base64":
+                try:
+                    data = base64.b64decode(media.value, validate=True)
+                except ValueError as exc:
+                    raise MediaPathError(f"bad base64: {exc}", "bad_base64") from None
+            else:
+                data = read_media_path(media.value, self.media_dir)
+        if mime is None:
+            guess = filetype.guess(data)
+            mime = guess.mime if guess is not None else "application/octet-stream"
+        name = media_filename(media.kind, media.value)
+        if name == "file":
+            ext = filetype.get_type(mime=mime)
+            name = f"{field}.{ext.extension}" if ext is not None else field
+        return MultipartFile(filename=name, content_type=mime, data=data)
+
+    def _media_call(
+        self,
+        seg_type: str,
+        media: Media,
+        chat_id: int | str,
+        extra: dict[str, Any],
+        upload: MultipartFile | None,
+    ) -> ApiCall:
+        """sendPhoto/sendAudio/sendVideo/sendDocument by URL/file_id (JSON) or upload (multipart)."""
+        method, field = _SEND[seg_type]
+        if upload is None:
+            return self._call(method, field, json_body={"chat_id": chat_id, field: media.value, **extra})
+        form = {"chat_id": str(chat_id)}
+        form.update({k: json.dumps(v) for k, v in extra.items()})
+        return self._call(method, field, form=form, files={field: upload})
+
+    def parse_send_result(self, status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
+        """Read a Bot API answer (``{"ok", "result"}`` or ``{"ok": false, "error_code",
+        "description", "parameters": {"retry_after"}}``)."""
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        retryable = status == 429 or status >= 500
+        if not isinstance(answer, dict):
+            return SendResult(
+                ok=False,
+                error=f"HTTP {status}: {body[:300].decode('utf-8', errors='replace')}",
+                retry_after_s=parse_retry_after(header(headers, "Retry-After")),
+                retryable=retryable,
+            )
+        if status == 200 and answer.get("ok") is True:
+            result = answer.get("result")
+            mid = result.get("message_id") if isinstance(result, dict) else None
+            return SendResult(ok=True, message_id=None if mid is None else str(mid))
+        params = answer.get("parameters") if isinstance(answer.get("parameters"), dict) else {}
+        assert isinstance(params, dict)
+        retry_after = params.get("retry_after")
+        code = answer.get("error_code", status)
+        return SendResult(
+            ok=False,
+            error=f"{code}: {answer.get('description', 'request failed')}",
+            retry_after_s=float(retry_after)
+            if isinstance(retry_after, int | float)
+            else parse_retry_after(header(headers, "Retry-After")),
+            retryable=retryable or code == 429,
+        )
+
+
+def from_config(bot: Any) -> TelegramCodec:
+    """Build the codec from a ``bots:`` entry (``platform: telegram``).
+
+    Reads ``token_env`` (required), ``self_id`` (default: the token's digits before ``:``),
+    ``username``, ``api_base``, ``secret_env``, ``trigger``, ``keyword``, ``masters``, ``media_dir``.
+
+    Raises:
+        ValueError: ``token_env`` missing or its variable unset, or a bad ``trigger``.
+    """
+    token = read_env(setting(bot, "token_env", None), what="Telegram bot token")
+    if not token:
+        raise ValueError("telegram bot needs token_env (the environment variable holding the bot token)")
+    self_id = setting(bot, "self_id", None) or token.split(":", 1)[0]
+    return TelegramCodec(
+        bot_id=str(self_id),
+        token=token,
+        username=setting(bot, "username", None),
+        api_base=setting(bot, "api_base", None) or "https://api.telegram.org",
+        secret_token=read_env(setting(bot, "secret_env", None), what="Telegram webhook secret token"),
+        trigger=setting(bot, "trigger", None) or "mention",
+        keywords=keywords_of(bot),
+        masters=[str(m) for m in setting(bot, "masters", None) or ()],
+        media_dir=setting(bot, "media_dir", None),
+    )
+
+
+CODEC_FACTORY = from_config
+"""Registry hook used by :func:`runtime.platforms.base.get_codec`."""

@@ -1,0 +1,148 @@
+"""How tests script the model *inside* session actors.
+
+A faux handle registered in the test process is invisible in an actor's process, so tests pass a
+picklable :class:`ScriptedSetup` to ``SessionRuntime.start(config, setup_factory=...)``. Each
+session actor calls it at activation; it registers a faux provider in that process whose replies
+are a pure function of the context the model is sent (so a crash retry, a re-activation or any
+interleaving gets the same answer for the same context):
+
+* last user text ``echo X``   → reply ``X``;
+* last user text ``slow N``   → call the ``sleep`` tool (N seconds), then, after its result,
+  reply ``tool: <result>; then: <user texts that arrived after the tool call, e.g. steering>``;
+* last user text ``defer square N`` → call ``run_deferred_task`` (task ``square``, ``{"x": N}``);
+* last user text ``delegate T`` → call the ``delegate`` sub-agent tool with task ``T``;
+* anything else ``T``         → reply ``re: T``.
+
+Replies are seed-000 JSON only when the IM reply contract asked for it (its instructions are in
+the system prompt); a sub-agent (no IM preset) gets plain text.
+
+The ``sleep`` tool writes ``<marker_dir>/<call id>.started`` when it starts, so tests can wait
+for "the tool runs now" and count executions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from runtime.turn import SessionSetup
+from runtime.types import AssistantMessage, Context, TextContent, ToolCall, ToolResultMessage, UserMessage
+
+
+class SleepArgs(BaseModel):
+    seconds: float
+
+
+def reply_json(text: str) -> str:
+    """The seed-000 JSON of a one-text-segment reply."""
+    return json.dumps({"segments": [{"type": "text", "data": {"text": text}}]}, ensure_ascii=False)
+
+
+def _text(m: Any) -> str:
+    if isinstance(m.content, str):
+        return m.content
+    return "".join(b.text for b in m.content if isinstance(b, TextContent))
+
+
+def square(args: dict[str, Any]) -> str:
+    """The ``square`` deferred task (runs as a Ray task in session actors)."""
+    import os
+
+    return f"square of {args['x']:g} is {args['x'] ** 2:g} (pid {os.getpid()})"
+
+
+def scripted_reply(context: Context) -> AssistantMessage:
+    """The scripted model: see the module docstring."""
+    from runtime.im_reply import IM_INSTRUCTIONS
+
+    def answer(text: str) -> AssistantMessage:
+        body = reply_json(text) if IM_INSTRUCTIONS in context.system_prompt else text
+        return AssistantMessage(content=[TextContent(text=body)])
+
+    def call(name: str, arguments: dict[str, Any]) -> AssistantMessage:
+        tc = ToolCall(id=f"call-{uuid.uuid4().hex[:10]}", name=name, arguments=arguments)
+        return AssistantMessage(content=[tc], stop_reason="toolUse")
+
+    msgs = context.messages
+    last_asst = max((i for i, m in enumerate(msgs) if isinstance(m, AssistantMessage)), default=-1)
+    users = [i for i, m in enumerate(msgs) if isinstance(m, UserMessage)]
+    asst = msgs[last_asst] if last_asst >= 0 else None
+    later_users = [m for m in msgs[last_asst + 1 :] if isinstance(m, UserMessage)]
+    steering_only = all("master" in ((m.sender or {}).get("roles") or []) for m in later_users)
+    if isinstance(asst, AssistantMessage) and asst.tool_calls() and steering_only:
+        # The loop calls the model again after the batch's results (plus any steering): answer them.
+        results = [m for m in msgs[last_asst + 1 :] if isinstance(m, ToolResultMessage)]
+        after = [_text(m) for m in msgs[last_asst + 1 :] if isinstance(m, UserMessage)]
+        result = "; ".join(_text(r) for r in results)
+        return answer(f"tool: {result}; then: {after}")
+    text = _text(msgs[users[-1]]) if users else ""
+    if text.startswith("slow "):
+        return call("sleep", {"seconds": float(text[5:])})
+    if text.startswith("defer square "):
+        return call("run_deferred_task", {"task": "square", "args": {"x": float(text[13:])}})
+    if text.startswith("delegate "):
+        return call("delegate", {"task": text[9:]})
+    if text.startswith("echo "):
+        return answer(text[5:])
+    return answer(f"re: {text}")
+
+
+class ScriptedSetup:
+    """A picklable ``SetupFactory`` for tests (see the module docstring).
+
+    Args:
+        marker_dir: Directory where the ``sleep`` tool records each start.
+        steering_mode / follow_up_mode: Queue modes of the session.
+        think_s: Seconds the model "thinks" before each reply.
+    """
+
+    def __init__(
+        self,
+        marker_dir: str,
+        *,
+        steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time",
+        follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time",
+        think_s: float = 0.0,
+    ) -> None:
+        self.marker_dir = marker_dir
+        self.steering_mode = steering_mode
+        self.follow_up_mode = follow_up_mode
+        self.think_s = think_s
+
+    async def respond(self, context: Context, options: Any) -> AssistantMessage:
+        if self.think_s:
+            await asyncio.sleep(self.think_s)
+        return scripted_reply(context)
+
+    def __call__(self, session_key: str) -> SessionSetup:
+        from providers.faux import register_faux_provider
+        from runtime.tools import AgentTool, AgentToolResult
+
+        handle = register_faux_provider(
+            provider="script", models=["script-model"], chunk_size=256, default_response=self.respond
+        )
+        marker_dir = Path(self.marker_dir)
+
+        async def sleep(call_id: str, params: SleepArgs, signal: Any, on_update: Any) -> AgentToolResult:
+            marker_dir.mkdir(parents=True, exist_ok=True)
+            (marker_dir / f"{call_id}.started").write_text(session_key)
+            await asyncio.sleep(params.seconds)
+            return AgentToolResult.text(f"slept {params.seconds:g}")
+
+        from runtime.turn_tools import make_subagent_tool
+
+        model = handle.get_model()
+        sleep_tool = AgentTool("sleep", "Sleep for some seconds.", SleepArgs, sleep)
+        return SessionSetup(
+            model=model,
+            tools=[sleep_tool, make_subagent_tool(model, [sleep_tool])],
+            deferred_tasks={"square": square},
+            system_prompt="You are a test bot.",
+            steering_mode=self.steering_mode,
+            follow_up_mode=self.follow_up_mode,
+        )

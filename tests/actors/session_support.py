@@ -1,0 +1,118 @@
+"""Helpers of the session-runtime tests (CORE-ACTORS): a whole runtime per test module — router
+shard(s), warm pool, session actors with the scripted model, EDGE's delivery pool and the
+platform-API test server — plus inbound messages and bounded polling."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from actors.runtime import SessionRuntime
+from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
+from runtime.platforms.base import InboundMessage, Sender
+from tests.actors.edge_support import BOT_ID, delivery_pool
+from tests.actors.session_scripts import ScriptedSetup
+from tests.platform_api_server import PlatformApiServer
+
+MASTER = "9000"
+"""The bot's configured master."""
+
+
+def inbound(
+    user: str, text: str, message_id: str | None = None, *, group: str | None = None
+) -> InboundMessage:
+    """A OneBot v11 private (or group) text message from ``user`` to the test bot."""
+    return InboundMessage(
+        platform="onebot11",
+        bot_id=BOT_ID,
+        message_id=message_id or uuid.uuid4().hex[:12],
+        scene_type="group" if group else "private",
+        scene_id=group or user,
+        sender=Sender(id=user, name=f"user{user}"),
+        text=text,
+        segments=[{"type": "text", "data": {"text": text}}],
+        time_ms=int(time.time() * 1000),
+    )
+
+
+def key_of(user: str) -> str:
+    """Session key of ``user``'s private chat with the test bot."""
+    return f"onebot11:{BOT_ID}:private:{user}"
+
+
+@dataclass
+class Harness:
+    """A running runtime and what tests look at."""
+
+    rt: SessionRuntime
+    api: PlatformApiServer
+    markers: Path
+    config: Config
+
+    def sent(self, user: str) -> list[str]:
+        """Texts the platform API received for ``user``'s private chat, in arrival order."""
+        out = []
+        for r in list(self.api.requests):
+            if r.path == "/send_private_msg" and str(r.json.get("user_id")) == user:
+                out.append("".join(seg["data"].get("text", "") for seg in r.json["message"]))
+        return out
+
+    def tool_starts(self) -> int:
+        """How many times the scripted ``sleep`` tool started (all sessions)."""
+        return len(list(self.markers.glob("*.started")))
+
+
+@contextmanager
+def running_runtime(tmp_path: Path, fixtures_dir: Path, **knobs: Any) -> Iterator[Harness]:
+    """Start a runtime with ``runtime`` config ``knobs`` (small pool by default) and stop it after."""
+    db_url = f"sqlite:///{tmp_path / 'sessionray.db'}"
+    knobs = {"warm_pool": 2, "router_shards": 1, "delivery_actors": 1, **knobs}
+    with PlatformApiServer(fixtures_dir) as api, delivery_pool(db_url, api.base_url) as delivery:
+        config = Config(
+            bots=[BotConfig(platform="onebot11", self_id=BOT_ID, api_base=api.base_url, masters=[MASTER])],
+            database=DatabaseConfig(url=db_url),
+            runtime=RuntimeConfig(**knobs),
+        )
+        markers = tmp_path / "markers"
+        rt = SessionRuntime(prefix=f"test-{uuid.uuid4().hex[:8]}")
+        asyncio.run(
+            rt.start(config, setup_factory=ScriptedSetup(str(markers)), delivery=delivery, wait_warm=True)
+        )
+        try:
+            yield Harness(rt, api, markers, config)
+        finally:
+            asyncio.run(rt.stop())
+
+
+async def eventually(pred: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``pred`` (sync or async) every 20 ms until truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s")
+        await asyncio.sleep(0.02)
+
+
+async def submit_until_accepted(rt: SessionRuntime, msg: InboundMessage, timeout_s: float = 60.0) -> int:
+    """Submit, retrying after ``busy`` as a platform would; returns how many ``busy`` answers came."""
+    busy = 0
+    deadline = time.monotonic() + timeout_s
+    while True:
+        res = await rt.submit(msg)
+        if res.status != "busy":
+            assert res.status == "accepted", res
+            return busy
+        busy += 1
+        assert time.monotonic() < deadline, "still busy"
+        await asyncio.sleep(min(res.retry_after_s or 0.1, 0.1))

@@ -1,0 +1,55 @@
+"""The ``sessionray`` CLI: every command answers ``--help`` (the installed console script), the
+top-level help lists them, and argument errors are clear. (The control commands against a
+running ingress are tested in test_ingress_app.py, next to the ingress they talk to.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(sys.executable).parent / "sessionray"
+
+EXPECTED = {
+    "serve": ["--config FILE", "--address RAY_ADDRESS"],
+    "steer": ["SESSION_KEY", "TEXT", "--as USER_ID", "--url URL"],
+    "follow-up": ["SESSION_KEY", "TEXT", "--as USER_ID", "--url URL"],
+    "abort": ["SESSION_KEY", "--url URL"],
+    "sessions": ["--url URL"],
+    "status": ["--url URL"],
+}
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_commands_registered() -> None:
+    assert {"chat", *EXPECTED} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(EXPECTED))
+def test_every_command_has_help(command: str) -> None:
+    out = run(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: sessionray {command}")
+    for fragment in EXPECTED[command]:
+        assert fragment in out.stdout, (fragment, out.stdout)
+
+
+def test_top_level_help_lists_every_command() -> None:
+    out = run("--help")
+    assert out.returncode == 0
+    for name in COMMANDS:
+        assert name in out.stdout
+
+
+def test_steer_without_as_is_a_usage_error() -> None:
+    out = run("steer", "onebot11:1:private:2", "hi")
+    assert out.returncode == 2
+    assert "the following arguments are required: --as" in out.stderr

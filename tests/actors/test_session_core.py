@@ -1,0 +1,240 @@
+"""SessionCore without Ray: ordered inbox, overlapping turns with ordered handoff, steer, follow-up,
+crash-retry semantics (issue 8, items 1 and 8). Real SQLite, the scripted faux model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.memory.db import Database
+from runtime.memory.repository import ContextRepository
+from runtime.session_core import SessionCore
+from runtime.turn import INTERRUPTED_TEXT, HandoffRequest, TurnInput
+from runtime.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
+from tests.actors.session_scripts import ScriptedSetup
+
+KEY = "onebot11:10001:private:20002"
+
+
+def turn(seq: int, text: str, *, attempt: int = 0, message_id: str | None = None) -> TurnInput:
+    return TurnInput(
+        seq=seq,
+        session_key=KEY,
+        platform="onebot11",
+        bot_id="10001",
+        message_id=message_id or f"m{seq}",
+        scene_type="private",
+        scene_id="20002",
+        sender={"id": "20002", "name": "Alice", "roles": []},
+        text=text,
+        time_ms=1_700_000_000_000 + seq,
+        attempt=attempt,
+    )
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.jobs: list[HandoffRequest] = []
+
+    async def __call__(self, job: HandoffRequest) -> None:
+        self.jobs.append(job)
+
+    def texts(self) -> list[str]:
+        return [j.reply.preview_text() for j in self.jobs]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Any:
+    db = Database(f"sqlite:///{tmp_path / 'core.db'}")
+    db.create_tables()
+    yield ContextRepository(db)
+    db.dispose()
+
+
+async def open_core(repo: Any, tmp_path: Path, rec: Recorder, *, turns: int = 4, **kw: Any) -> SessionCore:
+    setup = ScriptedSetup(str(tmp_path / "markers"), **kw)(KEY)
+    return await SessionCore.open(KEY, repo, setup, rec, max_concurrent_turns=turns)
+
+
+async def wait_for(pred: Any, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_turns_start_in_seq_order_whatever_the_arrival_order(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec, turns=1)
+    results = await asyncio.gather(
+        core.submit(turn(3, "c")), core.submit(turn(1, "a")), core.submit(turn(2, "b"))
+    )
+    assert [r.outcome for r in results] == ["ok", "ok", "ok"]
+    assert rec.texts() == ["re: a", "re: b", "re: c"]
+    ctx = await repo.load_context(core.session_id)
+    users = [m.content for m in ctx.messages if isinstance(m, UserMessage)]
+    assert users == ["a", "b", "c"]
+    assert [j.reply_id for j in rec.jobs] == [
+        f"{core.session_id}/m1",
+        f"{core.session_id}/m2",
+        f"{core.session_id}/m3",
+    ]
+
+
+async def test_overlapping_turns_hand_off_in_chat_order(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec, turns=4)
+    slow = asyncio.ensure_future(core.submit(turn(1, "slow 0.4")))
+    await wait_for(lambda: any((tmp_path / "markers").glob("*.started")))
+    fast = await asyncio.wait_for(asyncio.shield(core.submit(turn(2, "echo quick"))), 5)
+    assert fast.outcome == "ok"
+    assert (await slow).outcome == "ok"
+    # turn 2 overlapped turn 1 (it finished its LLM work while the tool slept) yet was handed second
+    assert rec.texts() == ["tool: slept 0.4; then: []", "quick"]
+
+
+async def test_steer_reaches_the_next_llm_call_of_the_latest_turn(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    task = asyncio.ensure_future(core.submit(turn(1, "slow 0.3")))
+    await wait_for(lambda: any((tmp_path / "markers").glob("*.started")))
+    assert core.steer("also mention the weather", "20002") == "steered"
+    assert (await task).outcome == "ok"
+    assert rec.texts() == ["tool: slept 0.3; then: ['also mention the weather']"]
+    stored = (await repo.load_context(core.session_id)).messages
+    steering = [m for m in stored if isinstance(m, UserMessage) and m.content == "also mention the weather"]
+    assert steering[0].sender == {"id": "20002", "name": "", "roles": ["master"]}
+
+
+async def test_follow_up_joins_the_running_turn_or_starts_one(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    task = asyncio.ensure_future(core.submit(turn(1, "slow 0.2")))
+    await wait_for(lambda: any((tmp_path / "markers").glob("*.started")))
+    assert core.follow_up("and then?", "20002") == "queued"
+    await task
+    # the follow-up waited for the turn's reply, then ran as a turn of its own with its own reply
+    await wait_for(lambda: len(rec.jobs) == 2 and core.idle)
+    assert rec.texts() == ["tool: slept 0.2; then: []", "re: and then?"]
+    assert core.follow_up("echo standalone", "20002") == "started"
+    await wait_for(lambda: len(rec.jobs) == 3 and core.idle)
+    assert rec.texts()[2] == "standalone"
+    assert [j.reply_to for j in rec.jobs] == ["m1", None, None]
+
+
+async def test_crash_retry_never_reruns_an_executed_tool(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    first = await open_core(repo, tmp_path, rec)
+    doomed = asyncio.ensure_future(first.submit(turn(1, "slow 30")))
+    await wait_for(lambda: any((tmp_path / "markers").glob("*.started")))
+    # the process "dies": its tasks stop without writing anything more
+    for t in list(first._tasks):
+        t.cancel()
+    doomed.cancel()
+    second = await open_core(repo, tmp_path, rec)
+    result = await second.submit(turn(1, "slow 30", attempt=1))
+    assert result.outcome == "ok"
+    assert len(list((tmp_path / "markers").glob("*.started"))) == 1  # the tool ran once
+    assert rec.texts() == [f"tool: {INTERRUPTED_TEXT}; then: []"]
+    msgs = (await repo.load_context(second.session_id)).messages
+    kinds = [m.custom_type if isinstance(m, CustomMessage) else m.role for m in msgs]
+    assert kinds == ["im_inbound", "user", "assistant", "toolResult", "assistant", "im_reply"]
+    assert isinstance(msgs[3], ToolResultMessage) and msgs[3].is_error
+    # a second retry of a finished entry is recognised and sends nothing
+    again = await (await open_core(repo, tmp_path, rec)).submit(turn(1, "slow 30", attempt=1))
+    assert again.outcome == "already_done"
+    assert len(rec.jobs) == 1
+
+
+async def test_retry_after_the_answer_was_recorded_only_hands_it_off(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    t = turn(1, "hello")
+    await core.writer.append(
+        [CustomMessage(custom_type="im_inbound", data={"message_id": "m1"}), t.user_message()]
+    )
+    await core.writer.append([AssistantMessage(content=[TextContent(text=json.dumps({"segments": []}))])])
+    fresh = await open_core(repo, tmp_path, rec)
+    result = await fresh.submit(t.model_copy(update={"attempt": 1}))
+    assert result.outcome == "empty"  # the recorded answer ({"segments": []}) was reused: no LLM call
+    assert rec.jobs == []
+
+
+async def test_run_deferred_task_delivers_its_result_as_a_separate_message(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    result = await core.submit(turn(1, "defer square 7"))
+    started = "started deferred task square; its result will be sent to the chat as a separate message"
+    assert (result.outcome, result.preview) == ("ok", f"tool: {started}; then: []")
+    await wait_for(lambda: len(rec.jobs) == 2 and core.idle)
+    deferred = rec.jobs[1]
+    assert deferred.reply.preview_text().startswith("square of 7 is 49 (pid ")
+    assert deferred.reply_id.startswith(f"{core.session_id}/deferred/call-")
+    assert deferred.reply_to is None
+    msgs = (await repo.load_context(core.session_id)).messages
+    assert isinstance(msgs[-1], CustomMessage) and msgs[-1].custom_type == "deferred_result"
+    assert msgs[-1].data["task"] == "square"
+
+
+async def test_a_sub_agent_turn_runs_without_the_im_preset(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    await core.submit(turn(1, "delegate echo from the helper"))
+    # the helper answered in plain text (no reply JSON: the IM contract is not inherited)
+    assert rec.texts() == ["tool: from the helper; then: []"]
+
+
+async def test_abort_stops_the_running_turn_and_sends_nothing(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    task = asyncio.ensure_future(core.submit(turn(1, "slow 30")))
+    await wait_for(lambda: any((tmp_path / "markers").glob("*.started")))
+    assert core.abort() == 1
+    result = await asyncio.wait_for(task, 10)
+    assert (result.outcome, rec.jobs) == ("aborted", [])
+    # the context stays valid: the next message gets a normal turn
+    assert (await core.submit(turn(2, "hello again"))).outcome == "ok"
+    assert rec.texts() == ["re: hello again"]
+
+
+async def test_pre_executable_tools_run_before_the_turn_and_are_recorded(repo: Any, tmp_path: Path) -> None:
+    from runtime.turn import PreTool
+
+    rec = Recorder()
+    setup = ScriptedSetup(str(tmp_path / "markers"))(KEY)
+
+    async def weather(t: TurnInput) -> str:
+        return f"sunny for {t.sender['name']}"
+
+    async def broken(t: TurnInput) -> str:
+        raise OSError("service down")
+
+    setup.pre_tools = [PreTool("weather", weather), PreTool("news", broken)]
+    core = await SessionCore.open(KEY, repo, setup, rec)
+    await core.submit(turn(1, "hi"))
+    msgs = (await repo.load_context(core.session_id)).messages
+    pre = [m for m in msgs if isinstance(m, CustomMessage) and m.custom_type == "pre_tool_results"]
+    assert pre[0].data == {"results": {"weather": "sunny for Alice", "news": "error: service down"}}
+    from runtime.turn_agent import convert_for_session
+
+    shown = convert_for_session("private")(list(msgs))
+    assert shown[0] == UserMessage(
+        content="Context gathered before this turn:\n[weather] sunny for Alice\n[news] error: service down",
+        timestamp=pre[0].timestamp,
+    )
+
+
+async def test_archive_starts_an_empty_epoch(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    await core.submit(turn(1, "remember me"))
+    old = core.session_id
+    new = await core.archive()
+    assert (old, new) == (f"{KEY}#1", f"{KEY}#2")
+    await core.submit(turn(2, "who am I"))
+    users = [m.content for m in (await repo.load_context(new)).messages if isinstance(m, UserMessage)]
+    assert users == ["who am I"]

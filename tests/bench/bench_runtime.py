@@ -1,0 +1,337 @@
+"""Benchmark of the actor runtime (issue #8): webhook → platform-API latency and throughput at 1, 20
+and 100 sessions; warm vs cold activation; USS per live session vs a bare actor; and the raw Ray
+floor measured in the same run (3-hop chain of bare async actors, and its pipelined ceiling).
+
+Everything is real: local Ray, the ingress (starlette + uvicorn over loopback HTTP), router, warm
+pool, session actors, delivery actors, SQLite, and a local platform-API server. Only the model is
+scripted (tests/actors/session_scripts.py: zero think time, reply ``re: <text>``).
+
+Load model: ``n`` sessions (OneBot private chats) each send messages in a closed loop — the next
+message only after the previous reply reached the platform API — so the offered load is ``n``
+messages in flight. Latency = first byte of the webhook POST → the platform API receiving the reply.
+A 503 (backpressure) is retried after 50 ms and the wait is part of the latency.
+
+``SESSIONRAY_BENCH_QUICK=1`` runs fewer messages per load (CI smoke). Writes
+``build/bench/runtime_latency.png`` (latency vs offered load; no matplotlib needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG = ROOT / "build" / "bench" / "runtime_latency.png"
+LOADS = (1, 20, 100)
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))] if s else float("nan")
+
+
+def uss_mib(pid: int) -> float:
+    """Unique set size of ``pid`` in MiB (Private_Clean + Private_Dirty of /proc/<pid>/smaps_rollup)."""
+    total = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1])
+    return total / 1024
+
+
+# --------------------------------------------------------------------------- raw Ray floor
+
+
+def _floor(n_seq: int, n_pipe: int) -> tuple[float, float, float]:
+    """(p50 ms of an awaited 3-hop chain of bare async actors, pipelined msgs/s, bare actor USS MiB)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Hop:
+        def __init__(self, nxt: Any = None) -> None:
+            self.nxt = nxt
+
+        async def hop(self, payload: dict[str, Any]) -> dict[str, Any]:
+            if self.nxt is None:
+                return payload
+            return await self.nxt.hop.remote(payload)  # type: ignore[no-any-return]
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    c = Hop.remote()  # type: ignore[attr-defined]
+    b = Hop.remote(c)  # type: ignore[attr-defined]
+    a = Hop.remote(b)  # type: ignore[attr-defined]
+    payload = {"session_key": "onebot11:1:private:2", "text": "x" * 64}
+
+    async def go() -> tuple[float, float]:
+        for _ in range(20):
+            await a.hop.remote(payload)
+        lat = []
+        for _ in range(n_seq):
+            t0 = time.perf_counter()
+            await a.hop.remote(payload)
+            lat.append((time.perf_counter() - t0) * 1000)
+        sem = asyncio.Semaphore(64)
+
+        async def one() -> None:
+            async with sem:
+                await a.hop.remote(payload)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(n_pipe)))
+        return statistics.median(lat), n_pipe / (time.perf_counter() - t0)
+
+    p50, ceiling = asyncio.run(go())
+    pids = ray.get([h.pid.remote() for h in (a, b, c)])
+    bare = statistics.mean(uss_mib(p) for p in pids)
+    for h in (a, b, c):
+        ray.kill(h)
+    return p50, ceiling, bare
+
+
+# --------------------------------------------------------------------------- platform API with timestamps
+
+
+def _timed_server(fixtures: Path) -> Any:
+    from tests.platform_api_server import PlatformApiServer
+
+    class TimedApiServer(PlatformApiServer):
+        """Resolves a waiter (text → future) the moment the reply's API call arrives."""
+
+        def __init__(self, fixtures_dir: Path) -> None:
+            super().__init__(fixtures_dir)
+            self.waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[float]]] = {}
+            self.wlock = threading.Lock()
+
+        def expect(self, text: str) -> asyncio.Future[float]:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[float] = loop.create_future()
+            with self.wlock:
+                self.waiters[text] = (loop, fut)
+            return fut
+
+        def _answer(self, method: str, path: str, raw_headers: dict[str, str], body: bytes) -> Any:
+            t = time.perf_counter()
+            out = super()._answer(method, path, raw_headers, body)
+            rec = self.requests[-1]
+            if isinstance(rec.json, dict):
+                text = "".join(s["data"].get("text", "") for s in rec.json.get("message", []))
+                with self.wlock:
+                    waiter = self.waiters.pop(text, None)
+                if waiter is not None:
+                    loop, fut = waiter
+                    with contextlib.suppress(RuntimeError):  # a late reply after its load phase ended
+                        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(t))
+            return out
+
+    return TimedApiServer(fixtures)
+
+
+# --------------------------------------------------------------------------- load
+
+
+async def _load(url: str, api: Any, fixtures: Path, n: int, per_session: int, tag: str) -> dict[str, Any]:
+    import httpx
+
+    from tests.actors.edge_support import BOT_ID, onebot_event
+
+    lat: list[float] = []
+    acks: list[float] = []  # webhook POST round trip (verify, transcript, route) only
+    busy = lost = 0
+    limits = httpx.Limits(max_connections=max(10, n), max_keepalive_connections=max(10, n))
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def session(i: int) -> None:
+            nonlocal busy, lost
+            user = str(500_000 + i)
+            for k in range(per_session):
+                text = f"{tag}-{i}-{k}"
+                body = onebot_event(fixtures, user, text, abs(hash((tag, i, k))) % 2**31)
+                done = api.expect(f"re: {text}")
+                t0 = time.perf_counter()
+                while True:
+                    resp = await client.post(
+                        f"{url}/webhooks/onebot11/{BOT_ID}", content=body,
+                        headers={"Content-Type": "application/json"},
+                    )  # fmt: skip
+                    if resp.status_code != 503:
+                        break
+                    busy += 1
+                    await asyncio.sleep(0.05)
+                assert resp.status_code == 200, resp.text
+                acks.append((time.perf_counter() - t0) * 1000)
+                try:
+                    t1 = await asyncio.wait_for(done, 60)
+                except TimeoutError:  # the turn failed (e.g. SQLite lock timeout): no reply
+                    lost += 1
+                    continue
+                lat.append((t1 - t0) * 1000)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(session(i) for i in range(n)))
+        elapsed = time.perf_counter() - t0
+    return {
+        "sessions": n, "messages": len(lat), "busy_503": busy, "lost": lost,
+        "p50_ms": round(_pct(lat, 0.5), 2), "p99_ms": round(_pct(lat, 0.99), 2),
+        "throughput_msg_s": round(len(lat) / elapsed, 1), "webhook_ack_p50_ms": round(_pct(acks, 0.5), 2),
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- activation + memory
+
+
+async def _activation(config: Any, setup: Any, delivery: Any, keys: list[str], n: int) -> tuple[float, float]:
+    """(warm p50 ms: activate a pre-created blank SessionActor incl. loading from SQL,
+    cold p50 ms: create the actor process + activate)."""
+    import ray
+
+    from actors.session_actor import SessionActor
+
+    spare = [SessionActor.remote(config, setup, delivery) for _ in range(n)]  # type: ignore[attr-defined]
+    await asyncio.gather(*(h.ping.remote() for h in spare))
+    warm = []
+    for h, key in zip(spare, keys, strict=False):
+        t0 = time.perf_counter()
+        await h.activate.remote(key)
+        warm.append((time.perf_counter() - t0) * 1000)
+    cold = []
+    for key in keys[:n]:
+        t0 = time.perf_counter()
+        h = SessionActor.remote(config, setup, delivery)  # type: ignore[attr-defined]
+        await h.activate.remote(key)
+        cold.append((time.perf_counter() - t0) * 1000)
+        ray.kill(h)
+    for h in spare:
+        ray.kill(h)
+    return statistics.median(warm), statistics.median(cold)
+
+
+async def _live_uss(rt: Any, keys: list[str]) -> float:
+    pids = []
+    for key in keys:
+        info = await rt.session(key)
+        pid = (info.actor or {}).get("pid") if info is not None else None
+        if pid:
+            pids.append(int(pid))
+    return statistics.mean(uss_mib(p) for p in pids) if pids else float("nan")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def run() -> dict[str, Any]:
+    """Run the benchmark; returns the ``runtime`` section of build/bench/results.json."""
+    import ray
+
+    from actors.ingress import build_app
+    from actors.runtime import SessionRuntime
+    from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
+    from tests.actors.edge_support import BOT_ID, serve_in_thread
+    from tests.actors.session_scripts import ScriptedSetup
+    from tests.bench.png_chart import line_chart
+
+    quick = bool(os.environ.get("SESSIONRAY_BENCH_QUICK"))
+    per_session = {1: 20, 20: 3, 100: 1} if quick else {1: 100, 20: 10, 100: 3}
+    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "10000")
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=8, include_dashboard=False, logging_level="error",
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
+    out: dict[str, Any] = {}
+    try:
+        floor_p50, ceiling, bare_uss = _floor(200 if not quick else 50, 2000 if not quick else 500)
+        with tempfile.TemporaryDirectory() as tmp, _timed_server(fixtures) as api:
+            config = Config(
+                bots=[BotConfig(platform="onebot11", self_id=BOT_ID, api_base=api.base_url)],
+                database=DatabaseConfig(url=f"sqlite:///{tmp}/bench.db"),
+                runtime=RuntimeConfig(router_shards=1, delivery_actors=2, warm_pool=8, max_live_sessions=24,
+                                      mailbox_size=64, idle_ttl_s=600),
+            )  # fmt: skip
+            setup = ScriptedSetup(str(Path(tmp) / "markers"))
+            rt = SessionRuntime(prefix=f"bench-{uuid.uuid4().hex[:6]}")
+            asyncio.run(rt.start(config, setup_factory=setup, wait_warm=True))
+            try:
+                with serve_in_thread(build_app(rt, config)) as url:
+                    by_load = [
+                        asyncio.run(_load(url, api, fixtures, n, per_session[n], f"L{n}")) for n in LOADS
+                    ]
+                keys = [f"onebot11:{BOT_ID}:private:{500_000 + i}" for i in range(20)]
+                live_uss = asyncio.run(_live_uss(rt, keys))
+                warm_ms, cold_ms = asyncio.run(
+                    _activation(config, setup, rt.delivery, keys[10:], 3 if quick else 5)
+                )
+            finally:
+                asyncio.run(rt.stop())
+        one = by_load[0]
+        best = max(by_load, key=lambda r: r["throughput_msg_s"])
+        out = {
+            "p50_ms": one["p50_ms"], "p99_ms": one["p99_ms"], "throughput_msg_s": best["throughput_msg_s"],
+            "floor_chain_p50_ms": round(floor_p50, 2), "floor_ceiling_msg_s": round(ceiling, 1),
+            "activation_warm_ms": round(warm_ms, 2), "activation_cold_ms": round(cold_ms, 1),
+            "uss_live_session_mib": round(live_uss, 1), "uss_bare_actor_mib": round(bare_uss, 1),
+            "sessions": {
+                "p50_ms": one["sessions"], "p99_ms": one["sessions"], "throughput_msg_s": best["sessions"],
+                "activation_warm_ms": 0, "activation_cold_ms": 0, "uss_live_session_mib": 20,
+            },
+            "by_load": by_load,
+            "quick": quick,
+        }  # fmt: skip
+        out["ratios"] = {
+            "p50_vs_floor": round(out["p50_ms"] / out["floor_chain_p50_ms"], 2),
+            "throughput_vs_ceiling": round(out["throughput_msg_s"] / out["floor_ceiling_msg_s"], 3),
+            "cold_vs_warm_activation": round(
+                out["activation_cold_ms"] / max(out["activation_warm_ms"], 1e-6), 1
+            ),
+            "uss_live_vs_bare": round(out["uss_live_session_mib"] / out["uss_bare_actor_mib"], 2),
+        }
+        _print(out)
+        legend = "blue: p50 ms, red: p99 ms, grey dashed: raw 3-hop chain p50 ms; x: sessions (closed loop)"
+        line_chart(
+            PNG, [r["sessions"] for r in by_load],
+            {"p50": ([r["p50_ms"] for r in by_load], (30, 90, 200)),
+             "p99": ([r["p99_ms"] for r in by_load], (200, 40, 40))},
+            {"floor": (out["floor_chain_p50_ms"], (120, 120, 120))}, legend,
+        )  # fmt: skip
+        print(f"   wrote {PNG} ({legend})")
+        return out
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _print(out: dict[str, Any]) -> None:
+    r = out["ratios"]
+    rows = [
+        ("sessions", "p50 ms", "p99 ms", "msg/s", "503s", "no reply", "ack p50"),
+        *[(str(b["sessions"]), f"{b['p50_ms']:.1f}", f"{b['p99_ms']:.1f}", f"{b['throughput_msg_s']:.1f}",
+           str(b["busy_503"]), str(b["lost"]), f"{b['webhook_ack_p50_ms']:.1f}") for b in out["by_load"]],
+    ]  # fmt: skip
+    print("   webhook → platform API (closed loop per session)")
+    for row in rows:
+        print("   " + "  ".join(f"{c:>9}" for c in row))
+    o = out
+    targets = [
+        ("p50 (1 session) vs raw 3-hop chain p50", f"{o['p50_ms']:.1f} / {o['floor_chain_p50_ms']:.1f} ms",
+         f"{r['p50_vs_floor']:.2f}x", "<= 1.5x"),
+        ("throughput vs raw pipelined ceiling",
+         f"{o['throughput_msg_s']:.0f} / {o['floor_ceiling_msg_s']:.0f} msg/s",
+         f"{r['throughput_vs_ceiling'] * 100:.0f}%", ">= 60%"),
+        ("cold vs warm activation", f"{o['activation_cold_ms']:.0f} / {o['activation_warm_ms']:.1f} ms",
+         f"{r['cold_vs_warm_activation']:.0f}x", ">= 50x"),
+        ("USS live session vs bare actor",
+         f"{o['uss_live_session_mib']:.1f} / {o['uss_bare_actor_mib']:.1f} MiB",
+         f"{r['uss_live_vs_bare']:.2f}x", "<= 1.2x"),
+    ]  # fmt: skip
+    print("   figure                                      measured                 ratio    target")
+    for name, measured, ratio, target in targets:
+        print(f"   {name:<43} {measured:<24} {ratio:>7}  {target}")

@@ -1,0 +1,253 @@
+"""Console codec, the codec registry and the ``bots:`` config defaults."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from runtime.config import BotConfig, Config
+from runtime.platforms.base import (
+    InboundMessage,
+    MalformedEvent,
+    RenderTarget,
+    Sender,
+    SendResult,
+    SignatureError,
+    UnknownPlatformError,
+    get_codec,
+)
+from runtime.platforms.console import ConsoleCodec, agent_event_call, agent_event_payload
+from runtime.platforms.onebot11 import OneBot11Codec
+from runtime.platforms.telegram import TelegramCodec
+from runtime.segments import SEGMENT_TYPES, Reply
+
+
+def browser(**kw: Any) -> bytes:
+    return json.dumps(
+        {"message_id": "c-1", "user": "alice", "text": "hello", "time_ms": 1767000000000, **kw}
+    ).encode()
+
+
+def test_private_message() -> None:
+    msg = ConsoleCodec().parse({}, browser())
+    assert msg == InboundMessage(
+        platform="console",
+        bot_id="console",
+        message_id="c-1",
+        scene_type="private",
+        scene_id="alice",
+        sender=Sender(id="alice", name="alice", roles=[]),
+        text="hello",
+        segments=[{"type": "text", "data": {"text": "hello"}}],
+        reply_to=None,
+        mentioned_bot=False,
+        triggered=True,
+        time_ms=1767000000000,
+    )
+    assert msg.session_key == "console:console:private:alice"
+
+
+def test_group_message_mention_and_master() -> None:
+    c = ConsoleCodec(masters=["admin"])
+    msg = c.parse({}, browser(user="admin", scene="group", group_id="lobby", text="@console what's up"))
+    assert msg == InboundMessage(
+        platform="console",
+        bot_id="console",
+        message_id="c-1",
+        scene_type="group",
+        scene_id="lobby",
+        sender=Sender(id="admin", name="admin", roles=["master"]),
+        text="@console what's up",
+        segments=[
+            {"type": "mention", "data": {"target": "console"}},
+            {"type": "text", "data": {"text": "what's up"}},
+        ],
+        reply_to=None,
+        mentioned_bot=True,
+        triggered=True,
+        time_ms=1767000000000,
+    )
+    flagged = c.parse({}, browser(scene="group", group_id="lobby", mention_bot=True))
+    assert flagged is not None and (flagged.mentioned_bot, flagged.triggered) == (True, True)
+    quiet = c.parse({}, browser(scene="group", group_id="lobby"))
+    assert quiet is not None and (quiet.mentioned_bot, quiet.triggered) == (False, False)
+    always = ConsoleCodec(trigger="always").parse({}, browser(scene="group", group_id="lobby"))
+    assert always is not None and always.triggered is True
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (b"{", "not valid JSON"),
+        (b'"x"', "JSON object"),
+        (browser(user="a b"), "'user'"),
+        (browser(user="a:b"), "'user'"),
+        (browser(scene="group"), "'group_id'"),
+        (browser(scene="channel"), "'scene'"),
+        (browser(message_id=""), "'message_id'"),
+        (browser(text="  "), "'text'"),
+        (browser(time_ms="now"), "'time_ms'"),
+    ],
+)
+def test_malformed(body: bytes, match: str) -> None:
+    with pytest.raises(MalformedEvent, match=match):
+        ConsoleCodec().parse({}, body)
+
+
+def test_token() -> None:
+    c = ConsoleCodec(secret="tok")
+    c.verify({"X-Console-Token": "tok"}, b"{}")
+    with pytest.raises(SignatureError):
+        c.verify({"X-Console-Token": "bad"}, b"{}")
+    with pytest.raises(SignatureError):
+        c.verify({}, b"{}")
+    ConsoleCodec().verify({}, b"{}")
+
+
+def test_render_every_segment_without_degradation(tmp_path: Path, degraded: Any) -> None:
+    (tmp_path / "a.bin").write_bytes(b"\x00\x01")
+    segments: list[dict[str, Any]] = [
+        {"type": "markdown", "data": {"content": "**x**"}},
+        {"type": "text", "data": {"text": "t"}},
+        {"type": "mention", "data": {"target": "alice"}},
+        {"type": "image", "data": {"media": {"kind": "url", "value": "https://e.com/a.png"}}},
+        {"type": "audio", "data": {"media": {"kind": "base64", "value": "AAE="}}},
+        {"type": "video", "data": {"media": {"kind": "file", "value": "ref"}}},
+        {"type": "file", "data": {"media": {"kind": "path", "value": "a.bin"}}},
+        {"type": "reply", "data": {"message_id": "c-1"}},
+        {"type": "forward", "data": {"forward_id": "f"}},
+        {"type": "face", "data": {"id": 3}},
+        {"type": "dice", "data": {}},
+        {"type": "rps", "data": {}},
+        {"type": "share", "data": {"url": "https://e.com", "title": "E"}},
+    ]
+    c = ConsoleCodec(api_base="http://127.0.0.1:8123", media_dir=tmp_path)
+    (call,) = c.render(
+        Reply.model_validate({"segments": segments}),
+        RenderTarget(scene_type="group", scene_id="lobby", reply_to="c-1"),
+    )
+    inlined = {
+        "type": "file",
+        "data": {"media": {"kind": "base64", "value": base64.b64encode(b"\x00\x01").decode()}},
+    }
+    assert (call.url, call.headers) == ("http://127.0.0.1:8123/console/api/deliver", {})
+    assert call.json_body == {
+        "bot_id": "console",
+        "scene_type": "group",
+        "scene_id": "lobby",
+        "reply_to": "c-1",
+        "segments": [*segments[:6], inlined, *segments[7:]],
+    }
+    assert degraded.delta() == {}
+    assert c.supported_segments == frozenset(SEGMENT_TYPES)
+    assert c.render(Reply(segments=[]), RenderTarget(scene_type="private", scene_id="alice")) == []
+
+
+def test_send_results() -> None:
+    c = ConsoleCodec()
+    assert c.parse_send_result(200, {}, b'{"ok": true, "message_id": "console-3"}') == SendResult(
+        ok=True, message_id="console-3"
+    )
+    assert c.parse_send_result(400, {}, b'{"error": "x"}') == SendResult(
+        ok=False, error='HTTP 400: {"error": "x"}'
+    )
+    assert c.parse_send_result(503, {"Retry-After": "1"}, b"") == SendResult(
+        ok=False, error="HTTP 503: ", retry_after_s=1.0, retryable=True
+    )
+
+
+def test_agent_event_payloads() -> None:
+    from runtime.agent_events import AgentStartEvent, ToolExecutionStartEvent, TurnStartEvent
+
+    start = ToolExecutionStartEvent(tool_call_id="1", tool_name="clock", args={"tz": "UTC"})
+    assert agent_event_payload(start) == {"type": "tool_call", "name": "clock", "args": {"tz": "UTC"}}
+    assert agent_event_payload(AgentStartEvent()) == {"type": "status", "text": "thinking…"}
+    assert agent_event_payload(TurnStartEvent()) is None
+    assert agent_event_payload({"type": "notice", "text": "format corrected"}) == {
+        "type": "notice",
+        "text": "format corrected",
+    }
+    call = agent_event_call("http://h:1", "console:console:private:alice", {"type": "notice", "text": "x"})
+    assert (call.url, call.json_body) == (
+        "http://h:1/console/api/events",
+        {"session_key": "console:console:private:alice", "event": {"type": "notice", "text": "x"}},
+    )
+
+
+# --------------------------------------------------------------------------- registry and config
+
+
+def test_get_codec_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TG_TOKEN", "1000000099:abc")
+    monkeypatch.setenv("OB_SECRET", "s")
+    cfg = Config.model_validate(
+        {
+            "server": {"port": 9001},
+            "bots": [
+                {"platform": "console", "masters": ["admin"]},
+                {
+                    "platform": "onebot11",
+                    "self_id": 10001,
+                    "secret_env": "OB_SECRET",
+                    "trigger": "keyword",
+                    "keyword": "bot",
+                    "masters": [20002],
+                },
+                {
+                    "platform": "telegram",
+                    "self_id": "1000000099",
+                    "token_env": "TG_TOKEN",
+                    "username": "sr_bot",
+                },
+            ],
+        }
+    )
+    console, onebot, telegram = (get_codec(b) for b in cfg.bots)
+    assert isinstance(console, ConsoleCodec)
+    assert (console.bot_id, console.api_base, console.masters) == (
+        "console",
+        "http://127.0.0.1:9001",
+        frozenset({"admin"}),
+    )
+    assert isinstance(onebot, OneBot11Codec)
+    assert (onebot.self_id, onebot.trigger, onebot.keywords, onebot.masters) == (
+        "10001",
+        "keyword",
+        ("bot",),
+        frozenset({"20002"}),
+    )
+    with pytest.raises(SignatureError):
+        onebot.verify({}, b"{}")  # the secret was read from OB_SECRET
+    assert isinstance(telegram, TelegramCodec)
+    assert (telegram.bot_id, telegram.username, telegram.api_base) == (
+        "1000000099",
+        "sr_bot",
+        "https://api.telegram.org",
+    )
+
+
+def test_registry_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MISSING_SECRET", raising=False)
+    with pytest.raises(UnknownPlatformError, match="unknown platform 'irc'"):
+        get_codec(SimpleNamespace(platform="irc"))
+    with pytest.raises(ValueError, match="MISSING_SECRET"):
+        get_codec(BotConfig(platform="onebot11", self_id="1", secret_env="MISSING_SECRET"))
+
+
+def test_default_config_is_one_console_bot_with_master_admin() -> None:
+    (bot,) = Config().bots
+    assert (bot.platform, bot.self_id, bot.masters, bot.api_base) == (
+        "console",
+        "console",
+        ["admin"],
+        "http://127.0.0.1:8000",
+    )
+    with pytest.raises(ValueError, match="needs `self_id`"):
+        BotConfig(platform="onebot11")
+    with pytest.raises(ValueError, match="token_env"):
+        BotConfig(platform="telegram", self_id="1")
