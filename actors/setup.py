@@ -28,7 +28,8 @@ IM_SYSTEM_PROMPT = (
 class ConfigSetupFactory:
     """``(session_key) -> SessionSetup`` from ``config``: the model ``ai.default_model`` (the built-in
     offline model when unset), the ``chat_history`` tool bound to the session's scene, the IM
-    preset prompt, ``ai.agent`` output schema and queue modes.
+    preset prompt, ``ai.agent`` output schema and queue modes, and — for console sessions only —
+    the live-events hook (``runtime.platforms.console_events``).
 
     Args:
         config: ``runtime.config.Config``.
@@ -49,6 +50,7 @@ class ConfigSetupFactory:
         from runtime.memory.chat_history import make_chat_history_tool
         from runtime.memory.db import Database
         from runtime.memory.keys import parse_session_key
+        from runtime.platforms.console_events import console_event_hook
 
         register_builtin_providers()
         agent = self.config.ai.agent
@@ -78,6 +80,7 @@ class ConfigSetupFactory:
             steering_mode=agent.steering_mode,
             follow_up_mode=agent.follow_up_mode,
             features=AgentFeatures.from_config(self.config),  # issue 9
+            on_event=console_event_hook(self.config, session_key),  # issue 6: console live events
         )
 
     def _model(self) -> Any:

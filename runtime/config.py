@@ -10,19 +10,43 @@ How model lookup finds its configuration: :func:`load_config` stores the loaded
 :class:`Config` as the *current* one (so does :func:`set_config`); :func:`get_model`,
 :func:`resolve_model_ref` and :func:`get_api_key` read the current config, loading the default
 file (or the embedded defaults) on first use. Pass ``config=`` to use another one explicitly.
+
+The section models live in :mod:`runtime.config_ai` (``ai:`` and the shared base) and
+:mod:`runtime.config_sections` (``bots``, ``database``, ``server``, ``runtime``); every public
+name is re-exported here, so import from ``runtime.config``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from runtime.types import InputKind, Model, ModelCost
+from runtime.config_ai import (  # re-exported: public names stay in runtime.config
+    DRIVER_TO_API,
+    KNOWN_APIS,
+    AgentConfig,
+    AiConfig,
+    CommandsConfig,
+    ConfigError,
+    McpServerConfig,
+    ModelConfig,
+    ProviderConfig,
+    _Closed,
+    _driver_hint,
+    _split_ref,
+)
+from runtime.config_sections import (
+    BotConfig,
+    DatabaseConfig,
+    RuntimeConfig,
+    ServerConfig,
+    default_bots,
+)
+from runtime.types import Model
 
 __all__ = [
     "DEFAULT_CONFIG_FILE",
@@ -52,296 +76,6 @@ __all__ = [
 
 DEFAULT_CONFIG_FILE = "sessionray.yaml"
 """Read from the current directory when :func:`load_config` gets no path."""
-
-KNOWN_APIS = ("openai-completions", "anthropic-messages", "google-generative-ai", "faux")
-"""The built-in ``api`` ids (``providers.register_builtin_providers`` registers them)."""
-
-DRIVER_TO_API: dict[str, str] = {
-    "openai": "openai-completions",
-    "openai-compatible": "openai-completions",
-    "deepseek": "openai-completions",
-    "ollama": "openai-completions",
-    "vllm": "openai-completions",
-    "llamacpp": "openai-completions",
-    "openrouter": "openai-completions",
-    "qwen": "openai-completions",
-    "moonshot": "openai-completions",
-    "zhipu": "openai-completions",
-    "anthropic": "anthropic-messages",
-    "claude": "anthropic-messages",
-    "gemini": "google-generative-ai",
-    "google": "google-generative-ai",
-}
-"""The documented ``driver`` → ``api`` migration table (seed 002, D1; docs only, no runtime shim)."""
-
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message names the file and the dotted key path of each error."""
-
-
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def _driver_hint(driver: Any) -> str:
-    api = DRIVER_TO_API.get(str(driver).lower())
-    if api:
-        return f"use `api: {api}` instead"
-    return f"use `api:` with one of {', '.join(KNOWN_APIS)}"
-
-
-# --------------------------------------------------------------------------- ai
-
-
-class ModelConfig(_Closed):
-    """One entry of ``ai.providers.<alias>.models``."""
-
-    id: str
-    """The provider's model id (sent on the wire)."""
-    name: str = ""
-    reasoning: bool = False
-    """Whether the model emits thinking."""
-    input: list[InputKind] = Field(default_factory=lambda: list[InputKind](["text"]))
-    """Accepted inputs; include ``image`` for vision models."""
-    context_window: int = Field(128_000, gt=0)
-    """Tokens."""
-    max_tokens: int = Field(4_096, gt=0)
-    """Default output budget in tokens."""
-    cost: ModelCost = Field(default_factory=ModelCost)
-    """USD per million tokens."""
-    compat: dict[str, Any] = Field(default_factory=dict)
-    """Overrides the provider's ``compat`` for this model."""
-    headers: dict[str, str] = Field(default_factory=dict)
-
-
-class ProviderConfig(_Closed):
-    """``ai.providers.<alias>``: one endpoint speaking one wire protocol (``api``)."""
-
-    api: str
-    """Required wire protocol id (see :data:`KNOWN_APIS`)."""
-    base_url: str = ""
-    """Endpoint base URL (empty: the api's public default)."""
-    api_key_env: str | None = None
-    """Environment variable holding the key (None: keyless, e.g. a local server)."""
-    compat: dict[str, Any] = Field(default_factory=dict)
-    """Capability flags read by the api (``providers.profiles`` documents the OpenAI ones)."""
-    headers: dict[str, str] = Field(default_factory=dict)
-    """Extra HTTP headers on every request."""
-    models: list[ModelConfig] = Field(default_factory=list)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_driver(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "driver" in data:
-            raise ValueError(f"the `driver` key was removed (seed 002 D1); {_driver_hint(data['driver'])}")
-        return data
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        if v and not v.lower().startswith(("http://", "https://")):
-            raise ValueError(f"{v!r} must start with http:// or https://")
-        return v
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _env_name(cls, v: str | None) -> str | None:
-        # the value is never echoed: a key pasted here by mistake must not reach logs
-        if v is not None and (not _ENV_NAME.fullmatch(v) or v.startswith(("sk_", "AIza"))):
-            raise ValueError(
-                "must be the NAME of an environment variable holding the key (letters, digits, "
-                "`_`; e.g. OPENAI_API_KEY), not the key itself"
-            )
-        return v
-
-    @field_validator("api")
-    @classmethod
-    def _known_api(cls, v: str) -> str:
-        from runtime.registry import list_api_providers
-
-        if v not in KNOWN_APIS and v not in list_api_providers():
-            raise ValueError(f"unknown api {v!r}; known: {', '.join(KNOWN_APIS)}")
-        return v
-
-
-class AgentConfig(_Closed):
-    """``ai.agent``: structured-reply and queue modes."""
-
-    output_schema: Literal["segments", False] | dict[str, Any] = "segments"
-    """``segments`` (seed 000 reply contract), ``false`` (plain text) or a JSON Schema object."""
-    steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
-    follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
-
-
-class McpServerConfig(_Closed):
-    """``ai.mcp_servers.<name>``: one MCP server (issue 9, item 3; ``runtime.mcp_tools``).
-
-    Exactly one of ``command`` (stdio: the command is started as a subprocess) or ``url``
-    (streamable HTTP endpoint, e.g. ``http://127.0.0.1:8001/mcp``).
-    """
-
-    command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables of the stdio subprocess."""
-    cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    """HTTP headers of a ``url`` server."""
-    tool_prefix: str | None = None
-    """Prefix of the tool names the model sees (``None``: ``<name>_``; ``""``: the server's names)."""
-    timeout_s: float = Field(30.0, gt=0)
-    """Bound of connecting, listing and of each tool call (seconds)."""
-    platforms: list[str] | None = None
-    """Tool permissions of every tool of this server (``runtime.tool_policy``; ``None``: no limit)."""
-    scopes: list[str] | None = None
-    required_any_role: list[str] | None = None
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServerConfig:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("give exactly one of `command` (stdio) or `url` (streamable HTTP)")
-        from runtime.tool_policy import ToolPermissions
-
-        ToolPermissions.from_mapping(self.model_dump())  # raises ValueError naming the key
-        return self
-
-
-class CommandsConfig(_Closed):
-    """``ai.commands``: chat commands handled before the agent (issue 9, item 7; ``runtime.commands``)."""
-
-    enabled: bool = True
-    names: dict[str, str] = Field(default_factory=dict)
-    """Command → the word users type (without ``/``), e.g. ``{new: reset}``; unset ones keep their name."""
-    texts: dict[str, str] = Field(default_factory=dict)
-    """Reply texts by key (see ``runtime.commands.DEFAULT_TEXTS``)."""
-
-
-class AiConfig(_Closed):
-    """``ai``: models and providers."""
-
-    default_model: str | None = None
-    """``provider_alias/model_id``; ``None``: the built-in offline model."""
-    vision_model: str | None = None
-    """Used instead of the default when a turn carries images (seed 002, D3)."""
-    fallback_models: list[str] = Field(default_factory=list)
-    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
-    """MCP servers whose tools every session may use (issue 9, item 3)."""
-    tools_dir: str | None = None
-    """Folder of ``*.tool.md`` tools loaded at start-up (issue 9, item 4; hard fail on errors)."""
-    media_url_allowlist: list[str] = Field(default_factory=list)
-    """URL prefixes a reply may attach without them appearing in the context (issue 9, item 6)."""
-    commands: CommandsConfig = Field(default_factory=CommandsConfig)
-
-    @model_validator(mode="after")
-    def _refs_exist(self) -> AiConfig:
-        for alias in self.providers:
-            if not alias or "/" in alias:  # refs are "alias/model_id": the first "/" ends the alias
-                raise ValueError(f"[providers.{alias}] a provider alias must be non-empty and contain no '/'")
-        for key in ("default_model", "vision_model"):
-            ref = getattr(self, key)
-            if ref is not None:
-                _split_ref(ref, self, key)
-        for i, ref in enumerate(self.fallback_models):
-            _split_ref(ref, self, f"fallback_models.{i}")
-        return self
-
-
-# --------------------------------------------------------------------------- the rest
-
-
-class BotConfig(_Closed):
-    """One ``bots:`` entry: a bot account on one platform. Secrets are env-var *names*."""
-
-    platform: Literal["onebot11", "telegram", "console"]
-    self_id: str = ""
-    """The bot's own id on the platform (QQ number, Telegram bot id)."""
-    api_base: str | None = None
-    """Platform HTTP API base URL."""
-    access_token_env: str | None = None
-    secret_env: str | None = None
-    token_env: str | None = None
-    trigger: Literal["mention", "always", "keyword"] = "mention"
-    keyword: str | None = None
-    """Required with ``trigger: keyword``."""
-    masters: list[str] = Field(default_factory=list)
-    """User ids allowed to steer / follow_up."""
-    username: str | None = None
-    """Telegram: the bot's ``@username`` (without ``@``), to recognize mentions of it in groups."""
-    media_dir: str | None = None
-    """Directory that outbound ``path`` media must lie under (OneBot sends them as ``file://``)."""
-
-    @field_validator("self_id", mode="before")
-    @classmethod
-    def _id_str(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, int) else v
-
-    @field_validator("masters", mode="before")
-    @classmethod
-    def _ids_str(cls, v: Any) -> Any:
-        return [str(x) if isinstance(x, int) else x for x in v] if isinstance(v, list) else v
-
-    @model_validator(mode="after")
-    def _keyword_needed(self) -> BotConfig:
-        if self.trigger == "keyword" and not self.keyword:
-            raise ValueError("trigger: keyword needs a `keyword`")
-        if self.platform == "console" and not self.self_id:
-            self.self_id = "console"
-        if not self.self_id:
-            raise ValueError(f"a {self.platform} bot needs `self_id` (QQ number / Telegram bot id)")
-        if self.platform == "telegram" and not self.token_env:
-            raise ValueError("a telegram bot needs `token_env` (the variable holding the bot token)")
-        return self
-
-
-def default_bots() -> list[BotConfig]:
-    """The embedded default ``bots:`` (no sessionray.yaml or no ``bots`` key): one console bot,
-    ``self_id: console``, whose master is the console user ``admin`` (issue #6)."""
-    return [BotConfig(platform="console", self_id="console", masters=["admin"])]
-
-
-class DatabaseConfig(_Closed):
-    """``database``: the SQL URL (SQLite by default; PostgreSQL on a multi-node cluster)."""
-
-    url: str = "sqlite:///./data/sessionray.db"
-
-
-class ServerConfig(_Closed):
-    """``server``: the ingress HTTP server."""
-
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    admin_token_env: str | None = "SESSIONRAY_ADMIN_TOKEN"
-
-
-class RuntimeConfig(_Closed):
-    """``runtime``: actor topology and session lifecycle (DESIGN.md consequences 1-2)."""
-
-    router_shards: int = Field(1, ge=1)
-    delivery_actors: int = Field(2, ge=1)
-    warm_pool: int = Field(4, ge=0)
-    max_live_sessions: int = Field(64, ge=1)
-    idle_ttl_s: float = Field(600, gt=0)
-    """Seconds without a message before a session is passivated."""
-    mailbox_size: int = Field(16, ge=1)
-    """Accepted-but-unfinished messages per session; one more is refused as ``busy`` (503)."""
-    busy_retry_after_s: float = Field(1.0, gt=0)
-    """``Retry-After`` (seconds) suggested with a ``busy`` answer."""
-    max_concurrent_turns: int = Field(4, ge=1)
-    """Turns of one session that may overlap (seed 002 #12); 1 = strictly one after another."""
-    activation_wait_s: float = Field(10.0, ge=0)
-    """How long a new session waits for a free slot over ``max_live_sessions`` before ``busy``."""
-    recycle_after_sessions: int = Field(100, ge=1)
-    """A pooled SessionActor is replaced after serving this many sessions."""
-    recycle_memory_mib: float = Field(512.0, gt=0)
-    """A pooled SessionActor whose process USS exceeds this (MiB) is replaced when returned."""
-    dedup_window: int = Field(10_000, ge=1)
-    """(platform, bot_id, message_id) triples each router shard remembers for dedup."""
 
 
 class Config(_Closed):
@@ -456,16 +190,6 @@ def get_config() -> Config:
 
 
 # --------------------------------------------------------------------------- model lookup
-
-
-def _split_ref(ref: str, ai: AiConfig, key: str = "model") -> tuple[str, str]:
-    alias, sep, model_id = ref.partition("/")
-    if not sep or not alias or not model_id:
-        raise ValueError(f"[{key}] {ref!r} is not of the form provider_alias/model_id")
-    if alias not in ai.providers:
-        known = ", ".join(sorted(ai.providers)) or "(none configured)"
-        raise ValueError(f"[{key}] provider alias {alias!r} is not in ai.providers (known: {known})")
-    return alias, model_id
 
 
 def get_model(provider_alias: str, model_id: str, config: Config | None = None) -> Model:

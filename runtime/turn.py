@@ -195,6 +195,10 @@ class SessionSetup:
             task); its result is delivered as a separate outbound message.
         features: :class:`runtime.agent_features.AgentFeatures` (issue 9: chat commands, vision
             routing, fallback chain, MCP tools, tool permissions, media provenance) or ``None``.
+        on_event: ``(event) -> None`` called with every agent-loop event of a turn and with its
+            :class:`runtime.im_reply.ReplyOutcome`; must return at once (fire-and-forget). An
+            exception it raises is logged at debug level and ignored. ``None``: no hook (issue #6:
+            console sessions get :class:`runtime.platforms.console_events.ConsoleEventSink`).
     """
 
     model: Model
@@ -208,6 +212,7 @@ class SessionSetup:
     failure_text: str = "Sorry, something went wrong while answering. Please try again."
     deferred_tasks: dict[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
     features: Any = None
+    on_event: Callable[[Any], None] | None = None
 
 
 SetupFactory: TypeAlias = Callable[[str], "SessionSetup | Awaitable[SessionSetup]"]

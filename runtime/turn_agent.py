@@ -10,6 +10,7 @@ reach while the turn runs. The bookkeeping around it (inbox, records, handoff) i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
@@ -22,11 +23,25 @@ __all__ = [
     "TurnControl",
     "control_message",
     "convert_for_session",
+    "emit_event",
     "finalize_reply",
     "reply_contract",
     "run_agent",
     "run_pre_tools",
 ]
+
+log = logging.getLogger("sessionray.turn")
+
+
+def emit_event(setup: SessionSetup, event: Any) -> None:
+    """Hand ``event`` to ``setup.on_event`` when set; an exception it raises is logged at debug
+    level and dropped (issue #6: live events never break a turn)."""
+    if setup.on_event is None:
+        return
+    try:
+        setup.on_event(event)
+    except Exception as exc:
+        log.debug("on_event hook failed on %s: %r", getattr(event, "type", type(event).__name__), exc)
 
 
 # --------------------------------------------------------------------------- the agent part of a turn
@@ -183,6 +198,7 @@ async def finalize_reply(
         )
     else:
         outcome = await contract.finalize(final, identity, signal=signal)
+    emit_event(setup, outcome)
     reply: Reply = outcome.reply
     return reply
 
@@ -220,6 +236,7 @@ async def run_agent(
     seen: list[AgentMessage] = list(messages)
     budget_spent = False
     async for event in agent_loop_continue(context, config, ctl.abort_controller.signal):
+        emit_event(setup, event)
         if isinstance(event, MessageEndEvent):
             await record([event.message])
             seen.append(event.message)

@@ -10,6 +10,7 @@ processes inherit them like workers of ``sessionray serve`` do.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import os
@@ -31,6 +32,7 @@ from actors.runtime import SessionRuntime
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore
+from runtime.turn import SessionSetup
 from tests.actors.session_scripts import ScriptedSetup
 from tests.platform_api_server import PlatformApiServer
 
@@ -50,6 +52,22 @@ ONEBOT_CQ_BOT = "10001000"
 TG_BOT = "1000000099"
 TG_TOKEN = ENV["SR_E2E_TG_TOKEN"]
 MASTER = "admin"
+
+
+class ConsoleScriptedSetup(ScriptedSetup):
+    """:class:`ScriptedSetup` plus the console live-events hook, as ``ConfigSetupFactory`` wires it
+    (``runtime.platforms.console_events.console_event_hook``): console sessions post their tool
+    calls to the ingress's ``/console/api/events``."""
+
+    def __init__(self, marker_dir: str, config: Config) -> None:
+        super().__init__(marker_dir)
+        self.config = config
+
+    def __call__(self, session_key: str) -> SessionSetup:
+        from runtime.platforms.console_events import console_event_hook
+
+        setup = super().__call__(session_key)
+        return dataclasses.replace(setup, on_event=console_event_hook(self.config, session_key))
 
 
 def onebot_headers(body: bytes) -> dict[str, str]:
@@ -132,7 +150,10 @@ def running_stack(tmp: Path, fixtures_dir: Path) -> Iterator[Stack]:
         rt = SessionRuntime(prefix=f"e2e-{uuid.uuid4().hex[:8]}")
         asyncio.run(
             rt.start(
-                config, setup_factory=ScriptedSetup(str(tmp / "markers")), delivery=delivery, wait_warm=True
+                config,
+                setup_factory=ConsoleScriptedSetup(str(tmp / "markers"), config),
+                delivery=delivery,
+                wait_warm=True,
             )
         )
         db = Database(config.database.url)

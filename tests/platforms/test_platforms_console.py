@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -251,3 +252,139 @@ def test_default_config_is_one_console_bot_with_master_admin() -> None:
         BotConfig(platform="onebot11")
     with pytest.raises(ValueError, match="token_env"):
         BotConfig(platform="telegram", self_id="1")
+
+
+# --------------------------------------------------------------------------- live agent events (item 4)
+
+
+def _outcome(outcome: str, reason: str | None = None) -> Any:
+    from runtime.im_reply import ReplyOutcome
+
+    return ReplyOutcome(Reply.of_text("hi"), "native", outcome, "raw", reason)  # type: ignore[arg-type]
+
+
+def test_console_payloads() -> None:
+    from runtime.agent_events import MessageEndEvent, ToolExecutionEndEvent, ToolExecutionStartEvent
+    from runtime.platforms.console_events import console_payload
+    from runtime.types import AssistantMessage, TextContent, ThinkingContent, ToolResultMessage
+
+    start = ToolExecutionStartEvent(tool_call_id="c1", tool_name="sleep", args={"seconds": 0})
+    result = ToolResultMessage(
+        tool_call_id="c1", tool_name="sleep", content=[TextContent(text="x")], is_error=True
+    )
+    end = ToolExecutionEndEvent(tool_call_id="c1", tool_name="sleep", result=result, is_error=True)
+    assert console_payload(start) == {"type": "tool_call", "name": "sleep", "args": {"seconds": 0}}
+    assert console_payload(end) == {"type": "tool_result", "name": "sleep", "is_error": True}
+    thought = MessageEndEvent(
+        message=AssistantMessage(content=[ThinkingContent(thinking="t" * 250), TextContent(text="answer")])
+    )
+    assert console_payload(thought) is None  # thinking preview is off unless configured
+    assert console_payload(thought, thinking=True) == {"type": "thinking", "text": "t" * 200 + "…"}
+    plain = MessageEndEvent(message=AssistantMessage(content=[TextContent(text="answer")]))
+    assert console_payload(plain, thinking=True) is None
+    assert console_payload(_outcome("corrected", "segments: field required")) == {
+        "type": "notice",
+        "text": "reply format was invalid; corrected by one extra call (native tier): "
+        "segments: field required",
+        "outcome": "corrected",
+        "tier": "native",
+    }
+    assert console_payload(_outcome("failed")) == {
+        "type": "notice",
+        "text": "reply could not be validated; sent the fixed failure message (native tier)",
+        "outcome": "failed",
+        "tier": "native",
+    }
+    for quiet in ("first_try", "plain", "aborted"):
+        assert console_payload(_outcome(quiet)) is None
+
+
+async def test_console_event_sink_posts_in_order_and_never_raises(api_server: Any) -> None:
+    from runtime.agent_events import ToolExecutionStartEvent, TurnStartEvent
+    from runtime.platforms.console_events import ConsoleEventSink
+
+    key = "console:console:private:alice"
+    api_server.respond_with("/console/api/events", 200, b'{"ok": true, "receivers": 1}')
+    sink = ConsoleEventSink(api_server.base_url, key, token="tok")
+    for i in range(3):
+        sink(ToolExecutionStartEvent(tool_call_id=f"c{i}", tool_name=f"t{i}", args={"i": i}))
+    sink(TurnStartEvent())  # not shown: nothing posted
+    sink(_outcome("first_try"))  # not shown either
+    await sink.drained()
+    sent = [r for r in api_server.requests if r.path == "/console/api/events"]
+    assert [(r.json, r.headers.get("x-console-token")) for r in sent] == [
+        ({"session_key": key, "event": {"type": "tool_call", "name": f"t{i}", "args": {"i": i}}}, "tok")
+        for i in range(3)
+    ]
+    # a refusing console and an unreachable one: the event is dropped, nothing raises
+    api_server.respond_with("/console/api/events", 500, b"down")
+    sink(_outcome("failed"))
+    await sink.drained()
+    assert len([r for r in api_server.requests if r.path == "/console/api/events"]) == 4
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    dead = ConsoleEventSink(f"http://127.0.0.1:{port}", key, timeout_s=1.0)
+    dead(_outcome("corrected"))
+    await dead.drained()
+    dead(object())  # unknown objects are ignored
+
+
+def test_console_event_hook_only_for_console_sessions(tmp_path: Path) -> None:
+    from actors.setup import ConfigSetupFactory
+    from runtime.platforms.console_events import ConsoleEventSink, console_event_hook
+
+    cfg = Config.model_validate(
+        {
+            "server": {"port": 9002},
+            "database": {"url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
+            "bots": [
+                {"platform": "console", "thinking_preview": True},
+                {"platform": "onebot11", "self_id": 10001},
+            ],
+        }
+    )
+    hook = console_event_hook(cfg, "console:console:group:lobby")
+    assert isinstance(hook, ConsoleEventSink)
+    assert (hook.api_base, hook.session_key, hook.token, hook.thinking) == (
+        "http://127.0.0.1:9002",
+        "console:console:group:lobby",
+        None,
+        True,
+    )
+    assert console_event_hook(cfg, "onebot11:10001:private:20002") is None
+    assert console_event_hook(cfg, "console:other:private:alice") is None  # no such console bot
+    assert Config().bots[0].thinking_preview is False
+    factory = ConfigSetupFactory(cfg)
+    try:
+        assert isinstance(factory("console:console:private:alice").on_event, ConsoleEventSink)
+        assert factory("onebot11:10001:private:20002").on_event is None
+    finally:
+        factory._db.dispose()
+
+
+async def test_finalize_reply_hands_the_outcome_to_on_event() -> None:
+    from providers.builtin import builtin_model
+    from runtime.turn import SessionSetup, TurnInput
+    from runtime.turn_agent import TurnControl, finalize_reply
+
+    class Contract:
+        async def finalize(self, final: Any, identity: Any, *, signal: Any) -> Any:
+            return _outcome("corrected", "bad json")
+
+    seen: list[Any] = []
+    turn = TurnInput(seq=1, session_key="console:console:private:alice", platform="console", bot_id="console",
+                     message_id="c-1", scene_type="private", scene_id="alice")  # fmt: skip
+    ctl = TurnControl(turn, "one-at-a-time", "one-at-a-time")
+    setup = SessionSetup(model=builtin_model(), on_event=seen.append)
+    reply = await finalize_reply(setup, None, [], "alice", ctl, contract=Contract())
+    assert (reply, [(o.outcome, o.reason) for o in seen]) == (
+        Reply.of_text("hi"),
+        [("corrected", "bad json")],
+    )
+
+    def broken(event: Any) -> None:
+        raise RuntimeError("console down")
+
+    setup = SessionSetup(model=builtin_model(), on_event=broken)  # a failing hook never breaks the turn
+    assert await finalize_reply(setup, None, [], "alice", ctl, contract=Contract()) == Reply.of_text("hi")

@@ -4,6 +4,7 @@ transcripts (one inbound and one outbound row per answered message)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -322,6 +323,10 @@ async def test_console_in_chromium(stack: Stack) -> None:
             await expect(page.get_by_test_id("reply").nth(2)).to_have_text(
                 "consoletool: slept 2; then: ['answer in French']", timeout=60_000
             )
+            # the session's own live events of that turn: the tool call and its outcome
+            await expect(page.get_by_test_id("agent-event")).to_have_text(
+                ['🔧 clock({"tz":"UTC"})', "⚠ format corrected", '🔧 sleep({"seconds":2})', "✓ sleep"]
+            )
         finally:
             await browser.close()
 
@@ -409,3 +414,47 @@ async def test_console_event_stream_fans_out_by_scene(stack: Stack) -> None:
         assert (bad.status_code, bad.json()) == (400, {"error": "deliver needs a segments array"})
         bad = await client.get("/console/api/stream", params={"user": "not ok"})
         assert bad.status_code == 400
+
+
+async def test_console_session_posts_live_tool_events(stack: Stack) -> None:
+    """A console turn with one tool call: the session posts the tool's start and end to
+    /console/api/events, and the user's SSE stream carries them next to the reply."""
+    received: list[dict[str, Any]] = []
+    async with (
+        httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client,
+        client.stream("GET", "/console/api/stream", params={"user": "frank"}) as stream,
+    ):
+        lines = stream.aiter_lines()
+        assert await anext(lines) == ": connected"
+        body = {"message_id": "c-frank-1", "user": "frank", "text": "slow 0", "time_ms": 1767000000000}
+        resp = await client.post("/webhooks/console/console", json=body)
+        assert (resp.status_code, resp.json()) == (200, {"status": "accepted"})
+
+        async def collect() -> None:
+            async for line in lines:
+                if line.startswith("data: "):
+                    received.append(json.loads(line[6:]))
+                if len(received) == 3:
+                    return
+
+        try:
+            await asyncio.wait_for(collect(), 60)  # bound: keepalives would otherwise wait forever
+        except TimeoutError:
+            pytest.fail(f"expected 2 agent events and a reply on the stream, got {received}")
+    agent = [e for e in received if e["type"] == "agent"]
+    replies = [e for e in received if e["type"] == "reply"]
+    assert agent == [
+        {
+            "type": "agent",
+            "session_key": "console:console:private:frank",
+            "event": {"type": "tool_call", "name": "sleep", "args": {"seconds": 0.0}},
+        },
+        {
+            "type": "agent",
+            "session_key": "console:console:private:frank",
+            "event": {"type": "tool_result", "name": "sleep", "is_error": False},
+        },
+    ]
+    assert [(r["scene_id"], r["reply_to"], r["segments"]) for r in replies] == [
+        ("frank", "c-frank-1", text_msg("tool: slept 0; then: []"))
+    ]

@@ -1,0 +1,174 @@
+"""Live agent events of console sessions: the ``SessionSetup.on_event`` hook (issue #6, item 4).
+
+A session whose platform is ``console`` gets a :class:`ConsoleEventSink` as its ``on_event``
+(built by :func:`console_event_hook`; ``actors/setup.py`` wires it). The turn path calls it with
+every agent-loop event and with the turn's :class:`runtime.im_reply.ReplyOutcome`; the sink keeps
+only what the console shows (:func:`console_payload`) and POSTs it to the console bot's
+``{api_base}/console/api/events`` (the call of :func:`runtime.platforms.console.agent_event_call`),
+which fans it out to the browsers of the session's scene.
+
+Posting is fire-and-forget: :meth:`ConsoleEventSink.__call__` never blocks and never raises. One
+background task per sink drains a bounded queue in order (so a tool's end never overtakes its
+start), each POST bounded by ``timeout_s``; a full queue, an unreachable console or an error
+answer is logged at debug level and the event is dropped — a console event never breaks or slows
+a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from runtime.platforms.console import agent_event_call, agent_event_payload
+
+__all__ = ["THINKING_PREVIEW_CHARS", "ConsoleEventSink", "console_event_hook", "console_payload"]
+
+log = logging.getLogger("sessionray.console.events")
+
+THINKING_PREVIEW_CHARS = 200
+"""Characters of a thinking block shown in the console (the rest is cut, ``…`` appended)."""
+_NOTICE_OUTCOMES = ("corrected", "failed", "default")
+_QUEUE_MAX = 64
+
+
+def console_payload(event: Any, *, thinking: bool = False) -> dict[str, Any] | None:
+    """The console view of one turn event, or ``None`` when the console does not show it.
+
+    * ``tool_execution_start`` / ``tool_execution_end`` → ``tool_call`` / ``tool_result``
+      (:func:`runtime.platforms.console.agent_event_payload`);
+    * ``message_end`` of an assistant message with thinking, only when ``thinking`` →
+      ``{"type": "thinking", "text": <first 200 characters>}``;
+    * a ``ReplyOutcome`` (duck-typed: ``outcome``, ``tier``, ``reason``) whose outcome is
+      ``corrected``/``failed``/``default`` → ``{"type": "notice", "text", "outcome", "tier"}``
+      (seed 000: the format-correction call and the fixed failure message); ``first_try``,
+      ``plain`` and ``aborted`` show nothing.
+    """
+    etype = getattr(event, "type", None)
+    if etype in ("tool_execution_start", "tool_execution_end"):
+        return agent_event_payload(event)
+    if etype == "message_end":
+        if not thinking:
+            return None
+        blocks = getattr(getattr(event, "message", None), "content", None)
+        if not isinstance(blocks, list):
+            return None
+        text = "\n".join(b.thinking for b in blocks if getattr(b, "type", None) == "thinking" and b.thinking)
+        if not text:
+            return None
+        if len(text) > THINKING_PREVIEW_CHARS:
+            text = text[:THINKING_PREVIEW_CHARS] + "…"
+        return {"type": "thinking", "text": text}
+    outcome = getattr(event, "outcome", None)
+    if isinstance(outcome, str) and hasattr(event, "tier") and hasattr(event, "reply"):
+        if outcome not in _NOTICE_OUTCOMES:
+            return None
+        words = {
+            "corrected": "reply format was invalid; corrected by one extra call",
+            "failed": "reply could not be validated; sent the fixed failure message",
+            "default": "reply could not be validated; sent the default reply",
+        }
+        text = f"{words[outcome]} ({event.tier} tier)"
+        reason = getattr(event, "reason", None)
+        if reason:
+            text += f": {str(reason)[:200]}"
+        return {"type": "notice", "text": text, "outcome": outcome, "tier": str(event.tier)}
+    return None
+
+
+class ConsoleEventSink:
+    """``SessionSetup.on_event`` of one console session (see the module docstring).
+
+    Args:
+        api_base: The console bot's ``api_base`` (the ingress), e.g. ``http://127.0.0.1:8000``.
+        session_key: ``console:<bot_id>:<scope>:<scene_id>``.
+        token: ``X-Console-Token`` to send (the bot's ``secret_env`` value) or ``None``.
+        thinking: Also post thinking previews (config ``bots[].thinking_preview``).
+        timeout_s: Bound of each POST (seconds).
+    """
+
+    def __init__(
+        self,
+        api_base: str,
+        session_key: str,
+        *,
+        token: str | None = None,
+        thinking: bool = False,
+        timeout_s: float = 2.0,
+    ) -> None:
+        self.api_base = api_base
+        self.session_key = session_key
+        self.token = token
+        self.thinking = thinking
+        self.timeout_s = timeout_s
+        self._queue: asyncio.Queue[dict[str, Any]] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def __call__(self, event: Any) -> None:
+        """Queue ``event``'s console payload for posting; returns at once, never raises."""
+        try:
+            payload = console_payload(event, thinking=self.thinking)
+            if payload is None:
+                return
+            if self._queue is None:
+                self._queue = asyncio.Queue(_QUEUE_MAX)
+            self._queue.put_nowait(payload)
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(self._drain())
+        except Exception as exc:  # QueueFull, no running loop, a strange event: drop it
+            log.debug("console event of %s dropped: %r", self.session_key, exc)
+
+    async def drained(self) -> None:
+        """Wait until every queued event was posted or dropped (tests, passivation)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def _drain(self) -> None:
+        queue = self._queue
+        assert queue is not None
+        try:
+            await self._post_all(queue)
+        except Exception as exc:  # never an unretrieved task exception
+            log.debug("console events of %s dropped: %r", self.session_key, exc)
+
+    async def _post_all(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        import httpx
+
+        headers = {"X-Console-Token": self.token} if self.token else {}
+        while not queue.empty():  # again after closing the client: events may arrive meanwhile
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                while not queue.empty():
+                    payload = queue.get_nowait()
+                    call = agent_event_call(self.api_base, self.session_key, payload)
+                    try:
+                        resp = await client.post(call.url, json=call.json_body, headers=headers)
+                        if resp.status_code != 200:
+                            log.debug(
+                                "console event of %s refused: HTTP %s", self.session_key, resp.status_code
+                            )
+                    except Exception as exc:
+                        log.debug("console event of %s not posted: %r", self.session_key, exc)
+
+
+def console_event_hook(config: Any, session_key: str) -> Callable[[Any], None] | None:
+    """The ``on_event`` hook of ``session_key``: a :class:`ConsoleEventSink` when its platform is
+    ``console`` and ``config.bots`` has that console bot; ``None`` otherwise (other platforms get
+    no live events). A ``secret_env`` naming an unset variable sends no token (the console then
+    refuses the events; logged at debug level)."""
+    from runtime.memory.keys import parse_session_key
+    from runtime.platforms.base import read_env
+
+    key = parse_session_key(session_key)
+    if key.platform != "console":
+        return None
+    for bot in getattr(config, "bots", ()):
+        if str(bot.platform) == "console" and str(bot.self_id) == key.bot_id and bot.api_base:
+            try:
+                token = read_env(getattr(bot, "secret_env", None), what="console token")
+            except ValueError as exc:
+                log.debug("console events of %s: %s", session_key, exc)
+                token = None
+            thinking = bool(getattr(bot, "thinking_preview", False))
+            return ConsoleEventSink(str(bot.api_base), session_key, token=token, thinking=thinking)
+    return None
