@@ -13,18 +13,28 @@ import sys
 __all__ = ["COMMANDS", "main"]
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "chat": ("talk to an agent in this terminal (built-in model unless a provider is configured)",
-             "runtime.chat_cli:main"),
-    "serve": ("run the runtime and its HTTP ingress (webhooks, console, admin API, metrics)",
-              "actors.serve:main"),
-    "steer": ("steer a live session's running turn (admin API; masters only)",
-              "actors.control_cli:steer_main"),
-    "follow-up": ("queue a follow-up message for a live session (admin API; masters only)",
-                  "actors.control_cli:follow_up_main"),
+    "chat": (
+        "talk to an agent in this terminal; with --url, the console client of a running serve",
+        "actors.console_client:main",
+    ),
+    "serve": (
+        "run the runtime and its HTTP ingress (webhooks, console, admin API, metrics)",
+        "actors.serve:main",
+    ),
+    "steer": (
+        "steer a live session's running turn (admin API; masters only)",
+        "actors.control_cli:steer_main",
+    ),
+    "follow-up": (
+        "queue a follow-up message for a live session (admin API; masters only)",
+        "actors.control_cli:follow_up_main",
+    ),
     "abort": ("abort a live session's running turn (admin API)", "actors.control_cli:abort_main"),
     "sessions": ("list the live sessions (admin API)", "actors.control_cli:sessions_main"),
-    "status": ("show pool, live sessions, turns running and recent throughput (admin API)",
-               "actors.control_cli:status_main"),
+    "status": (
+        "show pool, live sessions, turns running and recent throughput (admin API)",
+        "actors.control_cli:status_main",
+    ),
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -458,3 +458,28 @@ async def test_console_session_posts_live_tool_events(stack: Stack) -> None:
     assert [(r["scene_id"], r["reply_to"], r["segments"]) for r in replies] == [
         ("frank", "c-frank-1", text_msg("tool: slept 0; then: []"))
     ]
+
+
+async def test_terminal_chat_is_a_client_of_the_console_platform(stack: Stack) -> None:
+    """`sessionray chat --url …` (actors.console_client): a line goes through the ingress and the
+    runtime like a browser message, and the reply comes back on the console event stream."""
+    from actors.console_client import build_parser, run_console_chat
+
+    out: list[str] = []
+    replied = asyncio.Event()
+
+    def write(line: str) -> None:
+        out.append(line)
+        if line.startswith("bot> "):
+            replied.set()
+
+    async def lines() -> AsyncIterator[str]:
+        yield "hello terminal\n"
+        await asyncio.wait_for(replied.wait(), 60)  # bounded: a regression fails, never hangs
+        yield "/quit\n"
+
+    code = await run_console_chat(stack.base_url, "tess", lines(), write)
+    assert code == 0
+    assert out[0] == f"connected to {stack.base_url} as tess (console:console:private:tess); /quit to leave"
+    assert [line for line in out if line.startswith("bot> ")] == ["bot> re: hello terminal"]
+    assert build_parser().parse_args(["--url", "http://x"]).user == "admin"
