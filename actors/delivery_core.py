@@ -137,7 +137,8 @@ class DeliverySender:
         self.settings = settings
         self.partition = partition
         self.owner = owner
-        self.db = Database(settings.database_url)
+        # As the ingress: a 15 s SQLite lock wait, so a busy file does not fail a send under load.
+        self.db = Database(settings.database_url, busy_timeout_ms=15_000)
         ledger.create_ledger_table(self.db)
         self.transcripts = TranscriptStore(self.db)
         self.codecs: dict[tuple[str, str], PlatformCodec] = {}

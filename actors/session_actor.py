@@ -48,6 +48,10 @@ T = TypeVar("T")
 TURN_GROUP_SIZE = 256
 """Concurrent ``submit`` calls one actor accepts (≥ the router's mailbox bound)."""
 CONTROL_GROUP_SIZE = 32
+SQLITE_BUSY_TIMEOUT_MS = 15_000
+"""SQLite only: how long a session's write waits for the file lock, in ms. Under load dozens of
+processes share one SQLite file and the default 5 s made turns fail with "database is locked"
+(issue 8 benchmark, 100 sessions); the ingress already waits 15 s."""
 PREPARE_WAIT_S = 10.0
 """How long ``ping`` waits for a new actor's warm-up, in seconds (below every pool ping timeout)."""
 
@@ -329,7 +333,7 @@ def _open_repository(config: Any) -> Any:
     from runtime.memory.repository import ContextRepository
 
     url = getattr(getattr(config, "database", None), "url", None)
-    db = Database(url, threads=2)
+    db = Database(url, threads=2, busy_timeout_ms=SQLITE_BUSY_TIMEOUT_MS)
     db.create_tables()
     return ContextRepository(db)
 

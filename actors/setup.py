@@ -81,6 +81,7 @@ class ConfigSetupFactory:
             follow_up_mode=agent.follow_up_mode,
             features=AgentFeatures.from_config(self.config),  # issue 9
             on_event=console_event_hook(self.config, session_key),  # issue 6: console live events
+            compaction_threshold=agent.compaction_threshold,  # issue 5: compaction (seed 002 #14)
         )
 
     def _model(self) -> Any:

@@ -186,7 +186,10 @@ def builtin_model() -> Model:
         context_window=32_768,
         max_tokens=1_024,
     )
-    handle = register_faux_provider(provider=BUILTIN_PROVIDER, models=[model], default_response=_respond)
+    # max_recorded_calls=0: the built-in model serves long-lived sessions; keep no context copies.
+    handle = register_faux_provider(
+        provider=BUILTIN_PROVIDER, models=[model], default_response=_respond, max_recorded_calls=0
+    )
     return handle.get_model()
 
 

@@ -165,8 +165,11 @@ class FauxProviderHandle:
     Attributes:
         provider: The provider name routed to this handle (``Model.provider``).
         models: The models it serves (all with ``api="faux"``).
-        calls: Every call received, in order (:class:`FauxCall`), for assertions on what the
-            model was sent.
+        calls: The calls received, in order (:class:`FauxCall`), for assertions on what the
+            model was sent; only the last ``max_recorded_calls`` are kept when that is set.
+        max_recorded_calls: Bound on ``calls`` (``None``: keep every call, the default for tests;
+            ``0``: keep none — long-lived hosts such as the built-in model use a bound so a session
+            actor does not hold a deep copy of every context it ever sent).
         chunk_size: Characters per streamed chunk (≥ 1).
         chunk_delay_s: Seconds to wait between chunks (0: only yield to the event loop); the
             wait ends early when the call's signal fires.
@@ -181,12 +184,15 @@ class FauxProviderHandle:
         chunk_size: int,
         chunk_delay_s: float,
         default_response: FauxStep | None,
+        max_recorded_calls: int | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.provider = provider
         self.models = models
         self.calls: list[FauxCall] = []
+        self.max_recorded_calls = max_recorded_calls
+        self._call_count = 0
         self.chunk_size = chunk_size
         self.chunk_delay_s = chunk_delay_s
         self.default_response = default_response
@@ -226,10 +232,20 @@ class FauxProviderHandle:
         """Steps not yet consumed."""
         return len(self._queue)
 
+    def record(self, model: Model, context: Context, options: StreamOptions | None) -> None:
+        """Count one call and keep a deep copy of its context (within ``max_recorded_calls``)."""
+        self._call_count += 1
+        limit = self.max_recorded_calls
+        if limit is None or limit > 0:
+            self.calls.append(FauxCall(model=model, context=context.model_copy(deep=True), options=options))
+            if limit is not None and len(self.calls) > limit:
+                del self.calls[: len(self.calls) - limit]
+
     @property
     def call_count(self) -> int:
-        """Calls received so far (including calls that found the queue empty)."""
-        return len(self.calls)
+        """Calls received so far (including calls that found the queue empty and calls no longer
+        kept in ``calls``)."""
+        return self._call_count
 
     def unregister(self) -> None:
         """Stop routing calls to this handle (the ``faux`` api itself stays registered)."""
@@ -263,7 +279,7 @@ class FauxProviderHandle:
         """Stream one scripted reply into ``stream`` (the body of the ``faux`` api's ``stream``)."""
         signal = options.signal if options is not None else None
         b = MessageBuilder(stream, model)
-        call_no = len(self.calls)
+        call_no = self._call_count
         step = self._next_step()
         if step is None:
             b.fail(
@@ -353,7 +369,7 @@ def _stream(
                 f"registered: {sorted(_handles)}"
             )
             return
-        handle.calls.append(FauxCall(model=model, context=context.model_copy(deep=True), options=options))
+        handle.record(model, context, options)
         await handle.produce(model, context, options, stream)
 
     return run_stream(producer, _crash_message(model))
@@ -384,6 +400,7 @@ def register_faux_provider(
     chunk_size: int = 4,
     chunk_delay_s: float = 0.0,
     default_response: FauxStep | None = None,
+    max_recorded_calls: int | None = None,
 ) -> FauxProviderHandle:
     """Register (or replace) a scripted provider and return its handle.
 
@@ -397,6 +414,7 @@ def register_faux_provider(
         chunk_size: Characters per streamed chunk.
         chunk_delay_s: Seconds between chunks (for tests that need a slow stream; abort-aware).
         default_response: Step used whenever the queue is empty (the built-in model uses this).
+        max_recorded_calls: Bound on the handle's ``calls`` history (``None``: unbounded).
 
     Raises:
         ValueError: ``chunk_size < 1`` or ``models`` is empty.
@@ -410,7 +428,12 @@ def register_faux_provider(
         else:
             built.append(Model(id=m, name=m, api=FAUX_API, provider=provider))
     handle = FauxProviderHandle(
-        provider, built, chunk_size=chunk_size, chunk_delay_s=chunk_delay_s, default_response=default_response
+        provider,
+        built,
+        chunk_size=chunk_size,
+        chunk_delay_s=chunk_delay_s,
+        default_response=default_response,
+        max_recorded_calls=max_recorded_calls,
     )
     if responses is not None:
         handle.set_responses(responses)

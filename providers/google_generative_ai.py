@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 from providers.common import (
-    crash_handler,
     finalize_usage,
     join_url,
     loads,
@@ -34,9 +33,9 @@ from providers.common import (
     resolve_api_key,
 )
 from providers.handoff import transform_messages
-from providers.transport import HttpRequest, ProviderStreamError, run_sse_request
+from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
 from runtime.builder import MessageBuilder
-from runtime.events import AssistantMessageEventStream, run_stream
+from runtime.events import AssistantMessageEventStream
 from runtime.options import SimpleStreamOptions, StreamOptions
 from runtime.types import (
     AssistantMessage,
@@ -295,17 +294,13 @@ def stream_google_generative_ai(
     model: Model, context: Context, options: StreamOptions | None = None
 ) -> AssistantMessageEventStream:
     """Stream one Gemini call; returns at once, failures arrive as the ``error`` event."""
-    opts = options or StreamOptions()
-    reasoning = opts.reasoning if isinstance(opts, SimpleStreamOptions) else "off"
-
-    async def produce(stream: AssistantMessageEventStream) -> None:
-        builder = MessageBuilder(stream, model)
-        request = _request(model, context, opts, reasoning)
-        await run_sse_request(
-            API, request, opts, builder, lambda: GoogleParser(builder, model), opts.extra.get("http_client")
-        )
-
-    return run_stream(produce, crash_handler(model))
+    return stream_sse_call(
+        API,
+        model,
+        options,
+        lambda opts, reasoning: _request(model, context, opts, reasoning),
+        lambda builder: GoogleParser(builder, model),
+    )
 
 
 def stream_simple(

@@ -28,7 +28,6 @@ import json
 from typing import Any
 
 from providers.common import (
-    crash_handler,
     finalize_usage,
     join_url,
     loads,
@@ -38,9 +37,9 @@ from providers.common import (
 )
 from providers.handoff import openai_tool_id, transform_messages
 from providers.profiles import OpenAICompat, openai_compat
-from providers.transport import HttpRequest, ProviderStreamError, run_sse_request
+from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
 from runtime.builder import MessageBuilder, parse_partial_json, parse_tool_arguments
-from runtime.events import AssistantMessageEventStream, run_stream
+from runtime.events import AssistantMessageEventStream
 from runtime.options import SimpleStreamOptions, StreamOptions
 from runtime.types import (
     AssistantMessage,
@@ -438,22 +437,13 @@ def stream_openai_completions(
     Returns at once; failures (HTTP errors, timeouts, aborts, malformed chunks) arrive as the
     terminal ``error`` event with the provider's message. ``options`` as in :class:`StreamOptions`.
     """
-    opts = options or StreamOptions()
-    reasoning = opts.reasoning if isinstance(opts, SimpleStreamOptions) else "off"
-
-    async def produce(stream: AssistantMessageEventStream) -> None:
-        builder = MessageBuilder(stream, model)
-        request = _request(model, context, opts, reasoning)
-        await run_sse_request(
-            API,
-            request,
-            opts,
-            builder,
-            lambda: OpenAICompletionsParser(builder, model),
-            opts.extra.get("http_client"),
-        )
-
-    return run_stream(produce, crash_handler(model))
+    return stream_sse_call(
+        API,
+        model,
+        options,
+        lambda opts, reasoning: _request(model, context, opts, reasoning),
+        lambda builder: OpenAICompletionsParser(builder, model),
+    )
 
 
 def stream_simple(

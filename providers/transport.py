@@ -52,10 +52,13 @@ from typing import Any, Protocol
 
 import httpx
 
+from providers.common import crash_handler
 from providers.sse import SSEDecoder
 from runtime.builder import MessageBuilder
+from runtime.events import AssistantMessageEventStream, run_stream
 from runtime.metrics import LLM_ERRORS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
-from runtime.options import StreamOptions
+from runtime.options import SimpleStreamOptions, StreamOptions
+from runtime.types import Model
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -71,6 +74,7 @@ __all__ = [
     "redact",
     "retry_delay_s",
     "run_sse_request",
+    "stream_sse_call",
 ]
 
 log = logging.getLogger(__name__)
@@ -451,3 +455,37 @@ def record_call_metrics(api: str, builder: MessageBuilder) -> None:
             LLM_TOKENS.inc(n, api=api, kind=kind)
     if failed:
         LLM_ERRORS.inc(api=api, reason=error_reason(msg.error_message, msg.stop_reason))
+
+
+def stream_sse_call(
+    api: str,
+    model: Model,
+    options: StreamOptions | None,
+    make_request: Callable[[StreamOptions, str], HttpRequest],
+    make_parser: Callable[[MessageBuilder], SseParser],
+) -> AssistantMessageEventStream:
+    """Run one streaming SSE provider call; the shared body of every provider's ``stream_*``.
+
+    Returns the event stream at once; failures (HTTP errors, timeouts, aborts, malformed chunks)
+    arrive as its terminal ``error`` event (never raised), crashes via :func:`crash_handler`.
+
+    Args:
+        api: Api id (metrics label, see :func:`run_sse_request`).
+        model: The model called; the builder's and crash handler's model.
+        options: Call options (default ``StreamOptions()``); a :class:`SimpleStreamOptions`
+            contributes its ``reasoning`` level, any other options mean ``"off"``.
+            ``options.extra["http_client"]`` overrides the shared ``httpx.AsyncClient``.
+        make_request: ``(options, reasoning) -> HttpRequest`` (URL, headers, JSON body).
+        make_parser: Returns a fresh :class:`SseParser` feeding the given builder, per attempt.
+    """
+    opts = options or StreamOptions()
+    reasoning = opts.reasoning if isinstance(opts, SimpleStreamOptions) else "off"
+
+    async def produce(stream: AssistantMessageEventStream) -> None:
+        builder = MessageBuilder(stream, model)
+        request = make_request(opts, reasoning)
+        await run_sse_request(
+            api, request, opts, builder, lambda: make_parser(builder), opts.extra.get("http_client")
+        )
+
+    return run_stream(produce, crash_handler(model))

@@ -131,6 +131,9 @@ class AgentConfig(_Closed):
     """``segments`` (seed 000 reply contract), ``false`` (plain text) or a JSON Schema object."""
     steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
     follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    compaction_threshold: float | None = Field(default=0.8, gt=0, le=1)
+    """Share of the model's ``context_window`` above which older messages are summarized into
+    ``agent_summaries`` before an LLM call (seed 002 #14); ``null`` turns compaction off."""
 
 
 class McpServerConfig(_Closed):

@@ -194,6 +194,12 @@ class SessionCore:
         self, turn: TurnInput, fut: asyncio.Future[TurnResult] | None, *, release: bool
     ) -> None:
         ctl = TurnControl(turn, self.setup.steering_mode, self.setup.follow_up_mode)
+        if self.setup.compaction_threshold is not None:  # seed 002 #14: compaction as transform_context
+            from runtime.memory.compaction import make_compaction_hook
+
+            ctl.transform_context = make_compaction_hook(
+                self.repo, self.session_id, self.setup.model, threshold=self.setup.compaction_threshold
+            )
         self._active.append(ctl)
         prev, mine = self._last_handoff, asyncio.get_running_loop().create_future()
         self._last_handoff = mine

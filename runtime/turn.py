@@ -199,6 +199,9 @@ class SessionSetup:
             :class:`runtime.im_reply.ReplyOutcome`; must return at once (fire-and-forget). An
             exception it raises is logged at debug level and ignored. ``None``: no hook (issue #6:
             console sessions get :class:`runtime.platforms.console_events.ConsoleEventSink`).
+        compaction_threshold: Share of ``model.context_window`` above which the turn's
+            ``transform_context`` compacts older messages into a summary (seed 002 #14,
+            :func:`runtime.memory.compaction.make_compaction_hook`); ``None``: no compaction.
     """
 
     model: Model
@@ -213,6 +216,7 @@ class SessionSetup:
     deferred_tasks: dict[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
     features: Any = None
     on_event: Callable[[Any], None] | None = None
+    compaction_threshold: float | None = None
 
 
 SetupFactory: TypeAlias = Callable[[str], "SessionSetup | Awaitable[SessionSetup]"]

@@ -69,6 +69,8 @@ class TurnControl:
         self.abort_controller = AbortController()
         self.closed = False
         self.steered = 0
+        self.transform_context: Any = None
+        """The turn's ``transform_context`` hook (compaction), set by the session before the loop."""
 
     def _drain(self, queue: list[UserMessage], mode: QueueMode) -> list[AgentMessage]:
         if not queue:
@@ -227,6 +229,7 @@ async def run_agent(
         convert_to_llm=convert_for_session(scope),
         get_steering_messages=ctl.get_steering_messages,
         max_iterations=setup.max_iterations,
+        transform_context=ctl.transform_context,
     )
     if setup.features is not None:  # issue 9: fallback chain + tool permissions
         loop_config = setup.features.configure(loop_config, tools, ctl.turn)

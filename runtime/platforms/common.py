@@ -18,7 +18,9 @@ log = logging.getLogger("sessionray.platforms")
 __all__ = [
     "TRIGGER_MODES",
     "MediaPathError",
+    "check_trigger",
     "http_send_result",
+    "is_triggered",
     "keyword_hit",
     "keywords_of",
     "media_filename",
@@ -27,11 +29,51 @@ __all__ = [
     "read_media_path",
     "resolve_media_path",
     "setting",
+    "trigger_settings",
 ]
 
 TRIGGER_MODES = ("always", "mention", "keyword")
 """When a group message starts a turn (issue #6): every message, only when the bot is
 mentioned, or when a configured keyword (or a mention) appears. Private messages always do."""
+
+
+def check_trigger(platform: str, trigger: str) -> str:
+    """Return ``trigger`` when it is one of :data:`TRIGGER_MODES`.
+
+    Raises:
+        ValueError: any other value, naming the platform (``"<platform> trigger must be one of …"``).
+    """
+    if trigger not in TRIGGER_MODES:
+        raise ValueError(f"{platform} trigger must be one of {', '.join(TRIGGER_MODES)}, got {trigger!r}")
+    return trigger
+
+
+def is_triggered(
+    scene_type: str, trigger: str, addressed: bool, text: str, keywords: tuple[str, ...] | list[str]
+) -> bool:
+    """Whether an inbound message starts a turn (issue #6, see :data:`TRIGGER_MODES`).
+
+    Private scenes and ``always`` → True; ``keyword`` → ``addressed`` or a keyword in ``text``
+    (:func:`keyword_hit`); ``mention`` → ``addressed`` (the bot is mentioned, or a platform's
+    equivalent such as a Telegram bot command).
+    """
+    if scene_type == "private" or trigger == "always":
+        return True
+    if trigger == "keyword":
+        return addressed or keyword_hit(text, keywords)
+    return addressed
+
+
+def trigger_settings(bot: Any) -> dict[str, Any]:
+    """The codec keyword arguments every platform reads the same way from a ``bots:`` entry:
+    ``trigger`` (default ``mention``), ``keywords`` (:func:`keywords_of`), ``masters`` (as
+    strings, default none) and ``media_dir`` (default None)."""
+    return {
+        "trigger": setting(bot, "trigger", None) or "mention",
+        "keywords": keywords_of(bot),
+        "masters": [str(m) for m in setting(bot, "masters", None) or ()],
+        "media_dir": setting(bot, "media_dir", None),
+    }
 
 
 class MediaPathError(ValueError):

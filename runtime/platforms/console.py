@@ -51,14 +51,14 @@ from runtime.platforms.base import (
     read_env,
 )
 from runtime.platforms.common import (
-    TRIGGER_MODES,
     MediaPathError,
+    check_trigger,
     http_send_result,
-    keyword_hit,
-    keywords_of,
+    is_triggered,
     media_unavailable,
     read_media_path,
     setting,
+    trigger_settings,
 )
 from runtime.segments import SEGMENT_TYPES, MediaSegment, Reply
 
@@ -108,8 +108,7 @@ class ConsoleCodec:
         masters: list[str] | tuple[str, ...] = ("admin",),
         media_dir: Path | str | None = None,
     ) -> None:
-        if trigger not in TRIGGER_MODES:
-            raise ValueError(f"console trigger must be one of {', '.join(TRIGGER_MODES)}, got {trigger!r}")
+        check_trigger("console", trigger)
         self.bot_id = bot_id
         self.api_base = api_base
         self._secret = secret
@@ -174,12 +173,7 @@ class ConsoleCodec:
         else:
             body_text = text
         segments.append({"type": "text", "data": {"text": body_text}})
-        if scene == "private" or self.trigger == "always":
-            triggered = True
-        elif self.trigger == "keyword":
-            triggered = mentioned or keyword_hit(text, self.keywords)
-        else:
-            triggered = mentioned
+        triggered = is_triggered(scene, self.trigger, mentioned, text, self.keywords)
         roles = ["master"] if user in self.masters else []
         return InboundMessage(
             platform=PLATFORM,
@@ -276,13 +270,9 @@ def from_config(bot: Any) -> ConsoleCodec:
         bot_id=str(setting(bot, "self_id", None) or "console"),
         api_base=setting(bot, "api_base", None) or "http://127.0.0.1:8000",
         secret=read_env(setting(bot, "secret_env", None), what="console token"),
-        trigger=setting(bot, "trigger", None) or "mention",
-        keywords=keywords_of(bot),
-        masters=[str(m) for m in setting(bot, "masters", None) or ()],
-        media_dir=setting(bot, "media_dir", None),
+        **trigger_settings(bot),
     )
 
 
 CODEC_FACTORY = from_config
 """Registry hook used by :func:`runtime.platforms.base.get_codec`."""
-

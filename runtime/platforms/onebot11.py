@@ -62,15 +62,15 @@ from runtime.platforms.base import (
     read_env,
 )
 from runtime.platforms.common import (
-    TRIGGER_MODES,
     MediaPathError,
+    check_trigger,
     http_send_result,
-    keyword_hit,
-    keywords_of,
+    is_triggered,
     media_filename,
     media_unavailable,
     resolve_media_path,
     setting,
+    trigger_settings,
 )
 from runtime.segments import (
     AudioSegment,
@@ -248,8 +248,7 @@ class OneBot11Codec:
         masters: list[str] | tuple[str, ...] = (),
         media_dir: Path | str | None = None,
     ) -> None:
-        if trigger not in TRIGGER_MODES:
-            raise ValueError(f"onebot11 trigger must be one of {', '.join(TRIGGER_MODES)}, got {trigger!r}")
+        check_trigger("onebot11", trigger)
         self.self_id = str(self_id)
         self.api_base = api_base
         self._secret = secret
@@ -333,12 +332,7 @@ class OneBot11Codec:
         text = plain_text(segments)
         mentioned = any(s["type"] == "mention" and s["data"]["target"] == self.self_id for s in segments)
         reply_to = next((s["data"]["message_id"] for s in segments if s["type"] == "reply"), None)
-        if scene_type == "private" or self.trigger == "always":
-            triggered = True
-        elif self.trigger == "keyword":
-            triggered = mentioned or keyword_hit(text, self.keywords)
-        else:
-            triggered = mentioned
+        triggered = is_triggered(scene_type, self.trigger, mentioned, text, self.keywords)
         time_s = event.get("time")
         return InboundMessage(
             platform=PLATFORM,
@@ -410,10 +404,7 @@ def from_config(bot: Any) -> OneBot11Codec:
         api_base=setting(bot, "api_base", None) or "http://127.0.0.1:5700",
         secret=read_env(setting(bot, "secret_env", None), what="OneBot X-Signature secret"),
         access_token=read_env(setting(bot, "access_token_env", None), what="OneBot access token"),
-        trigger=setting(bot, "trigger", None) or "mention",
-        keywords=keywords_of(bot),
-        masters=[str(m) for m in setting(bot, "masters", None) or ()],
-        media_dir=setting(bot, "media_dir", None),
+        **trigger_settings(bot),
     )
 
 

@@ -56,15 +56,16 @@ from runtime.platforms.base import (
     read_env,
 )
 from runtime.platforms.common import (
-    TRIGGER_MODES,
     MediaPathError,
-    keyword_hit,
-    keywords_of,
+    check_trigger,
+    http_send_result,
+    is_triggered,
     media_filename,
     media_unavailable,
     parse_retry_after,
     read_media_path,
     setting,
+    trigger_settings,
 )
 from runtime.platforms.tg_html import Run, link, markdown_runs, split_runs, to_html
 from runtime.segments import (
@@ -142,8 +143,7 @@ class TelegramCodec:
         masters: list[str] | tuple[str, ...] = (),
         media_dir: Path | str | None = None,
     ) -> None:
-        if trigger not in TRIGGER_MODES:
-            raise ValueError(f"telegram trigger must be one of {', '.join(TRIGGER_MODES)}, got {trigger!r}")
+        check_trigger("telegram", trigger)
         self.bot_id = str(bot_id)
         self._token = token
         self.username = (username or "").lstrip("@") or None
@@ -223,12 +223,7 @@ class TelegramCodec:
             for s in segments
             if s["type"] in ("text", "mention")
         )
-        if scene_type == "private" or self.trigger == "always":
-            triggered = True
-        elif self.trigger == "keyword":
-            triggered = mentioned or command or keyword_hit(text, self.keywords)
-        else:
-            triggered = mentioned or command
+        triggered = is_triggered(scene_type, self.trigger, mentioned or command, text, self.keywords)
         return InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
@@ -420,14 +415,9 @@ class TelegramCodec:
             answer = json.loads(body)
         except ValueError:
             answer = None
-        retryable = status == 429 or status >= 500
         if not isinstance(answer, dict):
-            return SendResult(
-                ok=False,
-                error=f"HTTP {status}: {body[:300].decode('utf-8', errors='replace')}",
-                retry_after_s=parse_retry_after(header(headers, "Retry-After")),
-                retryable=retryable,
-            )
+            return http_send_result(status, headers, body)
+        retryable = status == 429 or status >= 500
         if status == 200 and answer.get("ok") is True:
             result = answer.get("result")
             mid = result.get("message_id") if isinstance(result, dict) else None
@@ -465,10 +455,7 @@ def from_config(bot: Any) -> TelegramCodec:
         username=setting(bot, "username", None),
         api_base=setting(bot, "api_base", None) or "https://api.telegram.org",
         secret_token=read_env(setting(bot, "secret_env", None), what="Telegram webhook secret token"),
-        trigger=setting(bot, "trigger", None) or "mention",
-        keywords=keywords_of(bot),
-        masters=[str(m) for m in setting(bot, "masters", None) or ()],
-        media_dir=setting(bot, "media_dir", None),
+        **trigger_settings(bot),
     )
 
 

@@ -124,7 +124,11 @@ class ScriptedSetup:
         from runtime.tools import AgentTool, AgentToolResult
 
         handle = register_faux_provider(
-            provider="script", models=["script-model"], chunk_size=256, default_response=self.respond
+            provider="script",
+            models=["script-model"],
+            chunk_size=256,
+            default_response=self.respond,
+            max_recorded_calls=0,  # long-lived actors: no context copies (the bench runs this too)
         )
         marker_dir = Path(self.marker_dir)
 

@@ -238,3 +238,31 @@ async def test_archive_starts_an_empty_epoch(repo: Any, tmp_path: Path) -> None:
     await core.submit(turn(2, "who am I"))
     users = [m.content for m in (await repo.load_context(new)).messages if isinstance(m, UserMessage)]
     assert users == ["who am I"]
+
+
+async def test_long_session_is_compacted_into_a_summary_and_keeps_answering(
+    repo: Any, tmp_path: Path
+) -> None:
+    """Seed 002 #14 wired into session turns: above the threshold older messages are summarized into
+    agent_summaries (anchored), the loaded context is summary + tail, and no message is deleted."""
+    import dataclasses
+
+    from runtime.memory.tables import AgentSummaryRow
+
+    rec = Recorder()
+    setup = ScriptedSetup(str(tmp_path / "markers"))(KEY)
+    small = setup.model.model_copy(update={"context_window": 400})
+    setup = dataclasses.replace(setup, model=small, compaction_threshold=0.5)
+    core = await SessionCore.open(KEY, repo, setup, rec, max_concurrent_turns=1)
+    for i in range(1, 9):
+        assert (await core.submit(turn(i, f"message number {i} " + "words " * 40))).outcome == "ok"
+    assert rec.texts()[-1].startswith("re: message number 8")
+    with repo.db.session() as s:
+        from sqlmodel import select
+
+        summaries = s.exec(select(AgentSummaryRow).where(AgentSummaryRow.session_id == core.session_id)).all()
+    assert summaries and all(r.anchor_message_id is not None for r in summaries)
+    assert await repo.count_messages(core.session_id) >= 8 * 2  # nothing deleted
+    ctx = await repo.load_context(core.session_id)
+    users = [m.content for m in ctx.messages if isinstance(m, UserMessage)]
+    assert len(users) < 8 and str(users[-1]).startswith("message number 8")

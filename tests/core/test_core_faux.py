@@ -249,3 +249,26 @@ async def test_providers_coexist_by_provider_name() -> None:
     assert (await complete(a.get_model(), ctx())).text() == "from a"
     with pytest.raises(KeyError, match="m3"):
         b.get_model("m3")
+
+
+async def test_bounded_call_history_keeps_the_count_and_the_last_contexts() -> None:
+    """max_recorded_calls bounds the deep copies a long-lived host keeps; call_count still counts all."""
+    from runtime import Context, UserMessage, complete
+
+    handle = register_faux_provider(
+        provider="bounded",
+        default_response=lambda ctx, opts: faux_assistant_message([faux_text("ok")]),
+        max_recorded_calls=2,
+    )
+    try:
+        for i in range(5):
+            await complete(handle.get_model(), Context(messages=[UserMessage(content=f"m{i}")]))
+        assert handle.call_count == 5
+        assert [c.context.messages[0].content for c in handle.calls] == ["m3", "m4"]
+        none = register_faux_provider(
+            provider="bounded0", default_response=handle.default_response, max_recorded_calls=0
+        )
+        await complete(none.get_model(), Context(messages=[UserMessage(content="x")]))
+        assert (none.call_count, none.calls) == (1, [])
+    finally:
+        handle.unregister()

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from runtime.media import REJECT_REASONS
 from runtime.segments import SEGMENT_TYPES
 from tests.platform_api_server import PlatformApiServer
 
 DEGRADED = "sessionray_segments_degraded_total"
+REJECTED = "sessionray_media_rejected_total"
 
 
 class Degraded:
@@ -42,6 +44,28 @@ class Degraded:
 def degraded() -> Degraded:
     """Counter snapshot taken at test start."""
     return Degraded()
+
+
+class Rejected:
+    """Snapshot of ``sessionray_media_rejected_total``; :meth:`delta` = increases since then."""
+
+    def __init__(self) -> None:
+        self.before = self._now()
+
+    @staticmethod
+    def _now() -> dict[str, float]:
+        return {r: REGISTRY.get_sample_value(REJECTED, {"reason": r}) or 0.0 for r in REJECT_REASONS}
+
+    def delta(self) -> dict[str, float]:
+        """Non-zero increases as ``{reason: n}``."""
+        now = self._now()
+        return {k: v - self.before[k] for k, v in now.items() if v != self.before[k]}
+
+
+@pytest.fixture
+def rejected() -> Rejected:
+    """Media-rejection counter snapshot taken at test start."""
+    return Rejected()
 
 
 @pytest.fixture

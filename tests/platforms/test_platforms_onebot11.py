@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
 
 from runtime.platforms import cqcode
 from runtime.platforms.base import (
@@ -25,7 +24,6 @@ from runtime.platforms.onebot11 import OneBot11Codec, from_onebot_segments
 from runtime.segments import Reply
 
 SECRET = "s3cret"
-REJECTED = "sessionray_media_rejected_total"
 
 
 def codec(**kw: Any) -> OneBot11Codec:
@@ -360,18 +358,17 @@ def test_render_private_quotes_nothing_and_group_quotes_the_inbound() -> None:
     assert c.render(Reply(segments=[]), RenderTarget(scene_type="group", scene_id="1")) == []
 
 
-def test_render_path_outside_media_dir_becomes_a_counted_notice(tmp_path: Path) -> None:
+def test_render_path_outside_media_dir_becomes_a_counted_notice(tmp_path: Path, rejected: Any) -> None:
     reply = Reply.model_validate(
         {"segments": [{"type": "image", "data": {"media": {"kind": "path", "value": "../x.png"}}}]}
     )
-    before = REGISTRY.get_sample_value(REJECTED, {"reason": "outside_media_dir"}) or 0.0
     for c in (codec(media_dir=tmp_path), codec()):  # escaping path; no media directory at all
         (call,) = c.render(reply, RenderTarget(scene_type="private", scene_id="1"))
         assert call.json_body == {
             "user_id": 1,
             "message": [{"type": "text", "data": {"text": "[attachment unavailable]"}}],
         }
-    assert (REGISTRY.get_sample_value(REJECTED, {"reason": "outside_media_dir"}) or 0.0) - before == 2.0
+    assert rejected.delta() == {"outside_media_dir": 2.0}
 
 
 # --------------------------------------------------------------------------- send results

@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
 
 from runtime.platforms.base import (
     InboundMessage,
@@ -23,7 +22,6 @@ from runtime.platforms.telegram import TelegramCodec, utf16_slice
 from runtime.segments import Reply
 
 TOKEN = "1000000099:AAF-test-token"
-REJECTED = "sessionray_media_rejected_total"
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 )
@@ -432,7 +430,7 @@ def test_render_and_send_over_http(api_server: Any) -> None:
     ) == ("photo.png", "image/png", PNG)
 
 
-def test_unreadable_upload_becomes_a_counted_notice(tmp_path: Path) -> None:
+def test_unreadable_upload_becomes_a_counted_notice(tmp_path: Path, rejected: Any) -> None:
     reply = Reply.model_validate(
         {
             "segments": [
@@ -442,14 +440,8 @@ def test_unreadable_upload_becomes_a_counted_notice(tmp_path: Path) -> None:
             ]
         }
     )
-    before = {
-        r: REGISTRY.get_sample_value(REJECTED, {"reason": r}) or 0.0 for r in ("not_found", "bad_base64")
-    }
     calls = codec(media_dir=tmp_path).render(reply, RenderTarget(scene_type="private", scene_id="5"))
     assert [c.json_body for c in calls] == [
         {"chat_id": 5, "text": "a [attachment unavailable][attachment unavailable]", "parse_mode": "HTML"}
     ]
-    after = {
-        r: REGISTRY.get_sample_value(REJECTED, {"reason": r}) or 0.0 for r in ("not_found", "bad_base64")
-    }
-    assert {r: after[r] - before[r] for r in after} == {"not_found": 1.0, "bad_base64": 1.0}
+    assert rejected.delta() == {"not_found": 1.0, "bad_base64": 1.0}

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import providers.transport as transport
 from providers import register_builtin_providers
 from tests.providers.replay_server import ReplayServer
 
@@ -16,3 +17,15 @@ def replay() -> Iterator[ReplayServer]:
     register_builtin_providers()
     with ReplayServer() as server:
         yield server
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record retry delays (seconds) instead of sleeping."""
+    seen: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        seen.append(s)
+
+    monkeypatch.setattr(transport, "_sleep", fake_sleep)
+    return seen

@@ -10,6 +10,9 @@ from runtime.stream import stream
 from runtime.types import AssistantMessage, Context, Model, UserMessage
 from tests.providers.replay_server import ReplayServer
 
+OPENAI, ANTHROPIC, GEMINI = "openai-completions", "anthropic-messages", "google-generative-ai"
+"""The api ids of the three built-in streaming providers."""
+
 BASE_PATHS = {"openai-completions": "/v1", "anthropic-messages": "", "google-generative-ai": "/v1beta"}
 
 
@@ -62,3 +65,8 @@ def sse(*payloads: Any, done: bool = False, events: bool = False) -> bytes:
     if done:
         out.append("data: [DONE]\n\n")
     return "".join(out).encode()
+
+
+def openai_text(text: str, finish: str | None = None) -> dict[str, Any]:
+    """One Chat Completions stream chunk (id ``c1``) whose delta is ``text``, with ``finish_reason``."""
+    return {"id": "c1", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}

@@ -8,7 +8,6 @@ import asyncio
 import datetime
 import email.utils
 import logging
-from typing import Any
 
 import httpx
 import pytest
@@ -18,26 +17,8 @@ from providers.transport import retry_delay_s
 from runtime.abort import AbortController
 from runtime.options import StreamOptions
 from runtime.stream import stream
-from tests.providers.helpers import hello, model_for, run, sse
+from tests.providers.helpers import ANTHROPIC, GEMINI, OPENAI, hello, model_for, openai_text, run, sse
 from tests.providers.replay_server import ReplayServer, Reply
-
-OPENAI, ANTHROPIC, GEMINI = "openai-completions", "anthropic-messages", "google-generative-ai"
-
-
-def _text(text: str, finish: str | None = None) -> dict[str, Any]:
-    return {"id": "c1", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
-
-
-@pytest.fixture
-def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Record retry delays instead of sleeping."""
-    seen: list[float] = []
-
-    async def fake_sleep(s: float) -> None:
-        seen.append(s)
-
-    monkeypatch.setattr(transport, "_sleep", fake_sleep)
-    return seen
 
 
 async def test_sse_framing_variants_one_byte_per_read(replay: ReplayServer) -> None:
@@ -71,7 +52,7 @@ async def test_sse_framing_variants_one_byte_per_read(replay: ReplayServer) -> N
 async def test_bad_event_after_text_keeps_the_text(
     replay: ReplayServer, bad: bytes, error: str | None
 ) -> None:
-    replay.enqueue(Reply(body=sse(_text("Hel")) + bad + sse(_text("lo", "stop"), done=True)))
+    replay.enqueue(Reply(body=sse(openai_text("Hel")) + bad + sse(openai_text("lo", "stop"), done=True)))
     events, msg = await run(model_for(replay, OPENAI))
     assert (msg.stop_reason, msg.text(), events[-1].type) == ("error", "Hel", "error")
     assert msg.error_message is not None
@@ -95,8 +76,8 @@ async def test_gemini_null_candidate_is_malformed_not_a_crash(replay: ReplayServ
 
 async def test_cut_streams_are_errors_that_keep_content(replay: ReplayServer) -> None:
     replay.enqueue(
-        Reply(body=sse(_text("Hel"))),  # no finish_reason, no [DONE]: cut short
-        Reply(body=sse(_text("Hel"), done=True)),  # [DONE] without finish_reason: a stop
+        Reply(body=sse(openai_text("Hel"))),  # no finish_reason, no [DONE]: cut short
+        Reply(body=sse(openai_text("Hel"), done=True)),  # [DONE] without finish_reason: a stop
         Reply(body=sse({"candidates": [{"content": {"parts": [{"text": "Hel"}]}}]})),  # no finishReason
         Reply(
             body=sse(
@@ -204,7 +185,7 @@ async def test_unreadable_retry_after_is_retried_with_backoff(
     replay.enqueue(
         Reply.error(429, {"error": {"message": "slow down"}}, headers={"retry-after": "soon"}),
         Reply.error(503, {"error": {"message": "busy"}}, headers={"retry-after": "999999"}),
-        Reply(body=sse(_text("ok", "stop"))),
+        Reply(body=sse(openai_text("ok", "stop"))),
     )
     _, msg = await run(model_for(replay, OPENAI), max_retries=2)
     assert (msg.text(), msg.stop_reason, len(replay.requests)) == ("ok", "stop", 3)
@@ -233,7 +214,7 @@ async def test_401_is_not_retried_and_the_key_is_nowhere(
 
 
 async def test_server_stalling_before_headers_times_out(replay: ReplayServer) -> None:
-    replay.enqueue(Reply(body=sse(_text("late", "stop")), head_delay_s=30))
+    replay.enqueue(Reply(body=sse(openai_text("late", "stop")), head_delay_s=30))
     _, msg = await run(model_for(replay, OPENAI), timeout=0.3, max_retries=0)
     assert msg.stop_reason == "error"
     assert msg.error_message in ("timeout: ReadTimeout", "timeout: no complete response within 0.3 s")
@@ -242,7 +223,7 @@ async def test_server_stalling_before_headers_times_out(replay: ReplayServer) ->
 
 
 async def test_abort_before_the_first_byte(replay: ReplayServer) -> None:
-    replay.enqueue(Reply(body=sse(_text("late", "stop")), head_delay_s=30))
+    replay.enqueue(Reply(body=sse(openai_text("late", "stop")), head_delay_s=30))
     ctl = AbortController()
     s = stream(model_for(replay, OPENAI), hello(), StreamOptions(signal=ctl.signal, api_key="k-123456"))
     for _ in range(500):  # wait until the server holds the request (no timing assertion)
@@ -257,10 +238,10 @@ async def test_abort_before_the_first_byte(replay: ReplayServer) -> None:
 
 
 async def test_abort_in_the_middle_keeps_the_text_so_far(replay: ReplayServer) -> None:
-    chunks = [sse(_text(w)) for w in ("one ", "two ", "three ")]
+    chunks = [sse(openai_text(w)) for w in ("one ", "two ", "three ")]
     replay.enqueue(
         Reply(
-            body=b"".join(chunks) + sse(_text("", "stop")),
+            body=b"".join(chunks) + sse(openai_text("", "stop")),
             splits=[len(chunks[0]), len(chunks[0]) + len(chunks[1])],
             delay_s=30,
         )
@@ -301,7 +282,9 @@ async def test_gemini_model_id_with_models_prefix(replay: ReplayServer) -> None:
 
 async def test_event_stream_mislabelled_as_json(replay: ReplayServer) -> None:
     replay.enqueue(
-        Reply(body=sse(_text("Hi"), _text("!", "stop"), done=True), content_type="application/json")
+        Reply(
+            body=sse(openai_text("Hi"), openai_text("!", "stop"), done=True), content_type="application/json"
+        )
     )
     _, msg = await run(model_for(replay, OPENAI))
     assert (msg.text(), msg.stop_reason, msg.error_message) == ("Hi!", "stop", None)
@@ -335,7 +318,7 @@ async def test_an_event_stream_of_comments_only(replay: ReplayServer) -> None:
 
 
 async def test_finish_reason_error_is_an_error(replay: ReplayServer) -> None:
-    replay.enqueue(Reply(body=sse(_text("par"), _text("", "error"), done=True)))
+    replay.enqueue(Reply(body=sse(openai_text("par"), openai_text("", "error"), done=True)))
     _, msg = await run(model_for(replay, OPENAI))
     assert (msg.stop_reason, msg.text(), msg.error_message) == ("error", "par", "finish_reason: error")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,14 +15,8 @@ from runtime.config import ConfigError, get_model, load_config, set_config
 from runtime.options import StreamOptions
 from runtime.stream import stream
 from runtime.types import Model
-from tests.providers.helpers import hello, model_for, run, sse
+from tests.providers.helpers import GEMINI, OPENAI, hello, model_for, openai_text, run, sse
 from tests.providers.replay_server import ReplayServer, Reply
-
-OPENAI, ANTHROPIC, GEMINI = "openai-completions", "anthropic-messages", "google-generative-ai"
-
-
-def _text(text: str, finish: str | None = None) -> dict[str, Any]:
-    return {"id": "c1", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
 
 
 @pytest.fixture
@@ -33,7 +26,7 @@ def no_config() -> Iterator[None]:
 
 
 async def test_key_whitespace_is_stripped_and_control_characters_refused(replay: ReplayServer) -> None:
-    replay.enqueue(Reply(body=sse(_text("ok", "stop"))))
+    replay.enqueue(Reply(body=sse(openai_text("ok", "stop"))))
     _, msg = await run(model_for(replay, OPENAI), api_key="sk-from-dotenv-1234\r\n")
     assert (msg.stop_reason, replay.requests[0].headers["authorization"]) == (
         "stop",
@@ -80,7 +73,7 @@ async def test_keyless_provider_never_gets_another_vendors_key(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-must-not-leak")
     _config(tmp_path, replay, "")
-    replay.enqueue(Reply(body=sse(_text("ok", "stop"))))
+    replay.enqueue(Reply(body=sse(openai_text("ok", "stop"))))
     msg = await stream(get_model("acme", "m1"), hello(), StreamOptions()).result()
     assert msg.stop_reason == "stop" and "authorization" not in replay.requests[0].headers
 

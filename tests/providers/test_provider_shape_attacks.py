@@ -8,14 +8,8 @@ import hashlib
 from typing import Any
 
 from runtime.types import Model
-from tests.providers.helpers import model_for, run, sse
+from tests.providers.helpers import ANTHROPIC, GEMINI, OPENAI, model_for, openai_text, run, sse
 from tests.providers.replay_server import ReplayServer, Reply
-
-OPENAI, ANTHROPIC, GEMINI = "openai-completions", "anthropic-messages", "google-generative-ai"
-
-
-def _text(text: str, finish: str | None = None) -> dict[str, Any]:
-    return {"id": "c1", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
 
 
 async def test_openai_tool_call_indexes_with_gaps(replay: ReplayServer) -> None:
@@ -91,7 +85,7 @@ async def test_long_tool_ids_are_shortened_for_openai(replay: ReplayServer) -> N
             ToolResultMessage(tool_call_id=long_id, tool_name="f", content=[TextContent(text="done")]),
         ]
     )
-    replay.enqueue(Reply(body=sse(_text("ok", "stop"), done=True)))
+    replay.enqueue(Reply(body=sse(openai_text("ok", "stop"), done=True)))
     await run(model_for(replay, OPENAI), context)
     sent = replay.requests[0].json()["messages"]
     assert (sent[1]["tool_calls"][0]["id"], sent[2]["tool_call_id"], len(short)) == (short, short, 40)
@@ -173,7 +167,7 @@ async def test_wrong_typed_ids_signatures_and_counts_never_reach_the_message(rep
     }
     replay.enqueue(
         Reply(body=sse(gemini)),
-        Reply(body=sse(_text("Hi"), {"id": "c1", "choices": [], "usage": {"prompt_tokens": 1.5}})),
+        Reply(body=sse(openai_text("Hi"), {"id": "c1", "choices": [], "usage": {"prompt_tokens": 1.5}})),
     )
     _, first = await run(model_for(replay, GEMINI))
     _, second = await run(model_for(replay, OPENAI))

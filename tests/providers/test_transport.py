@@ -24,18 +24,6 @@ def _text_chunk(text: str, finish: str | None = None) -> dict:
     return {"id": "c", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
 
 
-@pytest.fixture
-def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Record retry delays instead of sleeping."""
-    seen: list[float] = []
-
-    async def fake_sleep(s: float) -> None:
-        seen.append(s)
-
-    monkeypatch.setattr(transport, "_sleep", fake_sleep)
-    return seen
-
-
 # --------------------------------------------------------------------------- SSE decoding
 
 
