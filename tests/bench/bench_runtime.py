@@ -39,12 +39,10 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def uss_mib(pid: int) -> float:
-    """Unique set size of ``pid`` in MiB (Private_Clean + Private_Dirty of /proc/<pid>/smaps_rollup)."""
-    total = 0
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith(("Private_Clean:", "Private_Dirty:")):
-            total += int(line.split()[1])
-    return total / 1024
+    """Unique set size of ``pid`` in MiB (the runtime's own measure, used for memory recycling)."""
+    from actors.session_actor import process_uss_mib
+
+    return process_uss_mib(pid)
 
 
 # --------------------------------------------------------------------------- raw Ray floor
