@@ -26,6 +26,7 @@ from typing import Any, TextIO
 import httpx
 
 from runtime import chat_cli
+from runtime.memory.keys import SessionKeyError, make_session_key
 
 __all__ = ["build_parser", "main", "render_segments", "run_console_chat"]
 
@@ -107,11 +108,16 @@ async def run_console_chat(
         token: ``X-Console-Token`` value when the bot has a secret.
 
     Returns:
-        0, or 1 when the server could not be reached.
+        0; 1 when the server could not be reached; 2 when ``user``/``group``/``bot`` cannot form a
+        session key.
     """
     headers = {"X-Console-Token": token} if token else {}
     scene = {"scene": "group", "group_id": group} if group else {"scene": "private"}
-    session_key = f"console:{bot}:{'group' if group else 'private'}:{group or user}"
+    try:
+        session_key = make_session_key("console", bot, "group" if group else "private", group or user)
+    except SessionKeyError as exc:
+        write(f"error: {exc}")
+        return 2
     params = {"user": user, **({"group": group} if group else {})}
     async with httpx.AsyncClient(
         base_url=url, headers=headers, timeout=httpx.Timeout(30, read=None)
@@ -163,7 +169,13 @@ async def _send(
         if text.startswith(command):
             body = {"user": user, "session_key": session_key, "text": text[len(command) :]}
             r = await client.post(f"/console/api/{kind}", json=body)
-            write(f"[{kind}: {r.json().get('outcome') or r.json().get('error')}]")
+            try:
+                answer = r.json()
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                answer = {"error": f"HTTP {r.status_code}: {r.text.strip()[:200]}"}
+            write(f"[{kind}: {answer.get('outcome') or answer.get('error')}]")
             return
     event = {
         "user": user,

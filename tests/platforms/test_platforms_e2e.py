@@ -483,3 +483,27 @@ async def test_terminal_chat_is_a_client_of_the_console_platform(stack: Stack) -
     assert out[0] == f"connected to {stack.base_url} as tess (console:console:private:tess); /quit to leave"
     assert [line for line in out if line.startswith("bot> ")] == ["bot> re: hello terminal"]
     assert build_parser().parse_args(["--url", "http://x"]).user == "admin"
+
+
+async def test_terminal_chat_bad_input_gets_a_clear_error(stack: Stack) -> None:
+    """A name that cannot form a session key stops before any request; a control answer that is not
+    JSON is shown, not raised."""
+    from actors.console_client import run_console_chat
+
+    out: list[str] = []
+
+    async def no_lines() -> AsyncIterator[str]:
+        return
+        yield ""
+
+    assert await run_console_chat(stack.base_url, "", no_lines(), out.append) == 2
+    assert out and out[0].startswith("error: ")
+    out.clear()
+
+    async def steer_unknown() -> AsyncIterator[str]:
+        yield "/steer hello\n"
+        yield "/quit\n"
+
+    assert await run_console_chat(stack.base_url, "admin", steer_unknown(), out.append) == 0
+    steer_lines = [line for line in out if line.startswith("[steer: ")]
+    assert len(steer_lines) == 1 and steer_lines[0] != "[steer: None]"
