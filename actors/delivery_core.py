@@ -194,19 +194,36 @@ class DeliverySender:
     async def _deliver(self, job: DeliveryJob) -> DeliveryResult:
         started = time.perf_counter()
         platform = job.platform
-        claim = await self.db.run(
-            lambda: ledger.claim(
-                self.db,
-                reply_id=job.reply_id,
-                session_key=job.session_key,
-                platform=platform,
-                bot_id=job.bot_id,
-                partition=self.partition,
-                job_json=job.model_dump_json(),
-                owner=self.owner,
-                lease_ms=self._lease_ms,
+        codec = self.codecs.get(_bot_key(platform, job.bot_id))
+        target = RenderTarget(scene_type=job.scene_type, scene_id=job.scene_id, reply_to=job.reply_to)
+        # Checked and rendered before the claim, so a fresh reply's claim also marks step 0 in
+        # flight (ledger.claim_and_begin: one ledger write before the first send). Should the
+        # checks or the render fail, the claim comes first as before and they fail after it.
+        reply: Reply | None = None
+        calls: list[ApiCall] | None = None
+        if codec is not None:
+            try:
+                reply = await self._checked(job.reply, platform)
+                calls = list(codec.render(reply, target))
+            except Exception:
+                reply, calls = None, None
+        fields: dict[str, Any] = {
+            "reply_id": job.reply_id,
+            "session_key": job.session_key,
+            "platform": platform,
+            "bot_id": job.bot_id,
+            "partition": self.partition,
+            "job_json": job.model_dump_json(),
+            "owner": self.owner,
+            "lease_ms": self._lease_ms,
+        }
+        if calls:
+            n_calls = len(calls)
+            claim = await self.db.run_write(
+                lambda: ledger.claim_and_begin(self.db, **fields, steps_total=n_calls)
             )
-        )
+        else:
+            claim = await self.db.run_write(lambda: ledger.claim(self.db, **fields))
         if claim.state == "done":
             metrics.DELIVERIES.inc(platform=platform, outcome="duplicate")
             return DeliveryResult(
@@ -220,19 +237,19 @@ class DeliverySender:
                 reply_id=job.reply_id, outcome="busy", error=f"owned by {claim.entry.owner}"
             )
         entry = claim.entry
-        codec = self.codecs.get(_bot_key(platform, job.bot_id))
         if codec is None:
             error = f"no bot configured for {platform}/{job.bot_id}"
             return await self._close(job, "failed", [], 0, [], error)
-        reply = await self._checked(job.reply, platform)
-        target = RenderTarget(scene_type=job.scene_type, scene_id=job.scene_id, reply_to=job.reply_to)
-        calls = codec.render(reply, target)
+        if reply is None or calls is None:
+            reply = await self._checked(job.reply, platform)
+            calls = codec.render(reply, target)
         if not calls:
             return await self._close(job, "empty", [], 0, [], None)
         ids: list[str | None] = list(entry.message_ids)
         step = entry.steps_done
-        if entry.in_flight >= 0 and entry.in_flight == step:  # its owner died with this call on the wire
-            await self.db.run(lambda: ledger.skip_uncertain_step(self.db, job.reply_id, self.owner))
+        # Its owner died with this call on the wire (not our own claim_and_begin mark of step 0).
+        if not claim.begun and entry.in_flight >= 0 and entry.in_flight == step:
+            await self.db.run_write(lambda: ledger.skip_uncertain_step(self.db, job.reply_id, self.owner))
             log.warning(
                 "delivery %s step %d was on the wire when its owner died: not resent (at most once)",
                 job.reply_id,
@@ -242,19 +259,21 @@ class DeliverySender:
             ids.append(None)
             step += 1
         attempts, waits, closed = 0, [], False
-        for i in range(step, len(calls)):
-            await self.db.run(
-                lambda i=i: ledger.begin_step(  # type: ignore[misc]
-                    self.db, job.reply_id, self.owner, i, len(calls), self._lease_ms
+        total = len(calls)
+        for i in range(step, total):
+            if not (i == 0 and claim.begun):  # claim_and_begin already marked step 0 in flight
+                await self.db.run_write(
+                    lambda i=i: ledger.begin_step(  # type: ignore[misc]
+                        self.db, job.reply_id, self.owner, i, total, self._lease_ms
+                    )
                 )
-            )
             result, n, w = await self._send_with_retries(codec, calls[i], platform)
             attempts += n
             waits += w
             if not result.ok:
                 return await self._close(job, "failed", ids, attempts, waits, result.error, started)
             last = i == len(calls) - 1
-            await self.db.run(
+            await self.db.run_write(
                 lambda i=i, mid=result.message_id, last=last: ledger.finish_step(  # type: ignore[misc]
                     self.db, job.reply_id, self.owner, i, mid, last=last
                 )
@@ -278,7 +297,7 @@ class DeliverySender:
     ) -> DeliveryResult:
         status: Literal["sent", "failed"] = "failed" if outcome == "failed" else "sent"
         if not closed:  # the last step's write already closed it otherwise
-            await self.db.run(lambda: ledger.finish(self.db, job.reply_id, self.owner, status, error))
+            await self.db.run_write(lambda: ledger.finish(self.db, job.reply_id, self.owner, status, error))
         if outcome != "empty":
             metrics.DELIVERIES.inc(platform=job.platform, outcome="ok" if outcome == "sent" else "failed")
         if started is not None:

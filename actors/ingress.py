@@ -2,7 +2,7 @@
 
 Routes (issue #8, item 5)::
 
-    POST /webhooks/{platform}/{bot_id}   verify → parse → persist inbound transcript → route → 200
+    POST /webhooks/{platform}/{bot_id}   verify → parse → (persist inbound transcript ‖ route) → 200
     GET  /healthz                        {"status": "ok"}
     GET  /metrics                        prometheus-client text format (this process's registry)
     /admin/...                           actors/admin.py (bearer token)
@@ -15,9 +15,11 @@ A webhook answers:
   the bot is not asked to answer (stored in transcripts for ``chat_history``, no turn);
 * **503** with ``Retry-After`` (whole seconds, ≥ 1) when the session's mailbox is full
   (``{"status": "busy"}``, backpressure) or the database / a router shard is momentarily
-  unavailable (``{"status": "unavailable"}``: SQLite lock timeout, router restarting); nothing was
-  accepted. The inbound transcript row of that event, if written, is kept, and the redelivery of
-  the same message id is stored once (``UNIQUE (platform, bot_id, message_id, direction)``);
+  unavailable (``{"status": "unavailable"}``: SQLite lock timeout, router restarting). The
+  transcript write and the routing run concurrently, so on ``unavailable`` the message may already
+  be routed: its redelivery is then answered ``duplicate`` (one turn). The inbound transcript row,
+  if written, is kept, and the redelivery of the same message id is stored once
+  (``UNIQUE (platform, bot_id, message_id, direction)``);
 * **401** bad signature / secret, **400** malformed event — in both cases nothing is stored and
   nothing is routed;
 * **404** when no bot ``{platform}/{bot_id}`` is configured.
@@ -136,7 +138,9 @@ class Ingress:
         if transcripts is None:
             from runtime.memory.db import Database
 
-            db = Database(config.database.url, busy_timeout_ms=15_000)
+            # Short write retries: a 503 must reach the platform before its webhook timeout
+            # (it redelivers; the transcript row dedups).
+            db = Database(config.database.url, busy_timeout_ms=5_000, write_retry_s=5.0)
             db.create_tables()
             transcripts = TranscriptStore(db)
         self.transcripts = transcripts
@@ -163,14 +167,23 @@ class Ingress:
             metrics.INBOUND.inc(platform=platform, outcome="ignored")
             return JSONResponse({"status": "ignored"})
         try:
-            await self._persist(msg)
             if not msg.triggered:
+                await self._persist(msg)
                 metrics.INBOUND.inc(platform=platform, outcome="untriggered")
                 return JSONResponse({"status": "untriggered"})
-            result = await self.runtime.submit(msg)
+            # Persist and route at once; the 200 waits for both (persist before acknowledging).
+            # Should either fail, the platform redelivers: the router then answers "duplicate"
+            # for a message it already took, and the transcript row is stored once.
+            both: list[Any] = list(
+                await asyncio.gather(self._persist(msg), self.runtime.submit(msg), return_exceptions=True)
+            )
+            for outcome in both:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            result = both[1]
         except (OperationalError, RayActorError, ActorUnavailableError) as exc:
-            # SQLite lock timeout, database down, or a router shard restarting: nothing was
-            # accepted, so the platform must redeliver (the transcript row, if written, dedups).
+            # SQLite lock timeout, database down, or a router shard restarting: the platform must
+            # redeliver (the router dedups the message id, the transcript row is stored once).
             log.warning("webhook %s/%s unavailable: %r", platform, bot_id, exc)
             metrics.INBOUND.inc(platform=platform, outcome="unavailable")
             return _busy("unavailable", 1.0)

@@ -31,7 +31,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import ctypes
+import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Coroutine
@@ -45,6 +48,7 @@ from runtime.turn import HandoffRequest, SessionSetup, SetupFactory, TurnInput, 
 __all__ = ["SessionActor", "SessionNotBoundError", "process_uss_mib"]
 
 T = TypeVar("T")
+log = logging.getLogger("sessionray.session_actor")
 
 TURN_GROUP_SIZE = 256
 """Concurrent ``submit`` calls one actor accepts (≥ the router's mailbox bound)."""
@@ -53,6 +57,15 @@ SQLITE_BUSY_TIMEOUT_MS = 15_000
 """SQLite only: how long a session's write waits for the file lock, in ms. Under load dozens of
 processes share one SQLite file and the default 5 s made turns fail with "database is locked"
 (issue 8 benchmark, 100 sessions); the ingress already waits 15 s."""
+SQL_THREADS = 1
+"""SQL threads (and pooled connections) of a session actor's database. One is enough: a session's
+appends are serialized by its writer anyway, and each extra thread and connection is private
+memory (stack, SQLite page cache) in every live session — and a PostgreSQL connection each."""
+WARM_UP_SESSION_KEY = "sessionray:0:private:warm-up"
+"""A well-formed session key no platform uses: the warm-up runs the activation's *read* queries
+for it (never a write), so SQLAlchemy builds its mappers and statement caches in the pool."""
+WARM_UP_TIMEOUT_S = 30.0
+"""Bound on the warm-up's SQL reads, in seconds."""
 PREPARE_WAIT_S = 10.0
 """How long ``ping`` waits for a new actor's warm-up, in seconds (below every pool ping timeout)."""
 
@@ -104,6 +117,7 @@ class SessionActor:
     """
 
     def __init__(self, config: Any, setup_factory: SetupFactory, delivery: Any) -> None:
+        _skip_httpx_cli()
         with contextlib.suppress(Exception):
             from actors.ray_metrics import install_ray_metrics
 
@@ -114,6 +128,7 @@ class SessionActor:
         self._core: Any = None
         self._repo: Any = None
         self._sessions_served = 0
+        self._warm_ms = 0.0
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="session-loop", daemon=True)
         self._thread.start()
@@ -125,15 +140,25 @@ class SessionActor:
         threading.Thread(target=self._prepare, name="session-prepare", daemon=True).start()
 
     def _prepare(self) -> None:
-        """Open the repository and import the session core (background thread of ``__init__``).
-        A failure is kept and retried by the first activation, which then raises it."""
+        """Warm-up while the actor waits in the pool (background thread of ``__init__``): open the
+        repository, import the session core, then everything of an activation that does not
+        depend on the session key (see :func:`_warm_up`). A failure to open the repository is kept
+        and retried by the first activation, which then raises it; a failed warm-up step is only
+        logged (the activation does the same work again and raises its error)."""
+        t0 = time.perf_counter()
         try:
             repo = _open_repository(self._config)
             import runtime.session_core  # noqa: F401  (warm the import for the first activation)
-
-            self._prepared.set_result(repo)
         except BaseException as exc:
             self._prepared.set_exception(exc)
+            return
+        try:
+            _warm_up(repo, self._factory, self._loop)
+        except Exception:  # pragma: no cover - logged; the activation repeats the step and raises
+            log.warning("session actor warm-up failed; the first activation pays it", exc_info=True)
+        self._warm_ms = (time.perf_counter() - t0) * 1000
+        _release_free_heap()
+        self._prepared.set_result(repo)
 
     async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
@@ -227,6 +252,7 @@ class SessionActor:
             await core.close()
             self._core = None
             self._sessions_served += 1
+            _release_free_heap()
         return {
             "ok": True,
             "session_key": key,
@@ -300,12 +326,19 @@ class SessionActor:
 
     @ray.method(concurrency_group="control")
     async def status(self) -> dict[str, Any]:
-        """``SessionCore.status()`` plus ``pid`` and ``sessions_served`` (``session_key`` None
-        when blank)."""
+        """``SessionCore.status()`` plus ``pid``, ``sessions_served``, ``warm_up_ms`` (how long the
+        pool warm-up took; 0.0 until it ended) and ``modules`` (``len(sys.modules)``: an
+        activation of a warmed actor imports nothing) — ``session_key`` None when blank."""
 
         async def run() -> dict[str, Any]:
             base = self._core.status() if self._core is not None else {"session_key": None}
-            return {**base, "pid": os.getpid(), "sessions_served": self._sessions_served}
+            return {
+                **base,
+                "pid": os.getpid(),
+                "sessions_served": self._sessions_served,
+                "warm_up_ms": round(self._warm_ms, 2),
+                "modules": len(sys.modules),
+            }
 
         return await self._on_loop(run())
 
@@ -340,9 +373,56 @@ def _open_repository(config: Any) -> Any:
     from runtime.memory.repository import ContextRepository
 
     url = getattr(getattr(config, "database", None), "url", None)
-    db = Database(url, threads=2, busy_timeout_ms=SQLITE_BUSY_TIMEOUT_MS)
+    db = Database(url, threads=SQL_THREADS, busy_timeout_ms=SQLITE_BUSY_TIMEOUT_MS)
     db.create_tables()
     return ContextRepository(db)
+
+
+def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Do, before any session is bound, the work of an activation that does not depend on the
+    session key (issue 8 benchmark: warm activation ≥ 50× faster than a cold actor):
+
+    * ``factory.prepare(database=repo.db)`` when the setup factory has it (optional hook of a
+      :data:`~runtime.turn.SetupFactory`: imports, provider registration, model and tool building;
+      ``database`` is the actor's :class:`~runtime.memory.db.Database`, which the factory may
+      share instead of opening its own);
+    * the activation's SQL reads for :data:`WARM_UP_SESSION_KEY` (``list_sessions`` and
+      ``load_context``; no row is written), on the session loop, so SQLAlchemy configures its
+      mappers and compiles the statements now — ≈ 20–30 ms otherwise paid by the first activation.
+
+    Raises:
+        Whatever ``factory.prepare`` or the repository raise; TimeoutError after
+        ``WARM_UP_TIMEOUT_S`` seconds.
+    """
+    prepare = getattr(factory, "prepare", None)
+    if callable(prepare):
+        prepare(database=repo.db)
+    from runtime.memory.keys import make_session_id
+
+    async def reads() -> None:
+        await repo.list_sessions(WARM_UP_SESSION_KEY)
+        await repo.load_context(make_session_id(WARM_UP_SESSION_KEY, 1))
+
+    asyncio.run_coroutine_threadsafe(reads(), loop).result(WARM_UP_TIMEOUT_S)
+
+
+def _skip_httpx_cli() -> None:
+    """Keep httpx's command-line client out of this (session actor) process: ``import httpx``
+    tries ``from httpx._main import main``, which imports click and pygments when they are
+    installed (≈ 1.6 MiB USS, 19 modules, measured) — per live session, for a CLI no actor runs.
+    A ``None`` entry in ``sys.modules`` makes that import fail, and httpx then defines a stub
+    ``main`` (its documented fallback when the ``cli`` extra is missing). Call before anything
+    imports httpx; a no-op once httpx is imported."""
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+
+def _release_free_heap() -> None:
+    """Give the C heap's free pages back to the OS (glibc ``malloc_trim(0)``) after the warm-up and
+    after a passivation, so freed import/parse garbage does not stay in the process's USS (the
+    figure ``recycle_memory_mib`` and the benchmark read). A no-op without glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _to_job(handoff: HandoffRequest) -> Any:

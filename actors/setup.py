@@ -38,28 +38,35 @@ class ConfigSetupFactory:
     def __init__(self, config: Any) -> None:
         self.config = config
         self._db: Any = None
+        self._shared: tuple[Any, list[Any]] | None = None
 
-    def __call__(self, session_key: str) -> SessionSetup:
-        """Build the setup in the calling (actor) process.
+    def prepare(self, *, database: Any = None) -> None:
+        """Build, once per process, everything that does not depend on the session key: provider
+        registration, the model, the ``*.tool.md`` and built-in tools, the chat-history database,
+        and the imports of an activation. The session actor calls it while it waits in the warm
+        pool (issue 8 benchmark: warm activation); :meth:`__call__` calls it too (a no-op then).
+
+        Args:
+            database: A :class:`runtime.memory.db.Database` of ``database.url`` to share for the
+                ``chat_history`` tool (the session actor passes its own: one SQL thread and
+                connection per actor); ``None`` opens one.
 
         Raises:
             runtime.config.ConfigError: ``ai.default_model`` names an unknown provider.
+            runtime.tool_md.ToolMdError: a bad ``ai.tools_dir``.
         """
+        if self._shared is not None:
+            return
         from providers import register_builtin_providers
-        from runtime.agent_features import AgentFeatures
-        from runtime.memory.chat_history import make_chat_history_tool
+        from runtime.agent_features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
+        from runtime.memory.chat_history import make_chat_history_tool  # noqa: F401
         from runtime.memory.db import Database
-        from runtime.memory.keys import parse_session_key
-        from runtime.platforms.console_events import console_event_hook
+        from runtime.platforms.console_events import console_event_hook  # noqa: F401
 
         register_builtin_providers()
-        agent = self.config.ai.agent
-        key = parse_session_key(session_key)
         if self._db is None:
-            self._db = Database(self.config.database.url, threads=1)
-        tools: list[Any] = [
-            make_chat_history_tool(self._db, platform=key.platform, bot_id=key.bot_id, scene_id=key.scene_id)
-        ]
+            self._db = database if database is not None else Database(self.config.database.url, threads=1)
+        tools: list[Any] = []
         if self.config.ai.tools_dir:  # issue 9: *.tool.md tools (validated at start-up, SessionRuntime.start)
             from runtime.tool_md import load_tool_dir
 
@@ -69,6 +76,29 @@ class ConfigSetupFactory:
             from providers.builtin import builtin_tools
 
             tools += builtin_tools()  # the offline model's demo tools (clock, echo)
+        self._shared = (model, tools)
+
+    def __call__(self, session_key: str) -> SessionSetup:
+        """Build the setup in the calling (actor) process; only the session-bound parts (the
+        ``chat_history`` tool, the console hook, the agent features) are new per call.
+
+        Raises:
+            runtime.config.ConfigError: ``ai.default_model`` names an unknown provider.
+        """
+        from runtime.agent_features import AgentFeatures
+        from runtime.memory.chat_history import make_chat_history_tool
+        from runtime.memory.keys import parse_session_key
+        from runtime.platforms.console_events import console_event_hook
+
+        key = parse_session_key(session_key)
+        self.prepare()
+        assert self._shared is not None
+        model, shared_tools = self._shared
+        agent = self.config.ai.agent
+        tools: list[Any] = [
+            make_chat_history_tool(self._db, platform=key.platform, bot_id=key.bot_id, scene_id=key.scene_id),
+            *shared_tools,
+        ]
         output_schema: Literal["segments"] | Literal[False] = (
             False if agent.output_schema is False else "segments"
         )
@@ -95,4 +125,4 @@ class ConfigSetupFactory:
         return builtin_model()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "_db": None}
+        return {"config": self.config, "_db": None, "_shared": None}  # process-local parts

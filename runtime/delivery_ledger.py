@@ -20,20 +20,28 @@ Rules that make a retried or replayed send never reach the platform twice:
    of the same partition (Ray runs at most one incarnation of a named actor at a time, so the old
    one is dead). Each write checks the owner, so a stale owner cannot write over a new one.
 
+Rule 2 in one transaction: :func:`claim_and_begin` inserts a fresh row with step 0 already
+marked in flight (or claims an existing one and, when its next step is 0 and nothing is on the
+wire, marks step 0 in the same write), so the first send of a reply costs one ledger write
+instead of two.
+
 The table shares ``SQLModel.metadata`` with the memory tables (runtime/memory/tables.py) and is
 created, if missing, by :func:`create_ledger_table` (never dropped or altered; seed 002 #9).
-Every function here is blocking: call it through :meth:`runtime.memory.db.Database.run`.
+The writes are SQLAlchemy Core statements built once (issue #8: a write transaction costs a few
+statements, not an ORM flush per object); each is one whole transaction, so a caller may re-run
+it on a transient error. Every function here is blocking: call the writers through
+:meth:`runtime.memory.db.Database.run_write`, the readers through :meth:`~runtime.memory.db.Database.run`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from sqlalchemy import BigInteger, Column, Integer, Text, or_
-from sqlalchemy.exc import IntegrityError
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlalchemy import BigInteger, Column, Connection, Integer, Table, Text, bindparam, or_, update
+from sqlalchemy import select as core_select
+from sqlmodel import Field, SQLModel, col, select
 
 from runtime.memory.db import Database
 from runtime.types import now_ms
@@ -45,6 +53,7 @@ __all__ = [
     "LostLeaseError",
     "begin_step",
     "claim",
+    "claim_and_begin",
     "create_ledger_table",
     "finish",
     "finish_step",
@@ -108,8 +117,8 @@ class LedgerEntry:
     error: str | None
 
     @classmethod
-    def of(cls, row: DeliveryLedgerRow) -> LedgerEntry:
-        """Copy ``row`` (detached from any SQL session)."""
+    def of(cls, row: Any) -> LedgerEntry:
+        """Copy ``row`` (a :class:`DeliveryLedgerRow`, or a Core result row of the table)."""
         return cls(
             reply_id=row.reply_id,
             session_key=row.session_key,
@@ -117,7 +126,7 @@ class LedgerEntry:
             bot_id=row.bot_id,
             partition=row.partition,
             job_json=row.job_json,
-            status=row.status,  # type: ignore[arg-type]
+            status=row.status,
             owner=row.owner,
             lease_until=row.lease_until,
             steps_total=row.steps_total,
@@ -131,42 +140,87 @@ class LedgerEntry:
 @dataclass(frozen=True, slots=True)
 class ClaimOutcome:
     """Result of :func:`claim`: ``state`` is ``claimed`` (you own it now), ``done`` (already sent
-    or failed: do not send) or ``busy`` (a live owner holds the lease)."""
+    or failed: do not send) or ``busy`` (a live owner holds the lease). ``begun`` is True when
+    :func:`claim_and_begin` also marked step 0 in flight (then do not call :func:`begin_step`
+    for step 0)."""
 
     state: Literal["claimed", "done", "busy"]
     entry: LedgerEntry
+    begun: bool = False
 
 
 def create_ledger_table(db: Database) -> None:
     """Create ``delivery_ledger`` and the memory tables if missing (never drops or alters; seed 002 #9).
 
-    Runs in one writer transaction (SQLite ``BEGIN IMMEDIATE``), so several delivery actors
-    starting at once on one SQLite file queue on the busy timeout instead of failing with
+    Runs in one writer transaction (SQLite: under the node-wide writer lock, ``BEGIN IMMEDIATE``),
+    so several delivery actors starting at once on one SQLite file queue instead of failing with
     "database is locked" (a deferred transaction cannot be upgraded to a writer while another
     process writes).
     """
     from runtime.memory.tables import MEMORY_TABLES
 
     tables = [t.__table__ for t in (*MEMORY_TABLES, DeliveryLedgerRow)]  # type: ignore[attr-defined]
-    with db.engine.connect() as conn:
-        if db.is_sqlite:
-            conn = conn.execution_options(sessionray_sqlite_immediate=True)
-        with conn.begin():
-            SQLModel.metadata.create_all(conn, tables=tables, checkfirst=True)
+    with db.connection(write=True) as conn:
+        SQLModel.metadata.create_all(conn, tables=tables, checkfirst=True)
 
 
-def _locked(s: Session, db: Database, reply_id: str) -> DeliveryLedgerRow | None:
-    stmt = select(DeliveryLedgerRow).where(DeliveryLedgerRow.reply_id == reply_id)
-    if not db.is_sqlite:  # SQLite: the BEGIN IMMEDIATE of a write session already serializes writers
-        stmt = stmt.with_for_update()
-    return s.exec(stmt).first()
+_T: Table = DeliveryLedgerRow.__table__  # type: ignore[attr-defined]
+_OWNED = (_T.c.reply_id == bindparam("r")) & (_T.c.owner == bindparam("o")) & (_T.c.status == "pending")
+"""The row is ours: it exists, ``owner`` holds it and it is still ``pending``."""
+_SELECT = core_select(_T).where(_T.c.reply_id == bindparam("r"))
+_SELECT_FOR_UPDATE = _SELECT.with_for_update()
+_SELECT_OWNED_IDS = core_select(_T.c.message_ids, _T.c.in_flight).where(_OWNED)
+_SELECT_OWNED_IDS_FOR_UPDATE = _SELECT_OWNED_IDS.with_for_update()
+_TAKE_OVER = (
+    update(_T)
+    .where(_T.c.reply_id == bindparam("r"))
+    .values(owner=bindparam("o"), lease_until=bindparam("lease"), updated_at=bindparam("now"))
+)
+_TAKE_OVER_AND_BEGIN = _TAKE_OVER.values(in_flight=0, steps_total=bindparam("total"))
+_BEGIN = (
+    update(_T)
+    .where(_OWNED)
+    .values(
+        in_flight=bindparam("step"),
+        steps_total=bindparam("total"),
+        lease_until=bindparam("lease"),
+        updated_at=bindparam("now"),
+    )
+)
+_STEP_DONE = (
+    update(_T)
+    .where(_OWNED)
+    .values(
+        message_ids=bindparam("ids"), steps_done=bindparam("done"), in_flight=-1, updated_at=bindparam("now")
+    )
+)
+_STEP_DONE_LAST = _STEP_DONE.values(status="sent", error=None)
+_FINISH = (
+    update(_T)
+    .where(_OWNED)
+    .values(status=bindparam("st"), error=bindparam("err"), in_flight=-1, updated_at=bindparam("now"))
+    .returning(*_T.c)
+)
 
 
-def _may_take_over(row: DeliveryLedgerRow, owner: str, now: int) -> bool:
+_INSERT: dict[str, Any] = {}
+"""The fresh-row ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per dialect (built once)."""
+
+
+def _locked(conn: Connection, db: Database, reply_id: str) -> Any:
+    # SQLite: the writer lock and BEGIN IMMEDIATE of a write transaction already serialize writers.
+    return conn.execute(_SELECT if db.is_sqlite else _SELECT_FOR_UPDATE, {"r": reply_id}).first()
+
+
+def _may_take_over(row: Any, owner: str, now: int) -> bool:
     if row.owner == owner or row.lease_until <= now:
         return True
     partition, _, _ = owner.partition(":")
-    return row.owner.split(":", 1)[0] == partition  # our own partition's dead previous incarnation
+    return bool(row.owner.split(":", 1)[0] == partition)  # our own partition's dead previous incarnation
+
+
+def _lost(reply_id: str, owner: str) -> LostLeaseError:
+    return LostLeaseError(f"delivery {reply_id!r} is no longer owned by {owner!r}")
 
 
 def claim(
@@ -191,46 +245,112 @@ def claim(
         previous incarnation of the same partition); ``done`` for a ``sent``/``failed`` row;
         ``busy`` when another live owner holds the lease.
     """
+    return _claim(db, reply_id, session_key, platform, bot_id, partition, job_json, owner, lease_ms, None)
+
+
+def claim_and_begin(
+    db: Database,
+    *,
+    reply_id: str,
+    session_key: str,
+    platform: str,
+    bot_id: str,
+    partition: int,
+    job_json: str,
+    owner: str,
+    lease_ms: int,
+    steps_total: int,
+) -> ClaimOutcome:
+    """:func:`claim`, and in the same transaction :func:`begin_step` of step 0 of ``steps_total``
+    when the claimed row's next step is 0 and nothing is on the wire (a fresh row, or one whose
+    owner died before its first send). Then ``begun`` is True and the caller sends step 0
+    without another ledger write. A row with confirmed steps or an uncertain step 0 (rule 2) is
+    claimed exactly as :func:`claim` does (``begun`` False).
+
+    Args:
+        steps_total: Number of API calls the reply renders to (>= 1).
+
+    Raises:
+        ValueError: ``steps_total`` < 1.
+    """
+    if steps_total < 1:
+        raise ValueError(f"claim_and_begin needs at least one step, got steps_total={steps_total}")
+    return _claim(
+        db, reply_id, session_key, platform, bot_id, partition, job_json, owner, lease_ms, steps_total
+    )
+
+
+def _claim(
+    db: Database,
+    reply_id: str,
+    session_key: str,
+    platform: str,
+    bot_id: str,
+    partition: int,
+    job_json: str,
+    owner: str,
+    lease_ms: int,
+    begin_total: int | None,
+) -> ClaimOutcome:
     now = now_ms()
-    for _ in range(2):  # a concurrent insert of the same reply_id makes the first try fail
-        try:
-            with db.session(write=True) as s:
-                row = _locked(s, db, reply_id)
-                if row is None:
-                    row = DeliveryLedgerRow(
-                        reply_id=reply_id,
-                        session_key=session_key,
-                        platform=platform,
-                        bot_id=bot_id,
-                        partition=partition,
-                        job_json=job_json,
-                        status="pending",
-                        owner=owner,
-                        lease_until=now + lease_ms,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                    s.add(row)
-                    s.flush()
-                    return ClaimOutcome("claimed", LedgerEntry.of(row))
-                if row.status != "pending":
-                    return ClaimOutcome("done", LedgerEntry.of(row))
-                if not _may_take_over(row, owner, now):
-                    return ClaimOutcome("busy", LedgerEntry.of(row))
-                row.owner, row.lease_until, row.updated_at = owner, now + lease_ms, now
-                s.add(row)
-                s.flush()
-                return ClaimOutcome("claimed", LedgerEntry.of(row))
-        except IntegrityError:
-            continue
-    raise RuntimeError(f"could not claim delivery {reply_id!r}")  # pragma: no cover - needs two races
+    begin = begin_total is not None
+    fresh = {
+        "reply_id": reply_id,
+        "session_key": session_key,
+        "platform": platform,
+        "bot_id": bot_id,
+        "partition": partition,
+        "job_json": job_json,
+        "status": "pending",
+        "owner": owner,
+        "lease_until": now + lease_ms,
+        "steps_total": begin_total if begin else -1,
+        "steps_done": 0,
+        "in_flight": 0 if begin else -1,
+        "message_ids": "[]",
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+    }
+    # INSERT … ON CONFLICT DO NOTHING: a concurrent insert of the same reply_id waits for the
+    # other transaction (PostgreSQL) or is serialized by the writer lock (SQLite), then finds it.
+    insert_stmt = _INSERT.get(db.dialect)
+    if insert_stmt is None:
+        insert_stmt = _INSERT[db.dialect] = (
+            db.insert(_T).on_conflict_do_nothing(index_elements=["reply_id"]).returning(_T.c.reply_id)
+        )
+    with db.connection(write=True) as conn:
+        result = conn.execute(insert_stmt, fresh)
+        # pysqlite reports no result columns when RETURNING yields no row (a conflict).
+        if result.returns_rows and result.first() is not None:
+            return ClaimOutcome("claimed", LedgerEntry.of(_Fresh(fresh)), begun=begin)
+        row = _locked(conn, db, reply_id)
+        if row is None:  # pragma: no cover - rows are never deleted
+            raise RuntimeError(f"could not claim delivery {reply_id!r}")
+        if row.status != "pending":
+            return ClaimOutcome("done", LedgerEntry.of(row))
+        if not _may_take_over(row, owner, now):
+            return ClaimOutcome("busy", LedgerEntry.of(row))
+        values: dict[str, Any] = {
+            **row._asdict(),
+            "owner": owner,
+            "lease_until": now + lease_ms,
+            "updated_at": now,
+        }
+        params: dict[str, Any] = {"r": reply_id, "o": owner, "lease": now + lease_ms, "now": now}
+        start = begin and row.steps_done == 0 and row.in_flight == -1
+        if start:
+            values.update(in_flight=0, steps_total=begin_total)
+            params["total"] = begin_total
+        conn.execute(_TAKE_OVER_AND_BEGIN if start else _TAKE_OVER, params)
+        return ClaimOutcome("claimed", LedgerEntry.of(_Fresh(values)), begun=start)
 
 
-def _owned(s: Session, db: Database, reply_id: str, owner: str) -> DeliveryLedgerRow:
-    row = _locked(s, db, reply_id)
-    if row is None or row.owner != owner or row.status != "pending":
-        raise LostLeaseError(f"delivery {reply_id!r} is no longer owned by {owner!r}")
-    return row
+class _Fresh:
+    """Attribute view of a dict of column values (for :meth:`LedgerEntry.of`)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
 
 
 def begin_step(db: Database, reply_id: str, owner: str, step: int, steps_total: int, lease_ms: int) -> None:
@@ -240,11 +360,25 @@ def begin_step(db: Database, reply_id: str, owner: str, step: int, steps_total: 
         LostLeaseError: another owner took the reply over.
     """
     now = now_ms()
-    with db.session(write=True) as s:
-        row = _owned(s, db, reply_id, owner)
-        row.in_flight, row.steps_total = step, steps_total
-        row.lease_until, row.updated_at = now + lease_ms, now
-        s.add(row)
+    params = {
+        "r": reply_id,
+        "o": owner,
+        "step": step,
+        "total": steps_total,
+        "lease": now + lease_ms,
+        "now": now,
+    }
+    with db.connection(write=True) as conn:
+        if conn.execute(_BEGIN, params).rowcount == 0:
+            raise _lost(reply_id, owner)
+
+
+def _owned_ids(conn: Connection, db: Database, reply_id: str, owner: str) -> tuple[list[str | None], int]:
+    stmt = _SELECT_OWNED_IDS if db.is_sqlite else _SELECT_OWNED_IDS_FOR_UPDATE
+    row = conn.execute(stmt, {"r": reply_id, "o": owner}).first()
+    if row is None:
+        raise _lost(reply_id, owner)
+    return json.loads(row.message_ids), int(row.in_flight)
 
 
 def finish_step(
@@ -256,15 +390,11 @@ def finish_step(
     Raises:
         LostLeaseError: another owner took the reply over.
     """
-    with db.session(write=True) as s:
-        row = _owned(s, db, reply_id, owner)
-        ids = json.loads(row.message_ids)
+    with db.connection(write=True) as conn:
+        ids, _ = _owned_ids(conn, db, reply_id, owner)
         ids.append(message_id)
-        row.message_ids, row.steps_done, row.in_flight = json.dumps(ids), step + 1, -1
-        if last:
-            row.status, row.error = "sent", None
-        row.updated_at = now_ms()
-        s.add(row)
+        params = {"r": reply_id, "o": owner, "ids": json.dumps(ids), "done": step + 1, "now": now_ms()}
+        conn.execute(_STEP_DONE_LAST if last else _STEP_DONE, params)
 
 
 def skip_uncertain_step(db: Database, reply_id: str, owner: str) -> int:
@@ -273,14 +403,11 @@ def skip_uncertain_step(db: Database, reply_id: str, owner: str) -> int:
     Raises:
         LostLeaseError: another owner took the reply over.
     """
-    with db.session(write=True) as s:
-        row = _owned(s, db, reply_id, owner)
-        step = row.in_flight
-        ids = json.loads(row.message_ids)
+    with db.connection(write=True) as conn:
+        ids, step = _owned_ids(conn, db, reply_id, owner)
         ids.append(None)
-        row.message_ids, row.steps_done, row.in_flight = json.dumps(ids), step + 1, -1
-        row.updated_at = now_ms()
-        s.add(row)
+        params = {"r": reply_id, "o": owner, "ids": json.dumps(ids), "done": step + 1, "now": now_ms()}
+        conn.execute(_STEP_DONE, params)
         return step
 
 
@@ -292,11 +419,11 @@ def finish(
     Raises:
         LostLeaseError: another owner took the reply over.
     """
-    with db.session(write=True) as s:
-        row = _owned(s, db, reply_id, owner)
-        row.status, row.error, row.in_flight, row.updated_at = status, error, -1, now_ms()
-        s.add(row)
-        s.flush()
+    params = {"r": reply_id, "o": owner, "st": status, "err": error, "now": now_ms()}
+    with db.connection(write=True) as conn:
+        row = conn.execute(_FINISH, params).first()
+        if row is None:
+            raise _lost(reply_id, owner)
         return LedgerEntry.of(row)
 
 

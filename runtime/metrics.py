@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import prometheus_client
+if TYPE_CHECKING:  # imported where used: Ray actors record through ray.util.metrics and never need it
+    import prometheus_client
 
 __all__ = [
     "ALL_METRICS",
@@ -64,8 +65,17 @@ class PrometheusBackend:
     """prometheus-client objects in ``registry`` (default: the process-wide default registry)."""
 
     def __init__(self, registry: prometheus_client.CollectorRegistry | None = None) -> None:
-        self.registry = registry or prometheus_client.REGISTRY
+        self._registry = registry
         self._made: dict[str, Any] = {}
+
+    @property
+    def registry(self) -> prometheus_client.CollectorRegistry:
+        """The registry the metrics live in (prometheus-client's default one unless given)."""
+        if self._registry is None:
+            import prometheus_client
+
+            self._registry = prometheus_client.REGISTRY
+        return self._registry
 
     def make(self, kind: str, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> Any:
         # A backend put back with set_backend(previous) must reuse its collectors: registering the
@@ -76,6 +86,8 @@ class PrometheusBackend:
         return made
 
     def _create(self, kind: str, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> Any:
+        import prometheus_client
+
         cls: Any
         kwargs: dict[str, Any] = {"registry": self.registry}
         if kind == "counter":
@@ -291,4 +303,10 @@ CHAT_COMMANDS = Counter(
     "sessionray_chat_commands_total",
     "Chat commands handled before the agent, by command and outcome (ok, refused).",
     ("command", "outcome"),
+)
+SQL_RETRIES = Counter(
+    "sessionray_sql_retries_total",
+    "SQL write transactions re-run after a transient error (SQLite locked/busy, PostgreSQL "
+    "serialization failure, deadlock or connection error before commit), by dialect.",
+    ("dialect",),
 )

@@ -205,7 +205,7 @@ class SessionCore:
         self._last_handoff = mine
         t0 = time.perf_counter()
         try:
-            result = await self._turn(turn, ctl, prev)
+            result = await self._turn(turn, ctl, prev, mine)
         except Exception as exc:
             result = TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="error", error=repr(exc))
         finally:
@@ -225,7 +225,13 @@ class SessionCore:
         if fut is not None and not fut.done():
             fut.set_result(result)
 
-    async def _turn(self, turn: TurnInput, ctl: TurnControl, prev: asyncio.Future[None] | None) -> TurnResult:
+    async def _turn(
+        self,
+        turn: TurnInput,
+        ctl: TurnControl,
+        prev: asyncio.Future[None] | None,
+        mine: asyncio.Future[None] | None = None,
+    ) -> TurnResult:
         reply_id = turn.reply_id(self.session_id)
         done = TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="already_done", reply_id=reply_id)
         messages = self.writer.snapshot()
@@ -279,6 +285,8 @@ class SessionCore:
                     reply=reply,
                 )
             )
+        if mine is not None and not mine.done():
+            mine.set_result(None)  # the next turn may hand its reply over now (chat order kept)
         await self.writer.append([reply_marker(turn, reply_id, preview)])
         outcome: Literal["ok", "empty"] = "empty" if reply.is_empty() else "ok"
         return TurnResult(

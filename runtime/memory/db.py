@@ -16,8 +16,26 @@ never drops, alters or rewrites an existing table (seed 002, decision 9).
 All blocking SQL runs on the database's own thread pool through :meth:`Database.run`, so a
 session actor's event loop never waits on SQL.
 
+Writers (issue #8, SQL write path):
+
+* **Node-wide writer lock (SQLite)**: a write transaction (:meth:`Database.session` /
+  :meth:`Database.connection` with ``write=True``) first takes a process-wide re-entrant lock and
+  an ``fcntl.flock(LOCK_EX)`` on the sidecar file ``<db file>.writer.lock`` (created if missing),
+  and releases both right after commit or rollback. The kernel wakes a flock waiter as soon as the
+  holder releases, so writers of every process on the node queue FIFO-ish instead of sleeping in
+  SQLite's busy handler (1, 2, 5 … 100 ms steps). ``BEGIN IMMEDIATE`` and ``busy_timeout`` stay as
+  the second line for tools that write the file without the lock. Where :mod:`fcntl` does not
+  exist only the in-process lock is taken (cross-process writers queue on the busy timeout).
+  PostgreSQL: no lock.
+* **Transient write errors are retried** by :meth:`Database.run_write` (SQLite "database is
+  locked"/"busy"; PostgreSQL serialization failure ``40001``, deadlock ``40P01``, and connection
+  errors raised before commit) with capped exponential back-off and jitter for up to
+  ``write_retry_s`` seconds, so a busy database never turns an accepted message into a lost turn.
+
 Stable names other modules rely on: :meth:`Database.session` (``write=True`` for writers),
-:meth:`Database.run`, :attr:`Database.is_sqlite`, :attr:`Database.dialect` (``sqlite`` |
+:meth:`Database.connection` (SQLAlchemy Core, same ``write=``), :meth:`Database.run`,
+:meth:`Database.run_write`, :meth:`Database.writer_lock`, :meth:`Database.insert`,
+:func:`is_transient_write_error`, :attr:`Database.is_sqlite`, :attr:`Database.dialect` (``sqlite`` |
 ``postgresql``), :attr:`Database.engine`, and the connection execution option
 ``sessionray_sqlite_immediate=True`` (a transaction begun on such a SQLite connection is
 ``BEGIN IMMEDIATE``; :mod:`runtime.delivery_ledger` uses it).
@@ -26,18 +44,45 @@ Stable names other modules rely on: :meth:`Database.session` (``write=True`` for
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import random
 import re
+import sqlite3
+import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import event
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy import Table, event
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, SQLModel, create_engine
 
-__all__ = ["DEFAULT_DATABASE_URL", "Database", "DatabaseUrlError", "normalize_url"]
+from runtime import metrics
+
+try:  # POSIX only; elsewhere the writer lock is in-process only
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "Database",
+    "DatabaseUrlError",
+    "is_transient_write_error",
+    "normalize_url",
+]
+
+log = logging.getLogger("sessionray.sql")
 
 DEFAULT_DATABASE_URL = "sqlite:///./data/sessionray.db"
 """Where sessionray keeps its memory when ``database.url`` is not configured."""
@@ -87,6 +132,140 @@ def normalize_url(url: str | None) -> URL:
     return parsed
 
 
+_RETRY_BASE_S = 0.005
+"""First back-off of :meth:`Database.run_write`, in seconds (doubles per retry)."""
+_RETRY_MAX_S = 1.0
+"""Cap of one back-off of :meth:`Database.run_write`, in seconds."""
+_PG_RETRY_SQLSTATES = frozenset({"40001", "40P01"})
+"""PostgreSQL serialization_failure and deadlock_detected: the server rolled the transaction back."""
+_COMMIT_FAILED = "sessionray_commit_failed"
+"""Attribute set on an exception raised by COMMIT itself (its outcome is unknown to us)."""
+
+
+def is_transient_write_error(exc: BaseException) -> bool:
+    """True when a write transaction that raised ``exc`` did not commit and may simply be re-run.
+
+    Transient: SQLite ``OperationalError`` "database is locked" / "… busy"; PostgreSQL
+    serialization failure (SQLSTATE ``40001``) or deadlock (``40P01``) — the server rolled the
+    transaction back; a PostgreSQL connection error (SQLSTATE class ``08``, no SQLSTATE, or an
+    invalidated connection) raised *before* COMMIT. A connection error raised by COMMIT itself is
+    not transient: the transaction may have committed, and re-running it could write twice.
+    """
+    orig: BaseException | None = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(orig, sqlite3.OperationalError):
+        text = str(orig).lower()
+        return "locked" in text or "busy" in text
+    if not isinstance(exc, DBAPIError):
+        return False
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate in _PG_RETRY_SQLSTATES:
+        return True
+    if getattr(exc, _COMMIT_FAILED, False):
+        return False
+    if exc.connection_invalidated:
+        return True
+    if sqlstate is not None:
+        return str(sqlstate).startswith("08")
+    # psycopg reports a dropped/refused connection as OperationalError without a SQLSTATE.
+    return type(orig).__name__ == "OperationalError" and type(orig).__module__.startswith("psycopg")
+
+
+class _WriterLock:
+    """The node-wide writer lock of one SQLite file: a process-wide re-entrant lock plus
+    ``flock(LOCK_EX)`` on ``<db file>.writer.lock`` while the outermost holder holds it.
+
+    Re-entrant within a thread (nested write sessions do not deadlock); the pool's other threads
+    wait on the in-process lock, other processes on the kernel flock (woken on release). The
+    sidecar is opened by the outermost acquire and closed by the outermost release (a few µs), so
+    no descriptor stays open between transactions and a forked child inherits none.
+    """
+
+    def __init__(self, sidecar: Path) -> None:
+        self.sidecar = sidecar
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+        self._flock_ok = fcntl is not None
+
+    def _flock(self) -> None:
+        if not self._flock_ok:
+            return
+        try:
+            fd = os.open(self.sidecar, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:  # e.g. a read-only directory: in-process lock only
+            log.warning(
+                "SQLite writer lock file %s unusable (%s): writers of other processes queue on busy_timeout",
+                self.sidecar,
+                exc,
+            )
+            self._flock_ok = False
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def acquire(self) -> None:
+        """Take the lock (blocks; re-entrant in the holding thread)."""
+        self._lock.acquire()
+        if self._depth == 0:
+            try:
+                self._flock()
+            except BaseException:
+                self._lock.release()
+                raise
+        self._depth += 1
+
+    def release(self) -> None:
+        """Release one level; the flock goes with the outermost level."""
+        try:
+            self._depth -= 1
+            if self._depth == 0 and self._fd is not None:
+                fd, self._fd = self._fd, None
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_UN)  # explicit: a forked copy of fd must not keep it
+                finally:
+                    os.close(fd)
+        finally:
+            self._lock.release()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's holders (an inherited fd is the parent's to unlock)."""
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._fd = None
+
+
+_WRITER_LOCKS: weakref.WeakValueDictionary[str, _WriterLock] = weakref.WeakValueDictionary()
+"""One lock per SQLite file in this process, alive while a :class:`Database` on it is."""
+_WRITER_LOCKS_GUARD = threading.Lock()
+
+
+def _writer_lock_for(db_path: Path) -> _WriterLock:
+    """The one :class:`_WriterLock` of this process for the SQLite file ``db_path`` (every
+    :class:`Database` on that file shares it, so two of them in one thread cannot deadlock)."""
+    key = os.path.realpath(db_path)
+    with _WRITER_LOCKS_GUARD:
+        lock = _WRITER_LOCKS.get(key)
+        if lock is None:
+            lock = _WriterLock(Path(key + ".writer.lock"))
+            _WRITER_LOCKS[key] = lock
+        return lock
+
+
+def _reset_writer_locks() -> None:
+    global _WRITER_LOCKS_GUARD
+    _WRITER_LOCKS_GUARD = threading.Lock()
+    for lock in list(_WRITER_LOCKS.values()):
+        lock.reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_writer_locks)
+
+
 class Database:
     """An engine plus a thread pool for blocking SQL.
 
@@ -95,21 +274,32 @@ class Database:
         busy_timeout_ms: SQLite only: how long a writer waits for the lock, in ms.
         threads: Size of the thread pool that runs SQL (and of the connection pool).
         echo: Log every statement (debugging).
+        write_retry_s: How long :meth:`run_write` keeps retrying a transient write error, in
+            seconds (default 60 s).
 
     Raises:
         DatabaseUrlError: see :func:`normalize_url`.
     """
 
     def __init__(
-        self, url: str | None = None, *, busy_timeout_ms: int = 5000, threads: int = 8, echo: bool = False
+        self,
+        url: str | None = None,
+        *,
+        busy_timeout_ms: int = 5000,
+        threads: int = 8,
+        echo: bool = False,
+        write_retry_s: float = 60.0,
     ) -> None:
         self.url = normalize_url(url)
         self.dialect = self.url.get_backend_name()
+        self.write_retry_s = float(write_retry_s)
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionray-sql")
+        self._writer: _WriterLock | None = None
         kwargs: dict[str, Any] = {"echo": echo}
         if self.dialect == "sqlite":
             db_path = Path(str(self.url.database))
             db_path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = _writer_lock_for(db_path)
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": busy_timeout_ms / 1000}
             # Pooled connections move between the pool's threads (never used by two at once).
             kwargs["pool_size"] = threads
@@ -139,24 +329,63 @@ class Database:
         SQLModel.metadata.create_all(self.engine, tables=tables, checkfirst=True)
 
     @contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """Hold the node-wide SQLite writer lock for the block (module docstring); a no-op on
+        PostgreSQL. Re-entrant within a thread. Blocking: call it on the SQL thread pool."""
+        lock = self._writer
+        if lock is None:
+            yield
+            return
+        lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @contextmanager
     def session(self, *, write: bool = False) -> Iterator[Session]:
         """A transaction-scoped sqlmodel ``Session`` (blocking; call from :meth:`run`).
 
         Commits when the block ends normally, rolls back on an exception.
 
         Args:
-            write: Start the transaction as a writer (SQLite ``BEGIN IMMEDIATE``).
+            write: Start the transaction as a writer: SQLite ``BEGIN IMMEDIATE`` under the
+                node-wide writer lock, held until commit or rollback.
         """
         with self.engine.connect() as conn:
             if write and self.is_sqlite:
                 conn.execution_options(sessionray_sqlite_immediate=True)
-            with Session(bind=conn, expire_on_commit=False) as s:
-                try:
-                    yield s
-                    s.commit()
-                except BaseException:
-                    s.rollback()
-                    raise
+            if write:
+                with self.writer_lock(), Session(bind=conn, expire_on_commit=False) as s:
+                    yield from _session_transaction(s)
+            else:
+                with Session(bind=conn, expire_on_commit=False) as s:
+                    yield from _session_transaction(s)
+
+    @contextmanager
+    def connection(self, *, write: bool = False) -> Iterator[Connection]:
+        """A SQLAlchemy Core ``Connection`` inside one transaction (blocking; call from
+        :meth:`run` / :meth:`run_write`). Cheaper than :meth:`session` for plain statements.
+
+        Commits when the block ends normally, rolls back on an exception. An exception raised
+        by COMMIT itself is marked so :func:`is_transient_write_error` never re-runs it.
+
+        Args:
+            write: As for :meth:`session` (``BEGIN IMMEDIATE`` under the writer lock on SQLite;
+                the lock is taken only once the pooled connection is checked out).
+        """
+        with self.engine.connect() as conn:
+            if write and self.is_sqlite:
+                conn.execution_options(sessionray_sqlite_immediate=True)
+            if write:
+                with self.writer_lock():
+                    yield from _core_transaction(conn)
+            else:
+                yield from _core_transaction(conn)
+
+    def insert(self, table: Table) -> PgInsert | SqliteInsert:
+        """The dialect's ``INSERT`` construct for ``table`` (it has ``on_conflict_do_nothing``)."""
+        return pg_insert(table) if self.dialect == "postgresql" else sqlite_insert(table)
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run blocking ``fn()`` on the SQL thread pool and await its result.
@@ -167,6 +396,45 @@ class Database:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn)
 
+    async def run_write(self, fn: Callable[[], T]) -> T:
+        """:meth:`run` for a write transaction: re-run ``fn`` while it fails with a transient
+        error (:func:`is_transient_write_error`), with exponential back-off from 5 ms doubling
+        to a 1 s cap, full jitter in [½, 1]×, for up to ``write_retry_s`` seconds in all.
+
+        ``fn`` must be one whole transaction (it opens and closes its own write session), so a
+        failed attempt left nothing behind. Each retry is counted in
+        ``sessionray_sql_retries_total{dialect}``; one warning is logged per call that retried.
+
+        Raises:
+            Whatever ``fn`` raises that is not transient; the last transient error once
+            ``write_retry_s`` is used up.
+        """
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return await self.run(fn)
+            except Exception as exc:
+                if not is_transient_write_error(exc):
+                    raise
+                attempt += 1
+                delay = min(_RETRY_MAX_S, _RETRY_BASE_S * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+                waited = time.monotonic() - started
+                if waited + delay > self.write_retry_s:
+                    log.error(
+                        "SQL write still failing after %d attempt(s) in %.1f s, giving up: %s",
+                        attempt, waited, _short(exc),
+                    )  # fmt: skip
+                    raise
+                metrics.SQL_RETRIES.inc(dialect=self.dialect)
+                if attempt == 1:
+                    log.warning(
+                        "transient SQL write error, retrying for up to %.0f s: %s",
+                        self.write_retry_s,
+                        _short(exc),
+                    )
+                await asyncio.sleep(delay)
+
     def dispose(self) -> None:
         """Close pooled connections and stop the thread pool (idempotent)."""
         self._executor.shutdown(wait=True)
@@ -174,6 +442,38 @@ class Database:
 
     def __repr__(self) -> str:
         return f"Database({self.url.render_as_string(hide_password=True)!r})"
+
+
+def _short(exc: BaseException) -> str:
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    return f"{type(orig).__name__}: {str(orig).splitlines()[0] if str(orig) else ''}"
+
+
+def _session_transaction(s: Session) -> Iterator[Session]:
+    try:
+        yield s
+    except BaseException:
+        s.rollback()
+        raise
+    try:
+        s.commit()
+    except BaseException as exc:
+        setattr(exc, _COMMIT_FAILED, True)
+        raise
+
+
+def _core_transaction(conn: Connection) -> Iterator[Connection]:
+    trans = conn.begin()
+    try:
+        yield conn
+    except BaseException:
+        trans.rollback()
+        raise
+    try:
+        trans.commit()
+    except BaseException as exc:
+        setattr(exc, _COMMIT_FAILED, True)
+        raise
 
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:

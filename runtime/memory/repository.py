@@ -12,8 +12,9 @@ Rules:
   cold-starts from ``im_transcripts``.
 * **Appends are atomic and serialized per session**: one ``append_messages`` call is one
   transaction; calls for the same ``session_id`` in this process queue on an ``asyncio.Lock``,
-  and inside the transaction the session row is locked (``SELECT … FOR UPDATE`` on PostgreSQL,
-  ``BEGIN IMMEDIATE`` on SQLite), so writers in other processes queue too. Each call's messages
+  and the transaction first bumps the session row (``UPDATE agent_sessions … WHERE session_id``,
+  which locks the row on PostgreSQL; SQLite writers queue on the node-wide writer lock and
+  ``BEGIN IMMEDIATE``), so writers in other processes queue too. Each call's messages
   stay contiguous and the load order is the append order (ordered by row id).
 * **Epoch changes are serialized per key** (``get_or_create_active``/``archive_session``): in
   this process on an ``asyncio.Lock``; across processes by ``BEGIN IMMEDIATE`` on SQLite and a
@@ -24,6 +25,9 @@ Rules:
 * **Forged sender prefixes are stripped before storage** (decision 11): every user message's
   leading ``[sender:…]`` blocks are removed by :func:`runtime.memory.sender.strip_forged_prefix`.
 * All SQL runs on the :class:`~runtime.memory.db.Database` thread pool; no coroutine blocks.
+  Every write goes through :meth:`~runtime.memory.db.Database.run_write`, so a transient error
+  (SQLite busy, PostgreSQL deadlock/serialization failure/lost connection before commit) is
+  retried instead of losing the turn.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
-from sqlalchemy import func, text
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy import Table, bindparam, func, insert, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from runtime.memory.db import Database
@@ -72,8 +76,18 @@ message the model can read."""
 
 _MESSAGE = TypeAdapter(AgentMessage)
 _KEY_RETRIES = 8
-_RETRY_SQLSTATES = frozenset({"40P01", "40001"})
-"""PostgreSQL deadlock_detected and serialization_failure: safe to retry the whole transaction."""
+
+_SESSIONS: Table = AgentSessionRow.__table__  # type: ignore[attr-defined]
+_MESSAGES: Table = AgentMessageRow.__table__  # type: ignore[attr-defined]
+_TOUCH = (
+    update(_SESSIONS).where(_SESSIONS.c.session_id == bindparam("sid")).values(updated_at=bindparam("now"))
+)
+"""Bump ``updated_at`` (and lock the row on PostgreSQL); rowcount 0 = unknown session."""
+_TOUCH_MODEL = _TOUCH.values(model=bindparam("new_model"))
+""":data:`_TOUCH` that also records the model ref."""
+_INSERT_MESSAGE = insert(_MESSAGES).returning(_MESSAGES.c.id)
+_INSERT_MESSAGES = insert(_MESSAGES).returning(_MESSAGES.c.id, sort_by_parameter_order=True)
+"""Several rows in one statement; the ids come back in parameter (list) order."""
 
 
 class CorruptMessageError(ValueError):
@@ -178,17 +192,13 @@ class ContextRepository:
     async def _retrying(self, session_key: str, fn: Callable[[], str]) -> str:
         # Another process may create/replace the active epoch between our read and our insert;
         # the primary key or the one-active index then refuses ours, and a retry sees theirs.
-        # PostgreSQL may also pick one of several such writers as a deadlock victim (40P01) or a
-        # serialization failure (40001): retried the same way.
-        last: DBAPIError | None = None
+        # PostgreSQL deadlock victims (40P01), serialization failures (40001) and SQLite busy
+        # errors are transient: Database.run_write re-runs those itself.
+        last: IntegrityError | None = None
         for _attempt in range(_KEY_RETRIES):
             try:
-                return await self.db.run(fn)
+                return await self.db.run_write(fn)
             except IntegrityError as exc:
-                last = exc
-            except DBAPIError as exc:
-                if getattr(exc.orig, "sqlstate", None) not in _RETRY_SQLSTATES:
-                    raise
                 last = exc
         raise RuntimeError(
             f"session {session_key!r}: epoch changed concurrently {_KEY_RETRIES} times"
@@ -342,29 +352,26 @@ class ContextRepository:
         if not rows:
             return []
 
+        params = [{"session_id": session_id, "role": r, "payload": p, "timestamp": t} for r, p, t in rows]
+        touch = _TOUCH_MODEL if model else _TOUCH
+        touch_params: dict[str, Any] = {"sid": session_id}
+        if model:
+            touch_params["new_model"] = model
+
         def work() -> list[int]:
-            with self.db.session(write=True) as s:
-                sess = s.exec(
-                    select(AgentSessionRow).where(AgentSessionRow.session_id == session_id).with_for_update()
-                ).first()
-                if sess is None:
+            # SQLAlchemy Core, statements built once: the transaction (and the writer lock) lasts
+            # two or three statements (issue #8: a write transaction <= 0.5 ms in process).
+            with self.db.connection(write=True) as conn:
+                if conn.execute(touch, {**touch_params, "now": now_ms()}).rowcount == 0:
                     raise UnknownSessionError(
                         f"no agent session {session_id!r}: call get_or_create_active(session_key) first"
                     )
-                objs = [
-                    AgentMessageRow(session_id=session_id, role=r, payload=p, timestamp=t) for r, p, t in rows
-                ]
-                for o in objs:
-                    s.add(o)
-                    s.flush()  # one at a time: ids follow the list order on every backend
-                sess.updated_at = now_ms()
-                if model:
-                    sess.model = model
-                s.add(sess)
-                return [int(o.id or 0) for o in objs]
+                if len(params) == 1:
+                    return [int(conn.execute(_INSERT_MESSAGE, params[0]).scalar_one())]
+                return [int(i) for i in conn.execute(_INSERT_MESSAGES, params).scalars()]
 
         async with self._lock(f"sid:{session_id}"):
-            return await self.db.run(work)
+            return await self.db.run_write(work)
 
     async def load_context(self, session_id: str) -> Context:
         """Load the epoch's context: its latest summary (as a :class:`CustomMessage` made by
@@ -438,7 +445,7 @@ class ContextRepository:
                 return int(row.id or 0)
 
         async with self._lock(f"sid:{session_id}"):
-            return await self.db.run(work)
+            return await self.db.run_write(work)
 
     async def count_messages(self, session_id: str) -> int:
         """Number of message rows of the epoch (all of them, summarized or not)."""

@@ -181,6 +181,27 @@ def _with_prefix(message: UserMessage) -> UserMessage:
     return message.model_copy(update={"content": blocks})
 
 
+_USER_CACHE: dict[tuple[int, bool], tuple[UserMessage, UserMessage]] = {}
+_USER_CACHE_MAX = 16_384
+"""Converted user messages by ``(id(message), prefixed)``. A live session converts its whole
+context before every LLM call; the messages are the same objects turn after turn (agent messages
+are never mutated once built), so each is converted once. An entry holds its source message, so
+an id is never reused while its entry lives; the identity check guards the rest."""
+
+
+def _convert_user(m: UserMessage, prefixed: bool) -> UserMessage:
+    key = (id(m), prefixed)
+    hit = _USER_CACHE.get(key)
+    if hit is not None and hit[0] is m:
+        return hit[1]
+    clean = strip_user_message(m)  # also for this turn's messages, not yet stored
+    out = _with_prefix(clean) if prefixed and clean.sender else clean
+    if len(_USER_CACHE) >= _USER_CACHE_MAX:
+        _USER_CACHE.clear()
+    _USER_CACHE[key] = (m, out)
+    return out
+
+
 def convert_for_llm(messages: Sequence[AgentMessage], scope: str) -> list[Message]:
     """Convert stored agent messages into what the LLM sees.
 
@@ -203,8 +224,7 @@ def convert_for_llm(messages: Sequence[AgentMessage], scope: str) -> list[Messag
     prefixed = scope in PREFIXED_SCOPES
     for m in messages:
         if isinstance(m, UserMessage):
-            m = strip_user_message(m)  # also for this turn's messages, not yet stored
-            out.append(_with_prefix(m) if prefixed and m.sender else m)
+            out.append(_convert_user(m, prefixed))
         elif isinstance(m, CustomMessage):
             if m.custom_type == SUMMARY_CUSTOM_TYPE:
                 # The summarizer may have moved a user's mid-line "[sender:…]" to a line start.

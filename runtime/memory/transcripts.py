@@ -15,6 +15,10 @@ Write rules (seed 002 D4 "写入规则"):
   confirmation) is stored once (``"duplicate"``), via ``INSERT … ON CONFLICT DO NOTHING``;
 * NUL characters in the text columns are stored as U+FFFD on both backends (:func:`no_nul`;
   PostgreSQL ``text`` cannot hold NUL); ``media_json`` escapes them as JSON does.
+* a write is one SQLAlchemy Core statement (built once per store) run through
+  :meth:`~runtime.memory.db.Database.run_write`: the row is built before the writer lock is
+  taken, and a transient error (SQLite busy, PostgreSQL deadlock/lost connection before commit)
+  is retried rather than losing the row.
 """
 
 from __future__ import annotations
@@ -25,8 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Table
 from sqlmodel import col, select
 
 from runtime.memory.db import Database
@@ -126,6 +129,12 @@ class TranscriptStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        table: Table = ImTranscriptRow.__table__  # type: ignore[attr-defined]
+        self._insert = (
+            db.insert(table)
+            .on_conflict_do_nothing(index_elements=["platform", "bot_id", "message_id", "direction"])
+            .returning(table.c.id)
+        )
 
     async def record(
         self,
@@ -190,22 +199,16 @@ class TranscriptStore:
             "media_json": json.dumps(segs, ensure_ascii=False) if has_media else None,
             "time": now_ms() if time_ms is None else int(time_ms),
         }
-        insert = pg_insert if self.db.dialect == "postgresql" else sqlite_insert
-        stmt = (
-            insert(ImTranscriptRow)
-            .values(**values)
-            .on_conflict_do_nothing(index_elements=["platform", "bot_id", "message_id", "direction"])
-            .returning(ImTranscriptRow.__table__.c.id)  # type: ignore[attr-defined]
-        )
+        stmt = self._insert
 
         def work() -> TranscriptOutcome:
-            with self.db.session(write=True) as s:
-                result = s.connection().execute(stmt)
+            with self.db.connection(write=True) as conn:
+                result = conn.execute(stmt, values)
                 # pysqlite reports no result columns when RETURNING yields no row (a conflict).
                 stored = result.returns_rows and result.first() is not None
                 return "stored" if stored else "duplicate"
 
-        return await self.db.run(work)
+        return await self.db.run_write(work)
 
     async def record_inbound(self, **fields: Any) -> TranscriptOutcome:
         """:meth:`record` with ``direction="inbound"`` (call when the event is accepted)."""

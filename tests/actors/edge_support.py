@@ -98,14 +98,15 @@ MASTER = "9000"
 
 
 @contextmanager
-def serve_in_thread(app: Any) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on 127.0.0.1 (free port) in a daemon thread; yields the base URL."""
+def serve_in_thread(app: Any, loop: str = "asyncio") -> Iterator[str]:
+    """Serve ``app`` with uvicorn on 127.0.0.1 (free port) in a daemon thread; yields the base URL.
+    ``loop``: uvicorn's loop setting (``sessionray serve`` uses ``uvloop``)."""
     import time
 
     import uvicorn
 
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, loop="asyncio", lifespan="off", log_level="warning")
+        uvicorn.Config(app, host="127.0.0.1", port=0, loop=loop, lifespan="off", log_level="warning")
     )
     thread = threading.Thread(target=server.run, name="edge-ingress", daemon=True)
     thread.start()

@@ -23,6 +23,7 @@ for "the tool runs now" and count executions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from pathlib import Path
@@ -113,15 +114,31 @@ class ScriptedSetup:
         self.steering_mode = steering_mode
         self.follow_up_mode = follow_up_mode
         self.think_s = think_s
+        self._handle: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_handle": None}  # the faux registration is process-local
 
     async def respond(self, context: Context, options: Any) -> AssistantMessage:
         if self.think_s:
             await asyncio.sleep(self.think_s)
         return scripted_reply(context)
 
-    def __call__(self, session_key: str) -> SessionSetup:
-        from providers.faux import register_faux_provider
-        from runtime.tools import AgentTool, AgentToolResult
+    def prepare(self, *, database: Any = None) -> None:
+        """Session-independent part, run once per process while the actor waits in the warm pool:
+        register the faux provider and import what a turn needs; again only when another
+        registration replaced ours (in-process tests). ``database`` (the actor's) is not needed.
+        Each build writes ``<marker_dir>/prepare-<pid>-<n>`` so tests can count the builds of a
+        process."""
+        import os
+
+        from providers.faux import get_faux_provider, register_faux_provider
+
+        with contextlib.suppress(KeyError):
+            if self._handle is not None and get_faux_provider("script") is self._handle:
+                return
+        from runtime.im_reply import IM_INSTRUCTIONS  # noqa: F401  (scripted_reply's import)
+        from runtime.turn_tools import make_subagent_tool  # noqa: F401  (warm the import)
 
         handle = register_faux_provider(
             provider="script",
@@ -130,6 +147,17 @@ class ScriptedSetup:
             default_response=self.respond,
             max_recorded_calls=0,  # long-lived actors: no context copies (the bench runs this too)
         )
+        self._handle = handle
+        marker_dir = Path(self.marker_dir)
+        marker_dir.mkdir(parents=True, exist_ok=True)
+        n = len(list(marker_dir.glob(f"prepare-{os.getpid()}-*")))
+        (marker_dir / f"prepare-{os.getpid()}-{n + 1}").write_text("")
+
+    def __call__(self, session_key: str) -> SessionSetup:
+        from runtime.tools import AgentTool, AgentToolResult
+        from runtime.turn_tools import make_subagent_tool
+
+        self.prepare()  # a no-op in a warmed actor
         marker_dir = Path(self.marker_dir)
 
         async def sleep(call_id: str, params: SleepArgs, signal: Any, on_update: Any) -> AgentToolResult:
@@ -138,9 +166,7 @@ class ScriptedSetup:
             await asyncio.sleep(params.seconds)
             return AgentToolResult.text(f"slept {params.seconds:g}")
 
-        from runtime.turn_tools import make_subagent_tool
-
-        model = handle.get_model()
+        model = self._handle.get_model()
         sleep_tool = AgentTool("sleep", "Sleep for some seconds.", SleepArgs, sleep)
         return SessionSetup(
             model=model,

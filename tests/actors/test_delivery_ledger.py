@@ -1,5 +1,6 @@
-"""The delivery idempotency ledger on a real SQLite file (Ray-free): who may claim a reply, the
-uncertain step after a crash, and that a stale owner cannot write over a new one."""
+"""The delivery idempotency ledger on a real SQLite file and on PostgreSQL (Ray-free): who may
+claim a reply, claim_and_begin (one write before the first send), the uncertain step after a
+crash, that a stale owner cannot write over a new one, and the ledger writes of one delivery."""
 
 from __future__ import annotations
 
@@ -7,17 +8,33 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
+from actors.delivery_core import DeliveryResult, DeliverySender, DeliverySettings
 from runtime import delivery_ledger as ledger
 from runtime.memory.db import Database
+from tests.actors.edge_support import onebot_bot, private_call, text_job
+from tests.memory.pg_schema import create_schema, drop_schema
+from tests.platform_api_server import PlatformApiServer
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'ledger.db'}")
-    ledger.create_ledger_table(database)
-    yield database
-    database.dispose()
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        database = Database(f"sqlite:///{tmp_path / 'ledger.db'}")
+        ledger.create_ledger_table(database)
+        yield database
+        database.dispose()
+        return
+    pg_url = request.getfixturevalue("pg_url")
+    url, schema = create_schema(pg_url)
+    database = Database(url)
+    try:
+        ledger.create_ledger_table(database)
+        yield database
+    finally:
+        database.dispose()
+        drop_schema(pg_url, schema)
 
 
 def claim(db: Database, owner: str, reply_id: str = "r1", lease_ms: int = 60_000, partition: int = 0) -> str:
@@ -63,3 +80,125 @@ def test_expired_lease_lets_any_actor_resume_and_skip_the_uncertain_step(db: Dat
     final = ledger.finish(db, "r2", "1:x", "failed", "retcode 1404: x")
     assert (final.status, final.error) == ("failed", "retcode 1404: x")
     assert ledger.resumable(db, partition=0, owner="0:z") == []
+
+
+def claim_and_begin(db: Database, owner: str, reply_id: str, lease_ms: int = 60_000) -> ledger.ClaimOutcome:
+    return ledger.claim_and_begin(
+        db, reply_id=reply_id, session_key="onebot11:1:private:2", platform="onebot11", bot_id="1",
+        partition=0, job_json="{}", owner=owner, lease_ms=lease_ms, steps_total=2,
+    )  # fmt: skip
+
+
+def state(entry: ledger.LedgerEntry | None) -> tuple[object, ...]:
+    assert entry is not None
+    return (
+        entry.status,
+        entry.owner,
+        entry.steps_total,
+        entry.steps_done,
+        entry.in_flight,
+        entry.message_ids,
+    )
+
+
+def test_claim_and_begin_marks_step_zero_in_the_claiming_write(db: Database) -> None:
+    fresh = claim_and_begin(db, "0:a", "r3")
+    assert (fresh.state, fresh.begun) == ("claimed", True)
+    assert state(fresh.entry) == ("pending", "0:a", 2, 0, 0, [])
+    assert state(ledger.get_entry(db, "r3")) == state(fresh.entry)
+    # The same owner again: step 0 is on the wire, so nothing is begun a second time.
+    again = claim_and_begin(db, "0:a", "r3")
+    assert (again.state, again.begun, state(again.entry)) == (
+        "claimed",
+        False,
+        ("pending", "0:a", 2, 0, 0, []),
+    )
+    assert (claim_and_begin(db, "1:x", "r3").state, claim_and_begin(db, "1:x", "r3").begun) == ("busy", False)
+    # The restarted incarnation finds step 0 uncertain (rule 2): claimed, not begun, then skipped.
+    takeover = claim_and_begin(db, "0:b", "r3")
+    assert (takeover.state, takeover.begun, state(takeover.entry)) == (
+        "claimed", False, ("pending", "0:b", 2, 0, 0, []),
+    )  # fmt: skip
+    assert ledger.skip_uncertain_step(db, "r3", "0:b") == 0
+    ledger.begin_step(db, "r3", "0:b", 1, 2, 60_000)
+    ledger.finish_step(db, "r3", "0:b", 1, "m-2", last=True)
+    assert state(ledger.get_entry(db, "r3")) == ("sent", "0:b", 2, 2, -1, [None, "m-2"])
+    done = claim_and_begin(db, "0:c", "r3")
+    assert (done.state, done.begun) == ("done", False)
+
+
+def test_claim_and_begin_on_a_row_claimed_but_never_begun(db: Database) -> None:
+    """An owner that died between claim and its first begin_step left nothing on the wire: the
+    next claimer begins step 0 in its claiming write."""
+    assert claim(db, "0:a", reply_id="r4", lease_ms=-1) == "claimed"
+    taken = claim_and_begin(db, "1:x", "r4")
+    assert (taken.state, taken.begun, state(taken.entry)) == (
+        "claimed",
+        True,
+        ("pending", "1:x", 2, 0, 0, []),
+    )
+    assert state(ledger.get_entry(db, "r4")) == state(taken.entry)
+    with pytest.raises(ValueError, match="at least one step"):
+        ledger.claim_and_begin(
+            db, reply_id="r5", session_key="k", platform="p", bot_id="b", partition=0, job_json="{}",
+            owner="0:a", lease_ms=1, steps_total=0,
+        )  # fmt: skip
+    assert ledger.get_entry(db, "r5") is None
+
+
+def test_a_stale_owner_cannot_finish_or_step(db: Database) -> None:
+    assert claim(db, "0:a", reply_id="r6") == "claimed"
+    assert claim(db, "0:b", reply_id="r6") == "claimed"
+    for write in (
+        lambda: ledger.begin_step(db, "r6", "0:a", 0, 1, 60_000),
+        lambda: ledger.finish_step(db, "r6", "0:a", 0, "m"),
+        lambda: ledger.skip_uncertain_step(db, "r6", "0:a"),
+        lambda: ledger.finish(db, "r6", "0:a", "sent", None),
+    ):
+        with pytest.raises(ledger.LostLeaseError, match="delivery 'r6' is no longer owned by '0:a'"):
+            write()
+    assert state(ledger.get_entry(db, "r6")) == ("pending", "0:b", -1, 0, -1, [])
+    final = ledger.finish(db, "r6", "0:b", "sent", None)
+    assert (final.status, final.owner, final.in_flight, final.error) == ("sent", "0:b", -1, None)
+
+
+async def test_one_reply_costs_two_ledger_writes_and_one_transcript_write(
+    fixtures_dir: Path, tmp_path: Path
+) -> None:
+    """A fresh single-step reply: claim_and_begin, the send, finish_step(last) — two ledger write
+    transactions, then the outbound transcript (issue #8: fewer SQLite writes per message)."""
+    url = f"sqlite:///{tmp_path / 'send.db'}"
+    with PlatformApiServer(fixtures_dir) as api:
+        sender = DeliverySender(DeliverySettings(database_url=url, bots=[onebot_bot(api.base_url)]), 0, "0:t")
+        statements: list[str] = []
+
+        def record(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+            words = statement.split()  # "INSERT INTO t …" → "INSERT t"; else the first two words
+            statements.append(f"{words[0]} {words[2] if words[0] == 'INSERT' else words[1]}")
+
+        event.listen(sender.db.engine, "before_cursor_execute", record)
+        try:
+            job = text_job("one write less", reply_id="r-fast")
+            result = await sender.deliver(job)
+        finally:
+            event.remove(sender.db.engine, "before_cursor_execute", record)
+            await sender.close()
+        requests = [(r.path, r.json) for r in api.requests]
+    assert result.message_ids[0]
+    assert result == DeliveryResult(
+        reply_id="r-fast", outcome="sent", message_ids=[result.message_ids[0]], attempts=1
+    )
+    assert requests == [("/send_private_msg", private_call("20002", "one write less"))]
+    assert statements == [
+        "BEGIN IMMEDIATE",
+        "INSERT delivery_ledger",  # claim_and_begin: the row, with step 0 in flight
+        "BEGIN IMMEDIATE",
+        "SELECT delivery_ledger.message_ids,",  # finish_step(last=True)
+        "UPDATE delivery_ledger",
+        "BEGIN IMMEDIATE",
+        "INSERT im_transcripts",  # the outbound transcript
+    ]
+    db = Database(url)
+    entry = ledger.get_entry(db, "r-fast")
+    db.dispose()
+    assert state(entry) == ("sent", "0:t", 1, 1, -1, result.message_ids)

@@ -8,8 +8,11 @@ scripted (tests/actors/session_scripts.py: zero think time, reply ``re: <text>``
 
 Load model: ``n`` sessions (OneBot private chats) each send messages in a closed loop — the next
 message only after the previous reply reached the platform API — so the offered load is ``n``
-messages in flight. Latency = first byte of the webhook POST → the platform API receiving the reply.
-A 503 (backpressure) is retried after 50 ms and the wait is part of the latency.
+messages in flight. Each session first sends one unmeasured message (its activation; activation
+is measured on its own). Latency = first byte of the webhook POST → the platform API receiving
+the reply. A 503 (backpressure) is retried after 50 ms and the wait is part of the latency. The
+load generator and the platform-API server run in a child process (tests/bench/load_client.py);
+the driver hosts Ray and the ingress (uvicorn on uvloop, as ``sessionray serve``).
 
 ``SESSIONRAY_BENCH_QUICK=1`` runs fewer messages per load (CI smoke). Writes
 ``build/bench/runtime_latency.png`` (latency vs offered load; no matplotlib needed).
@@ -22,7 +25,6 @@ import contextlib
 import os
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -31,11 +33,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 PNG = ROOT / "build" / "bench" / "runtime_latency.png"
 LOADS = (1, 20, 100)
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))] if s else float("nan")
 
 
 def uss_mib(pid: int) -> float:
@@ -96,92 +93,60 @@ def _floor(n_seq: int, n_pipe: int) -> tuple[float, float, float]:
     return p50, ceiling, bare
 
 
-# --------------------------------------------------------------------------- platform API with timestamps
+# --------------------------------------------------------------------------- load process
 
 
-def _timed_server(fixtures: Path) -> Any:
-    from tests.platform_api_server import PlatformApiServer
+class _LoadProcess:
+    """The load generator + timed platform-API server in a child process (tests/bench/load_client.py)."""
 
-    class TimedApiServer(PlatformApiServer):
-        """Resolves a waiter (text → future) the moment the reply's API call arrives."""
+    def __init__(self, fixtures: Path) -> None:
+        import multiprocessing
 
-        def __init__(self, fixtures_dir: Path) -> None:
-            super().__init__(fixtures_dir)
-            self.waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[float]]] = {}
-            self.wlock = threading.Lock()
+        from tests.bench.load_client import child_main
 
-        def expect(self, text: str) -> asyncio.Future[float]:
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[float] = loop.create_future()
-            with self.wlock:
-                self.waiters[text] = (loop, fut)
-            return fut
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=child_main, args=(child, str(fixtures), str(ROOT)), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(60):
+            raise RuntimeError("the load process did not start")
+        _, self.api_base = self.conn.recv()
 
-        def _answer(self, method: str, path: str, raw_headers: dict[str, str], body: bytes) -> Any:
-            t = time.perf_counter()
-            out = super()._answer(method, path, raw_headers, body)
-            rec = self.requests[-1]
-            if isinstance(rec.json, dict):
-                text = "".join(s["data"].get("text", "") for s in rec.json.get("message", []))
-                with self.wlock:
-                    waiter = self.waiters.pop(text, None)
-                if waiter is not None:
-                    loop, fut = waiter
-                    with contextlib.suppress(RuntimeError):  # a late reply after its load phase ended
-                        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(t))
-            return out
+    def load(self, url: str, n: int, per_session: int, tag: str, between: Any = None) -> dict[str, Any]:
+        """Warm-up message per session, then ``between()`` (in this process), then the measured load."""
+        self.conn.send(("warm", url, n, tag))
+        if "error" in (warm := self.conn.recv()):
+            raise RuntimeError(f"warm-up of {n} sessions failed: {warm['error']}")
+        if between is not None:
+            between()
+        self.conn.send(("load", url, n, per_session, tag, False))
+        out: dict[str, Any] = self.conn.recv()
+        if "error" in out:
+            raise RuntimeError(f"load of {n} sessions failed: {out['error']}")
+        return out
 
-    return TimedApiServer(fixtures)
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.send(("stop",))
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
 
 
-# --------------------------------------------------------------------------- load
+def settle(rt: Any, timeout_s: float = 180.0) -> None:
+    """Wait until the warm pool is full and no actor is being created: a pool refill (a cold
+    actor importing its stack, ≈ 2 s of CPU each) must not run during a measured phase on a
+    2-core machine. Activation is measured on its own (:func:`_activation`)."""
 
+    async def go() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pool = (await rt.status())["pool"]
+            if pool.get("warm", 0) >= pool.get("target", 0) and not pool.get("creating", 0):
+                return
+            await asyncio.sleep(0.25)
 
-async def _load(url: str, api: Any, fixtures: Path, n: int, per_session: int, tag: str) -> dict[str, Any]:
-    import httpx
-
-    from tests.actors.edge_support import BOT_ID, onebot_event
-
-    lat: list[float] = []
-    acks: list[float] = []  # webhook POST round trip (verify, transcript, route) only
-    busy = lost = 0
-    limits = httpx.Limits(max_connections=max(10, n), max_keepalive_connections=max(10, n))
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-
-        async def session(i: int) -> None:
-            nonlocal busy, lost
-            user = str(500_000 + i)
-            for k in range(per_session):
-                text = f"{tag}-{i}-{k}"
-                body = onebot_event(fixtures, user, text, abs(hash((tag, i, k))) % 2**31)
-                done = api.expect(f"re: {text}")
-                t0 = time.perf_counter()
-                while True:
-                    resp = await client.post(
-                        f"{url}/webhooks/onebot11/{BOT_ID}", content=body,
-                        headers={"Content-Type": "application/json"},
-                    )  # fmt: skip
-                    if resp.status_code != 503:
-                        break
-                    busy += 1
-                    await asyncio.sleep(0.05)
-                assert resp.status_code == 200, resp.text
-                acks.append((time.perf_counter() - t0) * 1000)
-                try:
-                    t1 = await asyncio.wait_for(done, 60)
-                except TimeoutError:  # the turn failed (e.g. SQLite lock timeout): no reply
-                    lost += 1
-                    continue
-                lat.append((t1 - t0) * 1000)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(session(i) for i in range(n)))
-        elapsed = time.perf_counter() - t0
-    return {
-        "sessions": n, "messages": len(lat), "busy_503": busy, "lost": lost,
-        "p50_ms": round(_pct(lat, 0.5), 2), "p99_ms": round(_pct(lat, 0.99), 2),
-        "throughput_msg_s": round(len(lat) / elapsed, 1), "webhook_ack_p50_ms": round(_pct(acks, 0.5), 2),
-    }  # fmt: skip
+    asyncio.run(go())
 
 
 # --------------------------------------------------------------------------- activation + memory
@@ -211,6 +176,52 @@ async def _activation(config: Any, setup: Any, delivery: Any, keys: list[str], n
     for h in spare:
         ray.kill(h)
     return statistics.median(warm), statistics.median(cold)
+
+
+_ROLES = (
+    ("ray::SessionActor", "session actors"), ("ray::DeliveryActor", "delivery actors"),
+    ("ray::RouterActor", "router"), ("ray::PoolSupervisor", "pool"), ("ray::", "other ray workers"),
+    ("gcs_server", "ray system"), ("raylet", "ray system"), ("dashboard", "ray system"),
+    ("ray/_private", "ray system"), ("ray/autoscaler", "ray system"),
+)  # fmt: skip
+
+
+def _cpu_ticks() -> dict[int, tuple[int, str]]:
+    """CPU ticks (user + system) and command line of every process."""
+    out: dict[int, tuple[int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        out[int(entry)] = (int(fields[11]) + int(fields[12]), cmd)
+    return out
+
+
+def cpu_by_role(
+    before: dict[int, tuple[int, str]],
+    after: dict[int, tuple[int, str]],
+    messages: int,
+    driver: int,
+    load: int,
+) -> dict[str, float]:
+    """CPU milliseconds per message spent by each role between two :func:`_cpu_ticks` snapshots
+    (the driver hosts the ingress; ``load`` is the load generator + platform-API process)."""
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    roles: dict[str, float] = {}
+    for pid, (ticks, cmd) in after.items():
+        spent = ticks - before.get(pid, (0, ""))[0]
+        if spent <= 0:
+            continue
+        if pid in (driver, load):
+            role = "ingress (driver)" if pid == driver else "load generator + platform API"
+        else:
+            role = next((name for key, name in _ROLES if key in cmd), "other processes")
+        roles[role] = roles.get(role, 0.0) + spent * tick_ms / max(messages, 1)
+    return {k: round(v, 2) for k, v in sorted(roles.items(), key=lambda kv: -kv[1])}
 
 
 async def _live_uss(rt: Any, keys: list[str]) -> float:
@@ -248,9 +259,10 @@ def run() -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         floor_p50, ceiling, bare_uss = _floor(200 if not quick else 50, 2000 if not quick else 500)
-        with tempfile.TemporaryDirectory() as tmp, _timed_server(fixtures) as api:
+        load = _LoadProcess(fixtures)
+        with tempfile.TemporaryDirectory() as tmp:
             config = Config(
-                bots=[BotConfig(platform="onebot11", self_id=BOT_ID, api_base=api.base_url)],
+                bots=[BotConfig(platform="onebot11", self_id=BOT_ID, api_base=load.api_base)],
                 database=DatabaseConfig(url=f"sqlite:///{tmp}/bench.db"),
                 runtime=RuntimeConfig(router_shards=1, delivery_actors=2, warm_pool=8, max_live_sessions=24,
                                       mailbox_size=64, idle_ttl_s=600),
@@ -258,18 +270,29 @@ def run() -> dict[str, Any]:
             setup = ScriptedSetup(str(Path(tmp) / "markers"))
             rt = SessionRuntime(prefix=f"bench-{uuid.uuid4().hex[:6]}")
             asyncio.run(rt.start(config, setup_factory=setup, wait_warm=True))
+            keys = [f"onebot11:{BOT_ID}:private:{500_000 + i}" for i in range(20)]
             try:
-                with serve_in_thread(build_app(rt, config)) as url:
-                    by_load = [
-                        asyncio.run(_load(url, api, fixtures, n, per_session[n], f"L{n}")) for n in LOADS
-                    ]
-                keys = [f"onebot11:{BOT_ID}:private:{500_000 + i}" for i in range(20)]
-                live_uss = asyncio.run(_live_uss(rt, keys))
+                by_load = []
+                with serve_in_thread(build_app(rt, config), loop="uvloop") as url:
+                    for n in LOADS:
+                        marks: list[dict[int, tuple[int, str]]] = []
+
+                        def between(marks: list[dict[int, tuple[int, str]]] = marks) -> None:
+                            settle(rt)
+                            marks.append(_cpu_ticks())
+
+                        by_load.append(load.load(url, n, per_session[n], f"L{n}", between))
+                        by_load[-1]["cpu_ms_per_msg"] = cpu_by_role(
+                            marks[0], _cpu_ticks(), by_load[-1]["messages"], os.getpid(), load.proc.pid
+                        )
+                        if n == 20:  # the 20 sessions are live now (the 100-session load passivates some)
+                            live_uss = asyncio.run(_live_uss(rt, keys))
                 warm_ms, cold_ms = asyncio.run(
                     _activation(config, setup, rt.delivery, keys[10:], 3 if quick else 5)
                 )
             finally:
                 asyncio.run(rt.stop())
+                load.close()
         one = by_load[0]
         best = max(by_load, key=lambda r: r["throughput_msg_s"])
         out = {
@@ -317,6 +340,10 @@ def _print(out: dict[str, Any]) -> None:
     print("   webhook → platform API (closed loop per session)")
     for row in rows:
         print("   " + "  ".join(f"{c:>9}" for c in row))
+    best = max(out["by_load"], key=lambda b: b["throughput_msg_s"])
+    cpu = best.get("cpu_ms_per_msg", {})
+    print(f"   CPU ms per message at {best['sessions']} sessions (total {sum(cpu.values()):.1f}; 2 cores):")
+    print("   " + ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items()))
     o = out
     targets = [
         ("p50 (1 session) vs raw 3-hop chain p50", f"{o['p50_ms']:.1f} / {o['floor_chain_p50_ms']:.1f} ms",

@@ -1,0 +1,129 @@
+"""Warm activation (issue 8 benchmark): a pooled session actor does its session-independent work
+while it waits — imports, the setup factory's ``prepare``, the SQL reads of an activation — so
+binding it to a session imports and builds nothing; and session-actor modules stay free of the
+imports a session actor never needs (smaller USS per live session)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.session_actor import WARM_UP_SESSION_KEY, SessionActor
+from actors.setup import ConfigSetupFactory
+from runtime.config import Config, DatabaseConfig
+from runtime.memory.db import Database
+from runtime.memory.repository import ContextRepository
+from runtime.types import AssistantMessage, TextContent, UserMessage
+from tests.actors.session_scripts import ScriptedSetup
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY_A = "onebot11:10001:private:42"
+KEY_B = "onebot11:10001:group:777"
+
+
+class _NoDelivery:
+    def pick(self, session_key: str) -> Any:  # pragma: no cover - no turn runs here
+        raise AssertionError("no delivery expected")
+
+
+async def _seed(url: str) -> str:
+    """One stored exchange for ``KEY_A``; returns its session id."""
+    db = Database(url)
+    db.create_tables()
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY_A, model="script/script-model")
+    await repo.append_messages(
+        sid, [UserMessage(content="hi"), AssistantMessage(content=[TextContent(text="re: hi")])]
+    )
+    db.dispose()
+    return sid
+
+
+@pytest.mark.usefixtures("ray_session")
+async def test_a_pooled_actor_activates_without_importing_or_rebuilding(tmp_path: Path) -> None:
+    import ray
+
+    url = f"sqlite:///{tmp_path / 'warm.db'}"
+    sid_a = await _seed(url)
+    markers = tmp_path / "markers"
+    config = Config(database=DatabaseConfig(url=url))
+    actor = SessionActor.remote(config, ScriptedSetup(str(markers)), _NoDelivery())  # type: ignore[attr-defined]
+    try:
+        pid = await actor.ping.remote()
+        blank = await actor.status.remote()
+        assert blank["session_key"] is None and blank["warm_up_ms"] > 0
+        assert sorted(p.name for p in markers.glob("prepare-*")) == [f"prepare-{pid}-1"]
+
+        a = await actor.activate.remote(KEY_A)
+        after_a = await actor.status.remote()
+        assert {k: a[k] for k in ("session_id", "messages", "pid")} == {
+            "session_id": sid_a,
+            "messages": 2,
+            "pid": pid,
+        }
+        assert after_a["modules"] == blank["modules"]  # the activation imported nothing
+
+        assert (await actor.passivate.remote())["ok"] is True
+        b = await actor.activate.remote(KEY_B)
+        assert {k: b[k] for k in ("session_id", "messages")} == {"session_id": f"{KEY_B}#1", "messages": 0}
+        assert (await actor.status.remote())["modules"] == blank["modules"]
+        # one build of the factory's session-independent part per process, however many sessions
+        assert sorted(p.name for p in markers.glob("prepare-*")) == [f"prepare-{pid}-1"]
+    finally:
+        ray.kill(actor, no_restart=True)
+    # the warm-up only read: no row for its placeholder key
+    db = Database(url)
+    assert await ContextRepository(db).list_sessions(WARM_UP_SESSION_KEY) == []
+    db.dispose()
+
+
+def test_config_setup_factory_builds_the_session_independent_part_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    Database(url).create_tables()
+    factory = ConfigSetupFactory(Config(database=DatabaseConfig(url=url)))
+    factory.prepare()
+    shared = factory._shared
+    a, b = factory(KEY_A), factory(KEY_B)
+    assert factory._shared is shared and a.model is b.model
+    assert [t.name for t in a.tools] == [t.name for t in b.tools] == ["chat_history", "clock", "echo"]
+    assert a.tools[1] is b.tools[1] and a.tools[0] is not b.tools[0]  # chat_history is bound per scene
+    assert a.model.ref() == "builtin/sessionray-builtin"
+    clone = pickle.loads(pickle.dumps(factory))  # travels without its process-local parts
+    assert (clone._shared, clone._db) == (None, None)
+    assert [t.name for t in clone(KEY_A).tools] == ["chat_history", "clock", "echo"]
+    actor_db = Database(url)  # the session actor shares its database with the chat_history tool
+    sharing = ConfigSetupFactory(Config(database=DatabaseConfig(url=url)))
+    sharing.prepare(database=actor_db)
+    assert sharing._db is actor_db and factory._db is not actor_db
+    actor_db.dispose()
+
+
+def test_session_actor_modules_do_not_import_what_a_session_never_needs() -> None:
+    code = (
+        "import sys, actors.session_actor, runtime.session_core, actors.ray_metrics, runtime.metrics\n"
+        "heavy = ['prometheus_client', 'starlette', 'uvicorn', 'mcp', 'httpx', 'actors.ingress']\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "from runtime.metrics import PrometheusBackend\n"
+        "import prometheus_client\n"
+        "print(PrometheusBackend().registry is prometheus_client.REGISTRY)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["[]", "True"]
+
+
+def test_a_session_actor_process_imports_httpx_without_its_cli() -> None:
+    code = (
+        "import sys\n"
+        "from actors.session_actor import _skip_httpx_cli\n"
+        "_skip_httpx_cli()\n"
+        "import httpx, providers.transport\n"
+        "print(sorted(m for m in ('click', 'pygments', 'rich') if m in sys.modules))\n"
+        "print(httpx.Client(timeout=1.0).timeout == httpx.Timeout(1.0))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["[]", "True"]
