@@ -9,7 +9,9 @@ passivation gives it back; process churn happens only when the pool grows, shrin
   router (non-detached actors die with their creator).
 * It keeps ``warm_pool`` (config ``runtime.warm_pool``) blank actors ready and refills in the
   background after each acquire; an empty pool means a *cold* actor is created on the spot
-  (counted in ``sessionray_warm_pool_exhausted_total``).
+  (counted in ``sessionray_warm_pool_exhausted_total``). A passivated actor comes back to the
+  pool, which keeps up to ``warm_pool + max(1, warm_pool // 2)`` of them, so the LRU churn at the
+  live-session cap reuses processes instead of killing one and starting one per message.
 * Recycling: an actor returned after serving ``recycle_after_sessions`` sessions, or whose
   process is above ``recycle_memory_mib`` (USS), is killed and replaced by a fresh one.
 * Dead members: a warm actor that fails its health ping is replaced; an actor the router reports
@@ -75,6 +77,10 @@ class PoolSupervisor:
             install_ray_metrics()
         self._args = (config, setup_factory, delivery)
         self.size = size
+        self.spare = max(1, size // 2) if size > 0 else 0
+        """Released actors kept above ``size``: at the live-session cap every new session
+        passivates an idle one and then takes an actor; without room for the returned actor the
+        pool would kill it and start a new process (≈ 2.5 s of CPU) for each such message."""
         self.recycle_after_sessions = recycle_after_sessions
         self.recycle_memory_mib = recycle_memory_mib
         self._warm: deque[Any] = deque()
@@ -194,14 +200,15 @@ class PoolSupervisor:
         return h, "cold"
 
     async def release(self, handle: Any, sessions_served: int = 0, uss_mib: float = 0.0) -> str:
-        """Return a passivated (blank) actor. Returns ``"warm"`` (kept), ``"recycled"`` (served
-        ``recycle_after_sessions`` or above ``recycle_memory_mib``) or ``"surplus"`` (pool full)."""
+        """Return a passivated (blank) actor. Returns ``"warm"`` (kept, up to ``size + spare``
+        warm actors), ``"recycled"`` (served ``recycle_after_sessions`` or above
+        ``recycle_memory_mib``) or ``"surplus"`` (pool full: killed)."""
         if sessions_served >= self.recycle_after_sessions or uss_mib > self.recycle_memory_mib:
             self._kill(handle)
             self.stats["recycled"] += 1
             self._poke()
             return "recycled"
-        if len(self._warm) >= self.size:
+        if len(self._warm) >= self.size + self.spare:
             self._kill(handle)
             return "surplus"
         self._warm.append(handle)

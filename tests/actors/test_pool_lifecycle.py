@@ -102,7 +102,8 @@ async def test_a_dead_warm_pool_member_is_replaced(h: Harness) -> None:
     async def healthy_again() -> bool:
         pids = await pool.warm_pids.remote()
         seen.append((pids, await pool.status.remote()))
-        return len(pids) == 2 and None not in pids and victim not in pids
+        # size 2 (+ up to one passivated actor kept as spare): whole again without the victim
+        return len(pids) >= 2 and None not in pids and victim not in pids
 
     try:
         await eventually(healthy_again, 120, "the pool to be whole again")
@@ -111,4 +112,5 @@ async def test_a_dead_warm_pool_member_is_replaced(h: Harness) -> None:
 
 
 async def _full(h: Harness) -> bool:
-    return bool((await h.rt.status())["pool"]["warm"] == 2)
+    return bool((await h.rt.status())["pool"]["warm"] >= 2)
+
