@@ -24,7 +24,7 @@ from runtime.media import MediaPolicy, check_reply_media
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import ApiCall, PlatformCodec, RenderTarget, SceneType, SendResult, get_codec
-from runtime.segments import Reply
+from runtime.segments import AudioSegment, FileSegment, ImageSegment, Reply, VideoSegment
 
 __all__ = ["DeliveryJob", "DeliveryResult", "DeliverySender", "DeliverySettings", "partition_of"]
 
@@ -116,6 +116,12 @@ class DeliverySettings(BaseModel):
         )
 
 
+def _has_media(reply: Reply) -> bool:
+    """The reply carries an attachment (image, audio, video, file): its media check may fetch it."""
+    media = ImageSegment | AudioSegment | VideoSegment | FileSegment
+    return any(isinstance(s, media) for s in reply.segments)
+
+
 def _bot_key(platform: str, bot_id: str) -> tuple[str, str]:
     return platform, str(bot_id)
 
@@ -196,12 +202,13 @@ class DeliverySender:
         platform = job.platform
         codec = self.codecs.get(_bot_key(platform, job.bot_id))
         target = RenderTarget(scene_type=job.scene_type, scene_id=job.scene_id, reply_to=job.reply_to)
-        # Checked and rendered before the claim, so a fresh reply's claim also marks step 0 in
-        # flight (ledger.claim_and_begin: one ledger write before the first send). Should the
-        # checks or the render fail, the claim comes first as before and they fail after it.
+        # A reply without attachments is checked (leak scan: no I/O) and rendered before the claim,
+        # so a fresh reply's claim also marks step 0 in flight (ledger.claim_and_begin: one ledger
+        # write before the first send). A reply with attachments keeps the order claim → checks
+        # (a duplicate never fetches its media again), as does one whose check or render failed.
         reply: Reply | None = None
         calls: list[ApiCall] | None = None
-        if codec is not None:
+        if codec is not None and not _has_media(job.reply):  # a media check may fetch: after the claim
             try:
                 reply = await self._checked(job.reply, platform)
                 calls = list(codec.render(reply, target))

@@ -211,22 +211,6 @@ class RouterActor:
         self._spawn(self._dispatch(live, turn))
         return {"status": "accepted", "retry_after_s": None, "seq": seq}
 
-    async def submit_many(self, inbounds: list[Any]) -> list[dict[str, Any]]:
-        """:meth:`submit` for a batch (the ingress batches concurrent webhooks per shard; see
-        ``actors/batching.py``). Messages are taken in list order: those of one live session get
-        consecutive seqs in that order. Returns one :meth:`submit` answer per message.
-
-        Raises:
-            The first exception a message's routing raised (the ingress answers 503 for the batch;
-            messages routed before it in the batch stay accepted and their redelivery is a
-            ``duplicate``).
-        """
-        results = await asyncio.gather(*(self.submit(m) for m in inbounds), return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        return [r for r in results if not isinstance(r, BaseException)]
-
     async def _settled(self, key: str) -> _Live | None:
         """The live entry of ``key`` once no passivation of it is in flight (one actor per session:
         a message never binds a second actor while the first is being passivated)."""

@@ -27,7 +27,6 @@ from typing import Any, Literal
 import ray
 from pydantic import BaseModel
 
-from actors.batching import Batcher
 from actors.pool import NAMESPACE, PoolSupervisor
 from actors.router import RouterActor, shard_of
 from actors.setup import ConfigSetupFactory
@@ -86,7 +85,6 @@ class SessionRuntime:
         self.pool: Any = None
         self.delivery: Any = None
         self._owns_delivery = False
-        self._batchers: dict[int, Batcher[Any, dict[str, Any]]] = {}
 
     @property
     def pool_name(self) -> str:
@@ -193,7 +191,6 @@ class SessionRuntime:
             with contextlib.suppress(Exception):
                 self.delivery.stop()
         self.routers, self.pool = [], None
-        self._batchers = {}
 
     def _router(self, session_key: str) -> Any:
         if not self.routers:
@@ -205,26 +202,14 @@ class SessionRuntime:
     async def submit(self, inbound: Any) -> SubmitResult:
         """Route an ``InboundMessage`` to its shard (see :class:`SubmitResult`).
 
-        Concurrent calls for one shard share Ray calls (``RouterActor.submit_many`` through a
-        :class:`actors.batching.Batcher`): alone, a message is sent at once; under load, the ones
-        arriving while a call is in flight go together in the next.
+        One Ray call per message: a message waiting for a live-session slot (at
+        ``max_live_sessions``) holds up nothing else of its shard.
 
         Raises:
-            ray.exceptions.RayActorError / ActorUnavailableError: the shard is down or restarting
-            (every message of that batch; nothing of it may count as accepted by the caller).
+            ray.exceptions.RayActorError / ActorUnavailableError: the shard is down or restarting.
         """
-        if not self.routers:
-            raise RuntimeError("SessionRuntime is not started")
-        shard = shard_of(inbound.session_key, len(self.routers))
-        batcher = self._batchers.get(shard)
-        if batcher is None:
-            router = self.routers[shard]
-
-            async def flush(items: list[Any]) -> list[dict[str, Any]]:
-                return list(await router.submit_many.remote(items))
-
-            batcher = self._batchers[shard] = Batcher(flush)
-        return SubmitResult(**await batcher.submit(inbound))
+        res = await self._router(inbound.session_key).submit.remote(inbound)
+        return SubmitResult(**res)
 
     # ------------------------------------------------------------------ control
 

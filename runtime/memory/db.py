@@ -21,9 +21,11 @@ Writers (issue #8, SQL write path):
 * **Node-wide writer lock (SQLite)**: a write transaction (:meth:`Database.session` /
   :meth:`Database.connection` with ``write=True``) first takes a process-wide re-entrant lock and
   an ``fcntl.flock(LOCK_EX)`` on the sidecar file ``<db file>.writer.lock`` (created if missing),
-  and releases both right after commit or rollback. The kernel wakes a flock waiter as soon as the
-  holder releases, so writers of every process on the node queue FIFO-ish instead of sleeping in
-  SQLite's busy handler (1, 2, 5 … 100 ms steps). ``BEGIN IMMEDIATE`` and ``busy_timeout`` stay as
+  and releases both right after commit or rollback. The lock file is polled non-blocking with
+  pauses of at most 2 ms, so writers of every process on the node queue closely instead of
+  sleeping in SQLite's busy handler (1, 2, 5 … 100 ms steps); the wait is bounded by
+  ``busy_timeout_ms``, then "database is locked" (retried by :meth:`Database.run_write`).
+  ``BEGIN IMMEDIATE`` and ``busy_timeout`` stay as
   the second line for tools that write the file without the lock. Where :mod:`fcntl` does not
   exist only the in-process lock is taken (cross-process writers queue on the busy timeout).
   PostgreSQL: no lock.
@@ -64,7 +66,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlmodel import Session, SQLModel, create_engine
 
 from runtime import metrics
@@ -187,7 +189,7 @@ class _WriterLock:
         self._fd: int | None = None
         self._flock_ok = fcntl is not None
 
-    def _flock(self) -> None:
+    def _flock(self, deadline: float) -> None:
         if not self._flock_ok:
             return
         try:
@@ -200,19 +202,35 @@ class _WriterLock:
             )
             self._flock_ok = False
             return
+        delay = 0.0002
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            while True:  # polled, so the wait is bounded (a blocking flock cannot time out)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise _lock_timeout(self.sidecar) from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, _FLOCK_POLL_MAX_S)
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
 
-    def acquire(self) -> None:
-        """Take the lock (blocks; re-entrant in the holding thread)."""
-        self._lock.acquire()
+    def acquire(self, timeout_s: float) -> None:
+        """Take the lock (re-entrant in the holding thread), waiting at most ``timeout_s``.
+
+        Raises:
+            sqlalchemy.exc.OperationalError: "database is locked" (a transient write error,
+                :func:`is_transient_write_error`) when the lock stayed taken ``timeout_s``.
+        """
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        if not self._lock.acquire(timeout=max(0.0, timeout_s)):
+            raise _lock_timeout(self.sidecar)
         if self._depth == 0:
             try:
-                self._flock()
+                self._flock(deadline)
             except BaseException:
                 self._lock.release()
                 raise
@@ -241,6 +259,16 @@ class _WriterLock:
 _WRITER_LOCKS: weakref.WeakValueDictionary[str, _WriterLock] = weakref.WeakValueDictionary()
 """One lock per SQLite file in this process, alive while a :class:`Database` on it is."""
 _WRITER_LOCKS_GUARD = threading.Lock()
+
+
+_FLOCK_POLL_MAX_S = 0.002
+"""Longest pause between two tries of the writer lock file, in seconds."""
+
+
+def _lock_timeout(sidecar: Path) -> OperationalError:
+    return OperationalError(
+        "writer lock", None, sqlite3.OperationalError(f"database is locked (writer lock {sidecar} busy)")
+    )
 
 
 def _writer_lock_for(db_path: Path) -> _WriterLock:
@@ -293,6 +321,7 @@ class Database:
         self.url = normalize_url(url)
         self.dialect = self.url.get_backend_name()
         self.write_retry_s = float(write_retry_s)
+        self._busy_timeout_s = busy_timeout_ms / 1000
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionray-sql")
         self._writer: _WriterLock | None = None
         kwargs: dict[str, Any] = {"echo": echo}
@@ -331,12 +360,13 @@ class Database:
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
         """Hold the node-wide SQLite writer lock for the block (module docstring); a no-op on
-        PostgreSQL. Re-entrant within a thread. Blocking: call it on the SQL thread pool."""
+        PostgreSQL. Re-entrant within a thread. Blocking (at most ``busy_timeout_ms``, then
+        "database is locked", which :meth:`run_write` retries): call it on the SQL thread pool."""
         lock = self._writer
         if lock is None:
             yield
             return
-        lock.acquire()
+        lock.acquire(self._busy_timeout_s)
         try:
             yield
         finally:

@@ -26,7 +26,9 @@ characters, so a display name cannot close the block or fake a field.
 
 from __future__ import annotations
 
+import functools
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -181,24 +183,32 @@ def _with_prefix(message: UserMessage) -> UserMessage:
     return message.model_copy(update={"content": blocks})
 
 
-_USER_CACHE: dict[tuple[int, bool], tuple[UserMessage, UserMessage]] = {}
+_USER_CACHE: dict[tuple[int, bool], tuple[weakref.ref[UserMessage], UserMessage | None]] = {}
 _USER_CACHE_MAX = 16_384
 """Converted user messages by ``(id(message), prefixed)``. A live session converts its whole
 context before every LLM call; the messages are the same objects turn after turn (agent messages
-are never mutated once built), so each is converted once. An entry holds its source message, so
-an id is never reused while its entry lives; the identity check guards the rest."""
+are never mutated once built), so each is converted once. An entry holds its source *weakly* and
+goes when the source does (a passivated session's messages are not kept alive in a pooled
+actor); ``None`` stands for "unchanged" (the converted message is the source itself)."""
+
+
+def _forget(key: tuple[int, bool], ref: weakref.ref[UserMessage]) -> None:
+    entry = _USER_CACHE.get(key)
+    if entry is not None and entry[0] is ref:  # not an entry made since for a new object at that id
+        _USER_CACHE.pop(key, None)
 
 
 def _convert_user(m: UserMessage, prefixed: bool) -> UserMessage:
     key = (id(m), prefixed)
     hit = _USER_CACHE.get(key)
-    if hit is not None and hit[0] is m:
-        return hit[1]
+    if hit is not None and hit[0]() is m:
+        return m if hit[1] is None else hit[1]
     clean = strip_user_message(m)  # also for this turn's messages, not yet stored
     out = _with_prefix(clean) if prefixed and clean.sender else clean
     if len(_USER_CACHE) >= _USER_CACHE_MAX:
         _USER_CACHE.clear()
-    _USER_CACHE[key] = (m, out)
+    ref: weakref.ref[UserMessage] = weakref.ref(m, functools.partial(_forget, key))
+    _USER_CACHE[key] = (ref, None if out is m else out)
     return out
 
 
