@@ -135,7 +135,7 @@ class PoolSupervisor:
                 h = None
                 try:
                     h = self._create()
-                    await asyncio.wait_for(h.ping.remote(), PING_TIMEOUT_S)
+                    await _ready(h)
                     self._warm.append(h)
                     backoff = 0.5
                 except Exception:
@@ -160,7 +160,7 @@ class PoolSupervisor:
 
     async def _alive(self, h: Any, timeout_s: float = PING_TIMEOUT_S) -> bool:
         try:
-            await asyncio.wait_for(h.ping.remote(), timeout_s)
+            await _ready(h, timeout_s)
             return True
         except Exception:
             return False
@@ -192,7 +192,7 @@ class PoolSupervisor:
         metrics.WARM_POOL_EXHAUSTED.inc()
         h = self._create()
         try:
-            await asyncio.wait_for(h.ping.remote(), PING_TIMEOUT_S)
+            await _ready(h)
         except BaseException:
             self._kill(h)
             raise
@@ -245,3 +245,15 @@ class PoolSupervisor:
             "creating": self._creating,
             **self.stats,
         }
+
+
+async def _ready(h: Any, timeout_s: float = PING_TIMEOUT_S) -> None:
+    """Both concurrency groups of session actor ``h`` answer (``ping``: control, after the
+    warm-up; ``ping_turn``: turn) within ``timeout_s`` each.
+
+    Raises:
+        TimeoutError: a group did not answer (its event-loop thread may have died at start-up).
+        ray.exceptions.RayActorError: the actor died.
+    """
+    await asyncio.wait_for(h.ping.remote(), timeout_s)
+    await asyncio.wait_for(h.ping_turn.remote(), timeout_s)

@@ -174,6 +174,16 @@ class SessionActor:
             await asyncio.wait({asyncio.wrap_future(self._prepared)}, timeout=PREPARE_WAIT_S)
         return os.getpid()
 
+    @ray.method(concurrency_group="turn")
+    async def ping_turn(self) -> int:
+        """Liveness probe of the ``turn`` concurrency group; returns this actor's process id.
+
+        Ray starts one event-loop thread per concurrency group; rarely (seen twice in ~190 local
+        Ray sessions) such a thread dies at start-up ("this event loop is already running") while
+        the actor lives on, and every call of that group would then hang. The pool calls this
+        (and :meth:`ping`, the ``control`` group) before it counts an actor as warm."""
+        return os.getpid()
+
     @ray.method(concurrency_group="control")
     async def activate(self, session_key: str, next_seq: int = 1) -> dict[str, Any]:
         """Bind this blank actor to ``session_key``: build its setup, load its context from SQL.

@@ -46,3 +46,19 @@ async def test_lru_churn_at_the_cap_reuses_pooled_actors(h: Harness) -> None:
     assert after["created"] == before["created"]  # no new process for the churn
     assert after["warm_acquired"] - before["warm_acquired"] == 3
     assert after["warm"] == before["warm"]
+
+
+async def test_a_session_actor_answers_in_both_concurrency_groups(h: Harness) -> None:
+    """``ping`` (control group, after the warm-up) and ``ping_turn`` (turn group) — what the pool
+    checks before it counts an actor as warm — answer from the same process."""
+    import ray
+
+    from actors.session_actor import SessionActor
+    from tests.actors.session_scripts import ScriptedSetup
+
+    actor = SessionActor.remote(h.config, ScriptedSetup(str(h.markers)), h.rt.delivery)  # type: ignore[attr-defined]
+    try:
+        pid = await actor.ping.remote()
+        assert await actor.ping_turn.remote() == pid > 0
+    finally:
+        ray.kill(actor, no_restart=True)
