@@ -382,15 +382,8 @@ class Database:
             write: Start the transaction as a writer: SQLite ``BEGIN IMMEDIATE`` under the
                 node-wide writer lock, held until commit or rollback.
         """
-        with self.engine.connect() as conn:
-            if write and self.is_sqlite:
-                conn.execution_options(sessionray_sqlite_immediate=True)
-            if write:
-                with self.writer_lock(), Session(bind=conn, expire_on_commit=False) as s:
-                    yield from _session_transaction(s)
-            else:
-                with Session(bind=conn, expire_on_commit=False) as s:
-                    yield from _session_transaction(s)
+        with self._checkout(write) as conn, Session(bind=conn, expire_on_commit=False) as s:
+            yield from _session_transaction(s)
 
     @contextmanager
     def connection(self, *, write: bool = False) -> Iterator[Connection]:
@@ -404,14 +397,21 @@ class Database:
             write: As for :meth:`session` (``BEGIN IMMEDIATE`` under the writer lock on SQLite;
                 the lock is taken only once the pooled connection is checked out).
         """
+        with self._checkout(write) as conn:
+            yield from _core_transaction(conn)
+
+    @contextmanager
+    def _checkout(self, write: bool) -> Iterator[Connection]:
+        """A pooled connection; for a writer also ``BEGIN IMMEDIATE`` (SQLite) and the writer lock,
+        taken once the connection is checked out and held until the block ends."""
         with self.engine.connect() as conn:
-            if write and self.is_sqlite:
+            if not write:
+                yield conn
+                return
+            if self.is_sqlite:
                 conn.execution_options(sessionray_sqlite_immediate=True)
-            if write:
-                with self.writer_lock():
-                    yield from _core_transaction(conn)
-            else:
-                yield from _core_transaction(conn)
+            with self.writer_lock():
+                yield conn
 
     def insert(self, table: Table) -> PgInsert | SqliteInsert:
         """The dialect's ``INSERT`` construct for ``table`` (it has ``on_conflict_do_nothing``)."""
