@@ -23,15 +23,11 @@ from sqlalchemy import text
 
 from runtime.memory import ContextRepository, Database
 from runtime.types import AssistantMessage, TextContent, UserMessage
+from tests.bench.stats import pct
 from tests.memory.pg_schema import create_schema, drop_schema, find_or_start_postgres
 
 MESSAGES = 200
 LOADS = 100
-
-
-def _pct(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 async def _measure(url: str) -> dict[str, Any]:
@@ -67,11 +63,11 @@ async def _measure(url: str) -> dict[str, Any]:
         else:
             settings = "WAL synchronous=NORMAL"
         return {
-            "append_p50_ms": round(_pct(appends, 0.5), 3),
-            "append_p99_ms": round(_pct(appends, 0.99), 3),
+            "append_p50_ms": round(pct(appends, 0.5), 3),
+            "append_p99_ms": round(pct(appends, 0.99), 3),
             "append_mean_ms": round(statistics.fmean(appends), 3),
-            "load_p50_ms": round(_pct(loads, 0.5), 3),
-            "load_p99_ms": round(_pct(loads, 0.99), 3),
+            "load_p50_ms": round(pct(loads, 0.5), 3),
+            "load_p99_ms": round(pct(loads, 0.99), 3),
             "messages": MESSAGES,
             "settings": settings,
         }

@@ -21,16 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["child_main", "pct", "run_load", "timed_api_server"]
+from tests.bench.stats import pct
+
+__all__ = ["child_main", "run_load", "timed_api_server"]
 
 
 _JSON = {"Content-Type": "application/json"}
-
-
-def pct(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values`` by nearest rank; NaN when empty."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))] if s else float("nan")
 
 
 def _timed_server_class() -> Any:
