@@ -29,6 +29,7 @@ from typing import Any
 
 import ray
 
+from actors.admission import should_recycle
 from actors.session_actor import SessionActor
 from runtime import metrics
 from runtime.turn import SetupFactory
@@ -203,7 +204,7 @@ class PoolSupervisor:
         """Return a passivated (blank) actor. Returns ``"warm"`` (kept, up to ``size + spare``
         warm actors), ``"recycled"`` (served ``recycle_after_sessions`` or above
         ``recycle_memory_mib``) or ``"surplus"`` (pool full: killed)."""
-        if sessions_served >= self.recycle_after_sessions or uss_mib > self.recycle_memory_mib:
+        if should_recycle(sessions_served, uss_mib, self.recycle_after_sessions, self.recycle_memory_mib):
             self._kill(handle)
             self.stats["recycled"] += 1
             self._poke()

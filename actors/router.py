@@ -11,18 +11,25 @@ so every process agrees). Each shard, a named async actor ``sessionray-router-{i
   the reply to delivery; with ``runtime.mailbox_size`` pending, :meth:`RouterActor.submit` answers
   ``busy`` (the ingress returns 503 + ``Retry-After``). An accepted message is never dropped;
 * **sequence numbers**: each accepted message gets the session's next ``seq`` (Ray does not order
-  calls to an async actor; the session's inbox does);
+  calls to an async actor; the session's inbox does). Messages of one key pass the shard in
+  arrival order (a per-key ticket, :class:`actors.admission.KeyOrder`), so a message that waits
+  for a slot is never overtaken by a later one of the same session;
 * **lifecycle**: activation from the warm pool on the first message; passivation after
   ``runtime.idle_ttl_s`` without activity; a cap of live sessions per shard
-  (``ceil(max_live_sessions / N)``) enforced by passivating the least recently used *idle*
-  session; when none is idle a new session waits up to ``runtime.activation_wait_s``, then
-  ``busy``;
+  (``ceil(max_live_sessions / N)``). A new session over the cap queues (FIFO,
+  :class:`actors.admission.SlotQueue`) for up to ``runtime.activation_wait_s``, then ``busy``;
+  for each waiter the shard LRU-passivates one *idle* session (an actor that refuses — a control
+  turn still runs — is skipped for ``REFUSED_RETRY_S``), and each freed slot goes to the oldest
+  waiter together with the passivated, now blank, actor (no pool round trip) unless the pool's
+  recycling rule would replace that actor;
 * **crash recovery** (item 8): a ``submit`` that fails because the session actor died makes the
   shard re-bind the session to a fresh actor (context reloaded from SQL, inbox resuming at the
   lowest pending seq) and send every interrupted message once more (``attempt=1``); a second
   failure of the same message is counted as an error and the message is dropped with a log line.
+  A *hung* actor (a turn pending ``runtime.hung_turn_s`` and no ``ping_turn`` answer within
+  ``runtime.hung_ping_timeout_s``) is killed, which sends its turns down the same path;
 * routing of ``steer`` / ``follow_up`` (masters only, seed 002 #7: refusals are counted),
-  ``abort`` and ``archive``; listing of live sessions.
+  ``abort`` and ``archive``; listing of live sessions (both in :mod:`actors.router_admin`).
 """
 
 from __future__ import annotations
@@ -34,12 +41,12 @@ import math
 import time
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
-from actors.session_actor import SessionNotBoundError
+from actors.admission import Grant, KeyOrder, Live, SlotQueue, should_recycle
+from actors.router_admin import DEAD, LOST, RouterAdminMixin
 from runtime import metrics
 from runtime.turn import TurnInput, TurnResult
 
@@ -48,11 +55,11 @@ __all__ = ["ROUTER_PREFIX", "RouterActor", "router_name", "shard_of"]
 log = logging.getLogger("sessionray.router")
 
 ROUTER_PREFIX = "sessionray-router"
-_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-_LOST = (*_DEAD, SessionNotBoundError)
-"""The session's actor died, or restarted blank (Ray raises the actor's exception type)."""
 BIND_TIMEOUT_S = 180.0
 """How long the shard keeps trying to activate a session before its waiting entries fail."""
+REFUSED_RETRY_S = 0.5
+"""After a session actor refused an LRU passivation (a control turn still ran), seconds before the
+shard tries that victim again; other idle sessions are tried meanwhile."""
 
 
 def router_name(index: int) -> str:
@@ -71,41 +78,14 @@ def shard_of(session_key: str, shards: int) -> int:
     return zlib.crc32(session_key.encode("utf-8")) % shards
 
 
-@dataclass
-class _Live:
-    """The shard's view of one live (or activating) session."""
-
-    key: str
-    actor: Any = None
-    session_id: str = ""
-    next_seq: int = 1
-    pending: dict[int, TurnInput] = field(default_factory=dict)
-    ready: asyncio.Task[None] | None = None
-    generation: int = 0
-    last_used: float = field(default_factory=time.monotonic)
-    turns: int = 0
-    passivating: bool = False
-    passivation: asyncio.Event | None = None
-
-    @property
-    def idle(self) -> bool:
-        return not self.pending and self.ready is not None and self.ready.done() and not self.passivating
-
-
 def _knob(config: Any, name: str, default: Any) -> Any:
     return getattr(getattr(config, "runtime", None), name, default)
 
 
-def _is_master(config: Any, platform: str, bot_id: str, sender_id: str) -> bool:
-    for bot in getattr(config, "bots", []) or []:
-        if getattr(bot, "platform", None) == platform and str(getattr(bot, "self_id", "")) == bot_id:
-            return str(sender_id) in {str(m) for m in getattr(bot, "masters", []) or []}
-    return False
-
-
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
-class RouterActor:
-    """One router shard.
+class RouterActor(RouterAdminMixin):
+    """One router shard (``steer``/``follow_up``/``abort``/``archive`` routing and the
+    introspection methods come from :class:`actors.router_admin.RouterAdminMixin`).
 
     Args:
         config: ``runtime.config.Config``.
@@ -128,9 +108,17 @@ class RouterActor:
         self.idle_ttl_s = float(_knob(config, "idle_ttl_s", 600.0))
         self.activation_wait_s = float(_knob(config, "activation_wait_s", 10.0))
         self.dedup_window = int(_knob(config, "dedup_window", 10_000))
-        self._dir: dict[str, _Live] = {}
+        self.hung_turn_s = float(_knob(config, "hung_turn_s", 120.0))
+        self.hung_ping_timeout_s = float(_knob(config, "hung_ping_timeout_s", 30.0))
+        self.recycle_after_sessions = int(_knob(config, "recycle_after_sessions", 100))
+        self.recycle_memory_mib = float(_knob(config, "recycle_memory_mib", 512.0))
+        self._dir: dict[str, Live] = {}
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
-        self._freed: asyncio.Event | None = None
+        self._slots = SlotQueue(self.cap, lambda: len(self._dir), self._return_to_pool)
+        self._order = KeyOrder()
+        self._evicting = 0
+        self._retry: asyncio.TimerHandle | None = None
+        self._started = False
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.counts = {
@@ -144,14 +132,16 @@ class RouterActor:
             "passivated": 0,
             "activated": 0,
             "refused": 0,
+            "handoffs": 0,
+            "hung": 0,
         }
         self._recent: list[float] = []
 
     # ------------------------------------------------------------------ plumbing
 
     def _start(self) -> None:
-        if self._freed is None:
-            self._freed = asyncio.Event()
+        if not self._started:
+            self._started = True
             self._sweeper = asyncio.create_task(self._idle_loop())
 
     def _get_pool(self) -> Any:
@@ -164,14 +154,18 @@ class RouterActor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _signal_freed(self) -> None:
-        if self._freed is not None:
-            self._freed.set()
+    def _return_to_pool(self, actor: Any) -> None:
+        """A blank actor handed over with a slot that nobody took goes back to the warm pool."""
+        if actor is not None:
+            self._spawn(self._get_pool().release.remote(actor))
 
     # ------------------------------------------------------------------ inbound
 
     async def submit(self, inbound: Any) -> dict[str, Any]:
         """Route one :class:`runtime.platforms.base.InboundMessage`.
+
+        Messages of one session key pass in arrival order (a per-key ticket taken before the
+        first ``await``), so their seqs follow arrival even when the first waits for a slot.
 
         Returns:
             ``{"status": "accepted" | "duplicate" | "busy", "retry_after_s": float | None,
@@ -188,30 +182,31 @@ class RouterActor:
             self.counts["ignored"] += 1
             return {"status": "accepted", "retry_after_s": None, "seq": None}
         key = inbound.session_key
-        live = await self._settled(key)
-        if live is None:
-            if not await self._admit(key):
-                return self._busy()
+        deadline = time.monotonic() + self.activation_wait_s
+        async with self._order.turn(key):
             live = await self._settled(key)
             if live is None:
-                live = self._bind_new(key)
-        if dk in self._seen:  # a duplicate arrived while we waited for a slot
-            self.counts["duplicate"] += 1
-            return {"status": "duplicate", "retry_after_s": None, "seq": None}
-        if len(live.pending) >= self.mailbox:
-            return self._busy()
-        seq = live.next_seq
-        live.next_seq += 1
+                grant = await self._admit(deadline)
+                if grant is None:
+                    return self._busy()
+                live = self._bind_new(key, grant)
+            if dk in self._seen:  # a duplicate arrived while we waited for a slot
+                self.counts["duplicate"] += 1
+                return {"status": "duplicate", "retry_after_s": None, "seq": None}
+            if len(live.pending) >= self.mailbox:
+                return self._busy()
+            seq = live.next_seq
+            live.next_seq += 1
         turn = TurnInput.from_inbound(inbound, seq)
         live.pending[seq] = turn
-        live.last_used = time.monotonic()
+        live.last_used = live.since[seq] = time.monotonic()
         self._remember(dk)
         self.counts["accepted"] += 1
         self._recent.append(time.monotonic())
         self._spawn(self._dispatch(live, turn))
         return {"status": "accepted", "retry_after_s": None, "seq": seq}
 
-    async def _settled(self, key: str) -> _Live | None:
+    async def _settled(self, key: str) -> Live | None:
         """The live entry of ``key`` once no passivation of it is in flight (one actor per session:
         a message never binds a second actor while the first is being passivated)."""
         live = self._dir.get(key)
@@ -229,40 +224,73 @@ class RouterActor:
         while len(self._seen) > self.dedup_window:
             self._seen.popitem(last=False)
 
-    async def _admit(self, key: str) -> bool:
-        """Make room for one more live session: LRU-passivate an idle one, or wait (bounded)."""
-        deadline = time.monotonic() + self.activation_wait_s
-        while True:
-            live_now = [s for s in self._dir.values() if not s.passivating]
-            if key in self._dir and not self._dir[key].passivating:
-                return True
-            if len(live_now) < self.cap:
-                return True
-            idle = [s for s in live_now if s.idle]
-            if idle:
-                victim = min(idle, key=lambda s: s.last_used)
-                await self._passivate(victim, "lru")
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            assert self._freed is not None
-            self._freed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), min(remaining, 0.5))
+    # ------------------------------------------------------------------ admission at the cap
+
+    async def _admit(self, deadline: float) -> Grant | None:
+        """A slot for one more live session: a free one at once when nobody waits, else queue
+        (FIFO) until an LRU passivation or an ended session frees one; ``None`` at ``deadline``
+        (``time.monotonic()``)."""
+        grant = self._slots.try_take()
+        if grant is not None:
+            return grant
+        asyncio.get_running_loop().call_soon(self._pump)  # runs once this waiter is queued
+        return await self._slots.wait(deadline - time.monotonic())
+
+    def _pump(self) -> None:
+        """Start one LRU passivation per waiting new session not yet covered by one in flight.
+        Victims are idle sessions, least recently used first, skipping those that refused within
+        ``REFUSED_RETRY_S`` (retried by a timer when nothing else is idle)."""
+        self._slots.offer()
+        now = time.monotonic()
+        while self._slots.waiting > self._evicting:
+            idle = [s for s in self._dir.values() if s.idle and s.refused_until <= now]
+            if not idle:
+                break
+            victim = min(idle, key=lambda s: s.last_used)
+            self._evicting += 1
+            self._begin_passivation(victim)
+            self._spawn(self._evict(victim))
+        if self._slots.waiting > self._evicting and self._retry is None:
+            refused = [s.refused_until for s in self._dir.values() if s.idle and s.refused_until > now]
+            if refused:
+                self._retry = asyncio.get_running_loop().call_later(min(refused) - now, self._retry_pump)
+
+    def _retry_pump(self) -> None:
+        self._retry = None
+        self._pump()
+
+    async def _evict(self, victim: Live) -> None:
+        try:
+            await self._run_passivation(victim, "lru", False)
+        except Exception:  # pragma: no cover - logged; the waiters fall back to their deadline
+            log.exception("LRU passivation of %s failed", victim.key)
+        finally:
+            self._evicting -= 1
+            self._pump()
+
+    def _drop(self, live: Live) -> None:
+        """Remove ``live`` from the directory (its actor is gone or blank); its slot frees."""
+        if self._dir.get(live.key) is live:
+            del self._dir[live.key]
+            self._gauge()
+            self._slots.offer()
 
     # ------------------------------------------------------------------ binding
 
-    def _bind_new(self, key: str) -> _Live:
-        live = _Live(key=key)
+    def _bind_new(self, key: str, grant: Grant) -> Live:
+        live = Live(key=key)
         self._dir[key] = live
-        live.ready = asyncio.create_task(self._bind(live, 1))
+        self._slots.consume(grant)
+        if grant.actor is not None:
+            self.counts["handoffs"] += 1
+        live.ready = asyncio.create_task(self._bind(live, 1, grant.actor))
         return live
 
-    async def _bind(self, live: _Live, next_seq: int) -> None:
-        """Take an actor from the warm pool and activate the session on it. Retries (with back-off)
-        for up to ``BIND_TIMEOUT_S``: a slow cold start or a dying actor does not lose the
-        accepted messages waiting for this session.
+    async def _bind(self, live: Live, next_seq: int, actor: Any = None) -> None:
+        """Activate the session on ``actor`` (a blank actor handed over by an LRU passivation) or
+        on one taken from the warm pool. Retries (with back-off, from the pool) for up to
+        ``BIND_TIMEOUT_S``: a slow cold start or a dying actor does not lose the accepted
+        messages waiting for this session.
 
         Raises:
             RuntimeError: no activation succeeded in time (the waiting entries then fail, logged).
@@ -272,13 +300,15 @@ class RouterActor:
         delay = 0.2
         while True:
             t0 = time.perf_counter()
-            actor = None
+            source = "warm"
             try:
-                actor, source = await pool.acquire.remote()
+                if actor is None:
+                    actor, source = await pool.acquire.remote()
                 info = await actor.activate.remote(live.key, next_seq)
             except Exception as exc:
                 if actor is not None:
                     pool.report_dead.remote(actor)
+                    actor = None
                 if time.monotonic() + delay > deadline:
                     raise RuntimeError(f"could not activate {live.key}: {exc!r}") from exc
                 log.warning("activation of %s failed (%r); retrying", live.key, exc)
@@ -295,36 +325,32 @@ class RouterActor:
     def _gauge(self) -> None:
         metrics.LIVE_SESSIONS.set(sum(1 for s in self._dir.values() if not s.passivating))
 
-    async def _dispatch(self, live: _Live, turn: TurnInput) -> None:
+    async def _dispatch(self, live: Live, turn: TurnInput) -> None:
         while True:
             assert live.ready is not None
             generation = live.generation
             try:
                 await live.ready
                 result: TurnResult = await live.actor.submit.remote(turn)
-            except _LOST as exc:
+            except LOST as exc:
                 if turn.attempt >= 1:
                     self._finish(live, turn, None, f"session actor died twice: {exc!r}")
                     return
                 self._rebind(live, generation)
                 turn = turn.model_copy(update={"attempt": 1})
                 live.pending[turn.seq] = turn
+                live.since[turn.seq] = time.monotonic()
                 self.counts["retried"] += 1
                 continue
             except Exception as exc:
                 self._finish(live, turn, None, repr(exc))
-                if (
-                    live.ready.done()
-                    and live.ready.exception() is not None
-                    and self._dir.get(live.key) is live
-                ):
-                    del self._dir[live.key]  # activation failed: the next message tries a fresh bind
-                    self._gauge()
+                if live.ready.done() and live.ready.exception() is not None:
+                    self._drop(live)  # activation failed: the next message tries a fresh bind
                 return
             self._finish(live, turn, result, None)
             return
 
-    def _rebind(self, live: _Live, generation: int) -> None:
+    def _rebind(self, live: Live, generation: int) -> None:
         """First caller after a crash re-binds the session; later callers wait on the same task."""
         if live.generation != generation:
             return
@@ -336,8 +362,9 @@ class RouterActor:
         first = min(live.pending) if live.pending else live.next_seq
         live.ready = asyncio.create_task(self._bind(live, first))
 
-    def _finish(self, live: _Live, turn: TurnInput, result: TurnResult | None, error: str | None) -> None:
+    def _finish(self, live: Live, turn: TurnInput, result: TurnResult | None, error: str | None) -> None:
         live.pending.pop(turn.seq, None)
+        live.since.pop(turn.seq, None)
         live.last_used = time.monotonic()
         live.turns += 1
         self.counts["turns"] += 1
@@ -346,186 +373,120 @@ class RouterActor:
             log.warning(
                 "turn %s#%s failed: %s", live.key, turn.seq, error or (result.error if result else "")
             )
-        if not live.pending:
-            self._signal_freed()
+        if not live.pending and self._slots.waiting:
+            self._pump()  # an idle session now: a victim for a waiting new session
 
     # ------------------------------------------------------------------ passivation
 
-    async def _passivate(self, live: _Live, reason: str, force: bool = False) -> bool:
+    async def _passivate(self, live: Live, reason: str, force: bool = False) -> bool:
         if live.passivating or (live.pending and not force):
             return False
+        self._begin_passivation(live)
+        return await self._run_passivation(live, reason, force)
+
+    def _begin_passivation(self, live: Live) -> None:
         live.passivating = True
         live.passivation = asyncio.Event()
+
+    async def _run_passivation(self, live: Live, reason: str, force: bool) -> bool:
+        """Passivate ``live`` (already marked passivating). Its slot goes to the oldest waiting
+        new session, with the now blank actor when the pool would keep it (``should_recycle``
+        false): the waiter activates on it without a pool release/acquire round trip. Otherwise
+        the actor goes back to the pool (awaited, so a waiter then finds it warm).
+        Returns False when the actor refused (a control turn still runs; the session stays live)."""
+        assert live.passivation is not None
         try:
             if live.ready is not None:
                 with contextlib.suppress(Exception):
                     await live.ready
             actor = live.actor
             if actor is None:
-                self._dir.pop(live.key, None)
+                self._drop(live)
                 return True
             try:
                 res = await actor.passivate.remote(force)
-            except _DEAD:
+            except DEAD:
                 self._get_pool().report_dead.remote(actor)
                 res = None
             if res is not None and not res["ok"]:
+                live.refused_until = time.monotonic() + REFUSED_RETRY_S
                 return False  # a control turn still runs; keep it live
             if self._dir.get(live.key) is live:
                 del self._dir[live.key]
-            if res is not None:  # awaited: a session waiting for this slot then finds the actor warm
-                await self._get_pool().release.remote(actor, res["sessions_served"], res["uss_mib"])
             metrics.PASSIVATIONS.inc(reason=reason)
             self.counts["passivated"] += 1
             self.counts[f"passivated_{reason}"] = self.counts.get(f"passivated_{reason}", 0) + 1
             self._gauge()
-            self._signal_freed()
+            if res is not None:
+                served, uss = res["sessions_served"], res["uss_mib"]
+                keep = not should_recycle(served, uss, self.recycle_after_sessions, self.recycle_memory_mib)
+                if not (keep and self._slots.waiting and self._slots.offer(actor)):
+                    await self._get_pool().release.remote(actor, served, uss)
+            self._slots.offer()
             return True
         finally:
             live.passivating = False
             live.passivation.set()
 
     async def _idle_loop(self) -> None:
-        interval = max(0.05, min(self.idle_ttl_s / 4, 1.0))
+        interval = max(0.05, min(self.idle_ttl_s / 4, self.hung_turn_s / 4, 1.0))
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            self._check_hung(now)
             for live in list(self._dir.values()):
                 if live.idle and now - live.last_used >= self.idle_ttl_s:
                     with contextlib.suppress(Exception):
                         await self._passivate(live, "idle")
+
+    # ------------------------------------------------------------------ hung session actors
+
+    def _check_hung(self, now: float) -> None:
+        """Ping the ``turn`` group of each actor with a turn pending ``hung_turn_s`` or longer (at
+        most once per ``hung_turn_s``). A long LLM call or tool still answers the ping (the group
+        runs many calls at once); a group whose event loop stopped does not."""
+        for live in list(self._dir.values()):
+            if live.actor is None or not live.since or live.passivating:
+                continue
+            if (
+                now - min(live.since.values()) >= self.hung_turn_s
+                and now - live.probed_at >= self.hung_turn_s
+            ):
+                live.probed_at = now
+                self._spawn(self._probe(live, live.actor))
+
+    async def _probe(self, live: Live, actor: Any) -> None:
+        """Kill ``actor`` (``ray.kill``, no restart) when its ``ping_turn`` does not answer within
+        ``hung_ping_timeout_s``: its pending ``submit`` calls then fail like a crash, and the
+        crash path re-binds the session to a fresh actor and retries each turn once."""
+        try:
+            await asyncio.wait_for(actor.ping_turn.remote(), self.hung_ping_timeout_s)
+        except TimeoutError:
+            if live.actor is not actor:
+                return  # re-bound meanwhile
+            self.counts["hung"] += 1
+            log.warning(
+                "session actor of %s did not answer ping_turn within %.1f s with a turn pending %.1f s; "
+                "killing it (crash path: re-bind, retry once)",
+                live.key,
+                self.hung_ping_timeout_s,
+                time.monotonic() - min(live.since.values(), default=time.monotonic()),
+            )
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        except Exception:  # died meanwhile: the crash path handles it
+            return
 
     async def passivate(self, session_key: str, reason: str = "admin") -> bool:
         """Passivate ``session_key`` now if it is idle; returns whether it was."""
         live = self._dir.get(session_key)
         return bool(live is not None and live.idle and await self._passivate(live, reason))
 
-    # ------------------------------------------------------------------ control
-
-    async def control(
-        self, kind: str, session_key: str, text: str = "", sender_id: str = ""
-    ) -> dict[str, Any]:
-        """Route ``steer`` / ``follow_up`` / ``abort`` / ``archive`` to the live session.
-
-        ``steer`` and ``follow_up`` are for the bot's masters only (seed 002 #7); a refusal is
-        counted in ``sessionray_control_total{kind, outcome="refused"}``.
-
-        Returns:
-            ``{"ok": True, "outcome": ...}`` or ``{"ok": False, "error": "not_master" |
-            "unknown_session" | "bad_key", "message": str}``.
-        """
-        from runtime.memory.keys import SessionKeyError, parse_session_key
-
-        try:
-            key = parse_session_key(session_key)
-        except SessionKeyError as exc:
-            return {"ok": False, "error": "bad_key", "message": str(exc)}
-        if kind in ("steer", "follow_up") and not _is_master(
-            self.config, key.platform, key.bot_id, sender_id
-        ):
-            metrics.CONTROL.inc(kind=kind, outcome="refused")
-            self.counts["refused"] += 1
-            return {
-                "ok": False,
-                "error": "not_master",
-                "message": f"{sender_id!r} is not a master of bot {key.platform}:{key.bot_id}; "
-                f"only masters may {kind.replace('_', '-')}",
-            }
-        live = self._dir.get(session_key)
-        if live is None or live.passivating:
-            metrics.CONTROL.inc(kind=kind, outcome="unknown")
-            return {
-                "ok": False,
-                "error": "unknown_session",
-                "message": f"no live session {session_key!r} (never seen, or passivated)",
-            }
-        assert live.ready is not None
-        await live.ready
-        live.last_used = time.monotonic()
-        try:
-            if kind in ("steer", "follow_up"):
-                method = live.actor.steer if kind == "steer" else live.actor.follow_up
-                outcome: Any = await method.remote(session_key, text, sender_id)
-            elif kind == "abort":
-                outcome = await live.actor.abort.remote(session_key)
-            elif kind == "archive":
-                outcome = await live.actor.archive.remote(session_key)
-                live.session_id = outcome
-            else:
-                raise ValueError(f"unknown control {kind!r}")
-        except _LOST as exc:
-            # The actor died or restarted blank: the next message re-activates the session.
-            if not live.pending and self._dir.get(session_key) is live:
-                del self._dir[session_key]
-                self._get_pool().report_dead.remote(live.actor)
-                self._gauge()
-            metrics.CONTROL.inc(kind=kind, outcome="unknown")
-            return {
-                "ok": False,
-                "error": "unknown_session",
-                "message": f"session {session_key!r} was lost: {exc}",
-            }
-        metrics.CONTROL.inc(kind=kind, outcome=str(outcome) if kind in ("steer", "follow_up") else "ok")
-        return {"ok": True, "outcome": outcome}
-
-    # ------------------------------------------------------------------ introspection
-
-    async def sessions(self) -> list[dict[str, Any]]:
-        """Live sessions of this shard: ``session_key``, ``session_id``, ``shard``, ``pending``,
-        ``turns``, ``idle_s``."""
-        now = time.monotonic()
-        return [
-            {
-                "session_key": s.key,
-                "session_id": s.session_id,
-                "shard": self.shard,
-                "pending": len(s.pending),
-                "turns": s.turns,
-                "idle_s": round(now - s.last_used, 3),
-            }
-            for s in self._dir.values()
-            if not s.passivating
-        ]
-
-    async def session(self, session_key: str) -> dict[str, Any] | None:
-        """Details of one live session (router view plus the actor's ``status()``), or ``None``."""
-        live = self._dir.get(session_key)
-        if live is None:
-            return None
-        base = next(
-            (s for s in await self.sessions() if s["session_key"] == session_key),
-            {"session_key": session_key},
-        )
-        if live.actor is not None:
-            with contextlib.suppress(Exception):
-                base["actor"] = await live.actor.status.remote()
-        return base
-
-    async def context(self, session_key: str) -> list[dict[str, Any]]:
-        """The live context of ``session_key`` as JSON dicts (empty when not live)."""
-        live = self._dir.get(session_key)
-        if live is None or live.ready is None:
-            return []
-        await live.ready
-        return list(await live.actor.context_messages.remote(session_key))
-
-    async def status(self) -> dict[str, Any]:
-        """Counters of this shard plus ``live``, ``pending`` and ``throughput_msg_s`` (last 60 s)."""
-        now = time.monotonic()
-        self._recent = [t for t in self._recent if now - t <= 60.0]
-        span = min(60.0, max(1.0, now - self._recent[0])) if self._recent else 60.0
-        return {
-            "shard": self.shard,
-            "live": sum(1 for s in self._dir.values() if not s.passivating),
-            "pending": sum(len(s.pending) for s in self._dir.values()),
-            "cap": self.cap,
-            "throughput_msg_s": round(len(self._recent) / span, 3),
-            **self.counts,
-        }
-
     async def shutdown(self) -> None:
         """Stop background work (the pool owns the session actors)."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._retry is not None:
+            self._retry.cancel()
         for t in list(self._tasks):
             t.cancel()

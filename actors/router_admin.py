@@ -1,0 +1,176 @@
+"""The admin face of a router shard (issue 8, items 3 and 5): routing of ``steer`` /
+``follow_up`` (masters only, seed 002 #7) / ``abort`` / ``archive`` to a live session, and the
+introspection the admin API and CLI read (``sessions``, ``session``, ``context``, ``status``).
+
+:class:`RouterAdminMixin` is a base class of :class:`actors.router.RouterActor` (Ray exposes the
+inherited methods as actor methods); it only reads the shard's directory, and drops an entry
+through the shard's ``_drop`` when a control call finds the session's actor lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import ray
+
+from actors.admission import Live
+from actors.session_actor import SessionNotBoundError
+from runtime import metrics
+
+__all__ = ["DEAD", "LOST", "RouterAdminMixin"]
+
+DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+"""A call failed because the session's actor died (or is restarting)."""
+LOST = (*DEAD, SessionNotBoundError)
+"""The session's actor died, or restarted blank (Ray raises the actor's exception type)."""
+
+
+def _is_master(config: Any, platform: str, bot_id: str, sender_id: str) -> bool:
+    for bot in getattr(config, "bots", []) or []:
+        if getattr(bot, "platform", None) == platform and str(getattr(bot, "self_id", "")) == bot_id:
+            return str(sender_id) in {str(m) for m in getattr(bot, "masters", []) or []}
+    return False
+
+
+class RouterAdminMixin:
+    """Control routing and introspection of one router shard (see the module docstring)."""
+
+    config: Any
+    shard: int
+    cap: int
+    counts: dict[str, int]
+    _dir: dict[str, Live]
+    _recent: list[float]
+
+    def _get_pool(self) -> Any:  # pragma: no cover - provided by RouterActor
+        raise NotImplementedError
+
+    def _drop(self, live: Live) -> None:  # pragma: no cover - provided by RouterActor
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ control
+
+    async def control(
+        self, kind: str, session_key: str, text: str = "", sender_id: str = ""
+    ) -> dict[str, Any]:
+        """Route ``steer`` / ``follow_up`` / ``abort`` / ``archive`` to the live session.
+
+        ``steer`` and ``follow_up`` are for the bot's masters only (seed 002 #7); a refusal is
+        counted in ``sessionray_control_total{kind, outcome="refused"}``.
+
+        Returns:
+            ``{"ok": True, "outcome": ...}`` or ``{"ok": False, "error": "not_master" |
+            "unknown_session" | "bad_key", "message": str}``.
+        """
+        from runtime.memory.keys import SessionKeyError, parse_session_key
+
+        try:
+            key = parse_session_key(session_key)
+        except SessionKeyError as exc:
+            return {"ok": False, "error": "bad_key", "message": str(exc)}
+        if kind in ("steer", "follow_up") and not _is_master(
+            self.config, key.platform, key.bot_id, sender_id
+        ):
+            metrics.CONTROL.inc(kind=kind, outcome="refused")
+            self.counts["refused"] += 1
+            return {
+                "ok": False,
+                "error": "not_master",
+                "message": f"{sender_id!r} is not a master of bot {key.platform}:{key.bot_id}; "
+                f"only masters may {kind.replace('_', '-')}",
+            }
+        live = self._dir.get(session_key)
+        if live is None or live.passivating:
+            metrics.CONTROL.inc(kind=kind, outcome="unknown")
+            return {
+                "ok": False,
+                "error": "unknown_session",
+                "message": f"no live session {session_key!r} (never seen, or passivated)",
+            }
+        assert live.ready is not None
+        await live.ready
+        live.last_used = time.monotonic()
+        try:
+            if kind in ("steer", "follow_up"):
+                method = live.actor.steer if kind == "steer" else live.actor.follow_up
+                outcome: Any = await method.remote(session_key, text, sender_id)
+            elif kind == "abort":
+                outcome = await live.actor.abort.remote(session_key)
+            elif kind == "archive":
+                outcome = await live.actor.archive.remote(session_key)
+                live.session_id = outcome
+            else:
+                raise ValueError(f"unknown control {kind!r}")
+        except LOST as exc:
+            # The actor died or restarted blank: the next message re-activates the session.
+            if not live.pending and self._dir.get(session_key) is live:
+                self._get_pool().report_dead.remote(live.actor)
+                self._drop(live)
+            metrics.CONTROL.inc(kind=kind, outcome="unknown")
+            return {
+                "ok": False,
+                "error": "unknown_session",
+                "message": f"session {session_key!r} was lost: {exc}",
+            }
+        metrics.CONTROL.inc(kind=kind, outcome=str(outcome) if kind in ("steer", "follow_up") else "ok")
+        return {"ok": True, "outcome": outcome}
+
+    # ------------------------------------------------------------------ introspection
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        """Live sessions of this shard: ``session_key``, ``session_id``, ``shard``, ``pending``,
+        ``turns``, ``idle_s``."""
+        now = time.monotonic()
+        return [
+            {
+                "session_key": s.key,
+                "session_id": s.session_id,
+                "shard": self.shard,
+                "pending": len(s.pending),
+                "turns": s.turns,
+                "idle_s": round(now - s.last_used, 3),
+            }
+            for s in self._dir.values()
+            if not s.passivating
+        ]
+
+    async def session(self, session_key: str) -> dict[str, Any] | None:
+        """Details of one live session (router view plus the actor's ``status()``), or ``None``."""
+        live = self._dir.get(session_key)
+        if live is None:
+            return None
+        base = next(
+            (s for s in await self.sessions() if s["session_key"] == session_key),
+            {"session_key": session_key},
+        )
+        if live.actor is not None:
+            with contextlib.suppress(Exception):
+                base["actor"] = await live.actor.status.remote()
+        return base
+
+    async def context(self, session_key: str) -> list[dict[str, Any]]:
+        """The live context of ``session_key`` as JSON dicts (empty when not live)."""
+        live = self._dir.get(session_key)
+        if live is None or live.ready is None:
+            return []
+        await live.ready
+        return list(await live.actor.context_messages.remote(session_key))
+
+    async def status(self) -> dict[str, Any]:
+        """Counters of this shard plus ``live``, ``pending``, ``cap`` and ``throughput_msg_s`` (last
+        60 s). Among the counters: ``passivated`` (and ``passivated_<reason>``), ``handoffs``
+        (activations on an actor handed over by an LRU passivation, no pool round trip) and
+        ``hung`` (session actors killed because their ``turn`` group stopped answering)."""
+        now = time.monotonic()
+        self._recent = [t for t in self._recent if now - t <= 60.0]
+        span = min(60.0, max(1.0, now - self._recent[0])) if self._recent else 60.0
+        return {
+            "shard": self.shard,
+            "live": sum(1 for s in self._dir.values() if not s.passivating),
+            "pending": sum(len(s.pending) for s in self._dir.values()),
+            "cap": self.cap,
+            "throughput_msg_s": round(len(self._recent) / span, 3),
+            **self.counts,
+        }
