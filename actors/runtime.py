@@ -118,6 +118,7 @@ class SessionRuntime:
             runtime.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
         """
         from actors.cluster import ensure_database_fits_cluster
+        from runtime.memory.connection_budget import warn_if_over_connection_budget
         from runtime.memory.db import Database
 
         ensure_database_fits_cluster(config.database.url)
@@ -128,6 +129,7 @@ class SessionRuntime:
         db = Database(config.database.url, threads=1)
         try:
             await asyncio.to_thread(db.create_tables)
+            await asyncio.to_thread(warn_if_over_connection_budget, db, config.runtime)  # issue #8
         finally:
             db.dispose()
         self.config = config

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import fields as dataclass_fields
+from typing import Any, Literal, TypedDict, Unpack
 
 from sqlalchemy import BigInteger, Column, Connection, Integer, Table, Text, bindparam, or_, update
 from sqlalchemy import select as core_select
@@ -47,6 +48,7 @@ from runtime.memory.db import Database
 from runtime.types import now_ms
 
 __all__ = [
+    "ClaimFields",
     "ClaimOutcome",
     "DeliveryLedgerRow",
     "LedgerEntry",
@@ -119,22 +121,8 @@ class LedgerEntry:
     @classmethod
     def of(cls, row: Any) -> LedgerEntry:
         """Copy ``row`` (a :class:`DeliveryLedgerRow`, or a Core result row of the table)."""
-        return cls(
-            reply_id=row.reply_id,
-            session_key=row.session_key,
-            platform=row.platform,
-            bot_id=row.bot_id,
-            partition=row.partition,
-            job_json=row.job_json,
-            status=row.status,
-            owner=row.owner,
-            lease_until=row.lease_until,
-            steps_total=row.steps_total,
-            steps_done=row.steps_done,
-            in_flight=row.in_flight,
-            message_ids=json.loads(row.message_ids),
-            error=row.error,
-        )
+        copied = {f.name: getattr(row, f.name) for f in dataclass_fields(cls) if f.name != "message_ids"}
+        return cls(**copied, message_ids=json.loads(row.message_ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,44 +211,43 @@ def _lost(reply_id: str, owner: str) -> LostLeaseError:
     return LostLeaseError(f"delivery {reply_id!r} is no longer owned by {owner!r}")
 
 
-def claim(
-    db: Database,
-    *,
-    reply_id: str,
-    session_key: str,
-    platform: str,
-    bot_id: str,
-    partition: int,
-    job_json: str,
-    owner: str,
-    lease_ms: int,
-) -> ClaimOutcome:
+class ClaimFields(TypedDict):
+    """The keyword arguments of :func:`claim` and :func:`claim_and_begin`: the reply's identity,
+    its whole delivery job, and the claimer."""
+
+    reply_id: str
+    """The idempotency key (the reply's id)."""
+    owner: str
+    """``"{partition}:{incarnation}"`` of the claiming delivery actor."""
+    lease_ms: int
+    """How long the claim holds without a write (each step write renews it), in ms."""
+    session_key: str
+    platform: str
+    bot_id: str
+    partition: int
+    """Index of the delivery actor the reply hashes to."""
+    job_json: str
+    """The whole ``DeliveryJob`` as JSON (any delivery actor can finish it)."""
+
+
+def claim(db: Database, **fields: Unpack[ClaimFields]) -> ClaimOutcome:
     """Insert the reply's row (status ``pending``, owned by ``owner``) or take it over.
 
     Args:
-        lease_ms: How long the claim holds without a write (each step write renews it), in ms.
+        fields: :class:`ClaimFields`, all required, by keyword.
 
     Returns:
         ``claimed`` when ``owner`` may send now (fresh row, own row, expired lease, or the dead
         previous incarnation of the same partition); ``done`` for a ``sent``/``failed`` row;
         ``busy`` when another live owner holds the lease.
+
+    Raises:
+        TypeError: a field of :class:`ClaimFields` is missing or an unknown one is given.
     """
-    return _claim(db, reply_id, session_key, platform, bot_id, partition, job_json, owner, lease_ms, None)
+    return _claim(db, fields, None)
 
 
-def claim_and_begin(
-    db: Database,
-    *,
-    reply_id: str,
-    session_key: str,
-    platform: str,
-    bot_id: str,
-    partition: int,
-    job_json: str,
-    owner: str,
-    lease_ms: int,
-    steps_total: int,
-) -> ClaimOutcome:
+def claim_and_begin(db: Database, *, steps_total: int, **fields: Unpack[ClaimFields]) -> ClaimOutcome:
     """:func:`claim`, and in the same transaction :func:`begin_step` of step 0 of ``steps_total``
     when the claimed row's next step is 0 and nothing is on the wire (a fresh row, or one whose
     owner died before its first send). Then ``begun`` is True and the caller sends step 0
@@ -269,40 +256,28 @@ def claim_and_begin(
 
     Args:
         steps_total: Number of API calls the reply renders to (>= 1).
+        fields: :class:`ClaimFields`, as for :func:`claim`.
 
     Raises:
         ValueError: ``steps_total`` < 1.
+        TypeError: as for :func:`claim`.
     """
     if steps_total < 1:
         raise ValueError(f"claim_and_begin needs at least one step, got steps_total={steps_total}")
-    return _claim(
-        db, reply_id, session_key, platform, bot_id, partition, job_json, owner, lease_ms, steps_total
-    )
+    return _claim(db, fields, steps_total)
 
 
-def _claim(
-    db: Database,
-    reply_id: str,
-    session_key: str,
-    platform: str,
-    bot_id: str,
-    partition: int,
-    job_json: str,
-    owner: str,
-    lease_ms: int,
-    begin_total: int | None,
-) -> ClaimOutcome:
+def _claim(db: Database, fields: ClaimFields, begin_total: int | None) -> ClaimOutcome:
+    if fields.keys() != ClaimFields.__required_keys__:
+        missing = sorted(ClaimFields.__required_keys__ - fields.keys())
+        unknown = sorted(fields.keys() - ClaimFields.__required_keys__)
+        raise TypeError(f"claim fields: missing {missing}, unknown {unknown}")
     now = now_ms()
     begin = begin_total is not None
-    fresh = {
-        "reply_id": reply_id,
-        "session_key": session_key,
-        "platform": platform,
-        "bot_id": bot_id,
-        "partition": partition,
-        "job_json": job_json,
+    reply_id, owner, lease_ms = fields["reply_id"], fields["owner"], fields["lease_ms"]
+    fresh: dict[str, Any] = {
+        **{k: v for k, v in fields.items() if k != "lease_ms"},
         "status": "pending",
-        "owner": owner,
         "lease_until": now + lease_ms,
         "steps_total": begin_total if begin else -1,
         "steps_done": 0,
@@ -390,11 +365,7 @@ def finish_step(
     Raises:
         LostLeaseError: another owner took the reply over.
     """
-    with db.connection(write=True) as conn:
-        ids, _ = _owned_ids(conn, db, reply_id, owner)
-        ids.append(message_id)
-        params = {"r": reply_id, "o": owner, "ids": json.dumps(ids), "done": step + 1, "now": now_ms()}
-        conn.execute(_STEP_DONE_LAST if last else _STEP_DONE, params)
+    _record_step(db, reply_id, owner, message_id, step=step, last=last)
 
 
 def skip_uncertain_step(db: Database, reply_id: str, owner: str) -> int:
@@ -403,12 +374,27 @@ def skip_uncertain_step(db: Database, reply_id: str, owner: str) -> int:
     Raises:
         LostLeaseError: another owner took the reply over.
     """
+    return _record_step(db, reply_id, owner, None)
+
+
+def _record_step(
+    db: Database,
+    reply_id: str,
+    owner: str,
+    message_id: str | None,
+    *,
+    step: int | None = None,
+    last: bool = False,
+) -> int:
+    """Append ``message_id`` to the owned row's ids and mark ``step`` (``None``: the step on the
+    wire) done, in one transaction; with ``last`` also close the reply as ``sent``. Returns the step."""
     with db.connection(write=True) as conn:
-        ids, step = _owned_ids(conn, db, reply_id, owner)
-        ids.append(None)
-        params = {"r": reply_id, "o": owner, "ids": json.dumps(ids), "done": step + 1, "now": now_ms()}
-        conn.execute(_STEP_DONE, params)
-        return step
+        ids, in_flight = _owned_ids(conn, db, reply_id, owner)
+        done = in_flight if step is None else step
+        ids.append(message_id)
+        params = {"r": reply_id, "o": owner, "ids": json.dumps(ids), "done": done + 1, "now": now_ms()}
+        conn.execute(_STEP_DONE_LAST if last else _STEP_DONE, params)
+        return done
 
 
 def finish(

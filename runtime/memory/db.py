@@ -16,23 +16,22 @@ never drops, alters or rewrites an existing table (seed 002, decision 9).
 All blocking SQL runs on the database's own thread pool through :meth:`Database.run`, so a
 session actor's event loop never waits on SQL.
 
-Writers (issue #8, SQL write path):
+Writers (issue #8, SQL write path; the mechanics live in :mod:`runtime.memory.write_path`):
 
 * **Node-wide writer lock (SQLite)**: a write transaction (:meth:`Database.session` /
-  :meth:`Database.connection` with ``write=True``) first takes a process-wide re-entrant lock and
-  an ``fcntl.flock(LOCK_EX)`` on the sidecar file ``<db file>.writer.lock`` (created if missing),
-  and releases both right after commit or rollback. The lock file is polled non-blocking with
-  pauses of at most 2 ms, so writers of every process on the node queue closely instead of
-  sleeping in SQLite's busy handler (1, 2, 5 … 100 ms steps); the wait is bounded by
-  ``busy_timeout_ms``, then "database is locked" (retried by :meth:`Database.run_write`).
-  ``BEGIN IMMEDIATE`` and ``busy_timeout`` stay as
-  the second line for tools that write the file without the lock. Where :mod:`fcntl` does not
-  exist only the in-process lock is taken (cross-process writers queue on the busy timeout).
-  PostgreSQL: no lock.
+  :meth:`Database.connection` with ``write=True``) takes the process-wide re-entrant lock and the
+  ``flock`` of ``<db file>.writer.lock`` once its pooled connection is checked out, and releases
+  both right after commit or rollback; the wait is bounded by ``busy_timeout_ms``, then "database
+  is locked" (retried by :meth:`Database.run_write`). ``BEGIN IMMEDIATE`` and ``busy_timeout``
+  stay as the second line for tools that write the file without the lock. PostgreSQL: no lock.
 * **Transient write errors are retried** by :meth:`Database.run_write` (SQLite "database is
-  locked"/"busy"; PostgreSQL serialization failure ``40001``, deadlock ``40P01``, and connection
-  errors raised before commit) with capped exponential back-off and jitter for up to
-  ``write_retry_s`` seconds, so a busy database never turns an accepted message into a lost turn.
+  locked"/"busy"; PostgreSQL ``40001``, ``40P01`` and connection errors raised before commit)
+  with capped exponential back-off and jitter for up to ``write_retry_s`` seconds, so a busy
+  database never turns an accepted message into a lost turn.
+
+Connections (issue #8, PostgreSQL connection budget): the pool holds at most ``threads`` +
+``max_overflow`` connections (:attr:`Database.max_connections`); :meth:`Database.release_connections`
+closes the idle ones (a passivated session actor keeps no PostgreSQL connection).
 
 Stable names other modules rely on: :meth:`Database.session` (``write=True`` for writers),
 :meth:`Database.connection` (SQLAlchemy Core, same ``write=``), :meth:`Database.run`,
@@ -46,14 +45,7 @@ Stable names other modules rely on: :meth:`Database.session` (``write=True`` for
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import random
 import re
-import sqlite3
-import threading
-import time
-import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -66,30 +58,33 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlmodel import Session, SQLModel, create_engine
 
-from runtime import metrics
-
-try:  # POSIX only; elsewhere the writer lock is in-process only
-    import fcntl
-except ImportError:  # pragma: no cover - not on Linux
-    fcntl = None  # type: ignore[assignment]
+from runtime.memory.write_path import (
+    WriterLock,
+    commit_marked,
+    is_transient_write_error,
+    retry_transient,
+    writer_lock_for,
+)
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
+    "DEFAULT_SQL_THREADS",
     "Database",
     "DatabaseUrlError",
     "is_transient_write_error",
     "normalize_url",
 ]
 
-log = logging.getLogger("sessionray.sql")
-
 DEFAULT_DATABASE_URL = "sqlite:///./data/sessionray.db"
 """Where sessionray keeps its memory when ``database.url`` is not configured."""
 
+DEFAULT_SQL_THREADS = 8
+"""SQL threads (and pooled connections) of a :class:`Database` built without ``threads=``."""
+
 T = TypeVar("T")
+H = TypeVar("H")
 
 _PASSWORD = re.compile(r"(?<=://)([^:/@]*):[^@/]*@")
 
@@ -134,166 +129,6 @@ def normalize_url(url: str | None) -> URL:
     return parsed
 
 
-_RETRY_BASE_S = 0.005
-"""First back-off of :meth:`Database.run_write`, in seconds (doubles per retry)."""
-_RETRY_MAX_S = 1.0
-"""Cap of one back-off of :meth:`Database.run_write`, in seconds."""
-_PG_RETRY_SQLSTATES = frozenset({"40001", "40P01"})
-"""PostgreSQL serialization_failure and deadlock_detected: the server rolled the transaction back."""
-_COMMIT_FAILED = "sessionray_commit_failed"
-"""Attribute set on an exception raised by COMMIT itself (its outcome is unknown to us)."""
-
-
-def is_transient_write_error(exc: BaseException) -> bool:
-    """True when a write transaction that raised ``exc`` did not commit and may simply be re-run.
-
-    Transient: SQLite ``OperationalError`` "database is locked" / "… busy"; PostgreSQL
-    serialization failure (SQLSTATE ``40001``) or deadlock (``40P01``) — the server rolled the
-    transaction back; a PostgreSQL connection error (SQLSTATE class ``08``, no SQLSTATE, or an
-    invalidated connection) raised *before* COMMIT. A connection error raised by COMMIT itself is
-    not transient: the transaction may have committed, and re-running it could write twice.
-    """
-    orig: BaseException | None = exc.orig if isinstance(exc, DBAPIError) else exc
-    if isinstance(orig, sqlite3.OperationalError):
-        text = str(orig).lower()
-        return "locked" in text or "busy" in text
-    if not isinstance(exc, DBAPIError):
-        return False
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate in _PG_RETRY_SQLSTATES:
-        return True
-    if getattr(exc, _COMMIT_FAILED, False):
-        return False
-    if exc.connection_invalidated:
-        return True
-    if sqlstate is not None:
-        return str(sqlstate).startswith("08")
-    # psycopg reports a dropped/refused connection as OperationalError without a SQLSTATE.
-    return type(orig).__name__ == "OperationalError" and type(orig).__module__.startswith("psycopg")
-
-
-class _WriterLock:
-    """The node-wide writer lock of one SQLite file: a process-wide re-entrant lock plus
-    ``flock(LOCK_EX)`` on ``<db file>.writer.lock`` while the outermost holder holds it.
-
-    Re-entrant within a thread (nested write sessions do not deadlock); the pool's other threads
-    wait on the in-process lock, other processes on the kernel flock (woken on release). The
-    sidecar is opened by the outermost acquire and closed by the outermost release (a few µs), so
-    no descriptor stays open between transactions and a forked child inherits none.
-    """
-
-    def __init__(self, sidecar: Path) -> None:
-        self.sidecar = sidecar
-        self._lock = threading.RLock()
-        self._depth = 0
-        self._fd: int | None = None
-        self._flock_ok = fcntl is not None
-
-    def _flock(self, deadline: float) -> None:
-        if not self._flock_ok:
-            return
-        try:
-            fd = os.open(self.sidecar, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:  # e.g. a read-only directory: in-process lock only
-            log.warning(
-                "SQLite writer lock file %s unusable (%s): writers of other processes queue on busy_timeout",
-                self.sidecar,
-                exc,
-            )
-            self._flock_ok = False
-            return
-        delay = 0.0002
-        try:
-            while True:  # polled, so the wait is bounded (a blocking flock cannot time out)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise _lock_timeout(self.sidecar) from None
-                    time.sleep(delay)
-                    delay = min(delay * 2, _FLOCK_POLL_MAX_S)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-
-    def acquire(self, timeout_s: float) -> None:
-        """Take the lock (re-entrant in the holding thread), waiting at most ``timeout_s``.
-
-        Raises:
-            sqlalchemy.exc.OperationalError: "database is locked" (a transient write error,
-                :func:`is_transient_write_error`) when the lock stayed taken ``timeout_s``.
-        """
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        if not self._lock.acquire(timeout=max(0.0, timeout_s)):
-            raise _lock_timeout(self.sidecar)
-        if self._depth == 0:
-            try:
-                self._flock(deadline)
-            except BaseException:
-                self._lock.release()
-                raise
-        self._depth += 1
-
-    def release(self) -> None:
-        """Release one level; the flock goes with the outermost level."""
-        try:
-            self._depth -= 1
-            if self._depth == 0 and self._fd is not None:
-                fd, self._fd = self._fd, None
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_UN)  # explicit: a forked copy of fd must not keep it
-                finally:
-                    os.close(fd)
-        finally:
-            self._lock.release()
-
-    def reset_after_fork(self) -> None:
-        """In a forked child: forget the parent's holders (an inherited fd is the parent's to unlock)."""
-        self._lock = threading.RLock()
-        self._depth = 0
-        self._fd = None
-
-
-_WRITER_LOCKS: weakref.WeakValueDictionary[str, _WriterLock] = weakref.WeakValueDictionary()
-"""One lock per SQLite file in this process, alive while a :class:`Database` on it is."""
-_WRITER_LOCKS_GUARD = threading.Lock()
-
-
-_FLOCK_POLL_MAX_S = 0.002
-"""Longest pause between two tries of the writer lock file, in seconds."""
-
-
-def _lock_timeout(sidecar: Path) -> OperationalError:
-    return OperationalError(
-        "writer lock", None, sqlite3.OperationalError(f"database is locked (writer lock {sidecar} busy)")
-    )
-
-
-def _writer_lock_for(db_path: Path) -> _WriterLock:
-    """The one :class:`_WriterLock` of this process for the SQLite file ``db_path`` (every
-    :class:`Database` on that file shares it, so two of them in one thread cannot deadlock)."""
-    key = os.path.realpath(db_path)
-    with _WRITER_LOCKS_GUARD:
-        lock = _WRITER_LOCKS.get(key)
-        if lock is None:
-            lock = _WriterLock(Path(key + ".writer.lock"))
-            _WRITER_LOCKS[key] = lock
-        return lock
-
-
-def _reset_writer_locks() -> None:
-    global _WRITER_LOCKS_GUARD
-    _WRITER_LOCKS_GUARD = threading.Lock()
-    for lock in list(_WRITER_LOCKS.values()):
-        lock.reset_after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_writer_locks)
-
-
 class Database:
     """An engine plus a thread pool for blocking SQL.
 
@@ -304,6 +139,10 @@ class Database:
         echo: Log every statement (debugging).
         write_retry_s: How long :meth:`run_write` keeps retrying a transient write error, in
             seconds (default 60 s).
+        max_overflow: Connections the pool may open beyond ``threads`` (``None``: ``threads``).
+            Every SQL call of :meth:`run` holds one connection on one pool thread, so only
+            callers outside the pool (start-up ``create_tables``, tests) ever use the overflow;
+            ``0`` makes ``threads`` a hard bound (a session actor: one PostgreSQL connection).
 
     Raises:
         DatabaseUrlError: see :func:`normalize_url`.
@@ -314,28 +153,28 @@ class Database:
         url: str | None = None,
         *,
         busy_timeout_ms: int = 5000,
-        threads: int = 8,
+        threads: int = DEFAULT_SQL_THREADS,
         echo: bool = False,
         write_retry_s: float = 60.0,
+        max_overflow: int | None = None,
     ) -> None:
         self.url = normalize_url(url)
         self.dialect = self.url.get_backend_name()
         self.write_retry_s = float(write_retry_s)
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionray-sql")
-        self._writer: _WriterLock | None = None
-        kwargs: dict[str, Any] = {"echo": echo}
+        self._writer: WriterLock | None = None
+        overflow = threads if max_overflow is None else max_overflow
+        self.max_connections = threads + overflow
+        """Most connections this database's pool ever holds open at once."""
+        kwargs: dict[str, Any] = {"echo": echo, "pool_size": threads, "max_overflow": overflow}
         if self.dialect == "sqlite":
             db_path = Path(str(self.url.database))
             db_path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = _writer_lock_for(db_path)
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": busy_timeout_ms / 1000}
+            self._writer = writer_lock_for(db_path)
             # Pooled connections move between the pool's threads (never used by two at once).
-            kwargs["pool_size"] = threads
-            kwargs["max_overflow"] = threads
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": busy_timeout_ms / 1000}
         else:
-            kwargs["pool_size"] = threads
-            kwargs["max_overflow"] = threads
             kwargs["pool_pre_ping"] = True
         self.engine: Engine = create_engine(self.url, **kwargs)
         if self.dialect == "sqlite":
@@ -383,7 +222,7 @@ class Database:
                 node-wide writer lock, held until commit or rollback.
         """
         with self._checkout(write) as conn, Session(bind=conn, expire_on_commit=False) as s:
-            yield from _session_transaction(s)
+            yield from _transaction(s, s.rollback, s.commit)
 
     @contextmanager
     def connection(self, *, write: bool = False) -> Iterator[Connection]:
@@ -398,7 +237,8 @@ class Database:
                 the lock is taken only once the pooled connection is checked out).
         """
         with self._checkout(write) as conn:
-            yield from _core_transaction(conn)
+            trans = conn.begin()
+            yield from _transaction(conn, trans.rollback, trans.commit)
 
     @contextmanager
     def _checkout(self, write: bool) -> Iterator[Connection]:
@@ -439,31 +279,15 @@ class Database:
             Whatever ``fn`` raises that is not transient; the last transient error once
             ``write_retry_s`` is used up.
         """
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            try:
-                return await self.run(fn)
-            except Exception as exc:
-                if not is_transient_write_error(exc):
-                    raise
-                attempt += 1
-                delay = min(_RETRY_MAX_S, _RETRY_BASE_S * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-                waited = time.monotonic() - started
-                if waited + delay > self.write_retry_s:
-                    log.error(
-                        "SQL write still failing after %d attempt(s) in %.1f s, giving up: %s",
-                        attempt, waited, _short(exc),
-                    )  # fmt: skip
-                    raise
-                metrics.SQL_RETRIES.inc(dialect=self.dialect)
-                if attempt == 1:
-                    log.warning(
-                        "transient SQL write error, retrying for up to %.0f s: %s",
-                        self.write_retry_s,
-                        _short(exc),
-                    )
-                await asyncio.sleep(delay)
+        return await retry_transient(lambda: self.run(fn), budget_s=self.write_retry_s, dialect=self.dialect)
+
+    def release_connections(self) -> None:
+        """Close every idle pooled connection now (blocking); the next SQL call opens a new one
+        (PostgreSQL: a few ms). A connection in use at that moment is not closed (it stays with
+        the discarded pool until that is garbage-collected), so call it through :meth:`run`: the
+        SQL already queued on the pool runs first and every connection is back. Issue #8: a
+        passivated session actor holds no PostgreSQL connection."""
+        self.engine.dispose(close=True)
 
     def dispose(self) -> None:
         """Close pooled connections and stop the thread pool (idempotent)."""
@@ -474,36 +298,15 @@ class Database:
         return f"Database({self.url.render_as_string(hide_password=True)!r})"
 
 
-def _short(exc: BaseException) -> str:
-    orig = exc.orig if isinstance(exc, DBAPIError) else exc
-    return f"{type(orig).__name__}: {str(orig).splitlines()[0] if str(orig) else ''}"
-
-
-def _session_transaction(s: Session) -> Iterator[Session]:
+def _transaction(handle: H, rollback: Callable[[], None], commit: Callable[[], None]) -> Iterator[H]:
+    """Yield ``handle`` inside one transaction: ``rollback()`` on an exception, else
+    ``commit()`` (marked by :func:`commit_marked` when it raises)."""
     try:
-        yield s
+        yield handle
     except BaseException:
-        s.rollback()
+        rollback()
         raise
-    try:
-        s.commit()
-    except BaseException as exc:
-        setattr(exc, _COMMIT_FAILED, True)
-        raise
-
-
-def _core_transaction(conn: Connection) -> Iterator[Connection]:
-    trans = conn.begin()
-    try:
-        yield conn
-    except BaseException:
-        trans.rollback()
-        raise
-    try:
-        trans.commit()
-    except BaseException as exc:
-        setattr(exc, _COMMIT_FAILED, True)
-        raise
+    commit_marked(commit)
 
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:

@@ -1,0 +1,152 @@
+"""The PostgreSQL connection budget of a sessionray deployment (issue #8).
+
+Every process that talks SQL holds its own connection pool, so the server must accept, in the
+worst case::
+
+    runtime.max_live_sessions × 1                          (a live SessionActor: 1 SQL thread, no overflow)
+  + runtime.warm_pool × 1                                  (a blank actor connects only during its warm-up)
+  + runtime.delivery_actors × 8                            (a DeliveryActor's Database: 8 SQL threads)
+  + 8 per ingress process                                  (the ingress's Database, same default)
+  ≤ max_connections − superuser_reserved_connections       (PostgreSQL: SHOW max_connections, default 100 − 3)
+
+A :class:`~runtime.memory.db.Database` runs every SQL call on one of its ``threads`` and each call
+holds one connection, so a process holds at most ``threads`` connections; its pool's overflow is
+reached only by SQL run outside those threads, which these processes do only at start-up
+(``create_tables``, before any other SQL). Router shards and the pool supervisor open no SQL
+connection. :func:`connection_budget` is the
+arithmetic (pure), :func:`budget_warning` the text, and :func:`warn_if_over_connection_budget` the
+start-up check ``actors/runtime.py`` runs once with the configured PostgreSQL URL (a WARNING, never
+an error: the worst case is rare, and the operator decides).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+
+from runtime.memory.db import DEFAULT_SQL_THREADS, Database
+
+__all__ = [
+    "DEFAULT_PROCESS_CONNECTIONS",
+    "SESSION_ACTOR_CONNECTIONS",
+    "ConnectionBudget",
+    "budget_warning",
+    "connection_budget",
+    "warn_if_over_connection_budget",
+]
+
+log = logging.getLogger("sessionray.sql")
+
+SESSION_ACTOR_CONNECTIONS = 1
+"""Connections of one session actor, live or warming up (``actors/session_actor.py``:
+``SQL_THREADS = 1``, ``max_overflow=0``; a passivated actor closes its connection)."""
+DEFAULT_PROCESS_CONNECTIONS = DEFAULT_SQL_THREADS
+"""Connections of a process whose :class:`~runtime.memory.db.Database` keeps the default
+``threads`` (8): each delivery actor and each ingress process."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionBudget:
+    """Worst-case PostgreSQL connections per kind of process, and their ``total``."""
+
+    live_sessions: int
+    warm_pool: int
+    delivery: int
+    ingress: int
+
+    @property
+    def total(self) -> int:
+        """All of them together (connections)."""
+        return self.live_sessions + self.warm_pool + self.delivery + self.ingress
+
+
+def connection_budget(
+    *,
+    max_live_sessions: int,
+    warm_pool: int,
+    delivery_actors: int,
+    ingress_processes: int = 1,
+    per_session: int = SESSION_ACTOR_CONNECTIONS,
+    per_process: int = DEFAULT_PROCESS_CONNECTIONS,
+) -> ConnectionBudget:
+    """The worst case of the module docstring's formula.
+
+    Args:
+        max_live_sessions: ``runtime.max_live_sessions``.
+        warm_pool: ``runtime.warm_pool`` (blank actors; each connects while it warms up).
+        delivery_actors: ``runtime.delivery_actors``.
+        ingress_processes: Ingress processes (the ``sessionray serve`` driver, or the Ray Serve
+            replicas of the ingress deployment).
+        per_session: Connections of one session actor.
+        per_process: Connections of one delivery actor or ingress process.
+
+    Raises:
+        ValueError: a negative count.
+    """
+    counts = (max_live_sessions, warm_pool, delivery_actors, ingress_processes, per_session, per_process)
+    if min(counts) < 0:
+        raise ValueError(f"connection budget counts must be >= 0, got {counts}")
+    return ConnectionBudget(
+        live_sessions=max_live_sessions * per_session,
+        warm_pool=warm_pool * per_session,
+        delivery=delivery_actors * per_process,
+        ingress=ingress_processes * per_process,
+    )
+
+
+def budget_warning(budget: ConnectionBudget, max_connections: int, reserved: int = 0) -> str | None:
+    """The warning to log when ``budget.total`` exceeds what the server accepts
+    (``max_connections − reserved``, ``reserved`` = ``superuser_reserved_connections``), else None.
+    The text names the config keys to lower and the server setting to raise."""
+    usable = max_connections - reserved
+    if budget.total <= usable:
+        return None
+    return (
+        f"PostgreSQL accepts {usable} connections (max_connections={max_connections} minus "
+        f"{reserved} reserved for superusers) but sessionray may open {budget.total} at worst: "
+        f"runtime.max_live_sessions → {budget.live_sessions}, runtime.warm_pool → {budget.warm_pool}, "
+        f"runtime.delivery_actors → {budget.delivery} ({DEFAULT_PROCESS_CONNECTIONS} each), "
+        f"ingress → {budget.ingress}. Lower runtime.max_live_sessions / runtime.warm_pool / "
+        "runtime.delivery_actors, or raise max_connections on the server (or put PgBouncer in "
+        "front); otherwise new connections fail with 'too many clients already' (deploy/README.md, "
+        '"PostgreSQL connections").'
+    )
+
+
+def warn_if_over_connection_budget(db: Database, runtime: Any, ingress_processes: int = 1) -> str | None:
+    """Start-up check (blocking; run it in a thread): on PostgreSQL read ``SHOW max_connections``
+    and ``SHOW superuser_reserved_connections`` and log :func:`budget_warning` as a WARNING when
+    the configured worst case does not fit. A no-op on SQLite. Never raises: a failed query is
+    logged (the server's own error comes with the first real connection anyway).
+
+    Args:
+        db: A :class:`Database` on the configured URL (one connection is used briefly).
+        runtime: The ``runtime`` config section (``max_live_sessions``, ``warm_pool``,
+            ``delivery_actors``).
+        ingress_processes: See :func:`connection_budget`.
+
+    Returns:
+        The warning text that was logged, or None.
+    """
+    if db.is_sqlite:
+        return None
+    try:
+        with db.connection() as conn:
+            max_connections = int(conn.execute(text("SHOW max_connections")).scalar_one())
+            reserved = int(conn.execute(text("SHOW superuser_reserved_connections")).scalar_one())
+    except Exception as exc:
+        log.warning("could not read PostgreSQL max_connections (%s): connection budget not checked", exc)
+        return None
+    budget = connection_budget(
+        max_live_sessions=runtime.max_live_sessions,
+        warm_pool=runtime.warm_pool,
+        delivery_actors=runtime.delivery_actors,
+        ingress_processes=ingress_processes,
+    )
+    message = budget_warning(budget, max_connections, reserved)
+    if message is not None:
+        log.warning(message)
+    return message

@@ -1,0 +1,110 @@
+"""Issue #8, PostgreSQL connection budget: the worst-case arithmetic (pure), the warning text, and
+the start-up check against the real test server's ``SHOW max_connections``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from runtime.config_sections import RuntimeConfig
+from runtime.memory.connection_budget import (
+    ConnectionBudget,
+    budget_warning,
+    connection_budget,
+    warn_if_over_connection_budget,
+)
+from runtime.memory.db import Database
+from tests.memory.pg_schema import _conninfo
+
+
+def test_the_defaults_fit_postgresqls_default_max_connections() -> None:
+    rt = RuntimeConfig()
+    budget = connection_budget(
+        max_live_sessions=rt.max_live_sessions, warm_pool=rt.warm_pool, delivery_actors=rt.delivery_actors
+    )
+    # 64 live × 1 + 4 warm × 1 + 2 delivery × 8 + 1 ingress × 8
+    assert budget == ConnectionBudget(live_sessions=64, warm_pool=4, delivery=16, ingress=8)
+    assert budget.total == 92
+    assert budget_warning(budget, max_connections=100, reserved=3) is None  # 92 <= 97
+
+
+def test_the_formula_scales_each_term() -> None:
+    knobs = {"max_live_sessions": 200, "warm_pool": 10, "delivery_actors": 4, "ingress_processes": 2}
+    budget = connection_budget(**knobs, per_session=2, per_process=10)
+    expected = ConnectionBudget(live_sessions=400, warm_pool=20, delivery=40, ingress=20)
+    assert (budget, budget.total) == (expected, 480)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        connection_budget(max_live_sessions=-1, warm_pool=0, delivery_actors=1)
+
+
+def test_the_warning_names_the_config_keys_and_the_numbers() -> None:
+    budget = connection_budget(max_live_sessions=200, warm_pool=10, delivery_actors=4)
+    assert budget_warning(budget, max_connections=300, reserved=3) is None  # 250 <= 297
+    assert budget_warning(budget, max_connections=250, reserved=0) is None  # exactly full still fits
+    assert budget_warning(budget, max_connections=100, reserved=3) == (
+        "PostgreSQL accepts 97 connections (max_connections=100 minus 3 reserved for superusers) but "
+        "sessionray may open 250 at worst: runtime.max_live_sessions → 200, runtime.warm_pool → 10, "
+        "runtime.delivery_actors → 32 (8 each), ingress → 8. Lower runtime.max_live_sessions / "
+        "runtime.warm_pool / runtime.delivery_actors, or raise max_connections on the server (or put "
+        "PgBouncer in front); otherwise new connections fail with 'too many clients already' "
+        '(deploy/README.md, "PostgreSQL connections").'
+    )
+
+
+def _server_limits(pg_url: str) -> tuple[int, int]:
+    with psycopg.connect(_conninfo(pg_url), autocommit=True, connect_timeout=5) as conn:
+        values = [
+            conn.execute(f"SHOW {name}").fetchone()
+            for name in ("max_connections", "superuser_reserved_connections")
+        ]
+    assert values[0] is not None and values[1] is not None
+    return int(values[0][0]), int(values[1][0])
+
+
+def test_start_up_check_reads_the_real_server(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    max_connections, reserved = _server_limits(pg_url)
+    usable = max_connections - reserved
+    db = Database(pg_url, threads=1)
+    try:
+        # live sessions alone fill the server exactly: 8 + 8 more for delivery and ingress overflow it
+        over = RuntimeConfig(max_live_sessions=usable, warm_pool=0, delivery_actors=1)
+        with caplog.at_level(logging.WARNING, logger="sessionray.sql"):
+            message = warn_if_over_connection_budget(db, over)
+        expected = budget_warning(
+            ConnectionBudget(live_sessions=usable, warm_pool=0, delivery=8, ingress=8),
+            max_connections,
+            reserved,
+        )
+        assert message is not None and message == expected
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", expected)]
+
+        caplog.clear()
+        fits = RuntimeConfig(max_live_sessions=usable - 16, warm_pool=0, delivery_actors=1)
+        with caplog.at_level(logging.WARNING, logger="sessionray.sql"):
+            assert warn_if_over_connection_budget(db, fits) is None
+        assert caplog.records == []
+    finally:
+        db.dispose()
+
+
+def test_start_up_check_is_a_no_op_on_sqlite(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/budget.db", threads=1)
+    try:
+        assert warn_if_over_connection_budget(db, RuntimeConfig(max_live_sessions=100_000)) is None
+    finally:
+        db.dispose()
+
+
+def test_an_unreachable_server_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    db = Database("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=2", threads=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="sessionray.sql"):
+            assert warn_if_over_connection_budget(db, RuntimeConfig()) is None
+        assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+            "could not read PostgreSQL max_connections"
+        ]
+    finally:
+        db.dispose()
