@@ -4,18 +4,27 @@ Routes (all under ``/admin``, JSON in and out)::
 
     GET  /admin/status                                  runtime.status()
     GET  /admin/sessions                                {"sessions": [SessionInfo, ...]}
-    GET  /admin/sessions/{session_key}                  SessionInfo         404 unknown session
+    GET  /admin/sessions/{session_key}                  SessionInfo (live), else the stored epoch
     POST /admin/sessions/{session_key}/steer            {"text", "sender_id"} → runtime.steer
     POST /admin/sessions/{session_key}/follow_up        {"text", "sender_id"} → runtime.follow_up
     POST /admin/sessions/{session_key}/abort            runtime.abort
-    POST /admin/sessions/{session_key}/archive          runtime.archive
+    POST /admin/sessions/{session_key}/archive          runtime.archive, else archive in SQL
+
+A session that is not live (passivated) is read from SQL (attack report #11): ``GET`` answers its
+latest epoch ``{"session_key", "live": false, "session_id", "status", "model", "created_at",
+"updated_at", "messages", "epochs"}`` (times in Unix ms), and ``archive`` archives its active
+epoch with ``ContextRepository.archive_session`` (result: the new ``session_id``). A key with no
+live session and no stored epoch stays 404. The SQL store is ``runtime.config.database.url``
+(or the ``repository`` given to :func:`admin_routes`).
 
 Authentication: ``Authorization: Bearer <token>`` where the token is the value of the environment
 variable named by ``server.admin_token_env`` (default ``SESSIONRAY_ADMIN_TOKEN``), compared in
 constant time. No or wrong token → 401 with ``WWW-Authenticate: Bearer``. When the variable is not
 set on the server, the admin API is disabled: every call answers 401 and says so.
 
-Errors: 400 malformed body (not JSON, missing/empty ``text`` or ``sender_id``, not strings);
+Errors: 400 malformed body (not JSON, nested too deeply to parse, missing/empty ``text`` or
+``sender_id``, not strings, or not valid Unicode, e.g. a lone surrogate); 413 ``text`` longer than
+``server.max_text_chars`` (default 16000; attack report #7, #9);
 403 ``NotMasterError`` (seed 002 decision 7: only a bot's masters may steer / follow up);
 404 ``UnknownSessionError``; anything else 500 with the error's type and message (logged).
 Errors are matched by class name so they may live in ``actors.runtime`` or ``runtime.memory``.
@@ -26,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -36,6 +44,11 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+
+from actors.http_input import InputError, check_text, loads_json, max_text_chars
+from runtime.memory.keys import SessionKeyError, parse_session_key
+from runtime.memory.repository import ContextRepository
+from runtime.platforms.console import valid_unicode
 
 __all__ = ["admin_routes", "jsonable"]
 
@@ -73,15 +86,80 @@ def _status_for(exc: Exception) -> int | None:
     return None
 
 
-def admin_routes(runtime: Any, token_env: str | None) -> list[BaseRoute]:
+class _StoredSessions:
+    """The SQL view of sessions that are not live: a :class:`ContextRepository` made on first use
+    from ``runtime.config.database.url`` (None when the runtime has no config)."""
+
+    def __init__(self, runtime: Any, repository: ContextRepository | None) -> None:
+        self._runtime = runtime
+        self._repo = repository
+
+    def repo(self) -> ContextRepository | None:
+        if self._repo is None:
+            url = getattr(getattr(getattr(self._runtime, "config", None), "database", None), "url", None)
+            if not url:
+                return None
+            from runtime.memory.db import Database
+
+            db = Database(url, threads=1, max_overflow=0)  # rare admin reads: one connection
+            db.create_tables()
+            self._repo = ContextRepository(db)
+        return self._repo
+
+    async def info(self, session_key: str) -> dict[str, Any] | None:
+        """The latest stored epoch of ``session_key`` (shape in the module docstring), or None."""
+        repo = self.repo()
+        if repo is None:
+            return None
+        epochs = await repo.list_sessions(session_key)
+        if not epochs:
+            return None
+        latest = epochs[-1]
+        return {
+            "session_key": session_key,
+            "live": False,
+            "session_id": latest.session_id,
+            "status": latest.status,
+            "model": latest.model,
+            "created_at": latest.created_at,
+            "updated_at": latest.updated_at,
+            "messages": await repo.count_messages(latest.session_id),
+            "epochs": len(epochs),
+        }
+
+    async def archive(self, session_key: str) -> str | None:
+        """Archive the stored active epoch; the new ``session_id``, or None without one."""
+        repo = self.repo()
+        if repo is None:
+            return None
+        if not any(e.status == "active" for e in await repo.list_sessions(session_key)):
+            return None
+        return await repo.archive_session(session_key)
+
+
+def _valid_key(session_key: str) -> bool:
+    try:
+        parse_session_key(session_key)
+    except SessionKeyError:
+        return False
+    return True
+
+
+def admin_routes(
+    runtime: Any, token_env: str | None, *, repository: ContextRepository | None = None
+) -> list[BaseRoute]:
     """Build the admin routes over ``runtime`` (an ``actors.runtime.SessionRuntime`` or anything with
     the same coroutine methods).
 
     Args:
-        runtime: The session runtime handle.
+        runtime: The session runtime handle (its ``config`` gives ``database.url`` and
+            ``server.max_text_chars``, when it has one).
         token_env: Name of the environment variable holding the bearer token (read per request, so
             a rotated token takes effect without a restart); None disables the admin API.
+        repository: SQL store of passivated sessions (default: one on ``runtime.config.database.url``,
+            made on first use).
     """
+    stored = _StoredSessions(runtime, repository)
 
     def check_token(request: Request) -> Response | None:
         expected = os.environ.get(token_env) if token_env else None
@@ -125,25 +203,35 @@ def admin_routes(runtime: Any, token_env: str | None) -> list[BaseRoute]:
         return JSONResponse({"sessions": jsonable(await runtime.sessions())})
 
     async def session(request: Request) -> Response:
-        info = await runtime.session(request.path_params["session_key"])
+        key = request.path_params["session_key"]
+        info = await runtime.session(key)
         if info is None:
-            return _error(404, f"no live or stored session {request.path_params['session_key']!r}")
+            found = await stored.info(key) if _valid_key(key) else None
+            if found is None:
+                return _error(404, f"no live or stored session {key!r}")
+            return JSONResponse(found)
         return JSONResponse(jsonable(info))
 
     def control(kind: str) -> Handler:
         async def endpoint(request: Request) -> Response:
             key = request.path_params["session_key"]
             try:
-                body = json.loads(await request.body() or b"null")
+                body = loads_json(await request.body() or b"null")
+            except InputError as exc:
+                return exc.response()
             except ValueError:
                 return _error(400, 'body must be JSON: {"text": ..., "sender_id": ...}')
             if not isinstance(body, dict):
                 return _error(400, 'body must be a JSON object: {"text": ..., "sender_id": ...}')
             text, sender = body.get("text"), body.get("sender_id")
-            if not isinstance(text, str) or not text.strip():
-                return _error(400, "`text` must be a non-empty string")
+            try:
+                check_text("text", text, max_chars=max_text_chars(getattr(runtime, "config", None)))
+            except InputError as exc:
+                return exc.response()
             if not isinstance(sender, str | int) or isinstance(sender, bool) or not str(sender).strip():
                 return _error(400, "`sender_id` must be a non-empty string")
+            if not valid_unicode(str(sender)):
+                return _error(400, "`sender_id` is not valid Unicode text (it contains a lone surrogate)")
             result = await getattr(runtime, kind)(key, text, str(sender))
             return JSONResponse(
                 {"status": "ok", "kind": kind, "session_key": key, "result": jsonable(result)}
@@ -154,7 +242,15 @@ def admin_routes(runtime: Any, token_env: str | None) -> list[BaseRoute]:
     def simple(kind: str) -> Handler:
         async def endpoint(request: Request) -> Response:
             key = request.path_params["session_key"]
-            result = await getattr(runtime, kind)(key)
+            try:
+                result = await getattr(runtime, kind)(key)
+            except Exception as exc:
+                # archive of a passivated session: archive its stored epoch in SQL instead
+                if kind != "archive" or _status_for(exc) != 404 or not _valid_key(key):
+                    raise
+                result = await stored.archive(key)
+                if result is None:
+                    raise
             return JSONResponse(
                 {"status": "ok", "kind": kind, "session_key": key, "result": jsonable(result)}
             )

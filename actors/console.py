@@ -7,10 +7,10 @@ Routes::
     GET  /console/api/info           {"bots": [...], "token_required": bool}
     GET  /console/api/stream         Server-Sent Events for one browser: ?user=&group=
     POST /console/api/echo           a user's message, shown to the other members of its group scene
-    POST /console/api/deliver        the console "platform API": DeliveryActors POST replies here
-    POST /console/api/events         agent events for a session ({"session_key", "event"})
-    GET  /console/api/sessions       live sessions (SessionRuntime.sessions())
-    POST /console/api/steer          {"user", "session_key", "text"} → SessionRuntime.steer
+    POST /console/api/deliver        the console "platform API": DeliveryActors POST replies here  (internal)
+    POST /console/api/events         agent events for a session ({"session_key", "event"})       (internal)
+    GET  /console/api/sessions       live console sessions (SessionRuntime.sessions(), console:* keys)
+    POST /console/api/steer          {"user", "session_key", "text"} → SessionRuntime.steer (console:* keys)
     POST /console/api/follow_up      same → SessionRuntime.follow_up
 
 The browser sends its chat messages to the regular webhook ``POST /webhooks/console/{bot_id}``
@@ -21,8 +21,20 @@ private scene to that user's tabs; a group scene to every member watching the gr
 
 Steer and follow-up are sent with the console user's name as ``sender_id``; the runtime allows
 them only to the bot's masters (default config: the console user ``admin``) and answers 403
-otherwise. With ``secret_env`` set on the console bot, every ``/console/api`` call (and the
+otherwise. The console trusts the name a browser picks, so it may act on **console sessions only**
+(``console:*`` keys; attack report #1): any other platform's session key answers 403 and points to
+the admin API (bearer token). ``/console/api/sessions`` lists console sessions only. With
+``secret_env`` set on the console bot, every browser-facing ``/console/api`` call (and the
 webhook) needs ``X-Console-Token``; without it the console is meant for 127.0.0.1 only.
+
+``/console/api/deliver`` and ``/console/api/events`` are not for browsers: they need
+``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN`` (compared in constant time;
+:func:`runtime.platforms.console.console_api_token` — generated here when unset, which is enough
+when the callers run in processes started by this one, as under ``sessionray serve``), else 401.
+
+Bad input answers 400 naming the field: a body nested too deeply to parse, names that do not match
+``NAME_RULE`` in full, steer/follow-up/echo text that is not valid Unicode; text longer than
+``server.max_text_chars`` (default 16000) answers 413.
 
 The fan-out hub lives in this process: with several ingress replicas (Ray Serve), a browser sees
 the replies delivered to its own replica only — run the console on one replica.
@@ -44,9 +56,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from actors.http_input import InputError, check_text, loads_json, max_text_chars
 from runtime.memory.keys import SessionKeyError, parse_session_key
 from runtime.platforms.base import read_env
-from runtime.platforms.console import NAME_RULE
+from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER, NAME_RULE, console_api_token
 
 __all__ = ["ConsoleHub", "console_routes"]
 
@@ -108,6 +121,23 @@ class ConsoleHub:
         return n
 
 
+def _is_console_key(key: Any) -> bool:
+    """``key`` is a well-formed ``console:*`` session key."""
+    try:
+        return isinstance(key, str) and parse_session_key(key).platform == "console"
+    except SessionKeyError:
+        return False
+
+
+def _sse_data(event: dict[str, Any]) -> bytes:
+    """One SSE ``data:`` frame. Text that UTF-8 cannot carry (a lone surrogate) falls back to
+    ``\\u`` escapes, so one odd event never ends a browser's stream."""
+    try:
+        return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+    except UnicodeEncodeError:
+        return f"data: {json.dumps(event)}\n\n".encode()
+
+
 def _static(name: str) -> str:
     return resources.files("actors.static").joinpath(name).read_text(encoding="utf-8")
 
@@ -115,7 +145,8 @@ def _static(name: str) -> str:
 def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> list[BaseRoute]:
     """The console routes (module docstring) over a ``SessionRuntime`` and the config.
 
-    Returns ``[]`` when no ``console`` bot is configured.
+    Returns ``[]`` when no ``console`` bot is configured. Reads ``$SESSIONRAY_CONSOLE_API_TOKEN``
+    (generating it in this process when unset) for the internal endpoints.
 
     Raises:
         ValueError: the console bot's ``secret_env`` names an unset variable.
@@ -125,7 +156,15 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
         return []
     hub = hub or ConsoleHub()
     token = read_env(getattr(bots[0], "secret_env", None), what="console token")
+    if console_api_token() is None:
+        log.warning(
+            "%s is not set: generated one for this process; delivery actors and sessions in other "
+            "processes must get the same value or their console replies are refused",
+            API_TOKEN_ENV,
+        )
+    api_token = console_api_token(create=True) or ""
     bot_ids = [str(b.self_id) for b in bots]
+    text_limit = max_text_chars(config)
 
     def authorized(request: Request) -> bool:
         if not token:
@@ -136,12 +175,26 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
     def denied() -> Response:
         return JSONResponse({"error": "missing or wrong X-Console-Token"}, status_code=401)
 
-    async def json_body(request: Request) -> dict[str, Any] | None:
+    def internal(request: Request) -> bool:
+        got = request.headers.get(API_TOKEN_HEADER, "")
+        return hmac.compare_digest(got.encode(), api_token.encode())
+
+    def internal_denied() -> Response:
+        return JSONResponse(
+            {"error": f"internal console endpoint: missing or wrong {API_TOKEN_HEADER} "
+                      f"(the value of ${API_TOKEN_ENV} on the server)"},
+            status_code=401,
+        )  # fmt: skip
+
+    async def json_body(request: Request) -> dict[str, Any] | Response:
+        """The body as a JSON object, or the 400 to answer."""
         try:
-            body = json.loads(await request.body())
+            body = loads_json(await request.body())
+        except InputError as exc:
+            return exc.response()
         except ValueError:
-            return None
-        return body if isinstance(body, dict) else None
+            return bad("expected a JSON object")
+        return body if isinstance(body, dict) else bad("expected a JSON object")
 
     def bad(message: str) -> Response:
         return JSONResponse({"error": message}, status_code=400)
@@ -163,7 +216,7 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
             return denied()
         user = request.query_params.get("user", "")
         group = request.query_params.get("group") or None
-        if not NAME_RULE.match(user) or (group is not None and not NAME_RULE.match(group)):
+        if not NAME_RULE.fullmatch(user) or (group is not None and not NAME_RULE.fullmatch(group)):
             return bad("user and group must be 1-32 letters, digits, '_', '.' or '-'")
         sub = hub.subscribe(user, group)
 
@@ -176,7 +229,7 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
                     except TimeoutError:
                         yield b": keepalive\n\n"
                         continue
-                    yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+                    yield _sse_data(event)
             finally:
                 hub.unsubscribe(sub)
 
@@ -187,22 +240,26 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
         if not authorized(request):
             return denied()
         body = await json_body(request)
-        if body is None:
-            return bad("expected a JSON object")
+        if isinstance(body, Response):
+            return body
         user, group, text = body.get("user"), body.get("group_id"), body.get("text")
-        if not (isinstance(user, str) and NAME_RULE.match(user) and isinstance(group, str)
-                and NAME_RULE.match(group) and isinstance(text, str)):  # fmt: skip
+        if not (isinstance(user, str) and NAME_RULE.fullmatch(user) and isinstance(group, str)
+                and NAME_RULE.fullmatch(group) and isinstance(text, str)):  # fmt: skip
             return bad("echo needs user, group_id (names) and text")
+        try:
+            check_text("text", text, max_chars=text_limit)
+        except InputError as exc:
+            return exc.response()
         event = {"type": "message", "scene_type": "group", "scene_id": group, "user": user, "text": text,
                  "message_id": str(body.get("message_id", ""))}  # fmt: skip
         return JSONResponse({"ok": True, "receivers": hub.publish("group", group, event)})
 
     async def deliver(request: Request) -> Response:
-        if not authorized(request):
-            return denied()
+        if not internal(request):
+            return internal_denied()
         body = await json_body(request)
-        if body is None:
-            return bad("expected a JSON object")
+        if isinstance(body, Response):
+            return body
         scene_type, scene_id, segments = body.get("scene_type"), body.get("scene_id"), body.get("segments")
         if scene_type not in ("private", "group", "channel") or not isinstance(scene_id, str):
             return bad("deliver needs scene_type (private|group|channel) and scene_id")
@@ -216,10 +273,12 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
         return JSONResponse({"ok": True, "message_id": message_id})
 
     async def agent_events(request: Request) -> Response:
-        if not authorized(request):
-            return denied()
+        if not internal(request):
+            return internal_denied()
         body = await json_body(request)
-        if body is None or not isinstance(body.get("event"), dict):
+        if isinstance(body, Response):
+            return body
+        if not isinstance(body.get("event"), dict):
             return bad("events needs {session_key, event: {...}}")
         try:
             key = parse_session_key(str(body.get("session_key", "")))
@@ -231,9 +290,10 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
     async def sessions(request: Request) -> Response:
         if not authorized(request):
             return denied()
-        infos = await runtime.sessions()
-        return JSONResponse({"sessions": [i.model_dump(mode="json") if hasattr(i, "model_dump") else i
-                                          for i in infos]})  # fmt: skip
+        infos = [
+            i.model_dump(mode="json") if hasattr(i, "model_dump") else i for i in await runtime.sessions()
+        ]
+        return JSONResponse({"sessions": [i for i in infos if _is_console_key(i.get("session_key"))]})
 
     async def control(request: Request) -> Response:
         if not authorized(request):
@@ -242,11 +302,28 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
         if kind not in ("steer", "follow_up"):
             return JSONResponse({"error": "not found"}, status_code=404)
         body = await json_body(request)
-        if body is None:
-            return bad("expected a JSON object")
+        if isinstance(body, Response):
+            return body
         user, key, text = body.get("user"), body.get("session_key"), body.get("text")
         if not (isinstance(user, str) and isinstance(key, str) and isinstance(text, str) and text.strip()):
             return bad(f"{kind} needs user, session_key and a non-empty text")
+        if not NAME_RULE.fullmatch(user):
+            return bad("`user` must be 1-32 letters, digits, '_', '.' or '-'")
+        try:
+            platform = parse_session_key(key).platform
+        except SessionKeyError as exc:
+            return bad(f"`session_key`: {exc}")
+        if platform != "console":
+            return JSONResponse(
+                {"error": f"the console may {kind} console sessions only (console:*), not {platform} "
+                          f"ones: use the admin API (POST /admin/sessions/{{session_key}}/{kind} with "
+                          "Authorization: Bearer <admin token>)"},
+                status_code=403,
+            )  # fmt: skip
+        try:
+            check_text("text", text, max_chars=text_limit)
+        except InputError as exc:
+            return exc.response()
         method = runtime.steer if kind == "steer" else runtime.follow_up
         try:
             outcome = await method(key, text, user)

@@ -3,7 +3,9 @@
 Flow of one :class:`DeliveryJob` (a SessionActor hands it to ``pool.pick(session_key)``)::
 
     ledger claim (reply_id)          ── sent/failed already → outcome "duplicate", nothing sent
-    media check (runtime.media)      ── unusable attachments become a short notice text
+    media check (runtime.media)      ── unusable attachments (the bot's own media_dir confines
+                                        ``path`` media) and non-http(s) share links become a
+                                        short notice text
     codec.render(reply, target)      ── N ApiCalls, in order
     for each step: ledger in_flight → HTTP call → codec.parse_send_result → ledger done
                    429/5xx/connect error: retry with exponential backoff + jitter, or exactly

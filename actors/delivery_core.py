@@ -12,6 +12,8 @@ import logging
 import random
 import time
 import zlib
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -24,9 +26,17 @@ from runtime.media import MediaPolicy, check_reply_media
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import ApiCall, PlatformCodec, RenderTarget, SceneType, SendResult, get_codec
+from runtime.platforms.common import setting
 from runtime.segments import AudioSegment, FileSegment, ImageSegment, Reply, VideoSegment
 
-__all__ = ["DeliveryJob", "DeliveryResult", "DeliverySender", "DeliverySettings", "partition_of"]
+__all__ = [
+    "DeliveryJob",
+    "DeliveryResult",
+    "DeliverySender",
+    "DeliverySettings",
+    "bot_media_policy",
+    "partition_of",
+]
 
 log = logging.getLogger("sessionray.delivery")
 
@@ -99,7 +109,8 @@ class DeliverySettings(BaseModel):
     """How long a job stays owned by an actor without progress before another may take it over
     (raised to ``max_attempts × (timeout_s + backoff_max_s) + 10`` s so a step's retries fit)."""
     media: Any = None
-    """Media settings passed to ``runtime.media`` (None: its defaults)."""
+    """Media settings passed to ``runtime.media`` (a ``MediaPolicy``; None: its defaults). A bot's
+    own ``media_dir`` (``bots[].media_dir``) replaces its ``media_dir`` for that bot's replies."""
     leak: LeakPolicy = Field(default_factory=LeakPolicy)
     """Outbound leak check (seed 000: outbound text, Markdown and nested strings pass the leak
     check); :meth:`from_config` fills it with the values of every secret variable the config names."""
@@ -130,6 +141,15 @@ def _bot_id_of(bot: Any) -> str:
     return str(getattr(bot, "self_id", None) or getattr(bot, "bot_id", None) or getattr(bot, "id", ""))
 
 
+def bot_media_policy(base: Any, bot: Any) -> MediaPolicy:
+    """The media policy of one bot's replies: ``base`` (a ``MediaPolicy``; anything else: the
+    defaults) with ``media_dir`` set to the bot's ``media_dir`` when it has one (issue #8 of the
+    attack report: ``bots[].media_dir`` confines that bot's ``path`` media, per bot)."""
+    policy = base if isinstance(base, MediaPolicy) else MediaPolicy()
+    media_dir = setting(bot, "media_dir", None)
+    return replace(policy, media_dir=Path(media_dir)) if media_dir else policy
+
+
 class DeliverySender:
     """The Ray-free part of a DeliveryActor: sends jobs of partition ``partition`` as ``owner``.
 
@@ -148,8 +168,11 @@ class DeliverySender:
         ledger.create_ledger_table(self.db)
         self.transcripts = TranscriptStore(self.db)
         self.codecs: dict[tuple[str, str], PlatformCodec] = {}
+        self.media_policies: dict[tuple[str, str], MediaPolicy] = {}
         for bot in settings.bots:
-            self.codecs[_bot_key(str(bot.platform), _bot_id_of(bot))] = get_codec(bot)
+            key = _bot_key(str(bot.platform), _bot_id_of(bot))
+            self.codecs[key] = get_codec(bot)
+            self.media_policies[key] = bot_media_policy(settings.media, bot)
         self.client = httpx.AsyncClient(timeout=settings.timeout_s)
         self._running: dict[str, asyncio.Future[DeliveryResult]] = {}
         # A step's lease must outlast all of its retries (no ledger write happens between them),
@@ -210,7 +233,7 @@ class DeliverySender:
         calls: list[ApiCall] | None = None
         if codec is not None and not _has_media(job.reply):  # a media check may fetch: after the claim
             try:
-                reply = await self._checked(job.reply, platform)
+                reply = await self._checked(job.reply, platform, job.bot_id)
                 calls = list(codec.render(reply, target))
             except Exception:
                 reply, calls = None, None
@@ -248,7 +271,7 @@ class DeliverySender:
             error = f"no bot configured for {platform}/{job.bot_id}"
             return await self._close(job, "failed", [], 0, [], error)
         if reply is None or calls is None:
-            reply = await self._checked(job.reply, platform)
+            reply = await self._checked(job.reply, platform, job.bot_id)
             calls = codec.render(reply, target)
         if not calls:
             return await self._close(job, "empty", [], 0, [], None)
@@ -324,12 +347,15 @@ class DeliverySender:
 
     # ------------------------------------------------------------------ pieces
 
-    async def _checked(self, reply: Reply, platform: str) -> Reply:
+    async def _checked(self, reply: Reply, platform: str, bot_id: str) -> Reply:
         """The leak check (issue #4 rule 8: a secret is redacted or the reply blocked, and counted),
-        then the media checks (rule 7: unusable attachments become a notice text segment). The leak
-        check runs first so a URL carrying a secret is never fetched."""
+        then the media and link checks with the bot's media policy (rule 7: unusable attachments
+        and non-http(s) share links become a notice text segment). The leak check runs first so a
+        URL carrying a secret is never fetched."""
         reply = scan_reply(reply, self.settings.leak).reply
-        policy = self.settings.media if isinstance(self.settings.media, MediaPolicy) else MediaPolicy()
+        policy = self.media_policies.get(_bot_key(platform, bot_id)) or bot_media_policy(
+            self.settings.media, None
+        )
         return (await check_reply_media(reply, policy, platform)).reply
 
     async def _transcript(self, job: DeliveryJob, reply: Reply, ids: list[str | None]) -> None:

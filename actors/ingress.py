@@ -2,7 +2,8 @@
 
 Routes (issue #8, item 5)::
 
-    POST /webhooks/{platform}/{bot_id}   verify → parse → (persist inbound transcript ‖ route) → 200
+    POST /webhooks/{platform}/{bot_id}   verify → parse → size + storability checks
+                                         → (persist inbound transcript ‖ route) → 200
     GET  /healthz                        {"status": "ok"}
     GET  /metrics                        prometheus-client text format (this process's registry)
     /admin/...                           actors/admin.py (bearer token)
@@ -20,11 +21,20 @@ A webhook answers:
   be routed: its redelivery is then answered ``duplicate`` (one turn). The inbound transcript row,
   if written, is kept, and the redelivery of the same message id is stored once
   (``UNIQUE (platform, bot_id, message_id, direction)``);
-* **401** bad signature / secret, **400** malformed event — in both cases nothing is stored and
-  nothing is routed;
+* **401** bad signature / secret (or one that cannot be verified), **400** malformed event — in
+  both cases nothing is stored and nothing is routed. Malformed covers every decode error of the
+  codec (bad or too deeply nested JSON, bad UTF-8, wrong types; the body never carries exception
+  text) and a decoded message that could not be stored (a lone surrogate in a text or id, a time
+  outside 64-bit milliseconds, ids that make no session key: ``actors.ingress_guard``) — checked
+  *before* the concurrent persist ‖ route, so a bad message is never routed;
+* **413** a body over ``server.max_body_bytes`` (every route, ``actors.ingress_guard.BodySizeLimit``)
+  or a decoded text over ``server.max_text_chars`` characters (not stored, not routed);
+* **500** ``{"error": "internal error"}`` for an unexpected exception (logged with traceback);
 * **404** when no bot ``{platform}/{bot_id}`` is configured.
 
-Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}``; every request
+Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}`` (outcome:
+``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``bad_signature`` | ``malformed``
+(400 and 413) | ``backpressure`` | ``unavailable`` | ``error`` (500)); every request
 in ``sessionray_http_requests_total{route, status}`` and
 ``sessionray_http_request_duration_seconds{route}`` with the *route template* as label (never a
 raw path: bounded labels). Router-level gauges (live sessions, warm pool size) are refreshed from
@@ -48,19 +58,23 @@ import prometheus_client
 from ray.exceptions import ActorUnavailableError, RayActorError
 from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.admin import admin_routes
+from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
 from runtime import metrics
 from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import InboundMessage, MalformedEvent, PlatformCodec, SignatureError, get_codec
 
-__all__ = ["Ingress", "build_app", "console_routes"]
+__all__ = ["DECODE_IN_THREAD_BYTES", "Ingress", "build_app", "console_routes"]
 
 log = logging.getLogger("sessionray.ingress")
+
+DECODE_IN_THREAD_BYTES = 64 * 1024
+"""A webhook body larger than this (bytes) is decoded in a worker thread (``asyncio.to_thread``)."""
 
 
 class _RouteMetrics:
@@ -144,28 +158,66 @@ class Ingress:
             db.create_tables()
             transcripts = TranscriptStore(db)
         self.transcripts = transcripts
+        self.max_text_chars: int = config.server.max_text_chars
 
     async def webhook(self, request: Request) -> Response:
-        """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers)."""
+        """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).
+
+        An exception none of the steps expects is answered **500** ``{"error": "internal
+        error"}`` (no exception text), logged with its traceback and counted as ``error``.
+        """
         platform, bot_id = request.path_params["platform"], request.path_params["bot_id"]
         codec = self.codecs.get((platform, bot_id))
         if codec is None:
             return JSONResponse({"error": f"no bot {platform}/{bot_id} is configured"}, status_code=404)
-        body = await request.body()
+        try:
+            return await self._webhook(request, platform, codec)
+        except Exception:
+            log.exception("webhook %s/%s failed", platform, bot_id)
+            metrics.INBOUND.inc(platform=platform, outcome="error")
+            return JSONResponse({"error": "internal error"}, status_code=500)
+
+    async def _webhook(self, request: Request, platform: str, codec: PlatformCodec) -> Response:
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # the platform hung up mid-body: nothing to answer, nothing done
+            return Response(status_code=400)
         headers = request.headers
         try:
             codec.verify(headers, body)
         except SignatureError as exc:
             metrics.INBOUND.inc(platform=platform, outcome="bad_signature")
             return JSONResponse({"error": f"bad signature: {exc}"}, status_code=401)
+        except (ValueError, TypeError) as exc:  # e.g. a non-ASCII signature header: not verifiable
+            log.info("webhook %s: signature not verifiable: %r", platform, exc)
+            metrics.INBOUND.inc(platform=platform, outcome="bad_signature")
+            return JSONResponse({"error": "bad signature: not verifiable"}, status_code=401)
         try:
-            msg = codec.parse(headers, body)
+            msg = await self._decode(codec, headers, body)
         except MalformedEvent as exc:
-            metrics.INBOUND.inc(platform=platform, outcome="malformed")
-            return JSONResponse({"error": f"malformed event: {exc}"}, status_code=400)
+            return _malformed(platform, f"malformed event: {exc}")
+        except (RecursionError, ValueError):  # nesting too deep, bad JSON, bad UTF-8 (UnicodeError)
+            return _malformed(platform, "malformed event: the body could not be decoded")
+        except (TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+            # A codec gap for an odd but well-formed body: still the sender's input, so 400 (a 500
+            # would make the platform redeliver it forever); logged to find the gap.
+            log.warning("webhook %s: codec could not decode the event: %r", platform, exc, exc_info=True)
+            return _malformed(platform, "malformed event: the body could not be decoded")
         if msg is None:
             metrics.INBOUND.inc(platform=platform, outcome="ignored")
             return JSONResponse({"status": "ignored"})
+        if len(msg.text) > self.max_text_chars:
+            metrics.INBOUND.inc(platform=platform, outcome="malformed")
+            return JSONResponse(
+                {
+                    "error": f"message text too long: {len(msg.text)} characters, the limit is "
+                    f"{self.max_text_chars} (server.max_text_chars)"
+                },
+                status_code=413,
+            )
+        problem = storage_problem(msg)
+        if problem is not None:
+            return _malformed(platform, f"malformed event: {problem}")
         try:
             if not msg.triggered:
                 await self._persist(msg)
@@ -184,7 +236,7 @@ class Ingress:
         except (OperationalError, RayActorError, ActorUnavailableError) as exc:
             # SQLite lock timeout, database down, or a router shard restarting: the platform must
             # redeliver (the router dedups the message id, the transcript row is stored once).
-            log.warning("webhook %s/%s unavailable: %r", platform, bot_id, exc)
+            log.warning("webhook %s/%s unavailable: %r", platform, msg.bot_id, exc)
             metrics.INBOUND.inc(platform=platform, outcome="unavailable")
             return _busy("unavailable", 1.0)
         status = str(getattr(result, "status", result))
@@ -193,6 +245,13 @@ class Ingress:
             return _busy("busy", getattr(result, "retry_after_s", None))
         metrics.INBOUND.inc(platform=platform, outcome=status)
         return JSONResponse({"status": status})
+
+    async def _decode(self, codec: PlatformCodec, headers: Any, body: bytes) -> InboundMessage | None:
+        """``codec.parse``; in a worker thread for a body over :data:`DECODE_IN_THREAD_BYTES`, so a
+        large body (e.g. a 1 MB OneBot CQ-code string) does not stall the event loop (report #14)."""
+        if len(body) > DECODE_IN_THREAD_BYTES:
+            return await asyncio.to_thread(codec.parse, headers, body)
+        return codec.parse(headers, body)
 
     async def _persist(self, msg: InboundMessage) -> None:
         """Inbound transcript row (issue #5 rule 4: written when the event is accepted)."""
@@ -222,6 +281,12 @@ class Ingress:
         except Exception as exc:  # the scrape must not fail because the runtime is busy or down
             log.debug("runtime status for /metrics unavailable: %r", exc)
         return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+def _malformed(platform: str, error: str) -> Response:
+    """400 ``{"error": ...}``, counted as ``malformed``: nothing was stored or routed."""
+    metrics.INBOUND.inc(platform=platform, outcome="malformed")
+    return JSONResponse({"error": error}, status_code=400)
 
 
 def _busy(status: str, retry_after_s: float | None) -> Response:
@@ -272,5 +337,8 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
     ]
     app = Starlette(routes=routes)
     app.state.ingress = ingress
-    app.add_middleware(_RouteMetrics, routes=routes)
+    app.add_middleware(
+        BodySizeLimit, max_body_bytes=config.server.max_body_bytes, exempt=trusted_internal_call
+    )
+    app.add_middleware(_RouteMetrics, routes=routes)  # outermost: a 413 is counted by route too
     return app

@@ -121,11 +121,15 @@ def _parser() -> argparse.ArgumentParser:
 def _init_ray(address: str | None, metrics_port: int) -> None:
     import ray
 
+    from runtime.platforms.console import API_TOKEN_ENV, console_api_token
+
     root = str(Path(__file__).resolve().parent.parent)
+    # The console's internal endpoints need one shared token in the ingress and every Ray worker.
+    env = {"PYTHONPATH": root, API_TOKEN_ENV: console_api_token(create=True) or ""}
     kwargs: dict[str, Any] = {
         "namespace": "sessionray",
         "logging_level": "warning",
-        "runtime_env": {"env_vars": {"PYTHONPATH": root}},
+        "runtime_env": {"env_vars": env},
     }
     if address:
         ray.init(address=address, **kwargs)
@@ -201,15 +205,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sessionray serve: {exc}", file=sys.stderr)
         return 2
     source = args.config or ("sessionray.yaml" if Path("sessionray.yaml").exists() else "<defaults>")
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(
-            serve(
-                config,
-                source,
-                address=args.address,
-                host=args.host,
-                port=args.port,
-                metrics_port=args.metrics_export_port,
+    from actors.cluster import ClusterConfigError
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            uvloop.run(
+                serve(
+                    config,
+                    source,
+                    address=args.address,
+                    host=args.host,
+                    port=args.port,
+                    metrics_port=args.metrics_export_port,
+                )
             )
-        )
+    except ClusterConfigError as exc:  # a configuration that cannot run on this cluster: no traceback
+        print(f"sessionray serve: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -43,12 +43,17 @@ from typing import Any, TypeVar
 
 import ray
 
+from actors.ray_compat import install_group_loop_fix
 from runtime.turn import HandoffRequest, SessionSetup, SetupFactory, TurnInput, TurnResult
 
 __all__ = ["SessionActor", "SessionNotBoundError", "process_uss_mib"]
 
 T = TypeVar("T")
 log = logging.getLogger("sessionray.session_actor")
+
+# Ray imports this module in a SessionActor's worker before it builds the actor's concurrency-group
+# event loops; the fix must be in place by then (see actors/ray_compat.py).
+install_group_loop_fix()
 
 TURN_GROUP_SIZE = 256
 """Concurrent ``submit`` calls one actor accepts (≥ the router's mailbox bound)."""
@@ -60,7 +65,10 @@ processes share one SQLite file and the default 5 s made turns fail with "databa
 SQL_THREADS = 1
 """SQL threads (and pooled connections) of a session actor's database. One is enough: a session's
 appends are serialized by its writer anyway, and each extra thread and connection is private
-memory (stack, SQLite page cache) in every live session — and a PostgreSQL connection each."""
+memory (stack, SQLite page cache) in every live session — and a PostgreSQL connection each.
+The pool has no overflow (issue #8, PostgreSQL connection budget): every SQL call of the actor
+runs on this one thread and holds the connection only for its own transaction (none nests
+another), so a live session holds at most one connection and a blank (pooled) actor none."""
 WARM_UP_SESSION_KEY = "sessionray:0:private:warm-up"
 """A well-formed session key no platform uses: the warm-up runs the activation's *read* queries
 for it (never a write), so SQLAlchemy builds its mappers and statement caches in the pool."""
@@ -178,10 +186,11 @@ class SessionActor:
     async def ping_turn(self) -> int:
         """Liveness probe of the ``turn`` concurrency group; returns this actor's process id.
 
-        Ray starts one event-loop thread per concurrency group; rarely (seen twice in ~190 local
-        Ray sessions) such a thread dies at start-up ("this event loop is already running") while
-        the actor lives on, and every call of that group would then hang. The pool calls this
-        (and :meth:`ping`, the ``control`` group) before it counts an actor as warm."""
+        Ray starts one event-loop thread per concurrency group; a race in Ray 2.60 can make such a
+        thread die at start-up ("this event loop is already running") while the actor lives on,
+        and every call of that group would then hang (cause and fix: :mod:`actors.ray_compat`).
+        The pool calls this (and :meth:`ping`, the ``control`` group) before it counts an actor
+        as warm, as a second line of defence."""
         return os.getpid()
 
     @ray.method(concurrency_group="control")
@@ -262,6 +271,7 @@ class SessionActor:
             await core.close()
             self._core = None
             self._sessions_served += 1
+            await _release_sql_connections(self._repo)
             _release_free_heap()
         return {
             "ok": True,
@@ -383,7 +393,7 @@ def _open_repository(config: Any) -> Any:
     from runtime.memory.repository import ContextRepository
 
     url = getattr(getattr(config, "database", None), "url", None)
-    db = Database(url, threads=SQL_THREADS, busy_timeout_ms=SQLITE_BUSY_TIMEOUT_MS)
+    db = Database(url, threads=SQL_THREADS, busy_timeout_ms=SQLITE_BUSY_TIMEOUT_MS, max_overflow=0)
     db.create_tables()
     return ContextRepository(db)
 
@@ -400,20 +410,40 @@ def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
       ``load_context``; no row is written), on the session loop, so SQLAlchemy configures its
       mappers and compiles the statements now — ≈ 20–30 ms otherwise paid by the first activation.
 
+    Afterwards (also when a step failed) a PostgreSQL connection the warm-up opened is closed:
+    a blank actor in the pool holds none (issue #8, PostgreSQL connection budget).
+
     Raises:
         Whatever ``factory.prepare`` or the repository raise; TimeoutError after
         ``WARM_UP_TIMEOUT_S`` seconds.
     """
-    prepare = getattr(factory, "prepare", None)
-    if callable(prepare):
-        prepare(database=repo.db)
     from runtime.memory.keys import make_session_id
 
     async def reads() -> None:
         await repo.list_sessions(WARM_UP_SESSION_KEY)
         await repo.load_context(make_session_id(WARM_UP_SESSION_KEY, 1))
 
-    asyncio.run_coroutine_threadsafe(reads(), loop).result(WARM_UP_TIMEOUT_S)
+    prepare = getattr(factory, "prepare", None)
+    try:
+        if callable(prepare):
+            prepare(database=repo.db)
+        asyncio.run_coroutine_threadsafe(reads(), loop).result(WARM_UP_TIMEOUT_S)
+    finally:  # queued behind the reads on the SQL thread, so their connection is back in the pool
+        asyncio.run_coroutine_threadsafe(_release_sql_connections(repo), loop).result(WARM_UP_TIMEOUT_S)
+
+
+async def _release_sql_connections(repo: Any) -> None:
+    """PostgreSQL: close the idle pooled connection of ``repo.db`` after the SQL already queued on
+    its thread (a passivated or blank session actor holds no PostgreSQL connection; issue #8). The
+    next activation opens a new one (a few ms). SQLite keeps its connection (no server slot).
+    A failure is logged, never raised: the session's state is all in SQL already."""
+    db = getattr(repo, "db", None)
+    if db is None or db.is_sqlite:
+        return
+    try:
+        await db.run(db.release_connections)
+    except Exception:  # pragma: no cover - closing sockets; logged
+        log.warning("could not close the session actor's PostgreSQL connections", exc_info=True)
 
 
 def _skip_httpx_cli() -> None:

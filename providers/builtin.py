@@ -55,6 +55,7 @@ from runtime.types import (
 )
 
 __all__ = [
+    "BUILTIN_MAX_CHUNKS",
     "BUILTIN_MODEL_ID",
     "BUILTIN_PROVIDER",
     "BuiltinResponder",
@@ -67,6 +68,9 @@ __all__ = [
 BUILTIN_PROVIDER = "builtin"
 """``Model.provider`` of the built-in model (its ``api`` is ``faux``)."""
 BUILTIN_MODEL_ID = "sessionray-builtin"
+BUILTIN_MAX_CHUNKS = 64
+"""At most this many streamed deltas per content block of a built-in reply (short replies still
+stream in 4-character chunks; a longer one in proportionally larger ones — same text)."""
 
 BuiltinResponder = Callable[[Context, StreamOptions | None], AssistantMessage]
 
@@ -187,8 +191,14 @@ def builtin_model() -> Model:
         max_tokens=1_024,
     )
     # max_recorded_calls=0: the built-in model serves long-lived sessions; keep no context copies.
+    # max_chunks: a reply streams in at most BUILTIN_MAX_CHUNKS deltas per block (a multi-MB echo
+    # in 4-character deltas kept a session busy for minutes: attack report #7).
     handle = register_faux_provider(
-        provider=BUILTIN_PROVIDER, models=[model], default_response=_respond, max_recorded_calls=0
+        provider=BUILTIN_PROVIDER,
+        models=[model],
+        default_response=_respond,
+        max_recorded_calls=0,
+        max_chunks=BUILTIN_MAX_CHUNKS,
     )
     return handle.get_model()
 

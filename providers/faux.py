@@ -171,6 +171,8 @@ class FauxProviderHandle:
             ``0``: keep none — long-lived hosts such as the built-in model use a bound so a session
             actor does not hold a deep copy of every context it ever sent).
         chunk_size: Characters per streamed chunk (≥ 1).
+        max_chunks: At most this many chunks per block (≥ 1; ``None``: no bound): a longer block
+            streams in proportionally larger chunks, so its event count stays bounded.
         chunk_delay_s: Seconds to wait between chunks (0: only yield to the event loop); the
             wait ends early when the call's signal fires.
         default_response: Step used when the queue is empty (``None``: an empty queue is an error).
@@ -185,9 +187,13 @@ class FauxProviderHandle:
         chunk_delay_s: float,
         default_response: FauxStep | None,
         max_recorded_calls: int | None = None,
+        max_chunks: int | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if max_chunks is not None and max_chunks < 1:
+            raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
+        self.max_chunks = max_chunks
         self.provider = provider
         self.models = models
         self.calls: list[FauxCall] = []
@@ -267,6 +273,8 @@ class FauxProviderHandle:
 
     def _chunks(self, text: str) -> list[str]:
         n = self.chunk_size
+        if self.max_chunks is not None:
+            n = max(n, -(-len(text) // self.max_chunks))  # ceil: at most max_chunks pieces
         return [text[i : i + n] for i in range(0, len(text), n)] or [""]
 
     async def produce(
@@ -401,6 +409,7 @@ def register_faux_provider(
     chunk_delay_s: float = 0.0,
     default_response: FauxStep | None = None,
     max_recorded_calls: int | None = None,
+    max_chunks: int | None = None,
 ) -> FauxProviderHandle:
     """Register (or replace) a scripted provider and return its handle.
 
@@ -415,9 +424,11 @@ def register_faux_provider(
         chunk_delay_s: Seconds between chunks (for tests that need a slow stream; abort-aware).
         default_response: Step used whenever the queue is empty (the built-in model uses this).
         max_recorded_calls: Bound on the handle's ``calls`` history (``None``: unbounded).
+        max_chunks: Bound on the chunks of one streamed block (``None``: ``chunk_size`` alone
+            decides; the built-in model uses 64 so a multi-MB echo is not 4-character deltas).
 
     Raises:
-        ValueError: ``chunk_size < 1`` or ``models`` is empty.
+        ValueError: ``chunk_size < 1``, ``max_chunks < 1`` or ``models`` is empty.
     """
     if not models:
         raise ValueError("register_faux_provider needs at least one model")
@@ -434,6 +445,7 @@ def register_faux_provider(
         chunk_delay_s=chunk_delay_s,
         default_response=default_response,
         max_recorded_calls=max_recorded_calls,
+        max_chunks=max_chunks,
     )
     if responses is not None:
         handle.set_responses(responses)

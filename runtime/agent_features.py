@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.agent_config import AgentLoopConfig
-from runtime.commands import CommandHandler, ParsedCommand, SessionStatus
+from runtime.commands import CommandHandler, ParsedCommand, SessionStatus, command_text
 from runtime.mcp_tools import McpToolset
 from runtime.model_routing import FallbackChain, has_image_segments, select_model
 from runtime.provenance import ProvenanceIdentity, inbound_media_lines, reply_identity
@@ -86,16 +86,20 @@ class AgentFeatures:
 
     # ------------------------------------------------------------------ 1. commands
     def command(self, turn: Any) -> ParsedCommand | None:
-        """The chat command in an inbound turn's text, or ``None`` (control turns are never commands)."""
+        """The chat command in an inbound turn's text, or ``None`` (control turns are never
+        commands). Leading mentions of the bot are skipped (``@bot /new`` in a group,
+        :func:`runtime.commands.command_text`)."""
         if self.commands is None or getattr(turn, "kind", "inbound") != "inbound":
             return None
-        return self.commands.parse(turn.text)
+        return self.commands.parse(command_text(turn.text, turn.segments, turn.bot_id))
 
     async def run_command(self, cmd: ParsedCommand, turn: Any, core: Any, ctl: Any) -> Reply:
         """Answer ``cmd`` against the live session ``core`` (a ``SessionCore``); ``ctl`` is the
-        command's own turn, which steer/follow-up and ``/status`` leave out."""
+        command's own turn, which steer/follow-up and ``/status`` leave out. The turn's scene
+        decides who may run ``/new`` (masters only in groups and channels)."""
         assert self.commands is not None
-        return await self.commands.handle(cmd, turn.sender, _CoreHost(core, ctl))
+        host = _CoreHost(core, ctl)
+        return await self.commands.handle(cmd, turn.sender, host, scene_type=turn.scene_type)
 
     # ------------------------------------------------------------------ 2. user message
     async def user_message(self, turn: Any, model: Model) -> UserMessage:

@@ -2,9 +2,13 @@
 decision 7 "steer permission: master only", D4 ``archiveSession`` "/new, /clear").
 
 Commands (names configurable in ``ai.commands.names``; the text must start with ``/<name>``,
-optionally ``/<name>@<bot username>`` as Telegram groups send it):
+optionally ``/<name>@<bot username>`` as Telegram groups send it; in a group the command may
+follow leading mentions of the bot — ``@bot /new`` — see :func:`command_text`):
 
 * ``/new``, ``/clear`` — archive the session and start a new epoch (``ContextRepository.archive_session``);
+  in a private chat anyone (it is their own conversation); in a group or channel masters only,
+  since the context is shared by every member (seed 002 decision 7 keeps state-changing control
+  with masters); others get the ``not_master`` refusal and nothing is archived;
 * ``/models`` — the configured models: ``provider/id``, api, context window, input kinds and the
   cached structured-output tier (``native``/``tool``/``prompt``, ``unknown`` before first use);
 * ``/status`` — the session's model, message count, epoch and whether a turn is running;
@@ -27,10 +31,22 @@ from runtime import metrics
 from runtime.segments import Reply
 from runtime.types import Model
 
-__all__ = ["COMMANDS", "DEFAULT_TEXTS", "CommandHandler", "CommandHost", "ParsedCommand", "SessionStatus"]
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_TEXTS",
+    "MASTER_ONLY_IN_GROUPS",
+    "CommandHandler",
+    "CommandHost",
+    "ParsedCommand",
+    "SessionStatus",
+    "command_text",
+]
 
 COMMANDS = ("new", "clear", "models", "status", "steer", "followup")
 """Canonical command names."""
+
+MASTER_ONLY_IN_GROUPS = frozenset({"new", "clear"})
+"""Commands that change a shared group/channel session: masters only outside private chats."""
 
 DEFAULT_TEXTS: dict[str, str] = {
     "new": "New conversation started (epoch {epoch}). Earlier messages are archived.",
@@ -176,10 +192,21 @@ class CommandHandler:
     def _text(self, key: str, **fields: Any) -> str:
         return self.texts[key].format(**fields)
 
-    async def handle(self, cmd: ParsedCommand, sender: dict[str, Any], host: CommandHost) -> Reply:
-        """Run ``cmd`` for ``sender`` (``{"id", "roles"}``) against ``host``; return the reply."""
+    async def handle(
+        self, cmd: ParsedCommand, sender: dict[str, Any], host: CommandHost, *, scene_type: str = "private"
+    ) -> Reply:
+        """Run ``cmd`` for ``sender`` (``{"id", "roles"}``) against ``host``; return the reply.
+
+        ``scene_type`` (``private`` | ``group`` | ``channel``) decides who may run
+        :data:`MASTER_ONLY_IN_GROUPS`: anyone in a private chat, masters elsewhere (a refusal
+        counts ``outcome="refused"`` and leaves the session untouched).
+        """
         outcome = "ok"
-        if cmd.command in ("new", "clear"):
+        raw_roles = sender.get("roles") or ()
+        roles = {raw_roles} if isinstance(raw_roles, str) else {str(r) for r in raw_roles}
+        if cmd.command in MASTER_ONLY_IN_GROUPS and scene_type != "private" and "master" not in roles:
+            outcome, text = "refused", self._text("not_master", name=cmd.name)
+        elif cmd.command in ("new", "clear"):
             text = self._text("new", epoch=await host.archive())
         elif cmd.command == "models":
             text = self._models()
@@ -188,7 +215,6 @@ class CommandHandler:
             running = self._text("yes" if st.running_turns else "no")
             text = self._text("status", model=st.model, messages=st.messages, epoch=st.epoch, running=running)
         else:  # steer / followup: masters only (seed 002 decision 7)
-            roles = {str(r) for r in sender.get("roles") or ()}
             if "master" not in roles:
                 outcome, text = "refused", self._text("not_master", name=cmd.name)
             elif not cmd.args:
@@ -229,3 +255,35 @@ class CommandHandler:
                 )
             )
         return "\n".join(lines)
+
+
+def command_text(text: str, segments: Sequence[dict[str, Any]], bot_id: str) -> str:
+    """The text a command is looked for in: ``text`` without the mentions of the bot it starts
+    with (a group's ``@bot /new``; attack report 2026-11-30 item 12).
+
+    Only real mentions count: the message's first segments (after a ``reply`` quote and blank
+    text) must be ``mention`` segments targeting ``bot_id``; that many leading ``@<bot_id>``
+    tokens are then cut from ``text`` (the codecs render a mention as ``@<id>``). Typed text
+    ``@10001 /new`` without a mention segment, a mention of someone else, or text before the
+    mention leave ``text`` as it is.
+
+    >>> segs = [{"type": "mention", "data": {"target": "10001"}}, {"type": "text", "data": {"text": " /new"}}]
+    >>> command_text("@10001 /new", segs, "10001")
+    ' /new'
+    """
+    leading = 0
+    for seg in segments:
+        kind, data = seg.get("type"), seg.get("data") or {}
+        if kind == "reply" or (kind == "text" and not str(data.get("text", "")).strip()):
+            continue
+        if kind == "mention" and str(data.get("target")) == bot_id:
+            leading += 1
+            continue
+        break
+    token = re.compile(rf"\s*@{re.escape(bot_id)}(?![\w.-])")
+    for _ in range(leading):
+        m = token.match(text)
+        if m is None:
+            break
+        text = text[m.end() :]
+    return text

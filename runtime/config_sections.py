@@ -76,6 +76,11 @@ class ServerConfig(_Closed):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     admin_token_env: str | None = "SESSIONRAY_ADMIN_TOKEN"
+    max_body_bytes: int = Field(1_048_576, gt=0)
+    """Largest request body (bytes) on every route of the ingress; a larger one is answered 413."""
+    max_text_chars: int = Field(16_000, gt=0)
+    """Largest text (characters, after decoding) of an inbound message; a longer one is answered
+    413 and neither stored nor routed."""
 
 
 class RuntimeConfig(_Closed):
@@ -101,3 +106,9 @@ class RuntimeConfig(_Closed):
     """A pooled SessionActor whose process USS exceeds this (MiB) is replaced when returned."""
     dedup_window: int = Field(10_000, ge=1)
     """(platform, bot_id, message_id) triples each router shard remembers for dedup."""
+    hung_turn_s: float = Field(120.0, gt=0)
+    """A turn pending this many seconds makes its router shard ping the session actor's ``turn``
+    group (at most once per this period); an actor that does not answer within
+    ``hung_ping_timeout_s`` is killed and the session re-bound (crash path: the turn runs once more)."""
+    hung_ping_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a router shard waits for the ``ping_turn`` of a session actor suspected hung."""

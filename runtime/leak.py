@@ -11,9 +11,15 @@ any nested string — for
   ``ghp_…``, Slack ``xox?-…``, Google ``AIza…``, Telegram bot tokens, JWTs, PEM private keys).
 
 Literal secrets match case-insensitively and also in their URL-encoded spellings
-(``quote``/``quote_plus``), so ``?t=TG%2DSECRET`` is caught; zero-width and bidi formatting
-characters interleaved with a secret or key do not hide it. A secret split across consecutive
-``text``/``markdown`` segments (the user sees them joined) is caught on the joined text.
+(``quote``/``quote_plus``), so ``?t=TG%2DSECRET`` is caught. Text is also read the way a client
+shows it (:func:`runtime.textnorm.normalized_view`, attack report 2026-11-30 item 13): HTML numeric
+and named entities decoded (``&#65;&#68;…``), NFKC applied (full-width ``ＡＤＭＩＮ…``), invisible
+format/combining characters dropped; key formats are matched on that view. A literal secret of at
+least :data:`NORMALIZED_MIN_CHARS` characters is further matched with whitespace removed (spaced
+out ``T G W E B…``), reversed, and base64-encoded (standard or URL-safe alphabet, at any byte
+alignment inside a longer base64 text; case-sensitive); a shorter one only literally, as before,
+to keep false positives low. A secret split across consecutive ``text``/``markdown`` segments
+(the user sees them joined) is caught on the joined text.
 
 A hit either redacts or blocks (``action="block"``: the whole reply becomes one text segment
 ``policy.blocked_text``). Redaction (``action="redact"``) replaces the match by
@@ -27,6 +33,7 @@ never the secret.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import re
@@ -37,8 +44,9 @@ from urllib.parse import quote, quote_plus
 
 from runtime import metrics
 from runtime.segments import MarkdownSegment, Reply, Segment, ShareData, ShareSegment, TextSegment
+from runtime.textnorm import normalized_view
 
-__all__ = ["KEY_PATTERNS", "LeakPolicy", "LeakResult", "scan_reply", "scan_text"]
+__all__ = ["KEY_PATTERNS", "NORMALIZED_MIN_CHARS", "LeakPolicy", "LeakResult", "scan_reply", "scan_text"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,10 @@ KEY_PATTERNS: dict[str, re.Pattern[str]] = {
     "private_key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
 }
 """Common secret formats, by name (the name is what gets logged)."""
+
+NORMALIZED_MIN_CHARS = 8
+"""Shortest literal secret also matched spaced out, reversed and base64-encoded (shorter ones
+match only literally: a short value spread over words would redact ordinary text)."""
 
 
 @dataclass
@@ -111,8 +123,47 @@ class LeakPolicy:
     def _literal_pattern(self) -> re.Pattern[str] | None:
         values = {s for s in self.secrets if len(s) >= self.min_secret_chars}
         spellings = {v for s in values for v in (s, quote(s, safe=""), quote_plus(s, safe=""))}
-        ordered = sorted(spellings, key=len, reverse=True)
-        return re.compile("|".join(re.escape(v) for v in ordered), re.IGNORECASE) if ordered else None
+        return _alternation(spellings, re.IGNORECASE)
+
+    def _folded_patterns(self) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None]:
+        """``(folded, base64)`` patterns for the whitespace-free view: each long secret as that
+        view spells it and reversed (case-insensitive); its base64 fragments (case-sensitive)."""
+        key = (tuple(self.secrets), self.min_secret_chars)
+        cached = _FOLDED_CACHE.get(key)
+        if cached is not None:
+            return cached
+        long = {s for s in self.secrets if len(s) >= max(self.min_secret_chars, NORMALIZED_MIN_CHARS)}
+        folded = {f for s in long if len(f := normalized_view(s, drop_space=True)[0]) >= NORMALIZED_MIN_CHARS}
+        encoded = {frag for s in long for frag in _base64_fragments(s.encode())}
+        cached = (
+            _alternation(folded | {f[::-1] for f in folded}, re.IGNORECASE),
+            _alternation(encoded, 0),
+        )
+        if len(_FOLDED_CACHE) > 64:
+            _FOLDED_CACHE.clear()
+        _FOLDED_CACHE[key] = cached
+        return cached
+
+
+_FOLDED_CACHE: dict[tuple[tuple[str, ...], int], tuple[re.Pattern[str] | None, re.Pattern[str] | None]] = {}
+
+
+def _alternation(values: Iterable[str], flags: int) -> re.Pattern[str] | None:
+    ordered = sorted(set(values), key=len, reverse=True)
+    return re.compile("|".join(re.escape(v) for v in ordered), flags) if ordered else None
+
+
+def _base64_fragments(secret: bytes) -> set[str]:
+    """The base64 characters that encode only ``secret``'s bytes, at each of the three byte
+    alignments it can have inside a longer encoded text, in the standard and URL-safe alphabets
+    (fragments shorter than :data:`NORMALIZED_MIN_CHARS` + 2 are dropped as too common)."""
+    out: set[str] = set()
+    for shift, skip in ((0, 0), (1, 2), (2, 3)):  # leading filler bytes → characters touching them
+        encoded = base64.b64encode(bytes(shift) + secret).decode()
+        fragment = encoded[skip : (shift + len(secret)) * 8 // 6]
+        if len(fragment) >= NORMALIZED_MIN_CHARS + 2:
+            out |= {fragment, fragment.replace("+", "-").replace("/", "_")}
+    return out
 
 
 @dataclass
@@ -132,11 +183,6 @@ class LeakResult:
     patterns: list[str] = field(default_factory=list)
 
 
-_INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
-"""Zero-width and formatting characters that render as nothing (soft hyphen, ZWSP/ZWJ, bidi marks,
-word joiner, BOM): a secret interleaved with them still matches."""
-
-
 def _raw_matches(text: str, policy: LeakPolicy) -> list[tuple[int, int, str]]:
     found: list[tuple[int, int, str]] = []
     literal = policy._literal_pattern()
@@ -148,14 +194,33 @@ def _raw_matches(text: str, policy: LeakPolicy) -> list[tuple[int, int, str]]:
     return found
 
 
+def _folded_matches(text: str, policy: LeakPolicy) -> list[tuple[int, int, str]]:
+    folded, encoded = policy._folded_patterns()
+    found: list[tuple[int, int, str]] = []
+    for pattern in (folded, encoded):
+        if pattern is not None:
+            found += [(m.start(), m.end(), "configured_secret") for m in pattern.finditer(text)]
+    return found
+
+
+def _mapped(hits: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    """Hits in a :func:`normalized_view` mapped back onto the original text."""
+    return [(spans[a][0], spans[b - 1][1], n) for a, b, n in hits if b > a]
+
+
 def _matches(text: str, policy: LeakPolicy) -> list[tuple[int, int, str]]:
-    """Every ``(start, end, name)`` hit in ``text`` — also hits that appear once invisible characters
-    are removed (mapped back onto ``text``) — sorted and with overlaps merged."""
+    """Every ``(start, end, name)`` hit in ``text`` — literally, in the view a reader sees
+    (entities decoded, NFKC, invisible characters dropped) and, for long secrets, in that view
+    without whitespace (also reversed / base64) — mapped back onto ``text``, sorted and with
+    overlaps merged."""
     found = _raw_matches(text, policy)
-    if _INVISIBLE.search(text):
-        kept = [i for i, ch in enumerate(text) if not _INVISIBLE.fullmatch(ch)]
-        visible = "".join(text[i] for i in kept)
-        found += [(kept[a], kept[b - 1] + 1, n) for a, b, n in _raw_matches(visible, policy) if b > a]
+    if not text.isascii() or "&" in text:  # else the view is the text itself
+        view, spans = normalized_view(text)
+        if view != text:
+            found += _mapped(_raw_matches(view, policy), spans)
+    if any(len(s) >= NORMALIZED_MIN_CHARS for s in policy.secrets):
+        bare, bare_spans = normalized_view(text, drop_space=True)
+        found += _mapped(_folded_matches(bare, policy), bare_spans)
     found = [f for f in found if f[1] > f[0]]
     found.sort()
     merged: list[tuple[int, int, str]] = []

@@ -17,8 +17,18 @@ Per ``media.kind``:
   directory. The file is opened non-blocking without following a symlink and must be a regular
   file (a FIFO or device never blocks the reader); at most ``limit + 1`` bytes are read.
 * ``base64`` — strictly decoded (no ``data:`` prefix, no stray characters).
-* ``file`` — an opaque platform reference: its bytes live on the platform, the host cannot check
-  them, so it passes through unchanged (seed 000).
+* ``file`` — an opaque platform reference (a Telegram ``file_id``, a OneBot cached file name): its
+  bytes live on the platform, the host cannot check them (seed 000), so it passes through
+  unchanged — but only if it *is* a platform file id (:func:`file_ref_problem`): a value with a URI
+  scheme (``file:``, ``http:``, ``base64:``, ``C:``…) or a file-system path (a ``/`` or ``\\``
+  anywhere, a leading ``~``, ``.``/``..``) or a control character is refused (``bad_file_ref``):
+  OneBot implementations and a local Telegram Bot API server would read such a value from the
+  host's disk or the network, bypassing ``media_dir`` and the address rule.
+
+``share`` segments (link cards) are checked here too (the other URL rules live at this stage, and
+the URL is never fetched by the host): only ``http``/``https`` URLs with a host pass
+(:func:`share_url_problem`); any other (``javascript:``, ``data:``, ``file:``…) becomes the text
+``"<title> [link unavailable]"`` and is counted as ``bad_url``.
 
 Readable bytes are sniffed with the ``filetype`` library (magic numbers, never the file name or
 the URL's extension) and must match the segment type (``image`` → ``image/*``, ``audio`` →
@@ -37,10 +47,12 @@ import base64
 import binascii
 import logging
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from urllib.parse import urlsplit
 
 import filetype
 
@@ -53,6 +65,7 @@ from runtime.segments import (
     Media,
     Reply,
     Segment,
+    ShareSegment,
     TextSegment,
     VideoSegment,
 )
@@ -68,7 +81,10 @@ __all__ = [
     "ResolvedMedia",
     "check_address",
     "check_reply_media",
+    "file_ref_problem",
+    "refused_share_text",
     "resolve_media",
+    "share_url_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -104,6 +120,7 @@ class MediaPolicy:
         fetch_timeout_s: Whole-fetch timeout in seconds.
         max_redirects: Redirect hops followed (each re-checked).
         unavailable_text: Text of the replacement segment.
+        link_unavailable_text: Appended to a refused ``share`` link's title (its replacement text).
     """
 
     media_dir: Path | None = None
@@ -113,6 +130,7 @@ class MediaPolicy:
     fetch_timeout_s: float = 15.0
     max_redirects: int = 3
     unavailable_text: str = "[attachment unavailable]"
+    link_unavailable_text: str = "[link unavailable]"
 
     def limit(self, platform: str, segment_type: str) -> int:
         """Return the size limit in bytes for ``segment_type`` on ``platform``."""
@@ -211,6 +229,72 @@ def _decode_base64(value: str, limit: int) -> bytes:
     return data
 
 
+# --------------------------------------------------------------------------- references (no I/O)
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def file_ref_problem(value: str) -> str | None:
+    """Why ``value`` is not usable as a ``file``-kind media reference, or ``None`` if it is.
+
+    A ``file`` reference must be an opaque platform file id (seed 000: "平台不透明文件引用"), e.g.
+    a Telegram ``file_id`` or a OneBot cached file name such as ``123.jpg``. Refused: an empty
+    value, a control character (NUL included), leading/trailing whitespace, a URI scheme
+    (``file:``, ``http:``, ``base64:``, a drive letter ``C:``…), and anything path-like (a ``/`` or
+    ``\\`` anywhere, a leading ``~``, ``.`` or ``..``). A bare name without a separator cannot be
+    told apart from a platform file name and passes.
+    """
+    if not value.strip():
+        return "empty file reference"
+    if _CONTROL.search(value):
+        return "control character in file reference"
+    if value != value.strip():
+        return "leading or trailing whitespace in file reference"
+    if _SCHEME.match(value):
+        return f"file reference {value[:200]!r} has a URI scheme; only a platform file id is allowed"
+    if "/" in value or "\\" in value or value.startswith("~") or value in (".", ".."):
+        return f"file reference {value[:200]!r} is a file-system path; only a platform file id is allowed"
+    return None
+
+
+def share_url_problem(url: str) -> str | None:
+    """Why ``url`` is not usable as a ``share`` link, or ``None`` if it is.
+
+    Only ``http``/``https`` URLs with a host and without control characters or spaces pass
+    (issue #15: ``javascript:``, ``data:``, ``file:``… reach a client as a clickable link). The host
+    never fetches a share URL, so no address rule applies.
+    """
+    if _CONTROL.search(url) or " " in url:
+        return "control character or space in share URL"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError as exc:
+        return f"unparsable share URL {url[:200]!r}: {exc}"
+    if parts.scheme not in ("http", "https") or not host:
+        return f"only http(s) share URLs with a host are sent: {url[:200]!r}"
+    return None
+
+
+def _link_text(seg: ShareSegment, policy: MediaPolicy) -> str:
+    title = seg.data.title.strip()
+    return f"{title} {policy.link_unavailable_text}" if title else policy.link_unavailable_text
+
+
+def refused_share_text(platform: str, seg: ShareSegment, policy: MediaPolicy | None = None) -> str | None:
+    """For a renderer: ``None`` when ``seg``'s URL may be sent (:func:`share_url_problem`), else
+    count it (``MEDIA_REJECTED(reason="bad_url")``), log it and return its replacement text
+    (``"<title> [link unavailable]"``). Normally :func:`check_reply_media` has already replaced such
+    a link before a codec renders; this guards a render without that check."""
+    problem = share_url_problem(seg.data.url)
+    if problem is None:
+        return None
+    metrics.MEDIA_REJECTED.inc(reason="bad_url")
+    log.warning("%s: share link rejected: %s", platform, problem)
+    return _link_text(seg, policy or MediaPolicy())
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -230,6 +314,9 @@ async def resolve_media(segment_type: str, media: Media, policy: MediaPolicy, pl
         MediaRejected: with a reason from :data:`REJECT_REASONS`.
     """
     if media.kind == "file":
+        problem = file_ref_problem(media.value)
+        if problem is not None:
+            raise MediaRejected("bad_file_ref", problem)
         return ResolvedMedia(segment_type, media, None, None, None)
     limit = policy.limit(platform, segment_type)
     if media.kind == "url":
@@ -261,17 +348,25 @@ async def resolve_media(segment_type: str, media: Media, policy: MediaPolicy, pl
 
 
 async def check_reply_media(reply: Reply, policy: MediaPolicy, platform: str) -> MediaCheckResult:
-    """Check every attachment of ``reply``; replace the unusable ones by a text segment.
+    """Check every attachment and ``share`` link of ``reply``; replace the unusable ones by a text
+    segment.
 
     Returns:
         :class:`MediaCheckResult` — the reply to send (same order; each rejected attachment
-        becomes ``TextSegment(policy.unavailable_text)``), resolved attachments by index, and the
-        rejections. Each rejection increments ``MEDIA_REJECTED(reason)`` and logs a warning.
-        Never raises for a bad attachment.
+        becomes ``TextSegment(policy.unavailable_text)``, each refused share link
+        ``TextSegment("<title> " + policy.link_unavailable_text)``), resolved attachments by index,
+        and the rejections. Each rejection increments ``MEDIA_REJECTED(reason)`` (a share link:
+        ``bad_url``) and logs a warning. Never raises for a bad attachment or link.
     """
     out: list[Segment] = []
     result = MediaCheckResult(reply=reply)
     for index, seg in enumerate(reply.segments):
+        if isinstance(seg, ShareSegment) and (problem := share_url_problem(seg.data.url)) is not None:
+            metrics.MEDIA_REJECTED.inc(reason="bad_url")
+            log.warning("share link %d rejected: %s", index, problem)
+            result.rejected.append((index, "bad_url", problem))
+            out.append(TextSegment.of(_link_text(seg, policy)))
+            continue
         if isinstance(seg, ImageSegment | AudioSegment | VideoSegment | FileSegment):
             try:
                 result.attachments[index] = await resolve_media(seg.type, seg.data.media, policy, platform)

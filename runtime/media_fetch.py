@@ -43,12 +43,15 @@ RejectReason: TypeAlias = Literal[
     "unknown_type",
     "bad_base64",
     "empty",
+    "bad_file_ref",
 ]
 REJECT_REASONS: tuple[str, ...] = (
     "not_found", "outside_media_dir", "forbidden_address", "bad_url", "fetch_failed",
-    "too_large", "type_mismatch", "unknown_type", "bad_base64", "empty",
+    "too_large", "type_mismatch", "unknown_type", "bad_base64", "empty", "bad_file_ref",
 )  # fmt: skip
-"""The bounded ``reason`` label values of ``sessionray_media_rejected_total``."""
+"""The bounded ``reason`` label values of ``sessionray_media_rejected_total`` (``bad_file_ref``: a
+``file`` reference that is a URI or a file-system path, not a platform file id; ``bad_url`` also
+counts a ``share`` link that is not http(s))."""
 
 
 class MediaRejected(Exception):

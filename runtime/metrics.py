@@ -189,7 +189,8 @@ ALL_METRICS: list[_Metric] = []
 # Ingress (prometheus-client in the ingress process)
 INBOUND = Counter(
     "sessionray_inbound_messages_total",
-    "Inbound platform events by outcome (accepted, duplicate, ignored, bad_signature, malformed, busy).",
+    "Inbound platform events by outcome (accepted, duplicate, ignored, untriggered, bad_signature, "
+    "malformed, backpressure, unavailable, error).",
     ("platform", "outcome"),
 )
 HTTP_REQUESTS = Counter(

@@ -26,12 +26,19 @@ def ray_session() -> Iterator[None]:
     import ray
 
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
+    # The console's internal endpoints: the same token in this process and in every Ray worker.
+    os.environ.setdefault("SESSIONRAY_CONSOLE_API_TOKEN", "test-console-api-token")
     if not ray.is_initialized():
         ray.init(
             num_cpus=8,
             include_dashboard=False,
             logging_level="warning",
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+            runtime_env={
+                "env_vars": {
+                    "PYTHONPATH": str(ROOT),
+                    "SESSIONRAY_CONSOLE_API_TOKEN": os.environ["SESSIONRAY_CONSOLE_API_TOKEN"],
+                }
+            },
         )
     yield
     ray.shutdown()

@@ -37,8 +37,19 @@ function addLine(cls, who, content, testid) {
 
 function note(text) { return addLine("note", "", text, "note"); }
 
+// Only http(s) URLs become links or media sources: never javascript:, data:, file: or anything
+// else a reply may carry (attack report #1/#15). Returns the URL or null.
+function safeUrl(value) {
+  try {
+    const url = new URL(String(value));
+    return url.protocol === "http:" || url.protocol === "https:" ? url.href : null;
+  } catch (e) {
+    return null;
+  }
+}
+
 function mediaSrc(media) {
-  if (media.kind === "url") return media.value;
+  if (media.kind === "url") return safeUrl(media.value);
   if (media.kind === "base64") return "data:application/octet-stream;base64," + media.value;
   return null;  // an opaque platform file reference cannot be shown
 }
@@ -80,8 +91,11 @@ function renderSegment(seg) {
     case "dice": return el("span", { title: "dice" }, "🎲");
     case "rps": return el("span", { title: "rock-paper-scissors" }, "✊✋✌️");
     case "share": {
-      const a = el("a", { class: "share", target: "_blank", rel: "noopener" }, "🔗 " + (d.title || d.url));
-      a.href = d.url;
+      const label = "🔗 " + (d.title || d.url);
+      const href = safeUrl(d.url);
+      if (!href) return el("span", { class: "share", "data-testid": "share-unsafe" }, `${label} <${d.url}>`);
+      const a = el("a", { class: "share", target: "_blank", rel: "noopener noreferrer" }, label);
+      a.href = href;
       return a;
     }
     default: return el("span", {}, `[${seg.type}]`);

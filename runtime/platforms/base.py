@@ -110,7 +110,9 @@ class InboundMessage(BaseModel):
     bot_id: str
     """The bot's own id on the platform (OneBot ``self_id``, Telegram bot user id, console bot id)."""
     message_id: str
-    """The platform message id (dedup key together with platform and bot_id)."""
+    """The message id, unique per bot (dedup key together with platform and bot_id; the
+    transcript's ``UNIQUE``). OneBot: the platform id as is; Telegram, whose ids are unique only
+    per chat: ``"<chat_id>:<message_id>"`` (``reply_to`` and ``reply`` segments keep native ids)."""
     scene_type: SceneType
     """``private`` | ``group`` | ``channel`` (Telegram ``supergroup`` is a ``group``)."""
     scene_id: str

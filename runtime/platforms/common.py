@@ -1,9 +1,13 @@
-"""Helpers shared by the platform codecs: trigger modes, config access, media paths, HTTP results."""
+"""Helpers shared by the platform codecs: trigger modes, config access, media paths, HTTP results,
+and inbound validation (JSON decoding, integer ids, event times)."""
 
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
+import math
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -11,18 +15,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runtime import metrics
-from runtime.platforms.base import SendResult, header
+from runtime.platforms.base import MalformedEvent, SendResult, header
 
 log = logging.getLogger("sessionray.platforms")
 
 __all__ = [
+    "MAX_EPOCH_S",
     "TRIGGER_MODES",
     "MediaPathError",
     "check_trigger",
+    "epoch_ms",
     "http_send_result",
+    "int_id",
     "is_triggered",
     "keyword_hit",
     "keywords_of",
+    "load_event",
     "media_filename",
     "media_unavailable",
     "parse_retry_after",
@@ -188,3 +196,110 @@ def http_send_result(status: int, headers: Mapping[str, str], body: bytes) -> Se
         retry_after_s=parse_retry_after(header(headers, "Retry-After")),
         retryable=status == 429 or status >= 500,
     )
+
+
+# --------------------------------------------------------------------------- inbound validation
+
+MAX_EPOCH_S = 2**32
+"""Upper bound (exclusive) of an inbound event time in Unix seconds (year 2106): a larger value
+is a malformed event (the attack's ``time: 1e20`` overflowed SQLite's INTEGER)."""
+
+_INT64 = (-(2**63), 2**63 - 1)
+_INT_TEXT = re.compile(r"-?[0-9]{1,19}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_ESCAPES = re.compile(
+    r"\\\\"  # an escaped backslash (consumed whole, so the scan never starts inside one)
+    r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # a surrogate pair: kept
+    r"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"  # a lone surrogate
+)
+_JSON_TYPES = ("application/json", "text/json")
+
+
+def _shown(value: Any) -> str:
+    """A short repr of a rejected value for an error message (at most 60 characters)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def int_id(value: Any, field: str, platform: str, *, digit_strings: bool = False) -> str:
+    """An integer id of an inbound event as its canonical decimal string (``"-100123"``).
+
+    Accepts a JSON integer (never a boolean or float) within the signed 64-bit range and, with
+    ``digit_strings``, an ASCII decimal string of the same range (OneBot implementations that
+    send ids as strings). The result never contains ``#``, ``:``, spaces or control characters,
+    so it is always a valid session key part (``runtime.memory.keys``).
+
+    Raises:
+        MalformedEvent: anything else, naming ``platform`` and ``field`` (ingress answers 400).
+    """
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok and digit_strings and isinstance(value, str):
+        ok = _INT_TEXT.fullmatch(value) is not None
+    if not ok:
+        kind = "an integer or a decimal string" if digit_strings else "an integer"
+        raise MalformedEvent(f"{platform} {field} must be {kind}, got {_shown(value)}")
+    number = int(value)
+    if not _INT64[0] <= number <= _INT64[1]:
+        raise MalformedEvent(f"{platform} {field} is outside the 64-bit integer range: {_shown(value)}")
+    return str(number)
+
+
+def epoch_ms(value: Any, field: str, platform: str, *, floats: bool = False) -> int:
+    """An event time given in Unix **seconds** as Unix **milliseconds**.
+
+    Accepts an integer (with ``floats`` also a finite float; never a boolean) in
+    ``0 ≤ value <`` :data:`MAX_EPOCH_S`.
+
+    Raises:
+        MalformedEvent: another type or a value out of that range, naming ``field``.
+    """
+    bad_type = isinstance(value, bool) or not isinstance(value, int | float)
+    if bad_type or (isinstance(value, float) and not floats):
+        kind = "a number" if floats else "an integer"
+        raise MalformedEvent(f"{platform} {field} must be {kind} of Unix seconds, got {_shown(value)}")
+    if not (math.isfinite(value) and 0 <= value < MAX_EPOCH_S):
+        raise MalformedEvent(f"{platform} {field} must be within 0..2**32 Unix seconds, got {_shown(value)}")
+    return int(value * 1000)
+
+
+def _surrogate_escape(match: re.Match[str]) -> str:
+    """One token of :data:`_ESCAPES`: a lone surrogate escape becomes ``\\ufffd``, the rest stays."""
+    token = match.group(0)
+    return "\\ufffd" if len(token) == 6 else token
+
+
+def load_event(headers: Mapping[str, str], body: bytes, platform: str) -> Any:
+    """Decode a webhook body as JSON, the one way every codec does (issue #6 parse step).
+
+    * A ``Content-Type`` header, when present, must be JSON (``application/json``,
+      ``text/json`` or ``application/<x>+json``, parameters ignored); a missing one is accepted.
+    * The body must be UTF-8 JSON; nesting too deep for the decoder (``RecursionError``) is a
+      malformed event, not a server error.
+    * Lone UTF-16 surrogates (``"\\ud800"`` escapes or their raw bytes) are replaced by U+FFFD
+      in every string: real OneBot implementations cut nicknames and texts at UTF-16 units, so
+      rejecting would lose a real user's message, and U+FFFD keeps UTF-16 lengths (Telegram
+      entity offsets stay right); every later step (SQLite, JSON storage) needs valid Unicode.
+
+    Raises:
+        MalformedEvent: a non-JSON ``Content-Type``, invalid UTF-8/JSON, or too deep nesting.
+    """
+    ctype = header(headers, "Content-Type")
+    if ctype is not None:
+        mime = ctype.split(";", 1)[0].strip().lower()
+        if mime not in _JSON_TYPES and not (mime.startswith("application/") and mime.endswith("+json")):
+            raise MalformedEvent(f"{platform} event must be sent as application/json, got {_shown(ctype)}")
+    try:
+        text = body.decode("utf-8-sig", "surrogatepass")  # raw surrogate bytes decode, as json does
+    except UnicodeDecodeError as exc:
+        raise MalformedEvent(f"{platform} event is not valid UTF-8: {exc}") from exc
+    if _SURROGATE_ESCAPE.search(text):
+        text = _ESCAPES.sub(_surrogate_escape, text)
+    if _LONE_SURROGATE.search(text):
+        text = _LONE_SURROGATE.sub("\ufffd", text)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise MalformedEvent(f"{platform} event is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise MalformedEvent(f"{platform} event JSON is nested too deeply") from None

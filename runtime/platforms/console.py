@@ -24,6 +24,13 @@ cannot read the server's media directory)::
 
 Answer ``{"ok": true, "message_id": "console-17"}``.
 
+``/console/api/deliver`` and ``/console/api/events`` are internal (callers: DeliveryActors and
+console sessions, never a browser): every call carries ``X-Console-Api-Token`` with the value of
+the environment variable ``SESSIONRAY_CONSOLE_API_TOKEN`` (:func:`console_api_token`).
+``sessionray serve`` generates one at start when it is unset and hands it to its Ray workers; when
+several ingress processes serve the console (Ray Serve replicas, or ``--address`` onto a cluster
+whose detached actors outlive one ``serve``), set the variable yourself on every node.
+
 Agent events (tool calls, correction/fallback notices) reach the browser the same way:
 :func:`agent_event_call` builds a ``POST {api_base}/console/api/events`` call from a
 :func:`agent_event_payload` of a ``runtime.agent_events`` event.
@@ -34,7 +41,9 @@ from __future__ import annotations
 import base64
 import hmac
 import json
+import os
 import re
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -63,13 +72,19 @@ from runtime.platforms.common import (
 from runtime.segments import SEGMENT_TYPES, MediaSegment, Reply
 
 __all__ = [
+    "API_TOKEN_ENV",
+    "API_TOKEN_HEADER",
     "CODEC_FACTORY",
     "DELIVER_PATH",
     "EVENTS_PATH",
+    "MAX_MESSAGE_ID_CHARS",
+    "MAX_TIME_MS",
     "NAME_RULE",
     "ConsoleCodec",
     "agent_event_call",
     "agent_event_payload",
+    "console_api_token",
+    "valid_unicode",
 ]
 
 PLATFORM = "console"
@@ -77,8 +92,46 @@ DELIVER_PATH = "/console/api/deliver"
 """The console platform API endpoint on the ingress (DeliveryActors POST replies here)."""
 EVENTS_PATH = "/console/api/events"
 """Where agent events for the console are POSTed (``{"session_key", "event"}``)."""
-NAME_RULE = re.compile(r"^[\w.-]{1,32}$")
-"""Console user names and group ids: 1–32 word characters, ``.`` or ``-`` (session-key safe)."""
+NAME_RULE = re.compile(r"\A[\w.-]{1,32}\Z")
+"""Console user names and group ids: 1–32 word characters, ``.`` or ``-`` (session-key safe).
+Anchored with ``\\A``/``\\Z``, so ``NAME_RULE.match`` is a full match (``$`` would also accept a
+trailing newline, e.g. ``"admin\\n"``, which no session key may contain)."""
+API_TOKEN_ENV = "SESSIONRAY_CONSOLE_API_TOKEN"
+"""Environment variable holding the shared secret of the internal console endpoints."""
+API_TOKEN_HEADER = "X-Console-Api-Token"
+"""Header carrying :data:`API_TOKEN_ENV`'s value on ``/console/api/deliver`` and ``/events``."""
+MAX_TIME_MS = 2**53
+"""Largest accepted ``time_ms`` (Unix ms; fits a SQL BIGINT and a JavaScript number)."""
+MAX_MESSAGE_ID_CHARS = 128
+"""Longest accepted browser ``message_id`` (the browser sends ``c-<uuid>``, 38 characters)."""
+
+
+def console_api_token(*, create: bool = False) -> str | None:
+    """The shared secret of ``/console/api/deliver`` and ``/console/api/events``: the value of
+    ``$SESSIONRAY_CONSOLE_API_TOKEN``.
+
+    Args:
+        create: When the variable is unset, generate a random token (32 url-safe bytes) and store
+            it in this process's environment, so this process and the processes it starts agree.
+
+    Returns:
+        The token, or None when unset and ``create`` is false.
+    """
+    token = os.environ.get(API_TOKEN_ENV)
+    if not token and create:
+        token = secrets.token_urlsafe(32)
+        os.environ[API_TOKEN_ENV] = token
+    return token or None
+
+
+def valid_unicode(value: str) -> bool:
+    """True when ``value`` is encodable as UTF-8 (no lone surrogates such as ``"\\ud800"``, which
+    no transcript or context row can store). Also used by ``actors/http_input.py``."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class ConsoleCodec:
@@ -92,6 +145,8 @@ class ConsoleCodec:
         keywords: Words that trigger in ``keyword`` mode.
         masters: Console user names allowed to steer (default config: ``["admin"]``).
         media_dir: Directory that ``path`` media must lie under (inlined as base64).
+        api_token: Sent as ``X-Console-Api-Token`` on every deliver call (None: not sent;
+            :func:`from_config` passes :func:`console_api_token`).
     """
 
     platform = PLATFORM
@@ -107,6 +162,7 @@ class ConsoleCodec:
         keywords: list[str] | tuple[str, ...] = (),
         masters: list[str] | tuple[str, ...] = ("admin",),
         media_dir: Path | str | None = None,
+        api_token: str | None = None,
     ) -> None:
         check_trigger("console", trigger)
         self.bot_id = bot_id
@@ -116,6 +172,7 @@ class ConsoleCodec:
         self.keywords = tuple(keywords)
         self.masters = frozenset(masters)
         self.media_dir = Path(media_dir) if media_dir else None
+        self._api_token = api_token
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
         """Check ``X-Console-Token`` when a secret is configured.
@@ -133,13 +190,18 @@ class ConsoleCodec:
         """Parse a browser message (shape in the module docstring).
 
         Raises:
-            MalformedEvent: not JSON, a bad ``user``/``group_id``/``scene``, no ``message_id``,
-                or a ``text`` that is not a non-empty string.
+            MalformedEvent: not JSON (or nested too deeply to parse), a bad ``user``/``group_id``/
+                ``scene`` (names must match :data:`NAME_RULE` in full), no ``message_id`` (or one
+                longer than 128 characters), a ``text`` that is not a non-empty string, a
+                ``message_id``/``text`` that is not valid Unicode (lone surrogates), or a
+                ``time_ms`` that is not an integer in ``[0, 2**53]``.
         """
         try:
             event = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise MalformedEvent(f"console message is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise MalformedEvent("console message is nested too deeply") from None
         if not isinstance(event, dict):
             raise MalformedEvent("console message must be a JSON object")
         user = event.get("user")
@@ -159,11 +221,17 @@ class ConsoleCodec:
         text = event.get("text")
         if not isinstance(message_id, str) or not message_id:
             raise MalformedEvent("console 'message_id' must be a non-empty string")
+        if len(message_id) > MAX_MESSAGE_ID_CHARS or not valid_unicode(message_id):
+            raise MalformedEvent(
+                f"console 'message_id' must be valid Unicode of at most {MAX_MESSAGE_ID_CHARS} characters"
+            )
         if not isinstance(text, str) or not text.strip():
             raise MalformedEvent("console 'text' must be a non-empty string")
+        if not valid_unicode(text):
+            raise MalformedEvent("console 'text' is not valid Unicode (lone surrogate)")
         time_ms = event.get("time_ms", 0)
-        if not isinstance(time_ms, int):
-            raise MalformedEvent("console 'time_ms' must be an integer (Unix ms)")
+        if isinstance(time_ms, bool) or not isinstance(time_ms, int) or not 0 <= time_ms <= MAX_TIME_MS:
+            raise MalformedEvent(f"console 'time_ms' must be an integer in [0, {MAX_TIME_MS}] (Unix ms)")
         tag = "@" + self.bot_id
         mentioned = scene == "group" and (event.get("mention_bot") is True or tag in text)
         segments: list[dict[str, Any]] = []
@@ -192,7 +260,8 @@ class ConsoleCodec:
 
     def render(self, reply: Reply, target: RenderTarget) -> list[ApiCall]:
         """One ``POST /console/api/deliver`` with the canonical segments (``path`` media inlined
-        as ``base64``). Empty reply → ``[]``.
+        as ``base64``) and the ``X-Console-Api-Token`` header when the codec has a token. Empty
+        reply → ``[]``.
 
         An unreadable ``path`` medium becomes the "attachment unavailable" text (counted).
         """
@@ -217,6 +286,8 @@ class ConsoleCodec:
             "segments": segments,
         }
         headers = {"X-Console-Token": self._secret} if self._secret else {}
+        if self._api_token:
+            headers[API_TOKEN_HEADER] = self._api_token
         return [ApiCall(base_url=self.api_base, path=DELIVER_PATH, json_body=body, headers=headers)]
 
     def parse_send_result(self, status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
@@ -256,20 +327,26 @@ def agent_event_payload(event: Any) -> dict[str, Any] | None:
     return None
 
 
-def agent_event_call(api_base: str, session_key: str, payload: dict[str, Any]) -> ApiCall:
-    """The ``POST {api_base}/console/api/events`` call carrying one agent event payload."""
+def agent_event_call(
+    api_base: str, session_key: str, payload: dict[str, Any], *, api_token: str | None = None
+) -> ApiCall:
+    """The ``POST {api_base}/console/api/events`` call carrying one agent event payload (with
+    ``X-Console-Api-Token: api_token`` when given)."""
     body = {"session_key": session_key, "event": payload}
-    return ApiCall(base_url=api_base, path=EVENTS_PATH, json_body=body, kind="event")
+    headers = {API_TOKEN_HEADER: api_token} if api_token else {}
+    return ApiCall(base_url=api_base, path=EVENTS_PATH, json_body=body, kind="event", headers=headers)
 
 
 def from_config(bot: Any) -> ConsoleCodec:
     """Build the codec from a ``bots:`` entry (``platform: console``): ``self_id`` (default
     ``console``), ``api_base`` (default ``http://127.0.0.1:8000``, the ingress), ``secret_env``,
-    ``trigger``, ``keyword``, ``masters``, ``media_dir``."""
+    ``trigger``, ``keyword``, ``masters``, ``media_dir``; the internal API token from
+    ``$SESSIONRAY_CONSOLE_API_TOKEN`` (:func:`console_api_token`)."""
     return ConsoleCodec(
         bot_id=str(setting(bot, "self_id", None) or "console"),
         api_base=setting(bot, "api_base", None) or "http://127.0.0.1:8000",
         secret=read_env(setting(bot, "secret_env", None), what="console token"),
+        api_token=console_api_token(),
         **trigger_settings(bot),
     )
 

@@ -86,6 +86,8 @@ class ConsoleEventSink:
         token: ``X-Console-Token`` to send (the bot's ``secret_env`` value) or ``None``.
         thinking: Also post thinking previews (config ``bots[].thinking_preview``).
         timeout_s: Bound of each POST (seconds).
+        api_token: ``X-Console-Api-Token`` to send (``$SESSIONRAY_CONSOLE_API_TOKEN``, which the
+            console's ``/console/api/events`` requires) or ``None``.
     """
 
     def __init__(
@@ -96,8 +98,10 @@ class ConsoleEventSink:
         token: str | None = None,
         thinking: bool = False,
         timeout_s: float = 2.0,
+        api_token: str | None = None,
     ) -> None:
         self.api_base = api_base
+        self.api_token = api_token
         self.session_key = session_key
         self.token = token
         self.thinking = thinking
@@ -140,9 +144,13 @@ class ConsoleEventSink:
             async with httpx.AsyncClient(timeout=self.timeout_s) as client:
                 while not queue.empty():
                     payload = queue.get_nowait()
-                    call = agent_event_call(self.api_base, self.session_key, payload)
+                    call = agent_event_call(
+                        self.api_base, self.session_key, payload, api_token=self.api_token
+                    )
                     try:
-                        resp = await client.post(call.url, json=call.json_body, headers=headers)
+                        resp = await client.post(
+                            call.url, json=call.json_body, headers={**headers, **call.headers}
+                        )
                         if resp.status_code != 200:
                             log.debug(
                                 "console event of %s refused: HTTP %s", self.session_key, resp.status_code
@@ -155,9 +163,11 @@ def console_event_hook(config: Any, session_key: str) -> Callable[[Any], None] |
     """The ``on_event`` hook of ``session_key``: a :class:`ConsoleEventSink` when its platform is
     ``console`` and ``config.bots`` has that console bot; ``None`` otherwise (other platforms get
     no live events). A ``secret_env`` naming an unset variable sends no token (the console then
-    refuses the events; logged at debug level)."""
+    refuses the events; logged at debug level). The sink sends ``$SESSIONRAY_CONSOLE_API_TOKEN``
+    (:func:`runtime.platforms.console.console_api_token`) as ``X-Console-Api-Token``."""
     from runtime.memory.keys import parse_session_key
     from runtime.platforms.base import read_env
+    from runtime.platforms.console import console_api_token
 
     key = parse_session_key(session_key)
     if key.platform != "console":
@@ -170,5 +180,7 @@ def console_event_hook(config: Any, session_key: str) -> Callable[[Any], None] |
                 log.debug("console events of %s: %s", session_key, exc)
                 token = None
             thinking = bool(getattr(bot, "thinking_preview", False))
-            return ConsoleEventSink(str(bot.api_base), session_key, token=token, thinking=thinking)
+            return ConsoleEventSink(
+                str(bot.api_base), session_key, token=token, thinking=thinking, api_token=console_api_token()
+            )
     return None

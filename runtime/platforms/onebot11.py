@@ -64,8 +64,11 @@ from runtime.platforms.base import (
 from runtime.platforms.common import (
     MediaPathError,
     check_trigger,
+    epoch_ms,
     http_send_result,
+    int_id,
     is_triggered,
+    load_event,
     media_filename,
     media_unavailable,
     resolve_media_path,
@@ -89,12 +92,17 @@ from runtime.segments import (
     VideoSegment,
 )
 
-__all__ = ["CODEC_FACTORY", "OneBot11Codec", "from_onebot_segments", "to_onebot_segments"]
+__all__ = ["CODEC_FACTORY", "MAX_SEGMENTS", "OneBot11Codec", "from_onebot_segments", "to_onebot_segments"]
 
 PLATFORM = "onebot11"
 _IGNORED_POST_TYPES = frozenset({"notice", "request", "meta_event", "message_sent"})
 _MEDIA_TYPES = {"image": "image", "audio": "record", "video": "video", "file": "file"}
 _MEDIA_TYPES_IN = {"image": "image", "record": "audio", "video": "video", "file": "file"}
+MAX_SEGMENTS = 5_000
+"""Most segments one inbound message may have (array items, or CQ codes plus the text between
+them); more is a malformed event (issue #14: a ~1 MB body of 80,000 codes took seconds of the
+event loop). Real QQ messages stay far below (a text, a few mentions, faces and images); a
+message at the limit parses in a few tens of ms."""
 
 
 def from_onebot_segments(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -105,26 +113,29 @@ def from_onebot_segments(segments: list[dict[str, Any]]) -> list[dict[str, Any]]
     ``{kind: "file", value: file}`` (an opaque platform reference); ``reply {id}`` →
     ``reply {message_id}``; ``forward {id}`` → ``forward {forward_id}``; ``face`` id as string;
     ``dice``/``rps`` → empty data; ``share`` keeps url/title. Any other type (``json``, ``xml``,
-    ``poke``…) becomes a ``text`` segment ``[<type>]`` so nothing disappears from the transcript.
+    ``poke``…) becomes a ``text`` segment ``[<type>]`` (a placeholder, decided in issue #16: the
+    transcript and the model see that something was sent; its payload is not interpreted).
 
     Raises:
-        MalformedEvent: a segment is not ``{"type": str, "data": object}``.
+        MalformedEvent: a segment is not ``{"type": str, "data": object}`` (``data: null`` or a
+            missing ``data`` included), or a value the mapping reads is not a string (ids: a
+            string or an integer; ``text`` must be a string).
     """
     out: list[dict[str, Any]] = []
     for seg in segments:
         if not isinstance(seg, dict) or not isinstance(seg.get("type"), str):
-            raise MalformedEvent(f"OneBot message segment must be an object with a string 'type': {seg!r}")
-        data = seg.get("data") or {}
+            raise MalformedEvent(f"OneBot segment must be an object with a string 'type': {seg!r:.80}")
+        data = seg.get("data")
         if not isinstance(data, dict):
-            raise MalformedEvent(f"OneBot segment 'data' must be an object: {seg!r}")
+            raise MalformedEvent(f"OneBot segment 'data' must be an object: {seg!r:.80}")
         t = seg["type"]
         if t == "text":
-            out.append({"type": "text", "data": {"text": str(data.get("text", ""))}})
+            out.append({"type": "text", "data": {"text": _str_field(data, "text", t, ids=False)}})
         elif t == "at":
-            out.append({"type": "mention", "data": {"target": str(data.get("qq", ""))}})
+            out.append({"type": "mention", "data": {"target": _str_field(data, "qq", t)}})
         elif t in _MEDIA_TYPES_IN:
-            url = str(data.get("url") or "")
-            ref = str(data.get("file") or "")
+            url = _str_field(data, "url", t, ids=False)
+            ref = _str_field(data, "file", t, ids=False)
             if url.startswith(("http://", "https://")):
                 media = {"kind": "url", "value": url}
             elif ref.startswith(("http://", "https://")):
@@ -133,19 +144,38 @@ def from_onebot_segments(segments: list[dict[str, Any]]) -> list[dict[str, Any]]
                 media = {"kind": "file", "value": ref}
             out.append({"type": _MEDIA_TYPES_IN[t], "data": {"media": media}})
         elif t == "reply":
-            out.append({"type": "reply", "data": {"message_id": str(data.get("id", ""))}})
+            out.append({"type": "reply", "data": {"message_id": _str_field(data, "id", t)}})
         elif t == "forward":
-            out.append({"type": "forward", "data": {"forward_id": str(data.get("id", ""))}})
+            out.append({"type": "forward", "data": {"forward_id": _str_field(data, "id", t)}})
         elif t == "face":
-            out.append({"type": "face", "data": {"id": str(data.get("id", ""))}})
+            out.append({"type": "face", "data": {"id": _str_field(data, "id", t)}})
         elif t in ("dice", "rps"):
             out.append({"type": t, "data": {}})
         elif t == "share":
-            share = {"url": str(data.get("url", "")), "title": str(data.get("title", ""))}
+            share = {"url": _str_field(data, "url", t, ids=False)}
+            share["title"] = _str_field(data, "title", t, ids=False)
             out.append({"type": "share", "data": share})
         else:
             out.append({"type": "text", "data": {"text": f"[{t}]"}})
     return out
+
+
+def _str_field(data: dict[str, Any], key: str, seg_type: str, *, ids: bool = True) -> str:
+    """``data[key]`` of a OneBot segment as a string (``""`` when absent or null); with ``ids`` an
+    integer (never a boolean) is accepted too and written in decimal.
+
+    Raises:
+        MalformedEvent: any other type, naming the segment type and key.
+    """
+    value = data.get(key)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if ids and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    kind = "a string or an integer" if ids else "a string"
+    raise MalformedEvent(f"OneBot {seg_type} segment data.{key} must be {kind}, got {value!r:.60}")
 
 
 def plain_text(segments: list[dict[str, Any]]) -> str:
@@ -170,8 +200,9 @@ def to_onebot_segments(reply: Reply, media_dir: Path | None) -> list[dict[str, A
     """Map a reply's segments to OneBot v11 segments (table in the module docstring).
 
     ``markdown`` is the one degraded type (sent as text, counted in SEGMENTS_DEGRADED). A
-    ``path`` medium outside the media directory becomes the "attachment unavailable" text
-    (counted in MEDIA_REJECTED).
+    ``path`` medium outside the media directory, or a ``file`` reference that is a URI or a path
+    (``runtime.media.file_ref_problem``), becomes the "attachment unavailable" text; a ``share``
+    link that is not http(s) becomes "<title> [link unavailable]" (both counted in MEDIA_REJECTED).
     """
     out: list[dict[str, Any]] = []
     for seg in reply.segments:
@@ -193,6 +224,13 @@ def to_onebot_segments(reply: Reply, media_dir: Path | None) -> list[dict[str, A
                     out.append({"type": "text", "data": {"text": media_unavailable(PLATFORM, seg.type, exc)}})
                     continue
             else:
+                from runtime.media import file_ref_problem  # local: keeps this edit to the renderer
+
+                problem = file_ref_problem(media.value) if media.kind == "file" else None
+                if problem is not None:  # a URI or a path would be read by the implementation
+                    bad = MediaPathError(problem, "bad_file_ref")
+                    out.append({"type": "text", "data": {"text": media_unavailable(PLATFORM, seg.type, bad)}})
+                    continue
                 ref = media.value
             data: dict[str, Any] = {"file": ref}
             if isinstance(seg, FileSegment):
@@ -207,6 +245,12 @@ def to_onebot_segments(reply: Reply, media_dir: Path | None) -> list[dict[str, A
         elif isinstance(seg, DiceSegment | RpsSegment):
             out.append({"type": seg.type, "data": {}})
         elif isinstance(seg, ShareSegment):
+            from runtime.media import refused_share_text
+
+            refused = refused_share_text(PLATFORM, seg)
+            if refused is not None:
+                out.append({"type": "text", "data": {"text": refused}})
+                continue
             out.append({"type": "share", "data": {"url": seg.data.url, "title": seg.data.title}})
     return out
 
@@ -263,6 +307,9 @@ class OneBot11Codec:
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
         """Check ``X-Signature: sha1=<hex>`` = HMAC-SHA1(secret, body) (OneBot v11 HTTP POST).
 
+        The comparison is of bytes, so a header with non-ASCII characters is a mismatch (401),
+        not a ``TypeError``.
+
         Raises:
             SignatureError: a secret is configured and the header is missing or wrong.
         """
@@ -271,8 +318,8 @@ class OneBot11Codec:
         got = header(headers, "X-Signature")
         if not got:
             raise SignatureError("missing X-Signature header")
-        want = "sha1=" + hmac.new(self._secret.encode(), body, hashlib.sha1).hexdigest()
-        if not hmac.compare_digest(got.strip().lower(), want):
+        want = b"sha1=" + hmac.new(self._secret.encode(), body, hashlib.sha1).hexdigest().encode()
+        if not hmac.compare_digest(got.strip().lower().encode("utf-8", "replace"), want):
             raise SignatureError("X-Signature does not match the body")
 
     def parse(self, headers: Mapping[str, str], body: bytes) -> InboundMessage | None:
@@ -280,16 +327,18 @@ class OneBot11Codec:
 
         Returns None for notices, requests, meta events and the bot's own ``message_sent``.
 
+        Ids (``self_id``, ``user_id``, ``group_id``, ``message_id``) must be integers or decimal
+        strings within int64 (:func:`~runtime.platforms.common.int_id`; booleans and floats are
+        refused) and ``time`` a number of Unix seconds in ``0..2**32`` (absent: 0). Lone
+        surrogates in strings become U+FFFD (:func:`~runtime.platforms.common.load_event`).
+
         Raises:
-            MalformedEvent: not a JSON object, no ``post_type``, a message event lacking
-                ``message_type``/``message_id``/``user_id``/``message``, an unknown
-                ``message_type``, a ``group`` message without ``group_id``, a bad CQ code, or
-                an event for another ``self_id``.
+            MalformedEvent: a non-JSON Content-Type or body, not a JSON object, no ``post_type``,
+                a message event lacking ``self_id``/``message_type``/``message_id``/``user_id``/
+                ``message``, a bad id or time, an unknown ``message_type``, a ``group`` message
+                without ``group_id``, a bad segment or CQ code, or an event for another ``self_id``.
         """
-        try:
-            event = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedEvent(f"OneBot event is not valid JSON: {exc}") from exc
+        event = load_event(headers, body, "OneBot")
         if not isinstance(event, dict) or not isinstance(event.get("post_type"), str):
             raise MalformedEvent("OneBot event must be a JSON object with a string 'post_type'")
         post_type = event["post_type"]
@@ -297,13 +346,21 @@ class OneBot11Codec:
             return None
         if post_type != "message":
             raise MalformedEvent(f"unknown OneBot post_type {post_type!r}")
-        missing = [k for k in ("message_type", "message_id", "user_id", "message") if k not in event]
+        required = ("self_id", "message_type", "message_id", "user_id", "message")
+        missing = [k for k in required if k not in event]
         if missing:
             raise MalformedEvent(f"OneBot message event lacks {', '.join(missing)}")
-        if "self_id" in event and str(event["self_id"]) != self.self_id:
-            raise MalformedEvent(f"event for self_id {event['self_id']} posted to bot {self.self_id}")
+        self_id = int_id(event["self_id"], "self_id", "OneBot", digit_strings=True)
+        if self_id != self.self_id:
+            raise MalformedEvent(f"event for self_id {self_id} posted to bot {self.self_id}")
+        message_id = int_id(event["message_id"], "message_id", "OneBot", digit_strings=True)
+        user_id = int_id(event["user_id"], "user_id", "OneBot", digit_strings=True)
+        time_s = event.get("time")
+        time_ms = 0 if time_s is None else epoch_ms(time_s, "time", "OneBot", floats=True)
         raw = event["message"]
         if isinstance(raw, str):
+            if raw.count("[CQ:") > MAX_SEGMENTS:  # counted before parsing: a 1 MB body stays cheap
+                raise MalformedEvent(f"OneBot message has more than {MAX_SEGMENTS} segments")
             try:
                 ob_segments = cqcode.parse_cq(raw)
             except cqcode.CQCodeError as exc:
@@ -312,32 +369,34 @@ class OneBot11Codec:
             ob_segments = raw
         else:
             raise MalformedEvent("OneBot 'message' must be a segment array or a CQ-code string")
+        if len(ob_segments) > MAX_SEGMENTS:
+            raise MalformedEvent(f"OneBot message has more than {MAX_SEGMENTS} segments")
         segments = from_onebot_segments(ob_segments)
-        user_id = str(event["user_id"])
         message_type = event["message_type"]
         if message_type == "private":
             scene_type, scene_id = "private", user_id
         elif message_type == "group":
             if "group_id" not in event:
                 raise MalformedEvent("OneBot group message lacks group_id")
-            scene_type, scene_id = "group", str(event["group_id"])
+            scene_id = int_id(event["group_id"], "group_id", "OneBot", digit_strings=True)
+            scene_type = "group"
         else:
             raise MalformedEvent(f"unsupported OneBot message_type {message_type!r}")
         sender_obj = event.get("sender") if isinstance(event.get("sender"), dict) else {}
         assert isinstance(sender_obj, dict)
-        name = str(sender_obj.get("card") or sender_obj.get("nickname") or "")
-        roles = [str(sender_obj["role"])] if sender_obj.get("role") else []
+        names = (sender_obj.get("card"), sender_obj.get("nickname"))
+        name = next((n for n in names if isinstance(n, str) and n), "")
+        roles = [sender_obj["role"]] if isinstance(sender_obj.get("role"), str) and sender_obj["role"] else []
         if user_id in self.masters:
             roles.append("master")
         text = plain_text(segments)
         mentioned = any(s["type"] == "mention" and s["data"]["target"] == self.self_id for s in segments)
         reply_to = next((s["data"]["message_id"] for s in segments if s["type"] == "reply"), None)
         triggered = is_triggered(scene_type, self.trigger, mentioned, text, self.keywords)
-        time_s = event.get("time")
         return InboundMessage(
             platform=PLATFORM,
             bot_id=self.self_id,
-            message_id=str(event["message_id"]),
+            message_id=message_id,
             scene_type=scene_type,
             scene_id=scene_id,
             sender=Sender(id=user_id, name=name, roles=roles),
@@ -346,7 +405,7 @@ class OneBot11Codec:
             reply_to=reply_to,
             mentioned_bot=mentioned,
             triggered=triggered,
-            time_ms=int(time_s * 1000) if isinstance(time_s, int | float) else 0,
+            time_ms=time_ms,
         )
 
     # ------------------------------------------------------------------ outbound

@@ -27,7 +27,11 @@ multipart upload of the bytes (``base64`` and ``path`` media). ``dice`` → ``se
 first call. Degraded (counted in SEGMENTS_DEGRADED): ``share`` → an HTML link, ``face`` →
 ``[face <id>]``, ``rps`` → ``[rock-paper-scissors]``, ``forward`` → ``[forward <id>]``.
 
-Send results: ``{"ok": true, "result": {"message_id"}}``; failures carry ``"<error_code>:
+Message ids: Bot API message ids are unique only per chat, so inbound and sent message ids are
+written ``"<chat_id>:<message_id>"`` (unique per bot: the router's dedup key and the transcript's
+``UNIQUE`` use them); quoting reads the native id back with :func:`native_message_id`.
+
+Send results: ``{"ok": true, "result": {"message_id", "chat"}}``; failures carry ``"<error_code>:
 <description>"``; 429 honours ``parameters.retry_after`` (or ``Retry-After``); 429/5xx retryable.
 """
 
@@ -58,8 +62,11 @@ from runtime.platforms.base import (
 from runtime.platforms.common import (
     MediaPathError,
     check_trigger,
+    epoch_ms,
     http_send_result,
+    int_id,
     is_triggered,
+    load_event,
     media_filename,
     media_unavailable,
     parse_retry_after,
@@ -86,7 +93,7 @@ from runtime.segments import (
     VideoSegment,
 )
 
-__all__ = ["CODEC_FACTORY", "TelegramCodec", "utf16_slice"]
+__all__ = ["CODEC_FACTORY", "TelegramCodec", "native_message_id", "utf16_slice"]
 
 PLATFORM = "telegram"
 _SEND = {"image": ("sendPhoto", "photo"), "audio": ("sendAudio", "audio"),
@@ -99,7 +106,15 @@ _INBOUND_MEDIA = (("photo", "image"), ("video", "video"), ("animation", "video")
 def utf16_slice(text: str, offset: int, length: int) -> str:
     """Slice ``text`` by UTF-16 code units (Telegram entity offsets/lengths)."""
     raw = text.encode("utf-16-le")
-    return raw[2 * offset : 2 * (offset + length)].decode("utf-16-le")
+    return raw[2 * offset : 2 * (offset + length)].decode("utf-16-le", "replace")  # a cut pair → U+FFFD
+
+
+def native_message_id(ref: str) -> int | str:
+    """The Bot API ``message_id`` of a message reference: ``"<chat_id>:<message_id>"`` (the
+    per-bot unique form of :attr:`InboundMessage.message_id` and of sent ids) or a bare
+    ``"<message_id>"`` → the integer message id; anything else is returned unchanged."""
+    tail = ref.rpartition(":")[2]
+    return int(tail) if tail.isascii() and tail.isdigit() else ref
 
 
 def _chat_id(raw: str) -> int | str:
@@ -108,6 +123,44 @@ def _chat_id(raw: str) -> int | str:
         return int(raw)
     except ValueError:
         return raw
+
+
+def _entities(msg: dict[str, Any], field: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """``msg[field]`` (``entities`` / ``caption_entities``) as ``(offset, length, entity)``
+    sorted by offset; absent or null → ``[]``.
+
+    Raises:
+        MalformedEvent: not a list of objects with integer ``offset`` and ``length`` ≥ 0.
+    """
+    raw = msg.get(field)
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise MalformedEvent(f"Telegram {field} must be a list of objects")
+    out: list[tuple[int, int, dict[str, Any]]] = []
+    for ent in raw:
+        if not isinstance(ent, dict):
+            raise MalformedEvent(f"Telegram {field} must be a list of objects")
+        off, length = ent.get("offset"), ent.get("length")
+        for key, value in (("offset", off), ("length", length)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+                raise MalformedEvent(f"Telegram {field} {key} must be an integer ≥ 0")
+        out.append((int(off), int(length), ent))  # type: ignore[arg-type]
+    return sorted(out, key=lambda e: e[0])
+
+
+def _sent_message_id(result: Any) -> str | None:
+    """The id of a sent ``Message`` in the per-bot unique form ``"<chat.id>:<message_id>"`` (as
+    inbound ids; outbound transcript rows are keyed by it); the bare id when the answer has no
+    integer ``chat.id``; None without a ``message_id``."""
+    mid = result.get("message_id") if isinstance(result, dict) else None
+    if mid is None:
+        return None
+    chat = result.get("chat") if isinstance(result, dict) else None
+    chat_id = chat.get("id") if isinstance(chat, dict) else None
+    if isinstance(chat_id, int) and not isinstance(chat_id, bool):
+        return f"{chat_id}:{mid}"
+    return str(mid)
 
 
 class TelegramCodec:
@@ -167,7 +220,7 @@ class TelegramCodec:
         got = header(headers, "X-Telegram-Bot-Api-Secret-Token")
         if not got:
             raise SignatureError("missing X-Telegram-Bot-Api-Secret-Token header")
-        if not hmac.compare_digest(got.encode(), self._secret.encode()):
+        if not hmac.compare_digest(got.encode("utf-8", "replace"), self._secret.encode()):
             raise SignatureError("X-Telegram-Bot-Api-Secret-Token does not match")
 
     def _is_me(self, user: Any) -> bool:
@@ -176,16 +229,27 @@ class TelegramCodec:
     def parse(self, headers: Mapping[str, str], body: bytes) -> InboundMessage | None:
         """Parse one ``Update``; None for updates other than ``message`` (and non-message chats).
 
+        The message id is made unique per bot: ``message_id = "<chat.id>:<message_id>"`` (Bot
+        API message ids are unique only within a chat; the router's dedup key and the transcript's
+        ``UNIQUE`` use it). ``reply_to`` and ``reply`` segments keep the native id (they quote
+        within the same chat; :func:`native_message_id` reads both forms).
+
+        Strict types at the boundary: ``update_id``, ``message_id``, ``chat.id``, ``from.id``,
+        ``reply_to_message.message_id`` and a ``text_mention``'s ``user.id`` are integers within
+        int64; ``date`` is an integer of Unix seconds in ``0..2**32``; ``entities`` /
+        ``caption_entities`` are lists of objects with integer ``offset``/``length`` ≥ 0; text,
+        caption and ``file_id`` are strings. Lone surrogates become U+FFFD
+        (:func:`~runtime.platforms.common.load_event`).
+
         Raises:
-            MalformedEvent: not a JSON object, or a ``message`` without ``message_id``, ``date``
-                or ``chat {id, type}``.
+            MalformedEvent: a non-JSON Content-Type or body, not a JSON object, a ``message``
+                without ``message_id``, ``date`` or ``chat {id, type}``, or any value above of
+                the wrong type or range (the message names the field).
         """
-        try:
-            update = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedEvent(f"Telegram update is not valid JSON: {exc}") from exc
+        update = load_event(headers, body, "Telegram")
         if not isinstance(update, dict):
             raise MalformedEvent("Telegram update must be a JSON object")
+        int_id(update.get("update_id"), "update_id", "Telegram")
         msg = update.get("message")
         if msg is None:
             return None
@@ -194,8 +258,11 @@ class TelegramCodec:
         chat = msg.get("chat")
         if not isinstance(chat, dict) or "id" not in chat or "type" not in chat:
             raise MalformedEvent("Telegram message lacks chat {id, type}")
-        if "message_id" not in msg or not isinstance(msg.get("date"), int):
+        if "message_id" not in msg or "date" not in msg:
             raise MalformedEvent("Telegram message lacks message_id or date")
+        chat_id = int_id(chat["id"], "chat.id", "Telegram")
+        message_id = int_id(msg["message_id"], "message_id", "Telegram")
+        time_ms = epoch_ms(msg["date"], "date", "Telegram")
         chat_type = chat["type"]
         if chat_type == "private":
             scene_type = "private"
@@ -203,19 +270,23 @@ class TelegramCodec:
             scene_type = "group"
         else:
             return None
-        user = msg.get("from") if isinstance(msg.get("from"), dict) else {}
-        assert isinstance(user, dict)
-        sender_id = str(user.get("id", chat["id"]))
-        name = " ".join(str(p) for p in (user.get("first_name"), user.get("last_name")) if p)
-        roles = ["bot"] if user.get("is_bot") else []
+        user = msg.get("from", {})
+        if not isinstance(user, dict):
+            raise MalformedEvent("Telegram message 'from' must be an object")
+        sender_id = int_id(user["id"], "from.id", "Telegram") if "id" in user else chat_id
+        parts = (user.get("first_name"), user.get("last_name"))
+        name = " ".join(p for p in parts if isinstance(p, str) and p)
+        roles = ["bot"] if user.get("is_bot") is True else []
         if sender_id in self.masters:
             roles.append("master")
 
         segments, mentioned, command = self._segments(msg)
         reply_msg = msg.get("reply_to_message")
         reply_to = None
-        if isinstance(reply_msg, dict) and "message_id" in reply_msg:
-            reply_to = str(reply_msg["message_id"])
+        if reply_msg is not None:
+            if not isinstance(reply_msg, dict) or "message_id" not in reply_msg:
+                raise MalformedEvent("Telegram reply_to_message must be an object with a message_id")
+            reply_to = int_id(reply_msg["message_id"], "reply_to_message.message_id", "Telegram")
             segments.insert(0, {"type": "reply", "data": {"message_id": reply_to}})
             mentioned = mentioned or self._is_me(reply_msg.get("from"))
         text = "".join(
@@ -227,16 +298,16 @@ class TelegramCodec:
         return InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
-            message_id=str(msg["message_id"]),
+            message_id=f"{chat_id}:{message_id}",
             scene_type=scene_type,
-            scene_id=str(chat["id"]),
+            scene_id=chat_id,
             sender=Sender(id=sender_id, name=name, roles=roles),
             text=text,
             segments=segments,
             reply_to=reply_to,
             mentioned_bot=mentioned,
             triggered=triggered,
-            time_ms=msg["date"] * 1000,
+            time_ms=time_ms,
         )
 
     def _segments(self, msg: dict[str, Any]) -> tuple[list[dict[str, Any]], bool, bool]:
@@ -248,31 +319,39 @@ class TelegramCodec:
             if isinstance(item, list) and item:  # photo: sizes ascending, take the largest
                 item = item[-1]
             if isinstance(item, dict) and "file_id" in item:
+                if not isinstance(item["file_id"], str) or not item["file_id"]:
+                    raise MalformedEvent(f"Telegram {field}.file_id must be a non-empty string")
                 media = {"kind": "file", "value": item["file_id"]}
                 segments.append({"type": seg_type, "data": {"media": media}})
                 break
         if isinstance(msg.get("dice"), dict):
             segments.append({"type": "dice", "data": {}})
+        for key in ("text", "caption"):
+            if msg.get(key) is not None and not isinstance(msg[key], str):
+                raise MalformedEvent(f"Telegram message {key} must be a string")
         text = msg.get("text") if isinstance(msg.get("text"), str) else msg.get("caption")
         if not isinstance(text, str):
             return segments, mentioned, command
-        entities = msg.get("entities") if "text" in msg else msg.get("caption_entities")
+        entities = _entities(msg, "entities" if "text" in msg else "caption_entities")
         cursor = 0  # in UTF-16 units
-        text_units = len(text.encode("utf-16-le")) // 2
+        units = text.encode("utf-16-le")  # encoded once: entity slices are linear in total
+        text_units = len(units) // 2
+
+        def utf16(start: int, length: int) -> str:
+            return units[2 * start : 2 * (start + length)].decode("utf-16-le", "replace")
+
         out: list[dict[str, Any]] = []
 
         def plain(start: int, end: int) -> None:
             if end > start:
-                out.append({"type": "text", "data": {"text": utf16_slice(text, start, end - start)}})
+                out.append({"type": "text", "data": {"text": utf16(start, end - start)}})
 
-        for ent in sorted(entities or [], key=lambda e: int(e.get("offset", 0))):
-            if not isinstance(ent, dict):
-                continue
-            off, length, etype = int(ent.get("offset", 0)), int(ent.get("length", 0)), ent.get("type")
-            piece = utf16_slice(text, off, length)
+        for off, length, ent in entities:
+            etype = ent.get("type")
+            piece = utf16(off, min(length, 128))  # usernames/commands are short; bounds the work
             target: str | None = None
             if etype == "text_mention" and isinstance(ent.get("user"), dict):
-                target = str(ent["user"].get("id"))
+                target = int_id(ent["user"].get("id"), "text_mention user.id", "Telegram")
                 mentioned = mentioned or target == self.bot_id
             elif etype == "mention" and self.username and piece[1:].lower() == self.username.lower():
                 target = self.bot_id
@@ -303,8 +382,9 @@ class TelegramCodec:
             attachments: Optional bytes already read by ``runtime.media.check_reply_media``
                 (segment index → object with ``.data``/``.mime``), reused for uploads.
 
-        An attachment that cannot be read (``path`` outside the media directory, bad base64)
-        becomes the "attachment unavailable" text, counted in MEDIA_REJECTED.
+        An attachment that cannot be read (``path`` outside the media directory, bad base64, a
+        ``file`` reference that is a URI or a path) becomes the "attachment unavailable" text, and a
+        ``share`` link that is not http(s) "<title> [link unavailable]"; both counted in MEDIA_REJECTED.
         """
         chat_id = _chat_id(target.scene_id)
         calls: list[ApiCall] = []
@@ -318,7 +398,7 @@ class TelegramCodec:
             nonlocal quote
             if quote is None:
                 return {}
-            out = {"reply_parameters": {"message_id": int(quote) if quote.isdigit() else quote}}
+            out = {"reply_parameters": {"message_id": native_message_id(quote)}}
             quote = None  # only the first message quotes
             return out
 
@@ -339,6 +419,12 @@ class TelegramCodec:
             elif isinstance(seg, MentionSegment):
                 runs.append(link("@" + seg.data.target, f"tg://user?id={seg.data.target}"))
             elif isinstance(seg, ShareSegment):
+                from runtime.media import refused_share_text  # local: keeps this edit to the renderer
+
+                refused = refused_share_text(PLATFORM, seg)  # javascript:, data:, … never become a link
+                if refused is not None:
+                    runs.append(Run(refused))
+                    continue
                 count_degraded(PLATFORM, "share")
                 runs.append(link(seg.data.title or seg.data.url, seg.data.url))
             elif isinstance(seg, FaceSegment):
@@ -368,8 +454,16 @@ class TelegramCodec:
         """The file to upload for ``base64``/``path`` media (None for ``url``/``file``: sent by reference).
 
         Raises:
-            MediaPathError: unreadable ``path`` (outside the media directory, missing) or bad base64.
+            MediaPathError: unreadable ``path`` (outside the media directory, missing), bad base64,
+                or a ``file`` reference that is a URI or a path (``bad_file_ref``; a local Bot API
+                server would read ``file://`` values from its disk).
         """
+        if media.kind == "file":
+            from runtime.media import file_ref_problem  # local: keeps this edit to the renderer
+
+            problem = file_ref_problem(media.value)
+            if problem is not None:
+                raise MediaPathError(problem, "bad_file_ref")
         if media.kind in ("url", "file"):
             return None
         field = _SEND[seg_type][1]
@@ -419,9 +513,7 @@ class TelegramCodec:
             return http_send_result(status, headers, body)
         retryable = status == 429 or status >= 500
         if status == 200 and answer.get("ok") is True:
-            result = answer.get("result")
-            mid = result.get("message_id") if isinstance(result, dict) else None
-            return SendResult(ok=True, message_id=None if mid is None else str(mid))
+            return SendResult(ok=True, message_id=_sent_message_id(answer.get("result")))
         params = answer.get("parameters") if isinstance(answer.get("parameters"), dict) else {}
         assert isinstance(params, dict)
         retry_after = params.get("retry_after")

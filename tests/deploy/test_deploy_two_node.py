@@ -135,6 +135,7 @@ def test_sqlite_on_two_nodes_is_refused(two_nodes: TwoNodes) -> None:
         "(every node must reach the same database; a SQLite file lives on one machine)"
     )
     assert expected in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr  # a clean error
     assert not db.exists()  # refused before anything opened the database
 
 

@@ -237,6 +237,15 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+
+
+def internal_headers() -> dict[str, str]:
+    """What DeliveryActors and console sessions send to the internal /console/api/deliver and /events."""
+    from runtime.platforms.console import API_TOKEN_HEADER, console_api_token
+
+    return {API_TOKEN_HEADER: console_api_token() or ""}
+
+
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
 
@@ -282,6 +291,7 @@ async def test_console_in_chromium(stack: Stack) -> None:
                         "reply_to": None,
                         "segments": segments,
                     },
+                    headers=internal_headers(),
                 )
             assert resp.status_code == 200 and resp.json()["ok"] is True
             reply = page.get_by_test_id("reply").nth(1)
@@ -299,7 +309,8 @@ async def test_console_in_chromium(stack: Stack) -> None:
                     {"type": "notice", "text": "format corrected"},
                 ):
                     body = {"session_key": "console:console:private:admin", "event": event}
-                    assert (await client.post("/console/api/events", json=body)).json() == {
+                    answer = await client.post("/console/api/events", json=body, headers=internal_headers())
+                    assert answer.json() == {
                         "ok": True,
                         "receivers": 1,
                     }
@@ -377,7 +388,9 @@ async def test_console_event_stream_fans_out_by_scene(stack: Stack) -> None:
                 },
             ),
         ]
-        answers = [(await client.post(path, json=body)).json() for path, body in posts]
+        answers = [
+            (await client.post(path, json=body, headers=internal_headers())).json() for path, body in posts
+        ]
         assert answers[1:3] == [{"ok": True, "receivers": 1}, {"ok": True, "receivers": 1}]
         assert answers[0]["ok"] is True and answers[3]["ok"] is True
         async for line in lines:
@@ -410,7 +423,11 @@ async def test_console_event_stream_fans_out_by_scene(stack: Stack) -> None:
         },
     ]
     async with httpx.AsyncClient(base_url=stack.base_url) as client:
-        bad = await client.post("/console/api/deliver", json={"scene_type": "private", "scene_id": "x"})
+        bad = await client.post(
+            "/console/api/deliver",
+            json={"scene_type": "private", "scene_id": "x"},
+            headers=internal_headers(),
+        )
         assert (bad.status_code, bad.json()) == (400, {"error": "deliver needs a segments array"})
         bad = await client.get("/console/api/stream", params={"user": "not ok"})
         assert bad.status_code == 400

@@ -215,29 +215,37 @@ def test_signature(load: Any) -> None:
         (b"{not json", "not valid JSON"),
         (b"[1, 2]", "post_type"),
         (b'{"post_type": "wat"}', "unknown OneBot post_type"),
-        (b'{"post_type": "message", "message_type": "private"}', "lacks message_id, user_id, message"),
         (
-            b'{"post_type": "message", "message_type": "guild", "message_id": 1, "user_id": 2, '
+            b'{"post_type": "message", "self_id": 1000000001, "message_type": "private"}',
+            "lacks message_id, user_id, message",
+        ),
+        (
+            b'{"post_type": "message", "self_id": 1000000001, '
+            b'"message_type": "guild", "message_id": 1, "user_id": 2, '
             b'"message": "x"}',
             "unsupported OneBot message_type",
         ),
         (
-            b'{"post_type": "message", "message_type": "group", "message_id": 1, "user_id": 2, '
+            b'{"post_type": "message", "self_id": 1000000001, '
+            b'"message_type": "group", "message_id": 1, "user_id": 2, '
             b'"message": "x"}',
             "lacks group_id",
         ),
         (
-            b'{"post_type": "message", "message_type": "private", "message_id": 1, "user_id": 2, '
+            b'{"post_type": "message", "self_id": 1000000001, '
+            b'"message_type": "private", "message_id": 1, "user_id": 2, '
             b'"message": 5}',
             "segment array or a CQ-code string",
         ),
         (
-            b'{"post_type": "message", "message_type": "private", "message_id": 1, "user_id": 2, '
+            b'{"post_type": "message", "self_id": 1000000001, '
+            b'"message_type": "private", "message_id": 1, "user_id": 2, '
             b'"message": "[CQ:face,id]"}',
             "without '='",
         ),
         (
-            b'{"post_type": "message", "message_type": "private", "message_id": 1, "user_id": 2, '
+            b'{"post_type": "message", "self_id": 1000000001, '
+            b'"message_type": "private", "message_id": 1, "user_id": 2, '
             b'"message": [{"data": {}}]}',
             "string 'type'",
         ),

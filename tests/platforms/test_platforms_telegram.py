@@ -55,7 +55,7 @@ def test_private_text_update(load: Any) -> None:
     assert msg == InboundMessage(
         platform="telegram",
         bot_id="1000000099",
-        message_id="1365",
+        message_id="1111111:1365",  # unique per bot: "<chat.id>:<message_id>"
         scene_type="private",
         scene_id="1111111",
         sender=Sender(id="1111111", name="Test Firstname Test Lastname", roles=["master"]),
@@ -74,7 +74,7 @@ def test_supergroup_reply_with_bot_command(load: Any) -> None:
     assert msg == InboundMessage(
         platform="telegram",
         bot_id="1000000099",
-        message_id="134546",
+        message_id="-1001293752024:134546",
         scene_type="group",
         scene_id="-1001293752024",
         sender=Sender(id="1000000011", name="Test User One", roles=[]),
@@ -97,7 +97,7 @@ def test_photo_with_caption(load_json: Any) -> None:
     assert msg == InboundMessage(
         platform="telegram",
         bot_id="1000000099",
-        message_id="3460",
+        message_id="10000001:3460",
         scene_type="private",
         scene_id="10000001",
         sender=Sender(id="10000001", name="Alice Example Name", roles=[]),
@@ -378,7 +378,8 @@ def test_markdown_to_html() -> None:
 def test_send_results(load: Any) -> None:
     c = codec()
     assert c.parse_send_result(200, {}, load("telegram/api_sendMessage_response.json")) == SendResult(
-        ok=True, message_id="40"
+        ok=True,
+        message_id="123456789:40",  # "<chat.id>:<message_id>", unique per bot
     )
     too_many = (
         b'{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 5",'
@@ -416,8 +417,8 @@ def test_render_and_send_over_http(api_server: Any) -> None:
         results.append(c.parse_send_result(resp.status_code, resp.headers, resp.content))
     assert results == [
         SendResult(ok=False, error="429: Too Many Requests: retry later", retry_after_s=3.0, retryable=True),
-        SendResult(ok=True, message_id="40"),
-        SendResult(ok=True, message_id="40"),
+        SendResult(ok=True, message_id="123456789:40"),  # the recorded answer's chat.id
+        SendResult(ok=True, message_id="123456789:40"),
     ]
     recs = api_server.requests
     assert [r.path for r in recs] == [f"/bot{TOKEN}/sendMessage"] * 2 + [f"/bot{TOKEN}/sendPhoto"]
