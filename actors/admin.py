@@ -13,7 +13,8 @@ Routes (all under ``/admin``, JSON in and out)::
 A session that is not live (passivated) is read from SQL (attack report #11): ``GET`` answers its
 latest epoch ``{"session_key", "live": false, "session_id", "status", "model", "created_at",
 "updated_at", "messages", "epochs"}`` (times in Unix ms), and ``archive`` archives its active
-epoch with ``ContextRepository.archive_session`` (result: the new ``session_id``). A key with no
+epoch in SQL through the key's router shard (``runtime.archive_stored``: no message can activate
+the session on the old epoch meanwhile; result: the new ``session_id``). A key with no
 live session and no stored epoch stays 404. The SQL store is ``runtime.config.database.url``
 (or the ``repository`` given to :func:`admin_routes`).
 
@@ -33,6 +34,7 @@ Session keys are never metric labels.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import logging
@@ -45,10 +47,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from actors.http_input import InputError, check_text, loads_json, max_text_chars
-from runtime.memory.keys import SessionKeyError, parse_session_key
+from actors.http_input import (
+    InputError,
+    check_text,
+    check_unicode,
+    loads_json,
+    max_text_chars,
+    valid_session_key,
+)
+from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
-from runtime.platforms.console import valid_unicode
 
 __all__ = ["admin_routes", "jsonable"]
 
@@ -86,29 +94,40 @@ def _status_for(exc: Exception) -> int | None:
     return None
 
 
+def _open_repository(url: str) -> ContextRepository:
+    """A repository on its own small :class:`Database` (blocking: engine, ``create_tables``)."""
+    db = Database(url, threads=1, max_overflow=0)  # rare admin reads: one connection
+    db.create_tables()
+    return ContextRepository(db)
+
+
 class _StoredSessions:
-    """The SQL view of sessions that are not live: a :class:`ContextRepository` made on first use
-    from ``runtime.config.database.url`` (None when the runtime has no config)."""
+    """The SQL view of sessions that are not live: the given :class:`ContextRepository`
+    (``actors.ingress.build_app`` passes one on the ingress's :class:`Database`, so the ingress
+    process holds one connection pool), else one made on first use from
+    ``runtime.config.database.url`` (None when the runtime has no config)."""
 
     def __init__(self, runtime: Any, repository: ContextRepository | None) -> None:
         self._runtime = runtime
         self._repo = repository
+        self._making = asyncio.Lock()
 
-    def repo(self) -> ContextRepository | None:
-        if self._repo is None:
-            url = getattr(getattr(getattr(self._runtime, "config", None), "database", None), "url", None)
-            if not url:
-                return None
-            from runtime.memory.db import Database
-
-            db = Database(url, threads=1, max_overflow=0)  # rare admin reads: one connection
-            db.create_tables()
-            self._repo = ContextRepository(db)
+    async def repo(self) -> ContextRepository | None:
+        """The repository; the first call without one builds it (engine + ``create_tables``) in a
+        worker thread, never on the event loop (review S3 #14)."""
+        if self._repo is not None:
+            return self._repo
+        url = getattr(getattr(getattr(self._runtime, "config", None), "database", None), "url", None)
+        if not url:
+            return None
+        async with self._making:  # one Database even when two first requests race
+            if self._repo is None:
+                self._repo = await asyncio.to_thread(_open_repository, str(url))
         return self._repo
 
     async def info(self, session_key: str) -> dict[str, Any] | None:
         """The latest stored epoch of ``session_key`` (shape in the module docstring), or None."""
-        repo = self.repo()
+        repo = await self.repo()
         if repo is None:
             return None
         epochs = await repo.list_sessions(session_key)
@@ -128,21 +147,28 @@ class _StoredSessions:
         }
 
     async def archive(self, session_key: str) -> str | None:
-        """Archive the stored active epoch; the new ``session_id``, or None without one."""
-        repo = self.repo()
+        """Archive the epoch of a session that is not live; the new ``session_id``, or None when
+        it has no active stored epoch.
+
+        Through the runtime's ``archive_stored`` (``SessionRuntime``: the key's router shard
+        archives while it holds the key, so no message activates the session on the old epoch
+        in between; review S3 #2). A runtime handle without that method (one with no router
+        shards) archives in SQL here with :func:`actors.router_admin.archive_active_epoch`.
+        """
+        route = getattr(self._runtime, "archive_stored", None)
+        if route is not None:
+            try:
+                return str(await route(session_key))
+            except Exception as exc:
+                if _status_for(exc) == 404:
+                    return None
+                raise
+        repo = await self.repo()
         if repo is None:
             return None
-        if not any(e.status == "active" for e in await repo.list_sessions(session_key)):
-            return None
-        return await repo.archive_session(session_key)
+        from actors.router_admin import archive_active_epoch
 
-
-def _valid_key(session_key: str) -> bool:
-    try:
-        parse_session_key(session_key)
-    except SessionKeyError:
-        return False
-    return True
+        return await archive_active_epoch(repo, session_key)
 
 
 def admin_routes(
@@ -156,8 +182,9 @@ def admin_routes(
             ``server.max_text_chars``, when it has one).
         token_env: Name of the environment variable holding the bearer token (read per request, so
             a rotated token takes effect without a restart); None disables the admin API.
-        repository: SQL store of passivated sessions (default: one on ``runtime.config.database.url``,
-            made on first use).
+        repository: SQL store of passivated sessions (``build_app``: on the ingress's Database;
+            default: one on ``runtime.config.database.url`` with one connection, made in a worker
+            thread on first use).
     """
     stored = _StoredSessions(runtime, repository)
 
@@ -206,7 +233,7 @@ def admin_routes(
         key = request.path_params["session_key"]
         info = await runtime.session(key)
         if info is None:
-            found = await stored.info(key) if _valid_key(key) else None
+            found = await stored.info(key) if valid_session_key(key) else None
             if found is None:
                 return _error(404, f"no live or stored session {key!r}")
             return JSONResponse(found)
@@ -230,8 +257,10 @@ def admin_routes(
                 return exc.response()
             if not isinstance(sender, str | int) or isinstance(sender, bool) or not str(sender).strip():
                 return _error(400, "`sender_id` must be a non-empty string")
-            if not valid_unicode(str(sender)):
-                return _error(400, "`sender_id` is not valid Unicode text (it contains a lone surrogate)")
+            try:
+                check_unicode("sender_id", str(sender))
+            except InputError as exc:
+                return exc.response()
             result = await getattr(runtime, kind)(key, text, str(sender))
             return JSONResponse(
                 {"status": "ok", "kind": kind, "session_key": key, "result": jsonable(result)}
@@ -245,8 +274,8 @@ def admin_routes(
             try:
                 result = await getattr(runtime, kind)(key)
             except Exception as exc:
-                # archive of a passivated session: archive its stored epoch in SQL instead
-                if kind != "archive" or _status_for(exc) != 404 or not _valid_key(key):
+                # archive of a passivated session: its stored epoch, through its router shard
+                if kind != "archive" or _status_for(exc) != 404 or not valid_session_key(key):
                     raise
                 result = await stored.archive(key)
                 if result is None:

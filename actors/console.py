@@ -28,9 +28,12 @@ the admin API (bearer token). ``/console/api/sessions`` lists console sessions o
 webhook) needs ``X-Console-Token``; without it the console is meant for 127.0.0.1 only.
 
 ``/console/api/deliver`` and ``/console/api/events`` are not for browsers: they need
-``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN`` (compared in constant time;
-:func:`runtime.platforms.console.console_api_token` — generated here when unset, which is enough
-when the callers run in processes started by this one, as under ``sessionray serve``), else 401.
+``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN``, else 401 (the one check
+:func:`runtime.platforms.console.api_token_matches`, reading the variable per request, as the
+ingress's body-size exemption does). ``sessionray serve`` generates the variable before it starts
+Ray; anywhere else (Ray Serve replicas, your own process) :func:`console_routes` refuses to start
+without it (:func:`runtime.platforms.console.require_console_api_token`): a token made up by one
+process never reaches the delivery actors, and every console reply would be refused.
 
 Bad input answers 400 naming the field: a body nested too deeply to parse, names that do not match
 ``NAME_RULE`` in full, steer/follow-up/echo text that is not valid Unicode; text longer than
@@ -56,10 +59,17 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from actors.http_input import InputError, check_text, loads_json, max_text_chars
+from actors.http_input import InputError, check_text, loads_json, max_text_chars, valid_session_key
 from runtime.memory.keys import SessionKeyError, parse_session_key
 from runtime.platforms.base import read_env
-from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER, NAME_RULE, console_api_token
+from runtime.platforms.common import is_json_content_type, valid_unicode
+from runtime.platforms.console import (
+    API_TOKEN_ENV,
+    API_TOKEN_HEADER,
+    NAME_RULE,
+    api_token_matches,
+    require_console_api_token,
+)
 
 __all__ = ["ConsoleHub", "console_routes"]
 
@@ -121,21 +131,13 @@ class ConsoleHub:
         return n
 
 
-def _is_console_key(key: Any) -> bool:
-    """``key`` is a well-formed ``console:*`` session key."""
-    try:
-        return isinstance(key, str) and parse_session_key(key).platform == "console"
-    except SessionKeyError:
-        return False
-
-
 def _sse_data(event: dict[str, Any]) -> bytes:
     """One SSE ``data:`` frame. Text that UTF-8 cannot carry (a lone surrogate) falls back to
     ``\\u`` escapes, so one odd event never ends a browser's stream."""
-    try:
-        return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
-    except UnicodeEncodeError:
-        return f"data: {json.dumps(event)}\n\n".encode()
+    data = json.dumps(event, ensure_ascii=False)
+    if not valid_unicode(data):
+        data = json.dumps(event)
+    return f"data: {data}\n\n".encode()
 
 
 def _static(name: str) -> str:
@@ -145,24 +147,21 @@ def _static(name: str) -> str:
 def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> list[BaseRoute]:
     """The console routes (module docstring) over a ``SessionRuntime`` and the config.
 
-    Returns ``[]`` when no ``console`` bot is configured. Reads ``$SESSIONRAY_CONSOLE_API_TOKEN``
-    (generating it in this process when unset) for the internal endpoints.
+    Returns ``[]`` when no ``console`` bot is configured. The internal endpoints check
+    ``$SESSIONRAY_CONSOLE_API_TOKEN`` per request (:func:`~runtime.platforms.console.api_token_matches`).
 
     Raises:
-        ValueError: the console bot's ``secret_env`` names an unset variable.
+        ValueError: the console bot's ``secret_env`` names an unset variable, or
+            ``$SESSIONRAY_CONSOLE_API_TOKEN`` is not set (``sessionray serve`` sets it before
+            this runs; elsewhere set it on every node:
+            :func:`~runtime.platforms.console.require_console_api_token`).
     """
     bots = [b for b in config.bots if str(b.platform) == "console"]
     if not bots:
         return []
+    require_console_api_token(config)
     hub = hub or ConsoleHub()
     token = read_env(getattr(bots[0], "secret_env", None), what="console token")
-    if console_api_token() is None:
-        log.warning(
-            "%s is not set: generated one for this process; delivery actors and sessions in other "
-            "processes must get the same value or their console replies are refused",
-            API_TOKEN_ENV,
-        )
-    api_token = console_api_token(create=True) or ""
     bot_ids = [str(b.self_id) for b in bots]
     text_limit = max_text_chars(config)
 
@@ -176,8 +175,7 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
         return JSONResponse({"error": "missing or wrong X-Console-Token"}, status_code=401)
 
     def internal(request: Request) -> bool:
-        got = request.headers.get(API_TOKEN_HEADER, "")
-        return hmac.compare_digest(got.encode(), api_token.encode())
+        return api_token_matches(request.headers.get(API_TOKEN_HEADER))
 
     def internal_denied() -> Response:
         return JSONResponse(
@@ -187,7 +185,10 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
         )  # fmt: skip
 
     async def json_body(request: Request) -> dict[str, Any] | Response:
-        """The body as a JSON object, or the 400 to answer."""
+        """The body as a JSON object, or the 4xx to answer (415 unless the request says JSON:
+        a cross-site page can post ``text/plain`` or forms without a CORS preflight)."""
+        if not is_json_content_type(request.headers.get("content-type")):
+            return JSONResponse({"error": "send the body as application/json"}, status_code=415)
         try:
             body = loads_json(await request.body())
         except InputError as exc:
@@ -293,7 +294,8 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
         infos = [
             i.model_dump(mode="json") if hasattr(i, "model_dump") else i for i in await runtime.sessions()
         ]
-        return JSONResponse({"sessions": [i for i in infos if _is_console_key(i.get("session_key"))]})
+        mine = [i for i in infos if valid_session_key(i.get("session_key"), "console")]
+        return JSONResponse({"sessions": mine})
 
     async def control(request: Request) -> Response:
         if not authorized(request):

@@ -164,7 +164,7 @@ class DeliverySender:
         self.partition = partition
         self.owner = owner
         # As the ingress: a 15 s SQLite lock wait, so a busy file does not fail a send under load.
-        self.db = Database(settings.database_url, busy_timeout_ms=15_000)
+        self.db = Database(settings.database_url, busy_timeout_ms=15_000, max_overflow=0)
         ledger.create_ledger_table(self.db)
         self.transcripts = TranscriptStore(self.db)
         self.codecs: dict[tuple[str, str], PlatformCodec] = {}

@@ -1,34 +1,44 @@
-"""Checks of HTTP request input shared by the admin API and the console API (attack report #5, #7, #9).
+"""Checks of HTTP request input shared by the ingress webhook, the admin API and the console API
+(attack report #5, #7, #9; review S3 items 9-11: one rule each).
 
-Both APIs hand user text to ``SessionRuntime.steer`` / ``follow_up``; whatever the runtime could not
-store (a lone surrogate cannot be encoded as UTF-8, so ``append_messages`` refuses it) or should not
-run (megabytes of text) is refused here, where the input enters, with an error naming the field:
+The admin and console APIs hand user text to ``SessionRuntime.steer`` / ``follow_up``; whatever the
+runtime could not store (a lone surrogate cannot be encoded as UTF-8, so ``append_messages``
+refuses it) or should not run (megabytes of text) is refused here, where the input enters, with an
+error naming the field:
 
-* :func:`loads_json` — a body nested too deeply for the JSON parser (``RecursionError``) is a 400
-  with a fixed message (never the exception text);
-* :func:`check_text` — a non-empty string, valid Unicode (400 otherwise), at most
-  ``server.max_text_chars`` characters (413 otherwise; :func:`max_text_chars`, default 16000).
+* :func:`loads_json` — the body through :func:`runtime.platforms.common.decode_json` (the decoder
+  the platform codecs use too); a body nested too deeply for the parser is a 400 with a fixed
+  message (never the exception text);
+* :func:`check_text` — a non-empty string, valid Unicode (:func:`check_unicode`, 400 otherwise), at
+  most :func:`max_text_chars` characters (413 otherwise, :func:`text_too_long` — the same message
+  as the webhook's 413);
+* :func:`valid_session_key` — the session-key test of the admin and console routes.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.responses import JSONResponse
 
-from runtime.platforms.console import valid_unicode
+from runtime.config import ServerConfig
+from runtime.memory.keys import SessionKeyError, parse_session_key
+from runtime.platforms.common import JsonInputError, decode_json, valid_unicode
 
 __all__ = [
     "DEFAULT_MAX_TEXT_CHARS",
     "InputError",
     "check_text",
+    "check_unicode",
     "loads_json",
     "max_text_chars",
+    "text_too_long",
+    "valid_session_key",
 ]
 
-DEFAULT_MAX_TEXT_CHARS = 16000
-"""Characters of steer / follow-up text accepted when the config has no ``server.max_text_chars``."""
+DEFAULT_MAX_TEXT_CHARS: int = ServerConfig.model_fields["max_text_chars"].default
+"""``server.max_text_chars`` of the config model (16000 characters): the limit when the object at
+hand has no ``server`` section (an admin runtime without a config)."""
 
 
 class InputError(ValueError):
@@ -50,25 +60,44 @@ class InputError(ValueError):
 
 
 def max_text_chars(config: Any) -> int:
-    """``config.server.max_text_chars`` when the config has it (and it is a positive int), else
-    :data:`DEFAULT_MAX_TEXT_CHARS`. ``config`` may be None."""
+    """The text limit in characters: ``config.server.max_text_chars`` when the config has it (and
+    it is a positive int), else :data:`DEFAULT_MAX_TEXT_CHARS`. ``config`` may be None."""
     value = getattr(getattr(config, "server", None), "max_text_chars", None)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return DEFAULT_MAX_TEXT_CHARS
 
 
+def text_too_long(what: str, length: int, limit: int) -> str:
+    """The one 413 message for a text over ``server.max_text_chars``, e.g. ``"`text` is too long:
+    101 characters, at most 100 (server.max_text_chars)"``."""
+    return f"{what} is too long: {length} characters, at most {limit} (server.max_text_chars)"
+
+
 def loads_json(raw: bytes) -> Any:
-    """Parse a request body.
+    """Parse a request body (UTF-8 JSON; lone surrogates kept for :func:`check_unicode`).
 
     Raises:
-        InputError: 400, the body nests deeper than the parser can go (``RecursionError``).
+        InputError: 400 ``"JSON body is nested too deeply"`` (``RecursionError`` in the parser).
         ValueError: not JSON or not UTF-8 (callers answer 400 with their own message).
     """
     try:
-        return json.loads(raw)
-    except RecursionError:
-        raise InputError("JSON body is nested too deeply") from None
+        return decode_json(raw)
+    except JsonInputError as exc:
+        if exc.too_deep:
+            raise InputError(str(exc)) from None
+        raise
+
+
+def check_unicode(field: str, value: str) -> str:
+    """Return ``value`` when it is valid Unicode (:func:`runtime.platforms.common.valid_unicode`).
+
+    Raises:
+        InputError: 400 ``"`field` is not valid Unicode text (it contains a lone surrogate)"``.
+    """
+    if not valid_unicode(value):
+        raise InputError(f"`{field}` is not valid Unicode text (it contains a lone surrogate)")
+    return value
 
 
 def check_text(field: str, value: Any, *, max_chars: int) -> str:
@@ -77,16 +106,25 @@ def check_text(field: str, value: Any, *, max_chars: int) -> str:
     Args:
         field: The JSON field name, used in the error (e.g. ``text``).
         value: The field's value from the body.
-        max_chars: Most characters accepted (``server.max_text_chars``).
+        max_chars: Most characters accepted (:func:`max_text_chars`).
 
     Raises:
         InputError: 400 not a string, empty/blank, or not valid Unicode (lone surrogate);
-            413 longer than ``max_chars`` characters.
+            413 longer than ``max_chars`` characters (:func:`text_too_long`).
     """
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"`{field}` must be a non-empty string")
-    if not valid_unicode(value):
-        raise InputError(f"`{field}` is not valid Unicode text (it contains a lone surrogate)")
+    check_unicode(field, value)
     if len(value) > max_chars:
-        raise InputError(f"`{field}` is too long: {len(value)} characters, at most {max_chars}", 413)
+        raise InputError(text_too_long(f"`{field}`", len(value), max_chars), 413)
     return value
+
+
+def valid_session_key(key: Any, platform: str | None = None) -> bool:
+    """True when ``key`` is a well-formed session key (``runtime.memory.keys.parse_session_key``)
+    and, when ``platform`` is given, one of that platform (the console acts on ``console:*`` only)."""
+    try:
+        parsed = parse_session_key(key)
+    except SessionKeyError:
+        return False
+    return platform is None or parsed.platform == platform

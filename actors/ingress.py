@@ -26,15 +26,21 @@ A webhook answers:
   codec (bad or too deeply nested JSON, bad UTF-8, wrong types; the body never carries exception
   text) and a decoded message that could not be stored (a lone surrogate in a text or id, a time
   outside 64-bit milliseconds, ids that make no session key: ``actors.ingress_guard``) — checked
-  *before* the concurrent persist ‖ route, so a bad message is never routed;
+  *before* the concurrent persist ‖ route, so a bad message is never routed. A codec that fails
+  with ``TypeError``/``AttributeError``/``KeyError``/``IndexError``/``OverflowError`` (a codec bug,
+  maybe on a legitimate payload) is also a 400 — a 5xx would make the platform redeliver it
+  forever and hold back the chat's later updates (Telegram) — but counted as ``error`` and logged
+  at ERROR with its traceback, so the gap is seen;
 * **413** a body over ``server.max_body_bytes`` (every route, ``actors.ingress_guard.BodySizeLimit``)
-  or a decoded text over ``server.max_text_chars`` characters (not stored, not routed);
+  or a decoded text over ``server.max_text_chars`` characters (not stored, not routed; the message
+  of ``actors.http_input.text_too_long``, as on the admin and console APIs);
 * **500** ``{"error": "internal error"}`` for an unexpected exception (logged with traceback);
 * **404** when no bot ``{platform}/{bot_id}`` is configured.
 
 Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}`` (outcome:
 ``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``bad_signature`` | ``malformed``
-(400 and 413) | ``backpressure`` | ``unavailable`` | ``error`` (500)); every request
+(400 and 413) | ``backpressure`` | ``unavailable`` | ``error`` (500, and the 400 of a codec
+bug)); every request
 in ``sessionray_http_requests_total{route, status}`` and
 ``sessionray_http_request_duration_seconds{route}`` with the *route template* as label (never a
 raw path: bounded labels). Router-level gauges (live sessions, warm pool size) are refreshed from
@@ -64,10 +70,14 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.admin import admin_routes
+from actors.http_input import max_text_chars, text_too_long
 from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
 from runtime import metrics
+from runtime.memory.db import Database
+from runtime.memory.repository import ContextRepository
 from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import InboundMessage, MalformedEvent, PlatformCodec, SignatureError, get_codec
+from runtime.platforms.common import is_json_content_type
 
 __all__ = ["DECODE_IN_THREAD_BYTES", "Ingress", "build_app", "console_routes"]
 
@@ -137,7 +147,13 @@ class Ingress:
         runtime: ``actors.runtime.SessionRuntime`` (or anything with ``submit``/``status``/the admin
             methods as coroutines).
         config: ``runtime.config.Config`` (``bots``, ``database.url``, ``server.admin_token_env``).
-        transcripts: Where inbound rows go (default: a store on ``config.database.url``).
+        transcripts: Where inbound rows go (default: a store on ``config.database.url``, on
+            :attr:`db`).
+
+    Attributes:
+        db: The process's :class:`Database` on ``config.database.url`` when this ingress made one
+            (None when ``transcripts`` was given): ``DEFAULT_SQL_THREADS`` (8) SQL threads and no
+            pool overflow, so at most 8 connections; the admin's stored-session view shares it.
 
     Raises:
         ValueError: a bot's secret environment variable is missing (from its codec).
@@ -149,16 +165,16 @@ class Ingress:
         self.codecs: dict[tuple[str, str], PlatformCodec] = {
             (str(bot.platform), str(bot.self_id)): get_codec(bot) for bot in config.bots
         }
+        self.db: Database | None = None
         if transcripts is None:
-            from runtime.memory.db import Database
-
             # Short write retries: a 503 must reach the platform before its webhook timeout
-            # (it redelivers; the transcript row dedups).
-            db = Database(config.database.url, busy_timeout_ms=5_000, write_retry_s=5.0)
-            db.create_tables()
-            transcripts = TranscriptStore(db)
+            # (it redelivers; the transcript row dedups). No overflow: every SQL call runs on one
+            # of the pool's threads, so "at most 8 connections" (deploy/README.md) holds.
+            self.db = Database(config.database.url, busy_timeout_ms=5_000, write_retry_s=5.0, max_overflow=0)
+            self.db.create_tables()
+            transcripts = TranscriptStore(self.db)
         self.transcripts = transcripts
-        self.max_text_chars: int = config.server.max_text_chars
+        self.max_text_chars = max_text_chars(config)
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).
@@ -183,6 +199,10 @@ class Ingress:
         except ClientDisconnect:  # the platform hung up mid-body: nothing to answer, nothing done
             return Response(status_code=400)
         headers = request.headers
+        if getattr(codec, "browser_facing", False) and not is_json_content_type(headers.get("content-type")):
+            # a cross-site page can POST text/plain or a form without a CORS preflight; JSON it cannot
+            metrics.INBOUND.inc(platform=platform, outcome="malformed")
+            return JSONResponse({"error": "send the event as application/json"}, status_code=415)
         try:
             codec.verify(headers, body)
         except SignatureError as exc:
@@ -198,23 +218,19 @@ class Ingress:
             return _malformed(platform, f"malformed event: {exc}")
         except (RecursionError, ValueError):  # nesting too deep, bad JSON, bad UTF-8 (UnicodeError)
             return _malformed(platform, "malformed event: the body could not be decoded")
-        except (TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
-            # A codec gap for an odd but well-formed body: still the sender's input, so 400 (a 500
-            # would make the platform redeliver it forever); logged to find the gap.
-            log.warning("webhook %s: codec could not decode the event: %r", platform, exc, exc_info=True)
-            return _malformed(platform, "malformed event: the body could not be decoded")
+        except (TypeError, AttributeError, KeyError, IndexError, OverflowError):
+            # A codec bug, maybe on a legitimate payload: still 400 (a 5xx would make the platform
+            # redeliver it forever and hold back the chat's later updates), but counted as
+            # `error` and logged with the traceback so the bug is seen (review S3 #3).
+            log.exception("webhook %s: the codec failed on the event (codec bug)", platform)
+            return _malformed(platform, "malformed event: the body could not be decoded", outcome="error")
         if msg is None:
             metrics.INBOUND.inc(platform=platform, outcome="ignored")
             return JSONResponse({"status": "ignored"})
         if len(msg.text) > self.max_text_chars:
             metrics.INBOUND.inc(platform=platform, outcome="malformed")
-            return JSONResponse(
-                {
-                    "error": f"message text too long: {len(msg.text)} characters, the limit is "
-                    f"{self.max_text_chars} (server.max_text_chars)"
-                },
-                status_code=413,
-            )
+            too_long = text_too_long("message text", len(msg.text), self.max_text_chars)
+            return JSONResponse({"error": too_long}, status_code=413)
         problem = storage_problem(msg)
         if problem is not None:
             return _malformed(platform, f"malformed event: {problem}")
@@ -283,9 +299,10 @@ class Ingress:
         return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
-def _malformed(platform: str, error: str) -> Response:
-    """400 ``{"error": ...}``, counted as ``malformed``: nothing was stored or routed."""
-    metrics.INBOUND.inc(platform=platform, outcome="malformed")
+def _malformed(platform: str, error: str, outcome: str = "malformed") -> Response:
+    """400 ``{"error": ...}``, counted as ``outcome`` (``malformed``; ``error`` for a codec bug):
+    nothing was stored or routed."""
+    metrics.INBOUND.inc(platform=platform, outcome=outcome)
     return JSONResponse({"error": error}, status_code=400)
 
 
@@ -328,11 +345,13 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
     """
     ingress = Ingress(runtime, config, transcripts)
     token_env = getattr(getattr(config, "server", None), "admin_token_env", None)
+    # The admin's view of stored sessions reads through the ingress's own Database (one pool).
+    stored = None if ingress.db is None else ContextRepository(ingress.db)
     routes: list[BaseRoute] = [
         Route("/webhooks/{platform}/{bot_id}", ingress.webhook, methods=["POST"]),
         Route("/healthz", ingress.healthz, methods=["GET"]),
         Route("/metrics", ingress.metrics_endpoint, methods=["GET"]),
-        *admin_routes(runtime, token_env),
+        *admin_routes(runtime, token_env, repository=stored),
         *console_routes(runtime, config),
     ]
     app = Starlette(routes=routes)

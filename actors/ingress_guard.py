@@ -18,7 +18,6 @@ Both run before anything is stored or routed (attack report #5-#7):
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Callable
 from typing import Any
@@ -27,14 +26,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.memory.keys import SessionKeyError
 from runtime.platforms.base import InboundMessage
-from runtime.platforms.console import API_TOKEN_HEADER, DELIVER_PATH, EVENTS_PATH, console_api_token
+from runtime.platforms.common import INT64_MAX, INT64_MIN, lone_surrogate_at, valid_unicode
+from runtime.platforms.console import API_TOKEN_HEADER, DELIVER_PATH, EVENTS_PATH, api_token_matches
 
-__all__ = ["INT64_MAX", "INT64_MIN", "BodySizeLimit", "storage_problem", "trusted_internal_call"]
-
-INT64_MIN = -(2**63)
-"""Smallest value of a SQL ``BIGINT`` (SQLite ``INTEGER`` / PostgreSQL ``bigint``)."""
-INT64_MAX = 2**63 - 1
-"""Largest value of a SQL ``BIGINT``."""
+__all__ = ["BodySizeLimit", "storage_problem", "trusted_internal_call"]
 
 
 async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
@@ -124,20 +119,21 @@ _TOKEN_HEADER = API_TOKEN_HEADER.lower().encode("latin-1")
 
 def trusted_internal_call(scope: Scope) -> bool:
     """True for a ``POST`` to the console's internal ``/console/api/deliver`` or ``/events`` that
-    carries ``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN`` (constant-time
-    comparison); False otherwise, also when no token is set."""
+    carries ``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN``
+    (:func:`runtime.platforms.console.api_token_matches`, the check the console routes use);
+    False otherwise, also when no token is set."""
     if scope.get("path") not in _INTERNAL_PATHS or scope.get("method") != "POST":
         return False
-    expected = console_api_token()
     got = next((v for k, v in scope.get("headers", ()) if k.lower() == _TOKEN_HEADER), None)
-    return bool(expected) and got is not None and hmac.compare_digest(got, str(expected).encode("utf-8"))
+    return api_token_matches(got)
 
 
 def storage_problem(msg: InboundMessage) -> str | None:
     """Why ``msg`` cannot be stored (transcript row, session messages), or ``None`` when it can.
 
-    Checks, in order: each text/id field encodes as UTF-8 (a lone surrogate such as ``"\\ud800"``
-    does not); the segments serialize as JSON text in UTF-8; ``time_ms`` lies within
+    Checks, in order: each text/id field is valid Unicode (no lone surrogate such as ``"\\ud800"``:
+    :func:`runtime.platforms.common.lone_surrogate_at`); the segments serialize as JSON text in
+    valid Unicode; ``time_ms`` lies within
     [:data:`INT64_MIN`, :data:`INT64_MAX`] (it is stored in a ``BIGINT`` column, milliseconds);
     the ids form a valid session key (``runtime.memory.keys.make_session_key``).
 
@@ -156,18 +152,15 @@ def storage_problem(msg: InboundMessage) -> str | None:
         ("reply_to", msg.reply_to),
     ]
     for name, value in fields:
-        if value is None:
-            continue
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            return f"{name} is not valid Unicode (lone surrogate at character {exc.start})"
+        at = None if value is None else lone_surrogate_at(value)
+        if at is not None:
+            return f"{name} is not valid Unicode (lone surrogate at character {at})"
     try:
-        json.dumps(msg.segments, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return "segments are not valid Unicode (lone surrogate)"
+        segments = json.dumps(msg.segments, ensure_ascii=False)
     except (ValueError, TypeError, RecursionError):
         return "segments cannot be stored as JSON"
+    if not valid_unicode(segments):
+        return "segments are not valid Unicode (lone surrogate)"
     if not INT64_MIN <= msg.time_ms <= INT64_MAX:
         return "time is out of range (a 64-bit count of milliseconds)"
     try:

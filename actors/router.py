@@ -29,7 +29,8 @@ so every process agrees). Each shard, a named async actor ``sessionray-router-{i
   A *hung* actor (a turn pending ``runtime.hung_turn_s`` and no ``ping_turn`` answer within
   ``runtime.hung_ping_timeout_s``) is killed, which sends its turns down the same path;
 * routing of ``steer`` / ``follow_up`` (masters only, seed 002 #7: refusals are counted),
-  ``abort`` and ``archive``; listing of live sessions (both in :mod:`actors.router_admin`).
+  ``abort`` and ``archive`` (``archive_stored``: also of a passivated session, in SQL while the
+  shard holds the key); listing of live sessions (both in :mod:`actors.router_admin`).
 """
 
 from __future__ import annotations
@@ -393,7 +394,9 @@ class RouterActor(RouterAdminMixin):
         new session, with the now blank actor when the pool would keep it (``should_recycle``
         false): the waiter activates on it without a pool release/acquire round trip. Otherwise
         the actor goes back to the pool (awaited, so a waiter then finds it warm).
-        Returns False when the actor refused (a control turn still runs; the session stays live)."""
+        Returns False when the actor refused (a control turn still runs; the session stays live).
+        Whatever the outcome, a passivation that ends while new sessions wait runs :meth:`_pump`
+        (an idle/admin passivation in flight hides its session from the waiters' victim search)."""
         assert live.passivation is not None
         try:
             if live.ready is not None:
@@ -427,6 +430,11 @@ class RouterActor(RouterAdminMixin):
         finally:
             live.passivating = False
             live.passivation.set()
+            if self._slots.waiting:
+                # No lost wake-up: a waiter that queued while this passivation ran found no victim
+                # (this one was marked passivating) and set no timer; a refused or failed
+                # passivation frees no slot, so look for a victim again (or arm the retry timer).
+                self._pump()
 
     async def _idle_loop(self) -> None:
         interval = max(0.05, min(self.idle_ttl_s / 4, self.hung_turn_s / 4, 1.0))

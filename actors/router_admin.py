@@ -1,6 +1,8 @@
 """The admin face of a router shard (issue 8, items 3 and 5): routing of ``steer`` /
-``follow_up`` (masters only, seed 002 #7) / ``abort`` / ``archive`` to a live session, and the
-introspection the admin API and CLI read (``sessions``, ``session``, ``context``, ``status``).
+``follow_up`` (masters only, seed 002 #7) / ``abort`` / ``archive`` to a live session, the
+archive of a session that is not live (:meth:`RouterAdminMixin.archive_stored`: in SQL, while the
+shard holds the key so no activation can start meanwhile), and the introspection the admin API
+and CLI read (``sessions``, ``session``, ``context``, ``status``).
 
 :class:`RouterAdminMixin` is a base class of :class:`actors.router.RouterActor` (Ray exposes the
 inherited methods as actor methods); it only reads the shard's directory, and drops an entry
@@ -9,17 +11,19 @@ through the shard's ``_drop`` when a control call finds the session's actor lost
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import Any
 
 import ray
 
-from actors.admission import Live
+from actors.admission import KeyOrder, Live
 from actors.session_actor import SessionNotBoundError
 from runtime import metrics
+from runtime.memory.repository import ContextRepository
 
-__all__ = ["DEAD", "LOST", "RouterAdminMixin"]
+__all__ = ["DEAD", "LOST", "RouterAdminMixin", "archive_active_epoch"]
 
 DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 """A call failed because the session's actor died (or is restarting)."""
@@ -34,6 +38,20 @@ def _is_master(config: Any, platform: str, bot_id: str, sender_id: str) -> bool:
     return False
 
 
+async def archive_active_epoch(repo: ContextRepository, session_key: str) -> str | None:
+    """Archive the stored *active* epoch of ``session_key`` (``/new`` on a passivated session) and
+    start the next; the new ``session_id``, or ``None`` when the key has no active epoch (nothing
+    is written then).
+
+    Raises:
+        SessionKeyError: malformed ``session_key``.
+        RuntimeError: other processes changed the key's epochs 8 times in a row.
+    """
+    if not any(e.status == "active" for e in await repo.list_sessions(session_key)):
+        return None
+    return await repo.archive_session(session_key)
+
+
 class RouterAdminMixin:
     """Control routing and introspection of one router shard (see the module docstring)."""
 
@@ -43,11 +61,17 @@ class RouterAdminMixin:
     counts: dict[str, int]
     _dir: dict[str, Live]
     _recent: list[float]
+    _order: KeyOrder
+    _sql_archives: asyncio.Lock | None = None
+    """One SQL archive at a time per shard: a shard holds at most one SQL connection (rare admin calls)."""
 
     def _get_pool(self) -> Any:  # pragma: no cover - provided by RouterActor
         raise NotImplementedError
 
     def _drop(self, live: Live) -> None:  # pragma: no cover - provided by RouterActor
+        raise NotImplementedError
+
+    async def _settled(self, key: str) -> Live | None:  # pragma: no cover - provided by RouterActor
         raise NotImplementedError
 
     # ------------------------------------------------------------------ control
@@ -116,6 +140,57 @@ class RouterAdminMixin:
             }
         metrics.CONTROL.inc(kind=kind, outcome=str(outcome) if kind in ("steer", "follow_up") else "ok")
         return {"ok": True, "outcome": outcome}
+
+    async def archive_stored(self, session_key: str) -> dict[str, Any]:
+        """Archive the epoch of ``session_key`` whether it is live or not (admin ``archive`` of a
+        passivated session, review S3 #2).
+
+        The key's ordering ticket is taken before the first ``await`` and held to the end, and any
+        passivation of the key in flight is awaited (``_settled``): no ``submit`` of the key can
+        activate it meanwhile, so a message arriving during the archive is stamped on the new
+        epoch, never on the archived one. A live session is archived by its actor (as
+        :meth:`control` ``archive``); one that is not live is archived in SQL here
+        (:func:`archive_active_epoch`) on a :class:`runtime.memory.db.Database` of
+        ``database.url`` opened for this call only (one connection, closed before returning; one
+        such call at a time per shard).
+
+        Returns:
+            ``{"ok": True, "outcome": <new session_id>}`` or ``{"ok": False, "error":
+            "unknown_session" | "bad_key", "message": str}`` (``unknown_session``: not live and no
+            active stored epoch).
+        """
+        from runtime.memory.keys import SessionKeyError, parse_session_key
+
+        try:
+            parse_session_key(session_key)
+        except SessionKeyError as exc:
+            return {"ok": False, "error": "bad_key", "message": str(exc)}
+        async with self._order.turn(session_key):
+            if await self._settled(session_key) is not None:
+                return await self.control("archive", session_key)
+            new_id = await self._archive_in_sql(session_key)
+        if new_id is None:
+            metrics.CONTROL.inc(kind="archive", outcome="unknown")
+            return {
+                "ok": False,
+                "error": "unknown_session",
+                "message": f"no live session {session_key!r} and no active stored epoch",
+            }
+        metrics.CONTROL.inc(kind="archive", outcome="ok")
+        return {"ok": True, "outcome": new_id}
+
+    async def _archive_in_sql(self, session_key: str) -> str | None:
+        from runtime.memory.db import Database
+
+        if self._sql_archives is None:
+            self._sql_archives = asyncio.Lock()
+        url = getattr(getattr(self.config, "database", None), "url", None)
+        async with self._sql_archives:
+            db = await asyncio.to_thread(Database, url, threads=1, max_overflow=0)
+            try:
+                return await archive_active_epoch(ContextRepository(db), session_key)
+            finally:
+                await asyncio.to_thread(db.dispose)
 
     # ------------------------------------------------------------------ introspection
 

@@ -254,6 +254,20 @@ class SessionRuntime:
         """
         return str(await self._control("archive", session_key))
 
+    async def archive_stored(self, session_key: str) -> str:
+        """Archive the epoch of ``session_key`` through its router shard, live or not (the admin
+        ``archive`` of a passivated session): the shard holds the key while it archives, so no
+        message can activate the session on the old epoch meanwhile (review S3 #2). Returns the
+        new ``session_id``.
+
+        Raises:
+            UnknownSessionError: not live and no active stored epoch, or a malformed key.
+        """
+        res = await self._router(session_key).archive_stored.remote(session_key)
+        if not res["ok"]:
+            raise UnknownSessionError(res["message"])
+        return str(res["outcome"])
+
     async def passivate(self, session_key: str) -> bool:
         """Passivate an idle live session now; returns whether it was passivated."""
         return bool(await self._router(session_key).passivate.remote(session_key))

@@ -10,6 +10,12 @@ runs in Serve replicas. Use it in a RayService's ``serveConfigV2``::
         runtime_env:
           env_vars: {SESSIONRAY_CONFIG: /etc/sessionray/sessionray.yaml}
 
+With a ``console`` bot configured (the embedded defaults have one) every replica, delivery actor
+and session must see the same ``SESSIONRAY_CONSOLE_API_TOKEN`` — set it on every node (the shipped
+KubeRay config has no console bot). Nothing here generates it: a replica started without it fails
+at once, naming the variable (:func:`runtime.platforms.console.require_console_api_token`),
+instead of serving a console whose every reply is refused (401).
+
 or locally: ``serve run actors.serve_app:app``. ``app`` reads its configuration from the file named by
 ``SESSIONRAY_CONFIG`` (default ``sessionray.yaml`` in the working directory, else the embedded
 defaults); :func:`build` builds the application for an explicit config file (Serve's
@@ -57,10 +63,18 @@ class SessionrayIngress:
 
     Args:
         config_path: YAML file; None: ``$SESSIONRAY_CONFIG``, else ``sessionray.yaml``/defaults.
+
+    Raises:
+        runtime.config.ConfigError: the configuration file is missing or invalid.
+        ValueError: a console bot is configured and ``$SESSIONRAY_CONSOLE_API_TOKEN`` is unset
+            (checked before anything starts).
     """
 
     def __init__(self, config_path: str | None = None) -> None:
+        from runtime.platforms.console import require_console_api_token
+
         self.config = replica_config(config_path)
+        require_console_api_token(self.config)
         self.runtime: Any = None
 
     async def __serve_build_asgi_app__(self) -> Any:

@@ -6,7 +6,9 @@ reply is scanned — text, Markdown content, mention targets, media values, shar
 any nested string — for
 
 * the literal secrets of :class:`LeakPolicy` (provider API keys, platform tokens, webhook secrets,
-  values named in config; build it with :meth:`LeakPolicy.from_env`), and
+  the admin and console API tokens — the values of the variables config names, plus
+  ``$SESSIONRAY_CONSOLE_API_TOKEN``; build it with :meth:`LeakPolicy.from_config` or
+  :meth:`LeakPolicy.from_env`), and
 * common key formats (:data:`KEY_PATTERNS`: OpenAI/Anthropic ``sk-…``, AWS ``AKIA…``, GitHub
   ``ghp_…``, Slack ``xox?-…``, Google ``AIza…``, Telegram bot tokens, JWTs, PEM private keys).
 
@@ -43,6 +45,7 @@ from typing import Any, Literal
 from urllib.parse import quote, quote_plus
 
 from runtime import metrics
+from runtime.platforms.console import API_TOKEN_ENV
 from runtime.segments import MarkdownSegment, Reply, Segment, ShareData, ShareSegment, TextSegment
 from runtime.textnorm import normalized_view
 
@@ -65,6 +68,10 @@ KEY_PATTERNS: dict[str, re.Pattern[str]] = {
 NORMALIZED_MIN_CHARS = 8
 """Shortest literal secret also matched spaced out, reversed and base64-encoded (shorter ones
 match only literally: a short value spread over words would redact ordinary text)."""
+
+SECRET_PART_MIN_CHARS = 16
+"""Shortest ``:``-separated part of a secret value that is also a secret on its own (the
+``<secret>`` half of a Telegram ``<bot id>:<secret>`` token; attack re-test #13)."""
 
 
 @dataclass
@@ -99,10 +106,16 @@ class LeakPolicy:
     ) -> LeakPolicy:
         """Build a policy from the values of the environment variables ``env_names`` (e.g. every
         ``api_key_env``/``access_token_env``/``secret_env`` named in config) plus literal ``values``.
-        Unset variables are skipped. ``kwargs`` go to the constructor."""
+        Unset variables are skipped. ``kwargs`` go to the constructor.
+
+        A value made of ``:``-separated parts (a Telegram bot token is ``<bot id>:<secret>``) also
+        contributes each part of at least :data:`SECRET_PART_MIN_CHARS` characters, so the secret
+        half leaks no more than the whole token (the bot id alone is public)."""
         env = os.environ if environ is None else environ
         found = [env[name] for name in env_names if env.get(name)]
-        return cls(secrets=[*found, *values], **kwargs)
+        every = [*found, *values]
+        parts = [p for v in every if ":" in v for p in v.split(":") if len(p) >= SECRET_PART_MIN_CHARS]
+        return cls(secrets=list(dict.fromkeys([*every, *parts])), **kwargs)
 
     @classmethod
     def from_config(
@@ -110,7 +123,16 @@ class LeakPolicy:
     ) -> LeakPolicy:
         """Build a policy from a :class:`runtime.config.Config` (duck-typed): the values of every
         secret variable it names — ``ai.providers.*.api_key_env``, ``bots[*].access_token_env`` /
-        ``secret_env`` / ``token_env`` and ``server.admin_token_env``."""
+        ``secret_env`` / ``token_env`` and ``server.admin_token_env`` — plus
+        ``$SESSIONRAY_CONSOLE_API_TOKEN`` (:data:`runtime.platforms.console.API_TOKEN_ENV`, the
+        console's internal-endpoint token, which every worker has in its environment whether or
+        not a console bot is configured; review S3 #6). Unset or empty variables are skipped.
+
+        Args:
+            config: The configuration (only the attributes above are read).
+            environ: Environment to read (default ``os.environ``).
+            kwargs: Passed to the constructor (``action``, ``redaction``…).
+        """
         names: list[str] = []
         providers = getattr(getattr(config, "ai", None), "providers", None) or {}
         for p in providers.values() if isinstance(providers, Mapping) else providers:
@@ -118,7 +140,8 @@ class LeakPolicy:
         for bot in getattr(config, "bots", None) or []:
             names += [getattr(bot, k, None) or "" for k in ("access_token_env", "secret_env", "token_env")]
         names.append(getattr(getattr(config, "server", None), "admin_token_env", None) or "")
-        return cls.from_env([n for n in names if n], environ=environ, **kwargs)
+        names.append(API_TOKEN_ENV)
+        return cls.from_env(list(dict.fromkeys(n for n in names if n)), environ=environ, **kwargs)
 
     def _literal_pattern(self) -> re.Pattern[str] | None:
         values = {s for s in self.secrets if len(s) >= self.min_secret_chars}

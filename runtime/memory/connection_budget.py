@@ -5,15 +5,19 @@ worst case::
 
     runtime.max_live_sessions × 1                          (a live SessionActor: 1 SQL thread, no overflow)
   + runtime.warm_pool × 1                                  (a blank actor connects only during its warm-up)
-  + runtime.delivery_actors × 8                            (a DeliveryActor's Database: 8 SQL threads)
-  + 8 per ingress process                                  (the ingress's Database, same default)
+  + runtime.delivery_actors × 8                            (a DeliveryActor: 8 SQL threads, no overflow)
+  + 8 per ingress process                                  (the ingress's Database, also the admin's)
   ≤ max_connections − superuser_reserved_connections       (PostgreSQL: SHOW max_connections, default 100 − 3)
 
 A :class:`~runtime.memory.db.Database` runs every SQL call on one of its ``threads`` and each call
-holds one connection, so a process holds at most ``threads`` connections; its pool's overflow is
-reached only by SQL run outside those threads, which these processes do only at start-up
-(``create_tables``, before any other SQL). Router shards and the pool supervisor open no SQL
-connection. :func:`connection_budget` is the
+holds one connection. Session actors, delivery actors and the ingress open theirs with
+``max_overflow=0``, so the pool itself caps them at ``threads`` connections, also for SQL run
+outside those threads (``create_tables`` at start-up takes one of the same connections). The
+ingress process holds one such Database: the admin API's view of stored sessions reads through it
+(``actors/ingress.py`` → ``actors/admin.py``). At start ``SessionRuntime.start`` opens one more
+connection for a moment (``create_tables`` and this check) and closes it. The pool supervisor
+opens no SQL connection; a router shard opens one only for the moment it archives a passivated
+session (admin ``archive``; one at a time per shard, not counted below). :func:`connection_budget` is the
 arithmetic (pure), :func:`budget_warning` the text, and :func:`warn_if_over_connection_budget` the
 start-up check ``actors/runtime.py`` runs once with the configured PostgreSQL URL (a WARNING, never
 an error: the worst case is rare, and the operator decides).
@@ -45,7 +49,7 @@ SESSION_ACTOR_CONNECTIONS = 1
 ``SQL_THREADS = 1``, ``max_overflow=0``; a passivated actor closes its connection)."""
 DEFAULT_PROCESS_CONNECTIONS = DEFAULT_SQL_THREADS
 """Connections of a process whose :class:`~runtime.memory.db.Database` keeps the default
-``threads`` (8): each delivery actor and each ingress process."""
+``threads`` (8) with no pool overflow: each delivery actor and each ingress process."""
 
 
 @dataclass(frozen=True, slots=True)

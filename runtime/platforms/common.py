@@ -1,12 +1,15 @@
 """Helpers shared by the platform codecs: trigger modes, config access, media paths, HTTP results,
-and inbound validation (JSON decoding, integer ids, event times)."""
+and the rules for input from outside — one definition each, also used by the ingress, the admin
+API and the console API (``actors/``): JSON decoding (:func:`decode_json`, :func:`load_event`),
+valid Unicode (:func:`lone_surrogate_at`, :func:`valid_unicode`), the 64-bit integer range
+(:data:`INT64_MIN`, :data:`INT64_MAX`, :func:`int_id`) and the event-time range
+(:data:`MAX_EVENT_TIME_MS`, :func:`event_time_in_range`, :func:`epoch_ms`)."""
 
 from __future__ import annotations
 
 import email.utils
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import Mapping
@@ -20,17 +23,23 @@ from runtime.platforms.base import MalformedEvent, SendResult, header
 log = logging.getLogger("sessionray.platforms")
 
 __all__ = [
-    "MAX_EPOCH_S",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_EVENT_TIME_MS",
     "TRIGGER_MODES",
+    "JsonInputError",
     "MediaPathError",
     "check_trigger",
+    "decode_json",
     "epoch_ms",
+    "event_time_in_range",
     "http_send_result",
     "int_id",
     "is_triggered",
     "keyword_hit",
     "keywords_of",
     "load_event",
+    "lone_surrogate_at",
     "media_filename",
     "media_unavailable",
     "parse_retry_after",
@@ -38,6 +47,7 @@ __all__ = [
     "resolve_media_path",
     "setting",
     "trigger_settings",
+    "valid_unicode",
 ]
 
 TRIGGER_MODES = ("always", "mention", "keyword")
@@ -200,11 +210,16 @@ def http_send_result(status: int, headers: Mapping[str, str], body: bytes) -> Se
 
 # --------------------------------------------------------------------------- inbound validation
 
-MAX_EPOCH_S = 2**32
-"""Upper bound (exclusive) of an inbound event time in Unix seconds (year 2106): a larger value
-is a malformed event (the attack's ``time: 1e20`` overflowed SQLite's INTEGER)."""
+INT64_MIN = -(2**63)
+"""Smallest value of a SQL ``BIGINT`` (SQLite ``INTEGER`` / PostgreSQL ``bigint``, signed 64 bit)."""
+INT64_MAX = 2**63 - 1
+"""Largest value of a SQL ``BIGINT``: the range of inbound integer ids and stored times."""
+MAX_EVENT_TIME_MS = 2**32 * 1000
+"""Upper bound (exclusive) of an inbound event time in Unix **milliseconds**: 2**32 Unix seconds
+(year 2106), the one limit of every codec whether the platform sends seconds (OneBot, Telegram)
+or milliseconds (console). A larger value is a malformed event (the attack's ``time: 1e20``
+overflowed SQLite's INTEGER)."""
 
-_INT64 = (-(2**63), 2**63 - 1)
 _INT_TEXT = re.compile(r"-?[0-9]{1,19}")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -216,6 +231,28 @@ _ESCAPES = re.compile(
 _JSON_TYPES = ("application/json", "text/json")
 
 
+def lone_surrogate_at(value: str) -> int | None:
+    """The index of the first lone UTF-16 surrogate (U+D800–U+DFFF) in ``value``, or None.
+
+    A Python string holds such a character after decoding a ``"\\ud800"`` JSON escape (or raw
+    surrogate bytes); UTF-8 cannot encode it, so no transcript or session row can store it. A
+    string without one is valid Unicode (encodable as UTF-8).
+    """
+    found = _LONE_SURROGATE.search(value)
+    return None if found is None else found.start()
+
+
+def valid_unicode(value: str) -> bool:
+    """True when ``value`` is encodable as UTF-8, i.e. has no lone surrogate (:func:`lone_surrogate_at`)."""
+    return _LONE_SURROGATE.search(value) is None
+
+
+def event_time_in_range(time_ms: float) -> bool:
+    """True when an event time in Unix ms lies in ``[0,`` :data:`MAX_EVENT_TIME_MS` ``)`` (NaN
+    and infinities are not)."""
+    return 0 <= time_ms < MAX_EVENT_TIME_MS
+
+
 def _shown(value: Any) -> str:
     """A short repr of a rejected value for an error message (at most 60 characters)."""
     text = repr(value)
@@ -225,10 +262,10 @@ def _shown(value: Any) -> str:
 def int_id(value: Any, field: str, platform: str, *, digit_strings: bool = False) -> str:
     """An integer id of an inbound event as its canonical decimal string (``"-100123"``).
 
-    Accepts a JSON integer (never a boolean or float) within the signed 64-bit range and, with
-    ``digit_strings``, an ASCII decimal string of the same range (OneBot implementations that
-    send ids as strings). The result never contains ``#``, ``:``, spaces or control characters,
-    so it is always a valid session key part (``runtime.memory.keys``).
+    Accepts a JSON integer (never a boolean or float) within [:data:`INT64_MIN`,
+    :data:`INT64_MAX`] and, with ``digit_strings``, an ASCII decimal string of the same range
+    (OneBot implementations that send ids as strings). The result never contains ``#``, ``:``,
+    spaces or control characters, so it is always a valid session key part (``runtime.memory.keys``).
 
     Raises:
         MalformedEvent: anything else, naming ``platform`` and ``field`` (ingress answers 400).
@@ -240,7 +277,7 @@ def int_id(value: Any, field: str, platform: str, *, digit_strings: bool = False
         kind = "an integer or a decimal string" if digit_strings else "an integer"
         raise MalformedEvent(f"{platform} {field} must be {kind}, got {_shown(value)}")
     number = int(value)
-    if not _INT64[0] <= number <= _INT64[1]:
+    if not INT64_MIN <= number <= INT64_MAX:
         raise MalformedEvent(f"{platform} {field} is outside the 64-bit integer range: {_shown(value)}")
     return str(number)
 
@@ -248,8 +285,8 @@ def int_id(value: Any, field: str, platform: str, *, digit_strings: bool = False
 def epoch_ms(value: Any, field: str, platform: str, *, floats: bool = False) -> int:
     """An event time given in Unix **seconds** as Unix **milliseconds**.
 
-    Accepts an integer (with ``floats`` also a finite float; never a boolean) in
-    ``0 ≤ value <`` :data:`MAX_EPOCH_S`.
+    Accepts an integer (with ``floats`` also a finite float; never a boolean) whose milliseconds
+    are :func:`event_time_in_range` (``0 ≤ value < 2**32`` seconds).
 
     Raises:
         MalformedEvent: another type or a value out of that range, naming ``field``.
@@ -258,7 +295,7 @@ def epoch_ms(value: Any, field: str, platform: str, *, floats: bool = False) -> 
     if bad_type or (isinstance(value, float) and not floats):
         kind = "a number" if floats else "an integer"
         raise MalformedEvent(f"{platform} {field} must be {kind} of Unix seconds, got {_shown(value)}")
-    if not (math.isfinite(value) and 0 <= value < MAX_EPOCH_S):
+    if not event_time_in_range(value * 1000):
         raise MalformedEvent(f"{platform} {field} must be within 0..2**32 Unix seconds, got {_shown(value)}")
     return int(value * 1000)
 
@@ -269,37 +306,88 @@ def _surrogate_escape(match: re.Match[str]) -> str:
     return "\\ufffd" if len(token) == 6 else token
 
 
-def load_event(headers: Mapping[str, str], body: bytes, platform: str) -> Any:
-    """Decode a webhook body as JSON, the one way every codec does (issue #6 parse step).
+class JsonInputError(ValueError):
+    """A body :func:`decode_json` cannot decode; the message names ``what`` and the cause (never
+    the body). ``too_deep`` is True for nesting beyond the decoder (``RecursionError``)."""
 
-    * A ``Content-Type`` header, when present, must be JSON (``application/json``,
-      ``text/json`` or ``application/<x>+json``, parameters ignored); a missing one is accepted.
-    * The body must be UTF-8 JSON; nesting too deep for the decoder (``RecursionError``) is a
-      malformed event, not a server error.
-    * Lone UTF-16 surrogates (``"\\ud800"`` escapes or their raw bytes) are replaced by U+FFFD
-      in every string: real OneBot implementations cut nicknames and texts at UTF-16 units, so
-      rejecting would lose a real user's message, and U+FFFD keeps UTF-16 lengths (Telegram
-      entity offsets stay right); every later step (SQLite, JSON storage) needs valid Unicode.
+    def __init__(self, message: str, *, too_deep: bool = False) -> None:
+        super().__init__(message)
+        self.too_deep = too_deep
+
+
+def decode_json(raw: bytes, *, what: str = "JSON body", replace_lone_surrogates: bool = False) -> Any:
+    """Decode UTF-8 JSON bytes — the one JSON decoder for input from outside (webhooks through
+    :func:`load_event`, the admin and console APIs through ``actors.http_input.loads_json``).
+
+    Args:
+        raw: The body (UTF-8, a BOM allowed; raw surrogate bytes decode as lone surrogates, as
+            ``json.loads`` does).
+        what: What the body is, for the error message (``"OneBot event"``).
+        replace_lone_surrogates: Replace every lone surrogate — ``"\\ud800"`` escapes and raw
+            bytes; escaped pairs are kept — by U+FFFD (same UTF-16 length). When False they are
+            kept and the caller refuses them field by field (:func:`lone_surrogate_at`).
 
     Raises:
-        MalformedEvent: a non-JSON ``Content-Type``, invalid UTF-8/JSON, or too deep nesting.
+        JsonInputError: ``"<what> is not valid UTF-8: …"``, ``"<what> is not valid JSON: …"`` or
+            ``"<what> is nested too deeply"`` (``too_deep``).
     """
-    ctype = header(headers, "Content-Type")
-    if ctype is not None:
-        mime = ctype.split(";", 1)[0].strip().lower()
-        if mime not in _JSON_TYPES and not (mime.startswith("application/") and mime.endswith("+json")):
-            raise MalformedEvent(f"{platform} event must be sent as application/json, got {_shown(ctype)}")
     try:
-        text = body.decode("utf-8-sig", "surrogatepass")  # raw surrogate bytes decode, as json does
+        text = raw.decode("utf-8-sig", "surrogatepass")
     except UnicodeDecodeError as exc:
-        raise MalformedEvent(f"{platform} event is not valid UTF-8: {exc}") from exc
-    if _SURROGATE_ESCAPE.search(text):
-        text = _ESCAPES.sub(_surrogate_escape, text)
-    if _LONE_SURROGATE.search(text):
-        text = _LONE_SURROGATE.sub("\ufffd", text)
+        raise JsonInputError(f"{what} is not valid UTF-8: {exc}") from exc
+    if replace_lone_surrogates:
+        if _SURROGATE_ESCAPE.search(text):
+            text = _ESCAPES.sub(_surrogate_escape, text)
+        if _LONE_SURROGATE.search(text):
+            text = _LONE_SURROGATE.sub("\ufffd", text)
     try:
         return json.loads(text)
-    except ValueError as exc:
-        raise MalformedEvent(f"{platform} event is not valid JSON: {exc}") from exc
     except RecursionError:
-        raise MalformedEvent(f"{platform} event JSON is nested too deeply") from None
+        raise JsonInputError(f"{what} is nested too deeply", too_deep=True) from None
+    except ValueError as exc:
+        raise JsonInputError(f"{what} is not valid JSON: {exc}") from exc
+
+
+def is_json_content_type(ctype: str | None) -> bool:
+    """Whether a ``Content-Type`` value names JSON (``application/json``, ``text/json`` or
+    ``application/<x>+json``; parameters ignored). ``None`` (no header) is not JSON. A browser
+    sends a cross-site POST without a CORS preflight only with ``text/plain``, form or multipart
+    types, so requiring a JSON type is what keeps other websites from driving an endpoint."""
+    if ctype is None:
+        return False
+    mime = ctype.split(";", 1)[0].strip().lower()
+    return mime in _JSON_TYPES or (mime.startswith("application/") and mime.endswith("+json"))
+
+
+def load_event(
+    headers: Mapping[str, str],
+    body: bytes,
+    platform: str,
+    *,
+    replace_lone_surrogates: bool = True,
+) -> Any:
+    """Decode a webhook body as JSON, the one way every codec does (issue #6 parse step).
+
+    * A ``Content-Type`` header, when present, must be JSON (:func:`is_json_content_type`); a
+      missing one is accepted (a browser-facing codec, the console, has the ingress require it:
+      ``browser_facing``).
+    * The body must be UTF-8 JSON; nesting too deep for the decoder (``RecursionError``) is a
+      malformed event, not a server error (:func:`decode_json`).
+    * With ``replace_lone_surrogates`` (OneBot, Telegram) lone UTF-16 surrogates (``"\\ud800"``
+      escapes or their raw bytes) are replaced by U+FFFD in every string: real OneBot
+      implementations cut nicknames and texts at UTF-16 units, so rejecting would lose a real
+      user's message, and U+FFFD keeps UTF-16 lengths (Telegram entity offsets stay right);
+      every later step (SQLite, JSON storage) needs valid Unicode. Without it (the console,
+      whose browser never sends one) they are kept for the codec to refuse.
+
+    Raises:
+        MalformedEvent: a non-JSON ``Content-Type``, invalid UTF-8/JSON, or too deep nesting
+            (``"<platform> event is …"``).
+    """
+    ctype = header(headers, "Content-Type")
+    if ctype is not None and not is_json_content_type(ctype):
+        raise MalformedEvent(f"{platform} event must be sent as application/json, got {_shown(ctype)}")
+    try:
+        return decode_json(body, what=f"{platform} event", replace_lone_surrogates=replace_lone_surrogates)
+    except JsonInputError as exc:
+        raise MalformedEvent(str(exc)) from exc

@@ -29,7 +29,9 @@ console sessions, never a browser): every call carries ``X-Console-Api-Token`` w
 the environment variable ``SESSIONRAY_CONSOLE_API_TOKEN`` (:func:`console_api_token`).
 ``sessionray serve`` generates one at start when it is unset and hands it to its Ray workers; when
 several ingress processes serve the console (Ray Serve replicas, or ``--address`` onto a cluster
-whose detached actors outlive one ``serve``), set the variable yourself on every node.
+whose detached actors outlive one ``serve``), set the variable yourself on every node. Outside
+``sessionray serve`` an ingress with a console bot refuses to start without it
+(:func:`require_console_api_token`); every check of the header is :func:`api_token_matches`.
 
 Agent events (tool calls, correction/fallback notices) reach the browser the same way:
 :func:`agent_event_call` builds a ``POST {api_base}/console/api/events`` call from a
@@ -60,14 +62,18 @@ from runtime.platforms.base import (
     read_env,
 )
 from runtime.platforms.common import (
+    MAX_EVENT_TIME_MS,
     MediaPathError,
     check_trigger,
+    event_time_in_range,
     http_send_result,
     is_triggered,
+    load_event,
     media_unavailable,
     read_media_path,
     setting,
     trigger_settings,
+    valid_unicode,
 )
 from runtime.segments import SEGMENT_TYPES, MediaSegment, Reply
 
@@ -78,13 +84,13 @@ __all__ = [
     "DELIVER_PATH",
     "EVENTS_PATH",
     "MAX_MESSAGE_ID_CHARS",
-    "MAX_TIME_MS",
     "NAME_RULE",
     "ConsoleCodec",
     "agent_event_call",
     "agent_event_payload",
+    "api_token_matches",
     "console_api_token",
-    "valid_unicode",
+    "require_console_api_token",
 ]
 
 PLATFORM = "console"
@@ -100,8 +106,6 @@ API_TOKEN_ENV = "SESSIONRAY_CONSOLE_API_TOKEN"
 """Environment variable holding the shared secret of the internal console endpoints."""
 API_TOKEN_HEADER = "X-Console-Api-Token"
 """Header carrying :data:`API_TOKEN_ENV`'s value on ``/console/api/deliver`` and ``/events``."""
-MAX_TIME_MS = 2**53
-"""Largest accepted ``time_ms`` (Unix ms; fits a SQL BIGINT and a JavaScript number)."""
 MAX_MESSAGE_ID_CHARS = 128
 """Longest accepted browser ``message_id`` (the browser sends ``c-<uuid>``, 38 characters)."""
 
@@ -124,14 +128,47 @@ def console_api_token(*, create: bool = False) -> str | None:
     return token or None
 
 
-def valid_unicode(value: str) -> bool:
-    """True when ``value`` is encodable as UTF-8 (no lone surrogates such as ``"\\ud800"``, which
-    no transcript or context row can store). Also used by ``actors/http_input.py``."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+def api_token_matches(got: str | bytes | None) -> bool:
+    """The one check of an ``X-Console-Api-Token`` value (``actors/console.py``'s internal
+    endpoints and ``actors/ingress_guard.trusted_internal_call``): True when ``got`` equals
+    ``$SESSIONRAY_CONSOLE_API_TOKEN`` as it is now (read per call, so both places always agree),
+    compared in constant time. False when ``got`` is missing or the variable is unset.
+
+    Args:
+        got: The header value: raw header bytes, or a str as Starlette decodes them (latin-1).
+    """
+    expected = console_api_token()
+    if not expected or got is None:
         return False
-    return True
+    raw = got if isinstance(got, bytes) else got.encode("latin-1", "replace")
+    return hmac.compare_digest(raw, expected.encode("utf-8"))
+
+
+def require_console_api_token(config: Any) -> str | None:
+    """``$SESSIONRAY_CONSOLE_API_TOKEN`` when ``config`` has a ``console`` bot (None without one).
+
+    Outside ``sessionray serve`` — Ray Serve replicas (``actors/serve_app.py``), an ingress built
+    with ``actors.ingress.build_app`` in a process of your own — nothing generates the token, and
+    a token made up by one process would never reach the others: the ingress, its delivery actors
+    and the console sessions must all read the same value (``sessionray serve`` generates one
+    before it starts Ray and hands it to its workers). So a missing variable stops the start.
+
+    Raises:
+        ValueError: a console bot is configured and the variable is unset or empty; the message
+            names the variable and how to set it.
+    """
+    if not any(str(setting(bot, "platform", "")) == PLATFORM for bot in getattr(config, "bots", ())):
+        return None
+    token = console_api_token()
+    if token is None:
+        raise ValueError(
+            f"environment variable {API_TOKEN_ENV} is not set: a console bot is configured, and its "
+            "internal endpoints (/console/api/deliver, /console/api/events) need one shared token in "
+            "the ingress and in every Ray worker. `sessionray serve` generates it; anywhere else (Ray "
+            f"Serve, a cluster) set {API_TOKEN_ENV} to the same random value on every node, e.g. "
+            "`openssl rand -hex 24`"
+        )
+    return token
 
 
 class ConsoleCodec:
@@ -151,6 +188,9 @@ class ConsoleCodec:
 
     platform = PLATFORM
     supported_segments = frozenset(SEGMENT_TYPES)
+    browser_facing = True
+    """A browser posts to this webhook: the ingress requires a JSON ``Content-Type`` (a cross-site
+    page can send ``text/plain`` or forms without a CORS preflight, never JSON)."""
 
     def __init__(
         self,
@@ -190,18 +230,14 @@ class ConsoleCodec:
         """Parse a browser message (shape in the module docstring).
 
         Raises:
-            MalformedEvent: not JSON (or nested too deeply to parse), a bad ``user``/``group_id``/
-                ``scene`` (names must match :data:`NAME_RULE` in full), no ``message_id`` (or one
-                longer than 128 characters), a ``text`` that is not a non-empty string, a
-                ``message_id``/``text`` that is not valid Unicode (lone surrogates), or a
-                ``time_ms`` that is not an integer in ``[0, 2**53]``.
+            MalformedEvent: not JSON (:func:`~runtime.platforms.common.load_event`, lone
+                surrogates kept), a bad ``user``/``group_id``/``scene`` (names must match
+                :data:`NAME_RULE` in full), no ``message_id`` (or one longer than 128 characters),
+                a ``text`` that is not a non-empty string, a ``message_id``/``text`` that is not
+                valid Unicode (a lone surrogate), or a ``time_ms`` that is not an integer in
+                ``[0,`` :data:`~runtime.platforms.common.MAX_EVENT_TIME_MS` ``)`` (Unix ms).
         """
-        try:
-            event = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedEvent(f"console message is not valid JSON: {exc}") from exc
-        except RecursionError:
-            raise MalformedEvent("console message is nested too deeply") from None
+        event = load_event(headers, body, PLATFORM, replace_lone_surrogates=False)
         if not isinstance(event, dict):
             raise MalformedEvent("console message must be a JSON object")
         user = event.get("user")
@@ -230,8 +266,9 @@ class ConsoleCodec:
         if not valid_unicode(text):
             raise MalformedEvent("console 'text' is not valid Unicode (lone surrogate)")
         time_ms = event.get("time_ms", 0)
-        if isinstance(time_ms, bool) or not isinstance(time_ms, int) or not 0 <= time_ms <= MAX_TIME_MS:
-            raise MalformedEvent(f"console 'time_ms' must be an integer in [0, {MAX_TIME_MS}] (Unix ms)")
+        if isinstance(time_ms, bool) or not isinstance(time_ms, int) or not event_time_in_range(time_ms):
+            limit = MAX_EVENT_TIME_MS
+            raise MalformedEvent(f"console 'time_ms' must be an integer in [0, {limit}) (Unix ms)")
         tag = "@" + self.bot_id
         mentioned = scene == "group" and (event.get("mention_bot") is True or tag in text)
         segments: list[dict[str, Any]] = []

@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from runtime.media import file_ref_problem, refused_share_text
 from runtime.platforms import cqcode
 from runtime.platforms.base import (
     ApiCall,
@@ -224,8 +225,6 @@ def to_onebot_segments(reply: Reply, media_dir: Path | None) -> list[dict[str, A
                     out.append({"type": "text", "data": {"text": media_unavailable(PLATFORM, seg.type, exc)}})
                     continue
             else:
-                from runtime.media import file_ref_problem  # local: keeps this edit to the renderer
-
                 problem = file_ref_problem(media.value) if media.kind == "file" else None
                 if problem is not None:  # a URI or a path would be read by the implementation
                     bad = MediaPathError(problem, "bad_file_ref")
@@ -245,8 +244,6 @@ def to_onebot_segments(reply: Reply, media_dir: Path | None) -> list[dict[str, A
         elif isinstance(seg, DiceSegment | RpsSegment):
             out.append({"type": seg.type, "data": {}})
         elif isinstance(seg, ShareSegment):
-            from runtime.media import refused_share_text
-
             refused = refused_share_text(PLATFORM, seg)
             if refused is not None:
                 out.append({"type": "text", "data": {"text": refused}})

@@ -2,20 +2,9 @@
 
 Inbound (Bot API ``setWebhook``): Telegram POSTs each ``Update`` as JSON to
 ``/webhooks/telegram/{bot_id}``; with ``secret_token`` set it sends
-``X-Telegram-Bot-Api-Secret-Token``, compared here in constant time.
-
-* ``message`` updates in ``private`` chats, ``group`` and ``supergroup`` (both scene ``group``)
-  → :class:`InboundMessage`. Other updates (edited messages, channel posts, callbacks…) are
-  accepted and ignored (``parse`` returns None).
-* Text or caption with entities (offsets in UTF-16 code units) → canonical segments:
-  ``text_mention`` → ``mention {target: user.id}``; a ``mention`` entity of the bot's own
-  ``@username`` → ``mention {target: bot_id}`` (other ``@username`` mentions carry no id and stay
-  text — seed 000: never guess an id); photo (largest size) / video / animation / audio / voice /
-  document / sticker → media ``{kind: "file", value: file_id}``; dice → ``dice``;
-  ``reply_to_message`` → a leading ``reply {message_id}`` segment and ``reply_to``.
-* Groups trigger per ``trigger`` (``mention`` by default): the bot is *mentioned* by a
-  ``mention`` entity of its username, a ``text_mention`` of its id, or a reply to one of its
-  messages; a ``bot_command`` (``/cmd`` or ``/cmd@<this bot>``) also triggers.
+``X-Telegram-Bot-Api-Secret-Token``, compared here in constant time. Parsing (``message``
+updates in private chats and groups → :class:`InboundMessage`, entities in UTF-16 units →
+canonical segments, group triggers) lives in :mod:`runtime.platforms.telegram_inbound`.
 
 Outbound: consecutive text / markdown / mention / share / degraded segments form one
 ``sendMessage`` with ``parse_mode: "HTML"`` (Markdown → Telegram HTML with escaping, see
@@ -46,13 +35,12 @@ from typing import Any
 
 import filetype
 
+from runtime.media import file_ref_problem, refused_share_text
 from runtime.platforms.base import (
     ApiCall,
     InboundMessage,
-    MalformedEvent,
     MultipartFile,
     RenderTarget,
-    Sender,
     SendResult,
     SignatureError,
     count_degraded,
@@ -62,11 +50,7 @@ from runtime.platforms.base import (
 from runtime.platforms.common import (
     MediaPathError,
     check_trigger,
-    epoch_ms,
     http_send_result,
-    int_id,
-    is_triggered,
-    load_event,
     media_filename,
     media_unavailable,
     parse_retry_after,
@@ -74,6 +58,7 @@ from runtime.platforms.common import (
     setting,
     trigger_settings,
 )
+from runtime.platforms.telegram_inbound import PLATFORM, parse_update, utf16_slice
 from runtime.platforms.tg_html import Run, link, markdown_runs, split_runs, to_html
 from runtime.segments import (
     AudioSegment,
@@ -93,28 +78,32 @@ from runtime.segments import (
     VideoSegment,
 )
 
-__all__ = ["CODEC_FACTORY", "TelegramCodec", "native_message_id", "utf16_slice"]
+__all__ = ["CODEC_FACTORY", "PLATFORM", "TelegramCodec", "from_config", "native_message_id", "utf16_slice"]
 
-PLATFORM = "telegram"
 _SEND = {"image": ("sendPhoto", "photo"), "audio": ("sendAudio", "audio"),
          "video": ("sendVideo", "video"), "file": ("sendDocument", "document")}  # fmt: skip
-_INBOUND_MEDIA = (("photo", "image"), ("video", "video"), ("animation", "video"), ("audio", "audio"),
-                  ("voice", "audio"), ("video_note", "video"), ("document", "file"),
-                  ("sticker", "image"))  # fmt: skip
 
 
-def utf16_slice(text: str, offset: int, length: int) -> str:
-    """Slice ``text`` by UTF-16 code units (Telegram entity offsets/lengths)."""
-    raw = text.encode("utf-16-le")
-    return raw[2 * offset : 2 * (offset + length)].decode("utf-16-le", "replace")  # a cut pair → U+FFFD
+MAX_MESSAGE_ID = 2**63 - 1
+"""Largest message id a quote may name (Bot API ids are positive integers)."""
 
 
-def native_message_id(ref: str) -> int | str:
-    """The Bot API ``message_id`` of a message reference: ``"<chat_id>:<message_id>"`` (the
-    per-bot unique form of :attr:`InboundMessage.message_id` and of sent ids) or a bare
-    ``"<message_id>"`` → the integer message id; anything else is returned unchanged."""
-    tail = ref.rpartition(":")[2]
-    return int(tail) if tail.isascii() and tail.isdigit() else ref
+def native_message_id(ref: str, chat_id: str | None = None) -> int | None:
+    """The Bot API ``message_id`` to quote for a message reference, or ``None`` (do not quote).
+
+    ``ref`` is ``"<chat_id>:<message_id>"`` (the per-bot unique form of
+    :attr:`InboundMessage.message_id` and of sent ids) or a bare ``"<message_id>"``. A quote can
+    only name a message of the chat being answered: with ``chat_id`` given, a reference into
+    another chat gives ``None``; so does anything that is not a positive integer id up to
+    :data:`MAX_MESSAGE_ID` (a model-written ``reply`` segment may hold any string; a bad quote
+    would make Telegram refuse the whole send)."""
+    chat, sep, tail = ref.rpartition(":")
+    if sep and chat_id is not None and chat != chat_id:
+        return None
+    if not (tail.isascii() and tail.isdigit()):
+        return None
+    value = int(tail)
+    return value if 0 < value <= MAX_MESSAGE_ID else None
 
 
 def _chat_id(raw: str) -> int | str:
@@ -123,30 +112,6 @@ def _chat_id(raw: str) -> int | str:
         return int(raw)
     except ValueError:
         return raw
-
-
-def _entities(msg: dict[str, Any], field: str) -> list[tuple[int, int, dict[str, Any]]]:
-    """``msg[field]`` (``entities`` / ``caption_entities``) as ``(offset, length, entity)``
-    sorted by offset; absent or null → ``[]``.
-
-    Raises:
-        MalformedEvent: not a list of objects with integer ``offset`` and ``length`` ≥ 0.
-    """
-    raw = msg.get(field)
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise MalformedEvent(f"Telegram {field} must be a list of objects")
-    out: list[tuple[int, int, dict[str, Any]]] = []
-    for ent in raw:
-        if not isinstance(ent, dict):
-            raise MalformedEvent(f"Telegram {field} must be a list of objects")
-        off, length = ent.get("offset"), ent.get("length")
-        for key, value in (("offset", off), ("length", length)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
-                raise MalformedEvent(f"Telegram {field} {key} must be an integer ≥ 0")
-        out.append((int(off), int(length), ent))  # type: ignore[arg-type]
-    return sorted(out, key=lambda e: e[0])
 
 
 def _sent_message_id(result: Any) -> str | None:
@@ -223,148 +188,22 @@ class TelegramCodec:
         if not hmac.compare_digest(got.encode("utf-8", "replace"), self._secret.encode()):
             raise SignatureError("X-Telegram-Bot-Api-Secret-Token does not match")
 
-    def _is_me(self, user: Any) -> bool:
-        return isinstance(user, dict) and str(user.get("id")) == self.bot_id
-
     def parse(self, headers: Mapping[str, str], body: bytes) -> InboundMessage | None:
-        """Parse one ``Update``; None for updates other than ``message`` (and non-message chats).
-
-        The message id is made unique per bot: ``message_id = "<chat.id>:<message_id>"`` (Bot
-        API message ids are unique only within a chat; the router's dedup key and the transcript's
-        ``UNIQUE`` use it). ``reply_to`` and ``reply`` segments keep the native id (they quote
-        within the same chat; :func:`native_message_id` reads both forms).
-
-        Strict types at the boundary: ``update_id``, ``message_id``, ``chat.id``, ``from.id``,
-        ``reply_to_message.message_id`` and a ``text_mention``'s ``user.id`` are integers within
-        int64; ``date`` is an integer of Unix seconds in ``0..2**32``; ``entities`` /
-        ``caption_entities`` are lists of objects with integer ``offset``/``length`` ≥ 0; text,
-        caption and ``file_id`` are strings. Lone surrogates become U+FFFD
-        (:func:`~runtime.platforms.common.load_event`).
+        """Parse one ``Update`` with this bot's settings; None for updates other than ``message``
+        (see :func:`runtime.platforms.telegram_inbound.parse_update` for ids and strict types).
 
         Raises:
-            MalformedEvent: a non-JSON Content-Type or body, not a JSON object, a ``message``
-                without ``message_id``, ``date`` or ``chat {id, type}``, or any value above of
-                the wrong type or range (the message names the field).
+            MalformedEvent: a non-JSON body, missing fields, or a value of the wrong type or range.
         """
-        update = load_event(headers, body, "Telegram")
-        if not isinstance(update, dict):
-            raise MalformedEvent("Telegram update must be a JSON object")
-        int_id(update.get("update_id"), "update_id", "Telegram")
-        msg = update.get("message")
-        if msg is None:
-            return None
-        if not isinstance(msg, dict):
-            raise MalformedEvent("Telegram 'message' must be an object")
-        chat = msg.get("chat")
-        if not isinstance(chat, dict) or "id" not in chat or "type" not in chat:
-            raise MalformedEvent("Telegram message lacks chat {id, type}")
-        if "message_id" not in msg or "date" not in msg:
-            raise MalformedEvent("Telegram message lacks message_id or date")
-        chat_id = int_id(chat["id"], "chat.id", "Telegram")
-        message_id = int_id(msg["message_id"], "message_id", "Telegram")
-        time_ms = epoch_ms(msg["date"], "date", "Telegram")
-        chat_type = chat["type"]
-        if chat_type == "private":
-            scene_type = "private"
-        elif chat_type in ("group", "supergroup"):
-            scene_type = "group"
-        else:
-            return None
-        user = msg.get("from", {})
-        if not isinstance(user, dict):
-            raise MalformedEvent("Telegram message 'from' must be an object")
-        sender_id = int_id(user["id"], "from.id", "Telegram") if "id" in user else chat_id
-        parts = (user.get("first_name"), user.get("last_name"))
-        name = " ".join(p for p in parts if isinstance(p, str) and p)
-        roles = ["bot"] if user.get("is_bot") is True else []
-        if sender_id in self.masters:
-            roles.append("master")
-
-        segments, mentioned, command = self._segments(msg)
-        reply_msg = msg.get("reply_to_message")
-        reply_to = None
-        if reply_msg is not None:
-            if not isinstance(reply_msg, dict) or "message_id" not in reply_msg:
-                raise MalformedEvent("Telegram reply_to_message must be an object with a message_id")
-            reply_to = int_id(reply_msg["message_id"], "reply_to_message.message_id", "Telegram")
-            segments.insert(0, {"type": "reply", "data": {"message_id": reply_to}})
-            mentioned = mentioned or self._is_me(reply_msg.get("from"))
-        text = "".join(
-            s["data"]["text"] if s["type"] == "text" else "@" + s["data"]["target"]
-            for s in segments
-            if s["type"] in ("text", "mention")
-        )
-        triggered = is_triggered(scene_type, self.trigger, mentioned or command, text, self.keywords)
-        return InboundMessage(
-            platform=PLATFORM,
+        return parse_update(
+            headers,
+            body,
             bot_id=self.bot_id,
-            message_id=f"{chat_id}:{message_id}",
-            scene_type=scene_type,
-            scene_id=chat_id,
-            sender=Sender(id=sender_id, name=name, roles=roles),
-            text=text,
-            segments=segments,
-            reply_to=reply_to,
-            mentioned_bot=mentioned,
-            triggered=triggered,
-            time_ms=time_ms,
+            username=self.username,
+            masters=self.masters,
+            trigger=self.trigger,
+            keywords=self.keywords,
         )
-
-    def _segments(self, msg: dict[str, Any]) -> tuple[list[dict[str, Any]], bool, bool]:
-        """Segments of a message's text/caption and media; (segments, mentioned_bot, command)."""
-        segments: list[dict[str, Any]] = []
-        mentioned = command = False
-        for field, seg_type in _INBOUND_MEDIA:
-            item = msg.get(field)
-            if isinstance(item, list) and item:  # photo: sizes ascending, take the largest
-                item = item[-1]
-            if isinstance(item, dict) and "file_id" in item:
-                if not isinstance(item["file_id"], str) or not item["file_id"]:
-                    raise MalformedEvent(f"Telegram {field}.file_id must be a non-empty string")
-                media = {"kind": "file", "value": item["file_id"]}
-                segments.append({"type": seg_type, "data": {"media": media}})
-                break
-        if isinstance(msg.get("dice"), dict):
-            segments.append({"type": "dice", "data": {}})
-        for key in ("text", "caption"):
-            if msg.get(key) is not None and not isinstance(msg[key], str):
-                raise MalformedEvent(f"Telegram message {key} must be a string")
-        text = msg.get("text") if isinstance(msg.get("text"), str) else msg.get("caption")
-        if not isinstance(text, str):
-            return segments, mentioned, command
-        entities = _entities(msg, "entities" if "text" in msg else "caption_entities")
-        cursor = 0  # in UTF-16 units
-        units = text.encode("utf-16-le")  # encoded once: entity slices are linear in total
-        text_units = len(units) // 2
-
-        def utf16(start: int, length: int) -> str:
-            return units[2 * start : 2 * (start + length)].decode("utf-16-le", "replace")
-
-        out: list[dict[str, Any]] = []
-
-        def plain(start: int, end: int) -> None:
-            if end > start:
-                out.append({"type": "text", "data": {"text": utf16(start, end - start)}})
-
-        for off, length, ent in entities:
-            etype = ent.get("type")
-            piece = utf16(off, min(length, 128))  # usernames/commands are short; bounds the work
-            target: str | None = None
-            if etype == "text_mention" and isinstance(ent.get("user"), dict):
-                target = int_id(ent["user"].get("id"), "text_mention user.id", "Telegram")
-                mentioned = mentioned or target == self.bot_id
-            elif etype == "mention" and self.username and piece[1:].lower() == self.username.lower():
-                target = self.bot_id
-                mentioned = True
-            elif etype == "bot_command":
-                _, _, addressee = piece.partition("@")
-                command = command or not addressee or addressee.lower() == (self.username or "").lower()
-            if target is not None and off >= cursor:
-                plain(cursor, off)
-                out.append({"type": "mention", "data": {"target": target}})
-                cursor = off + length
-        plain(cursor, text_units)
-        return segments + out, mentioned, command
 
     # ------------------------------------------------------------------ outbound
 
@@ -398,9 +237,9 @@ class TelegramCodec:
             nonlocal quote
             if quote is None:
                 return {}
-            out = {"reply_parameters": {"message_id": native_message_id(quote)}}
+            native = native_message_id(quote, target.scene_id)
             quote = None  # only the first message quotes
-            return out
+            return {} if native is None else {"reply_parameters": {"message_id": native}}
 
         def flush() -> None:
             nonlocal runs
@@ -419,8 +258,6 @@ class TelegramCodec:
             elif isinstance(seg, MentionSegment):
                 runs.append(link("@" + seg.data.target, f"tg://user?id={seg.data.target}"))
             elif isinstance(seg, ShareSegment):
-                from runtime.media import refused_share_text  # local: keeps this edit to the renderer
-
                 refused = refused_share_text(PLATFORM, seg)  # javascript:, data:, … never become a link
                 if refused is not None:
                     runs.append(Run(refused))
@@ -459,8 +296,6 @@ class TelegramCodec:
                 server would read ``file://`` values from its disk).
         """
         if media.kind == "file":
-            from runtime.media import file_ref_problem  # local: keeps this edit to the renderer
-
             problem = file_ref_problem(media.value)
             if problem is not None:
                 raise MediaPathError(problem, "bad_file_ref")

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from actors import admin as admin_module
 from actors.admin import admin_routes
 from actors.runtime import SessionInfo, UnknownSessionError
 from runtime.memory.db import Database
@@ -129,7 +130,7 @@ def test_text_over_max_text_chars_is_a_413(served: Served, kind: str) -> None:
     long = served.call("POST", f"/admin/sessions/{LIVE}/{kind}", {"text": "A" * 51, "sender_id": "20002"})
     assert (long.status_code, long.json()) == (
         413,
-        {"error": f"`text` is too long: 51 characters, at most {MAX_TEXT}"},
+        {"error": f"`text` is too long: 51 characters, at most {MAX_TEXT} (server.max_text_chars)"},
     )
     fits = served.call("POST", f"/admin/sessions/{LIVE}/{kind}", {"text": "A" * 50, "sender_id": 20002})
     outcome = "started" if kind == "steer" else "queued"
@@ -210,3 +211,47 @@ def test_unknown_keys_stay_404(served: Served, key: str) -> None:
     archived = served.call("POST", f"/admin/sessions/{key}/archive")
     assert (archived.status_code, archived.json()) == (404, {"error": f"no live session {key!r}"})
     assert [e.session_id for e in asyncio.run(served.repo.list_sessions(KEY))] == [f"{KEY}#1"]
+
+
+# --------------------------------------------------------------------------- review S3 #14
+
+
+class OpenCounter:
+    """Wraps ``actors.admin._open_repository``: records, per call, whether it ran on an event loop."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.on_loop: list[bool] = []
+
+    def __call__(self, url: str) -> ContextRepository:
+        try:
+            asyncio.get_running_loop()
+            self.on_loop.append(True)
+        except RuntimeError:
+            self.on_loop.append(False)
+        return self.real(url)
+
+
+def test_the_stored_view_is_opened_once_and_off_the_event_loop(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first stored-session request builds the repository (engine + create_tables) in a worker
+    thread, not on the ingress's event loop; later requests reuse it."""
+    counter = OpenCounter(admin_module._open_repository)
+    monkeypatch.setattr(admin_module, "_open_repository", counter)
+    stored_session(served.repo, KEY, 2)
+    answers = [served.call("GET", f"/admin/sessions/{KEY}") for _ in range(2)]
+    assert [(r.status_code, r.json()["messages"]) for r in answers] == [(200, 2), (200, 2)]
+    assert counter.on_loop == [False]
+
+
+async def test_racing_first_uses_share_one_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counter = OpenCounter(admin_module._open_repository)
+    monkeypatch.setattr(admin_module, "_open_repository", counter)
+    stored = admin_module._StoredSessions(StandInRuntime(f"sqlite:///{tmp_path / 'race.db'}"), None)
+    first, second = await asyncio.gather(stored.repo(), stored.repo())
+    assert first is not None and first is second
+    assert counter.on_loop == [False]
+    first.db.dispose()

@@ -25,13 +25,14 @@ def _leaks(action: str) -> float:
 
 def test_settings_from_config_collect_the_named_secrets(monkeypatch) -> None:
     monkeypatch.setenv("ONEBOT_TOKEN_FOR_TEST", SECRET)
+    monkeypatch.setenv("SESSIONRAY_CONSOLE_API_TOKEN", "console-token-for-test")  # always collected
     config = SimpleNamespace(
         ai=SimpleNamespace(providers={}),
         bots=[SimpleNamespace(platform="onebot11", self_id="1", access_token_env="ONEBOT_TOKEN_FOR_TEST")],
         server=SimpleNamespace(admin_token_env=None),
         database=SimpleNamespace(url="sqlite:///x.db"),
     )
-    assert DeliverySettings.from_config(config).leak.secrets == [SECRET]
+    assert DeliverySettings.from_config(config).leak.secrets == [SECRET, "console-token-for-test"]
 
 
 async def test_secret_in_reply_is_redacted_before_the_platform_call(

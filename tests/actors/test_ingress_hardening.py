@@ -9,6 +9,7 @@ here; the router is tested on Ray elsewhere)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from actors.ingress import DECODE_IN_THREAD_BYTES, build_app
 from actors.runtime import SubmitResult
 from runtime.config import BotConfig, Config, ConfigError, DatabaseConfig, ServerConfig, parse_config
 from runtime.platforms.base import InboundMessage, PlatformCodec, RenderTarget, Sender
-from runtime.platforms.console import API_TOKEN_HEADER, ConsoleCodec, console_api_token
+from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER, ConsoleCodec, console_api_token
 from runtime.segments import Reply
 from tests.actors.edge_support import BOT_ID, SECRET, SECRET_ENV, onebot_event, serve_in_thread, signed
 
@@ -56,6 +57,9 @@ class RecordingRuntime:
     async def status(self) -> dict[str, Any]:
         return {"live": 0}
 
+    async def session(self, key: str) -> None:
+        return None  # no live session: the admin API looks in SQL
+
 
 @dataclass
 class Served:
@@ -76,6 +80,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    os.environ.setdefault(API_TOKEN_ENV, "ingress-hardening-api-token")  # a console bot needs it
     os.environ[SECRET_ENV] = SECRET
     os.environ[TG_TOKEN_ENV] = f"{TG_BOT}:AAharden-token"
     os.environ[TG_SECRET_ENV] = TG_SECRET
@@ -144,7 +149,8 @@ def post_ob(s: Served, body: bytes, headers: Any = None) -> httpx.Response:
 
 
 def post_console(s: Served, body: bytes) -> httpx.Response:
-    return httpx.post(f"{s.url}/webhooks/console/console", content=body, timeout=30)
+    headers = {"Content-Type": "application/json"}  # the browser's console.js sends it
+    return httpx.post(f"{s.url}/webhooks/console/console", content=body, headers=headers, timeout=30)
 
 
 def ob_event(fixtures_dir: Path, user: str, text: str, message_id: int, **fields: Any) -> bytes:
@@ -237,21 +243,51 @@ def test_deeply_nested_json_is_400_without_exception_text(s: Served) -> None:
         RecursionError("maximum recursion depth exceeded"),
         ValueError("x"),
         UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"),
-        AttributeError("'str' object has no attribute 'get'"),
-        TypeError("x"),
-        KeyError("x"),
-        OverflowError("x"),
     ],
 )
 def test_any_decode_error_of_a_codec_is_a_400_without_exception_text(s: Served, raised: Exception) -> None:
-    before = inbound("console", "malformed")
+    before = (inbound("console", "malformed"), inbound("console", "error"))
     with console_codec(s, ScriptedCodec(raised)):
         resp = post_console(s, b"{}")
     assert (resp.status_code, resp.json()) == (
         400,
         {"error": "malformed event: the body could not be decoded"},
     )
-    assert inbound("console", "malformed") == before + 1
+    assert (inbound("console", "malformed"), inbound("console", "error")) == (before[0] + 1, before[1])
+    assert s.taken() == []
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        AttributeError("'str' object has no attribute 'get'"),
+        TypeError("x"),
+        KeyError("x"),
+        IndexError("x"),
+        OverflowError("x"),
+    ],
+)
+def test_a_codec_bug_is_a_400_counted_as_error_and_logged_with_traceback(
+    s: Served, raised: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review S3 #3: still 400 (a 5xx would be redelivered forever), but visible: outcome
+    ``error`` (not ``malformed``) and an ERROR record with the exception's traceback."""
+    before = (inbound("console", "malformed"), inbound("console", "error"))
+    with (
+        caplog.at_level(logging.WARNING, logger="sessionray.ingress"),
+        console_codec(s, ScriptedCodec(raised)),
+    ):
+        resp = post_console(s, b"{}")
+    assert (resp.status_code, resp.json()) == (
+        400,
+        {"error": "malformed event: the body could not be decoded"},
+    )
+    assert (inbound("console", "malformed"), inbound("console", "error")) == (before[0], before[1] + 1)
+    records = [r for r in caplog.records if r.name == "sessionray.ingress"]
+    assert [(r.levelname, r.getMessage()) for r in records] == [
+        ("ERROR", "webhook console: the codec failed on the event (codec bug)")
+    ]
+    assert records[0].exc_info is not None and records[0].exc_info[1] is raised
     assert s.taken() == []
 
 
@@ -311,8 +347,11 @@ def test_real_codecs_refuse_odd_times_and_surrogates_without_a_500(s: Served, fi
     assert (s.taken(), s.rows()) == ([], rows)
     surrogate = json.dumps({"message_id": "c-33004", "user": "eve", "text": "PLACEHOLDER"}).encode()
     resp = post_console(s, surrogate.replace(b"PLACEHOLDER", b"bad \\ud800"))
-    assert resp.status_code in (200, 400)  # the codec may replace it (U+FFFD) or refuse it
-    assert all("\ud800" not in text for _, text in s.taken())
+    assert (resp.status_code, resp.json()) == (
+        400,
+        {"error": "malformed event: console 'text' is not valid Unicode (lone surrogate)"},
+    )
+    assert (s.taken(), s.rows()) == ([], rows)
 
 
 def test_ids_that_make_no_session_key_are_400(s: Served, fixtures_dir: Path) -> None:
@@ -375,8 +414,8 @@ def test_text_over_max_text_chars_is_413_not_stored_not_routed(s: Served, fixtur
         assert (resp.status_code, resp.json()) == (
             413,
             {
-                "error": f"message text too long: {MAX_TEXT + 1} characters, "
-                f"the limit is {MAX_TEXT} (server.max_text_chars)"
+                "error": f"message text is too long: {MAX_TEXT + 1} characters, "
+                f"at most {MAX_TEXT} (server.max_text_chars)"
             },
         )
     assert (s.taken(), s.rows()) == ([], rows)
@@ -490,3 +529,49 @@ def test_large_body_is_decoded_off_the_event_loop(s: Served, fixtures_dir: Path)
         holding.release.set()
         codecs[("onebot11", BOT_ID)] = real
     assert s.taken() == [("onebot11", "big"), ("onebot11", "small")]
+
+
+# --------------------------------------------------------------------------- connections (review S3 #13)
+
+
+def test_ingress_process_holds_one_bounded_database(
+    s: Served, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The ingress's Database has no pool overflow (at most DEFAULT_SQL_THREADS connections, as
+    deploy/README.md says), and the admin's stored-session view reads through it instead of
+    opening a second one; a delivery actor's Database is bounded the same way."""
+    from actors import admin
+    from actors.delivery_core import DeliverySender, DeliverySettings
+    from runtime.memory.db import DEFAULT_SQL_THREADS
+
+    ingress = s.app.state.ingress
+    assert ingress.db is not None and ingress.db.max_connections == DEFAULT_SQL_THREADS
+    opened: list[str] = []
+    monkeypatch.setattr(admin, "_open_repository", opened.append)
+    monkeypatch.setenv("HARDEN_NO_TOKEN", "harden-admin")
+    resp = httpx.get(
+        f"{s.url}/admin/sessions/onebot11:{BOT_ID}:private:41001",
+        headers={"Authorization": "Bearer harden-admin"},
+        timeout=30,
+    )
+    assert (resp.status_code, resp.json(), opened) == (
+        404,
+        {"error": f"no live or stored session 'onebot11:{BOT_ID}:private:41001'"},
+        [],
+    )
+    sender = DeliverySender(DeliverySettings(database_url=f"sqlite:///{tmp_path}/d.db"), 0, "0:1")
+    try:
+        assert sender.db.max_connections == DEFAULT_SQL_THREADS
+    finally:
+        asyncio.run(sender.close())
+
+
+@pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_the_console_webhook_refuses_what_a_cross_site_page_can_send(s: Served, ctype: str | None) -> None:
+    """A browser posts ``text/plain`` or forms cross-site without a CORS preflight (a Blob with
+    no type: no header at all), never JSON: the console webhook requires JSON (attack re-test)."""
+    body = json.dumps({"message_id": "c-csrf", "user": "admin", "text": "csrf"}).encode()
+    headers = {} if ctype is None else {"Content-Type": ctype}
+    r = httpx.post(f"{s.url}/webhooks/console/console", content=body, headers=headers, timeout=30)
+    assert (r.status_code, r.json()) == (415, {"error": "send the event as application/json"})
+    assert s.runtime.taken == []

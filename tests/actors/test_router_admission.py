@@ -1,12 +1,25 @@
 """Admission bookkeeping of a router shard (actors/admission.py), driven directly on one event loop:
 FIFO grants of live-session slots, no lost wake-up, no queue jumping, a grant that reaches a
-waiter who left is passed on, and per-key tickets in arrival order."""
+waiter who left is passed on, and per-key tickets in arrival order.
+
+The last test drives the router class itself (``RouterActor.__ray_metadata__.modified_class``) on
+the test's event loop with its two Ray handles — the warm pool and a session actor — replaced by
+scripted objects with the same ``.remote`` methods, so the test decides exactly when a passivation
+answers and what (review S3 #1). The real actors are exercised in test_router_churn.py."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 
 from actors.admission import Grant, KeyOrder, SlotQueue, should_recycle
+from actors.router import RouterActor
+from runtime.turn import TurnInput, TurnResult
+from tests.actors.session_support import inbound, key_of
 
 
 async def spin() -> None:
@@ -23,8 +36,9 @@ class Shard:
         self.returned: list[object] = []
         self.slots = SlotQueue(cap, lambda: self.held, self.returned.append)
 
-    def bind(self, grant: Grant) -> None:
+    def bind(self, grant: Grant | None) -> None:
         """What the router does with a grant: a new directory entry, at once."""
+        assert grant is not None
         self.held += 1
         self.slots.consume(grant)
 
@@ -161,3 +175,111 @@ def test_should_recycle_follows_the_pool_rule() -> None:
         should_recycle(served, uss, after_sessions=100, memory_mib=512.0)
         for served, uss in ((99, 512.0), (100, 10.0), (5, 512.5))
     ] == [False, True, True]
+
+
+# --------------------------------------------------------------------------- the router class itself
+
+
+class Call:
+    """One method of a Ray actor handle: ``.remote(*args)`` starts ``fn`` and returns its future."""
+
+    def __init__(self, fn: Callable[..., Awaitable[Any]]) -> None:
+        self._fn = fn
+
+    def remote(self, *args: Any) -> asyncio.Future[Any]:
+        return asyncio.ensure_future(self._fn(*args))
+
+
+class ScriptedSessionActor:
+    """A session actor's router-facing methods; ``passivate`` answers come from ``answers`` (a
+    future each, resolved by the test), every call is logged."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.answers: list[asyncio.Future[dict[str, Any]]] = []
+        self.activate, self.submit = Call(self._activate), Call(self._submit)
+        self.passivate = Call(self._passivate)
+
+    async def _activate(self, key: str, next_seq: int) -> dict[str, Any]:
+        self.log.append(("activate", key, next_seq))
+        return {"session_id": f"{key}#1"}
+
+    async def _submit(self, turn: TurnInput) -> TurnResult:
+        self.log.append(("submit", turn.session_key, turn.seq))
+        return TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="ok")
+
+    async def _passivate(self, force: bool) -> dict[str, Any]:
+        self.log.append(("passivate", force))
+        return await self.answers.pop(0)
+
+
+class OneActorPool:
+    """The warm pool with one blank actor (a second ``acquire`` would fail the test)."""
+
+    def __init__(self, actor: ScriptedSessionActor) -> None:
+        self.actor: ScriptedSessionActor | None = actor
+        self.released: list[tuple[Any, ...]] = []
+        self.acquire, self.release = Call(self._acquire), Call(self._release)
+        self.report_dead = Call(self._dead)
+
+    async def _acquire(self) -> tuple[ScriptedSessionActor, str]:
+        actor, self.actor = self.actor, None
+        assert actor is not None, "the router asked the pool for a second actor"
+        return actor, "warm"
+
+    async def _release(self, *args: Any) -> None:
+        self.released.append(args)
+
+    async def _dead(self, actor: Any) -> None:
+        raise AssertionError("no actor died in this test")
+
+
+async def test_a_refused_admin_passivation_does_not_strand_a_waiting_new_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review S3 #1 (lost wake-up): cap 1, session A idle, an admin passivation of A in flight
+    when B arrives (B's victim search skips A: it is passivating), then A's actor refuses once (a
+    control turn still ran). B must get A's slot — and A's actor — once A can be passivated,
+    not ``busy`` at its deadline."""
+    monkeypatch.setattr("actors.ray_metrics.install_ray_metrics", lambda: None)
+    monkeypatch.setattr("actors.router.REFUSED_RETRY_S", 0.01)
+    config = SimpleNamespace(runtime=SimpleNamespace(max_live_sessions=1, activation_wait_s=5.0))
+    router = RouterActor.__ray_metadata__.modified_class(config, 0, 1, "stand-in-pool")  # type: ignore[attr-defined]
+    actor = ScriptedSessionActor()
+    router._pool = OneActorPool(actor)
+    try:
+        assert await router.submit(inbound("70000", "hi", "a1")) == {
+            "status": "accepted",
+            "retry_after_s": None,
+            "seq": 1,
+        }
+        await spin()
+        a, b = key_of("70000"), key_of("70001")
+        loop = asyncio.get_running_loop()
+        refusal, consent = loop.create_future(), loop.create_future()
+        actor.answers += [refusal, consent]
+        admin = asyncio.ensure_future(router.passivate(a))
+        await spin()
+        new = asyncio.ensure_future(router.submit(inbound("70001", "hello", "b1")))
+        await spin()
+        assert (router._slots.waiting, new.done()) == (1, False)  # B queues; A is passivating
+
+        refusal.set_result({"ok": False})  # A's actor refuses once
+        assert await admin is False
+        consent.set_result({"ok": True, "sessions_served": 1, "uss_mib": 100.0})
+        assert await new == {"status": "accepted", "retry_after_s": None, "seq": 1}
+        await asyncio.gather(*list(router._tasks))  # B's turn dispatched and finished
+        assert actor.log == [
+            ("activate", a, 1),
+            ("submit", a, 1),
+            ("passivate", False),
+            ("passivate", False),
+            ("activate", b, 1),  # A's blank actor, handed over with the slot
+            ("submit", b, 1),
+        ]
+        assert [s["session_key"] for s in await router.sessions()] == [b]
+        counts = router.counts
+        assert (counts["passivated_lru"], counts["handoffs"], counts["busy"]) == (1, 1, 0)
+        assert router._pool.released == []
+    finally:
+        await router.shutdown()

@@ -97,3 +97,39 @@ def test_docstring_examples(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(module))
     assert (result.failed, result.attempted > 0) == (0, True)
+
+
+def test_from_config_collects_the_console_api_token() -> None:
+    """Review S3 #6: every worker has ``$SESSIONRAY_CONSOLE_API_TOKEN`` in its environment, so the
+    policy built from config withholds it too (with or without a console bot configured), once."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(
+        ai=SimpleNamespace(providers={"p": SimpleNamespace(api_key_env="P_KEY")}),
+        bots=[SimpleNamespace(access_token_env="OB_TOKEN", secret_env=None, token_env=None)],
+        server=SimpleNamespace(admin_token_env="SESSIONRAY_CONSOLE_API_TOKEN"),
+    )
+    environ = {
+        "P_KEY": "sk-provider-value",
+        "OB_TOKEN": "onebot-token-1",
+        "SESSIONRAY_CONSOLE_API_TOKEN": "cOnSoLe-T0ken-xyz",
+    }
+    policy = LeakPolicy.from_config(config, environ=environ)
+    assert policy.secrets == ["sk-provider-value", "onebot-token-1", "cOnSoLe-T0ken-xyz"]
+    bare = LeakPolicy.from_config(
+        SimpleNamespace(), environ={"SESSIONRAY_CONSOLE_API_TOKEN": "cOnSoLe-T0ken-xyz"}
+    )
+    assert (bare.secrets, scan_text("token is cOnSoLe-T0ken-xyz.", bare)) == (
+        ["cOnSoLe-T0ken-xyz"],
+        ("token is [redacted].", ["configured_secret"]),
+    )
+    assert LeakPolicy.from_config(SimpleNamespace(), environ={}).secrets == []
+
+
+def test_the_secret_half_of_a_telegram_token_is_a_secret_too() -> None:
+    """A Telegram bot token is ``<bot id>:<secret>``; the secret half alone must not leave either,
+    while the public bot id (short) stays readable (attack re-test #13)."""
+    token = "7012345678:AAHtgSECRETtokenvalue_abcdef123456"
+    policy = LeakPolicy.from_env(["TG_TOKEN"], environ={"TG_TOKEN": token})
+    text = "half: AAHtgSECRETtokenvalue_abcdef123456 and id 7012345678"
+    assert scan_text(text, policy) == ("half: [redacted] and id 7012345678", ["configured_secret"])

@@ -178,7 +178,22 @@ def test_quoting_uses_the_native_telegram_message_id() -> None:
         "parse_mode": "HTML",
         "reply_parameters": {"message_id": 77},
     }
-    assert [native_message_id(r) for r in ("-100:77", "77", "x")] == [77, 77, "x"]
+    assert [native_message_id(r) for r in ("-100:77", "77", "x")] == [77, 77, None]
+    # a quote names a message of the chat being answered, with a positive integer id
+    refs = ("-100:77", "77", "-200:77", "-100:abc")
+    assert [native_message_id(r, "-100") for r in refs] == [77, 77, None, None]
+    assert [native_message_id(r) for r in ("0", "-5", "99999999999999999999999")] == [None, None, None]
+    # a model-written quote of another chat's message is dropped, not sent as a wrong quote
+    other = Reply.model_validate(
+        {
+            "segments": [
+                {"type": "reply", "data": {"message_id": "4444442:77"}},
+                {"type": "text", "data": {"text": "ok"}},
+            ]
+        }
+    )
+    [call] = c.render(other, target)
+    assert "reply_parameters" not in (call.json_body or {})
 
 
 # --------------------------------------------------------------------------- 2. strict types (OneBot)

@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from actors.ingress import build_app
 from actors.runtime import SessionInfo, SubmitResult
 from runtime.config import BotConfig, Config, DatabaseConfig, ServerConfig
 from runtime.platforms.base import InboundMessage, MalformedEvent, RenderTarget, get_codec
+from runtime.platforms.common import MAX_EVENT_TIME_MS, epoch_ms
 from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER, ConsoleCodec
 from runtime.segments import Reply
 from tests.actors.edge_support import serve_in_thread
@@ -143,6 +145,16 @@ def test_console_controls_console_sessions(s: Served) -> None:
     )
 
 
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", ""])
+def test_console_api_refuses_what_a_cross_site_page_can_send(s: Served, ctype: str) -> None:
+    """A cross-site page can POST text/plain or a form without a CORS preflight, never JSON: the
+    console API requires a JSON body type (attack re-test: follow_up driven from another site)."""
+    body = {"user": "admin", "session_key": CONSOLE_KEY, "text": "csrf"}
+    r = s.post("/console/api/follow_up", body, headers={"Content-Type": ctype})
+    assert (r.status_code, r.json()) == (415, {"error": "send the body as application/json"})
+    assert s.runtime.calls == []
+
+
 def test_console_lists_console_sessions_only(s: Served) -> None:
     resp = httpx.get(s.url + "/console/api/sessions", timeout=30)
     assert resp.json() == {
@@ -177,6 +189,27 @@ def test_deliver_and_events_need_the_api_token(s: Served) -> None:
             assert (resp.status_code, resp.json()) == (401, refused)
         ok = s.post(path, body, headers={API_TOKEN_HEADER: API_TOKEN})
         assert (ok.status_code, ok.json()["ok"]) == (200, True)
+
+
+def test_console_and_body_limit_exemption_check_the_token_the_same_way(
+    s: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review S3 #8: one check (``api_token_matches``) reads the variable per request, so a
+    rotated token is taken by the console's internal routes and by the ingress's body-size
+    exemption at once, and the old one by neither."""
+    reply = {
+        "scene_type": "private",
+        "scene_id": "admin",
+        "segments": [{"type": "text", "data": {"text": "x"}}],
+    }
+    big = {**reply, "pad": "p" * 1_100_000}  # over server.max_body_bytes (1 MiB): exempt only with the token
+    monkeypatch.setenv(API_TOKEN_ENV, "rotated-token")
+    answers = [
+        s.post("/console/api/deliver", body, headers={API_TOKEN_HEADER: token}).status_code
+        for token in (API_TOKEN, "rotated-token")
+        for body in (reply, big)
+    ]
+    assert answers == [401, 413, 200, 200]
 
 
 async def test_the_codec_and_the_event_sink_send_the_api_token(s: Served) -> None:
@@ -268,7 +301,7 @@ def test_control_text_must_be_unicode_and_bounded(s: Served, kind: str) -> None:
     long = s.post(f"/console/api/{kind}", {"user": "admin", "session_key": CONSOLE_KEY, "text": "A" * 101})
     assert (long.status_code, long.json()) == (
         413,
-        {"error": f"`text` is too long: 101 characters, at most {MAX_TEXT}"},
+        {"error": f"`text` is too long: 101 characters, at most {MAX_TEXT} (server.max_text_chars)"},
     )
     fits = s.post(f"/console/api/{kind}", {"user": "admin", "session_key": CONSOLE_KEY, "text": "A" * 100})
     assert fits.status_code == 200
@@ -333,8 +366,20 @@ def test_codec_refuses_what_cannot_be_stored(body: bytes, match: str) -> None:
 
 
 def test_codec_keeps_valid_edge_values() -> None:
-    msg = ConsoleCodec().parse({}, json.dumps(console_msg(time_ms=2**53, message_id="c" * 128)).encode())
-    assert msg is not None and (msg.time_ms, msg.message_id) == (2**53, "c" * 128)
+    last = MAX_EVENT_TIME_MS - 1
+    msg = ConsoleCodec().parse({}, json.dumps(console_msg(time_ms=last, message_id="c" * 128)).encode())
+    assert msg is not None and (msg.time_ms, msg.message_id) == (last, "c" * 128)
+
+
+def test_one_time_limit_for_every_codec() -> None:
+    """Review S3 #11: the console's Unix ms and OneBot/Telegram's Unix seconds end at the same
+    instant, :data:`MAX_EVENT_TIME_MS` (2**32 s)."""
+    assert MAX_EVENT_TIME_MS == 2**32 * 1000
+    with pytest.raises(MalformedEvent, match=rf"'time_ms' must be an integer in \[0, {MAX_EVENT_TIME_MS}\)"):
+        ConsoleCodec().parse({}, json.dumps(console_msg(time_ms=MAX_EVENT_TIME_MS)).encode())
+    assert epoch_ms(2**32 - 1, "time", "OneBot") == MAX_EVENT_TIME_MS - 1000
+    with pytest.raises(MalformedEvent, match=r"time must be within 0..2\*\*32 Unix seconds"):
+        epoch_ms(2**32, "time", "OneBot")
 
 
 # --------------------------------------------------------------------------- console.js links
@@ -385,18 +430,44 @@ def test_browser_never_links_a_non_http_url(s: Served) -> None:
     )
 
 
-def test_console_routes_generate_a_missing_api_token() -> None:
-    """``console_routes`` without the variable generates a token into the environment (what
-    ``sessionray serve`` hands to its Ray workers)."""
+MISSING_TOKEN = (
+    f"environment variable {API_TOKEN_ENV} is not set: a console bot is configured, and its internal "
+    "endpoints (/console/api/deliver, /console/api/events) need one shared token in the ingress and in "
+    "every Ray worker. `sessionray serve` generates it; anywhere else (Ray Serve, a cluster) set "
+    f"{API_TOKEN_ENV} to the same random value on every node, e.g. `openssl rand -hex 24`"
+)
+
+
+def test_console_routes_refuse_to_start_without_the_api_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review S3 #7: outside ``sessionray serve`` (which sets the variable before it builds the
+    app) a console without the shared token fails at start, naming the variable, and makes up no
+    token of its own; without a console bot nothing is needed."""
     from actors.console import console_routes
 
-    saved = os.environ.pop(API_TOKEN_ENV, None)
-    try:
-        routes = console_routes(ControlRuntime(), Config(bots=[BotConfig(platform="console")]))
-        made = os.environ.get(API_TOKEN_ENV)
-        assert routes and isinstance(made, str) and len(made) >= 40
-    finally:
-        if saved is None:
-            os.environ.pop(API_TOKEN_ENV, None)
-        else:
-            os.environ[API_TOKEN_ENV] = saved
+    monkeypatch.delenv(API_TOKEN_ENV, raising=False)
+    with pytest.raises(ValueError) as err:
+        console_routes(ControlRuntime(), Config(bots=[BotConfig(platform="console")]))
+    assert (str(err.value), os.environ.get(API_TOKEN_ENV)) == (MISSING_TOKEN, None)
+    onebot = BotConfig(platform="onebot11", self_id="10001", api_base="http://127.0.0.1:9")
+    assert console_routes(ControlRuntime(), Config(bots=[onebot])) == []
+    monkeypatch.setenv(API_TOKEN_ENV, "set-by-the-operator")
+    assert len(console_routes(ControlRuntime(), Config(bots=[BotConfig(platform="console")]))) == 9
+
+
+def test_serve_replica_refuses_to_start_without_the_api_token(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Ray Serve replica (``actors/serve_app.py``) checks before it starts anything."""
+    from actors.serve_app import SessionrayIngress
+
+    replica_class = SessionrayIngress.func_or_class.__bases__[0]  # ours, under Serve's ASGI wrapper
+    assert replica_class.__qualname__ == "SessionrayIngress"
+    config_file = tmp_path / "sessionray.yaml"
+    config_file.write_text("bots: [{platform: console}]\n")
+    monkeypatch.delenv(API_TOKEN_ENV, raising=False)
+    with pytest.raises(ValueError) as err:
+        replica_class(str(config_file))
+    assert str(err.value) == MISSING_TOKEN
+    monkeypatch.setenv(API_TOKEN_ENV, "set-by-the-operator")
+    replica = replica_class(str(config_file))
+    assert ([b.platform for b in replica.config.bots], replica.runtime) == (["console"], None)
