@@ -24,7 +24,9 @@ constant time. No or wrong token → 401 with ``WWW-Authenticate: Bearer``. When
 set on the server, the admin API is disabled: every call answers 401 and says so.
 
 Errors: 400 malformed body (not JSON, nested too deeply to parse, missing/empty ``text`` or
-``sender_id``, not strings, or not valid Unicode, e.g. a lone surrogate); 413 ``text`` longer than
+``sender_id``, a ``text`` that is not a string or a ``sender_id`` that is neither a string nor an
+integer (QQ numbers are often sent as JSON numbers), or not valid Unicode, e.g. a lone
+surrogate); 413 ``text`` longer than
 ``server.max_text_chars`` (default 16000; attack report #7, #9);
 403 ``NotMasterError`` (seed 002 decision 7: only a bot's masters may steer / follow up);
 404 ``UnknownSessionError``; anything else 500 with the error's type and message (logged).

@@ -408,7 +408,9 @@ def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
       share instead of opening its own);
     * the activation's SQL reads for :data:`WARM_UP_SESSION_KEY` (``list_sessions`` and
       ``load_context``; no row is written), on the session loop, so SQLAlchemy configures its
-      mappers and compiles the statements now — ≈ 20–30 ms otherwise paid by the first activation.
+      mappers and compiles the statements now — ≈ 20–30 ms otherwise paid by the first activation;
+    * the sender-block check's look-alike tables (:mod:`runtime.textnorm`, built on first use:
+      60–200 ms that would otherwise stall the first turn's loop).
 
     Afterwards (also when a step failed) a PostgreSQL connection the warm-up opened is closed:
     a blank actor in the pool holds none (issue #8, PostgreSQL connection budget).
@@ -427,6 +429,9 @@ def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
     try:
         if callable(prepare):
             prepare(database=repo.db)
+        from runtime.memory.sender import strip_forged_prefix
+
+        strip_forged_prefix("[sender:id=0] warm-up")
         asyncio.run_coroutine_threadsafe(reads(), loop).result(WARM_UP_TIMEOUT_S)
     finally:  # queued behind the reads on the SQL thread, so their connection is back in the pool
         asyncio.run_coroutine_threadsafe(_release_sql_connections(repo), loop).result(WARM_UP_TIMEOUT_S)

@@ -76,9 +76,9 @@ class ServerConfig(_Closed):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     admin_token_env: str | None = "SESSIONRAY_ADMIN_TOKEN"
-    max_body_bytes: int = Field(1_048_576, gt=0)
+    max_body_bytes: int = Field(1_048_576, gt=0, strict=True)
     """Largest request body (bytes) on every route of the ingress; a larger one is answered 413."""
-    max_text_chars: int = Field(16_000, gt=0)
+    max_text_chars: int = Field(16_000, gt=0, strict=True)
     """Largest text (characters, after decoding) of an inbound message; a longer one is answered
     413 and neither stored nor routed."""
 

@@ -20,6 +20,7 @@ from sqlmodel import col, select
 
 from runtime.abort import AbortSignal
 from runtime.memory.db import Database
+from runtime.memory.sender import strip_forged_prefix
 from runtime.memory.tables import ImTranscriptRow
 from runtime.memory.transcripts import TranscriptEntry, entry_from_row, no_nul
 from runtime.tools import AgentTool, AgentToolResult, ToolUpdateFn
@@ -58,11 +59,17 @@ def escape_like(text: str, escape: str = "\\") -> str:
 
 def format_history_line(entry: TranscriptEntry) -> str:
     """``[YYYY-MM-DD HH:MM:SS UTC] name (sender_id): body`` (body cut at :data:`MAX_BODY_CHARS`;
-    line breaks in body, name and id become spaces: one entry is always one line)."""
+    line breaks in body, name and id become spaces: one entry is always one line). Sender blocks a
+    user typed into a stored body or display name are neutralised as in live messages
+    (:func:`runtime.memory.sender.strip_forged_prefix`): a tool result must not carry a forged
+    ``[sender:… roles=master]`` either."""
     when = datetime.fromtimestamp(entry.time / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     body = entry.body if len(entry.body) <= MAX_BODY_CHARS else entry.body[: MAX_BODY_CHARS - 1] + "…"
     name = entry.sender_name or entry.sender_id
-    return f"[{when}] {_one_line(name)} ({_one_line(entry.sender_id)}): {_one_line(body)}"
+    return (
+        f"[{when}] {_one_line(strip_forged_prefix(name))} ({_one_line(entry.sender_id)}): "
+        f"{_one_line(strip_forged_prefix(body))}"
+    )
 
 
 def _one_line(text: str) -> str:

@@ -22,8 +22,9 @@ Rules:
   (unique violation, deadlock victim, serialization failure).
 * **Nothing is deleted**: archiving flips ``status`` and starts the next epoch; compaction adds a
   summary row. Old rows remain.
-* **Forged sender prefixes are stripped before storage** (decision 11): every user message's
-  leading ``[sender:…]`` blocks are removed by :func:`runtime.memory.sender.strip_forged_prefix`.
+* **Forged sender prefixes are neutralised before storage** (decision 11): every sender block a
+  user typed into a message — at its start, after leading mentions, or anywhere else, in any
+  bracket form — is removed or quoted by :func:`runtime.memory.sender.strip_forged_prefix`.
 * All SQL runs on the :class:`~runtime.memory.db.Database` thread pool; no coroutine blocks.
   Every write goes through :meth:`~runtime.memory.db.Database.run_write`, so a transient error
   (SQLite busy, PostgreSQL deadlock/serialization failure/lost connection before commit) is

@@ -259,13 +259,17 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def int_id(value: Any, field: str, platform: str, *, digit_strings: bool = False) -> str:
+def int_id(
+    value: Any, field: str, platform: str, *, digit_strings: bool = False, positive: bool = False
+) -> str:
     """An integer id of an inbound event as its canonical decimal string (``"-100123"``).
 
     Accepts a JSON integer (never a boolean or float) within [:data:`INT64_MIN`,
     :data:`INT64_MAX`] and, with ``digit_strings``, an ASCII decimal string of the same range
     (OneBot implementations that send ids as strings). The result never contains ``#``, ``:``,
     spaces or control characters, so it is always a valid session key part (``runtime.memory.keys``).
+    With ``positive``, the id must be ≥ 1 (QQ account and group numbers; OneBot message ids and
+    Telegram chat ids may be negative).
 
     Raises:
         MalformedEvent: anything else, naming ``platform`` and ``field`` (ingress answers 400).
@@ -279,6 +283,8 @@ def int_id(value: Any, field: str, platform: str, *, digit_strings: bool = False
     number = int(value)
     if not INT64_MIN <= number <= INT64_MAX:
         raise MalformedEvent(f"{platform} {field} is outside the 64-bit integer range: {_shown(value)}")
+    if positive and number < 1:
+        raise MalformedEvent(f"{platform} {field} must be a positive number, got {_shown(value)}")
     return str(number)
 
 

@@ -347,11 +347,11 @@ class OneBot11Codec:
         missing = [k for k in required if k not in event]
         if missing:
             raise MalformedEvent(f"OneBot message event lacks {', '.join(missing)}")
-        self_id = int_id(event["self_id"], "self_id", "OneBot", digit_strings=True)
+        self_id = int_id(event["self_id"], "self_id", "OneBot", digit_strings=True, positive=True)
         if self_id != self.self_id:
             raise MalformedEvent(f"event for self_id {self_id} posted to bot {self.self_id}")
         message_id = int_id(event["message_id"], "message_id", "OneBot", digit_strings=True)
-        user_id = int_id(event["user_id"], "user_id", "OneBot", digit_strings=True)
+        user_id = int_id(event["user_id"], "user_id", "OneBot", digit_strings=True, positive=True)
         time_s = event.get("time")
         time_ms = 0 if time_s is None else epoch_ms(time_s, "time", "OneBot", floats=True)
         raw = event["message"]
@@ -375,7 +375,7 @@ class OneBot11Codec:
         elif message_type == "group":
             if "group_id" not in event:
                 raise MalformedEvent("OneBot group message lacks group_id")
-            scene_id = int_id(event["group_id"], "group_id", "OneBot", digit_strings=True)
+            scene_id = int_id(event["group_id"], "group_id", "OneBot", digit_strings=True, positive=True)
             scene_type = "group"
         else:
             raise MalformedEvent(f"unsupported OneBot message_type {message_type!r}")

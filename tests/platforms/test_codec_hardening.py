@@ -213,6 +213,9 @@ def test_quoting_uses_the_native_telegram_message_id() -> None:
         ({"user_id": ""}, "user_id must be"),
         ({"user_id": " "}, "user_id must be"),
         ({"user_id": "٣"}, "user_id must be"),  # a non-ASCII digit
+        ({"user_id": -5}, "user_id must be a positive number, got -5"),  # QQ numbers are ≥ 1
+        ({"user_id": "0"}, "user_id must be a positive number"),
+        ({"message_type": "group", "group_id": -7}, "group_id must be a positive number"),
         ({"message_id": None}, "message_id must be"),
         ({"message_id": {"a": 1}}, "message_id must be"),
         ({"message_id": False}, "message_id must be"),

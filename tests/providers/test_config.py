@@ -193,3 +193,14 @@ def test_readme_provider_example_is_valid(tmp_path: Path) -> None:
         "gemini": "google-generative-ai",
     }
     assert resolve_model_ref(cfg.ai.default_model or "").base_url == "http://127.0.0.1:11434/v1"
+
+
+def test_size_limits_refuse_a_boolean(tmp_path: Path) -> None:
+    """``max_body_bytes: true`` would otherwise be read as 1 byte and refuse every request."""
+    path = _write(tmp_path, "server:\n  max_body_bytes: true\n  max_text_chars: '100'\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).splitlines() == [
+        f"{path}: server.max_body_bytes: Input should be a valid integer",
+        f"{path}: server.max_text_chars: Input should be a valid integer",
+    ]
