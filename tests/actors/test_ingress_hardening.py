@@ -475,8 +475,7 @@ def test_server_limit_keys_defaults_and_errors() -> None:
         parse_config({"server": {"max_body_bytes": 0, "max_text_chars": "many"}}, "sessionray.yaml")
     assert str(err.value).splitlines() == [
         "sessionray.yaml: server.max_body_bytes: Input should be greater than 0",
-        "sessionray.yaml: server.max_text_chars: Input should be a valid integer, "
-        "unable to parse string as an integer",
+        "sessionray.yaml: server.max_text_chars: Input should be a valid integer",  # strict: no "5", no true
     ]
 
 
