@@ -5,6 +5,7 @@ Part of :mod:`runtime.config` (which re-exports every public name here; import f
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -31,7 +32,10 @@ class BotConfig(_Closed):
     username: str | None = None
     """Telegram: the bot's ``@username`` (without ``@``), to recognize mentions of it in groups."""
     media_dir: str | None = None
-    """Directory that outbound ``path`` media must lie under (OneBot sends them as ``file://``)."""
+    """Directory that outbound ``path`` media must lie under (OneBot sends them as ``file://``).
+    A relative one is made absolute against the working directory of the process that loads the
+    configuration (``sessionray serve``), so delivery actors, whose working directory may differ,
+    confine to the same place; ``~`` is expanded."""
     thinking_preview: bool = False
     """Console: also show the first 200 characters of the model's thinking in the live events."""
 
@@ -39,6 +43,11 @@ class BotConfig(_Closed):
     @classmethod
     def _id_str(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) else v
+
+    @field_validator("media_dir")
+    @classmethod
+    def _absolute_media_dir(cls, v: str | None) -> str | None:
+        return None if v is None else os.path.abspath(os.path.expanduser(v))
 
     @field_validator("masters", mode="before")
     @classmethod

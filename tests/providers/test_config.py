@@ -204,3 +204,13 @@ def test_size_limits_refuse_a_boolean(tmp_path: Path) -> None:
         f"{path}: server.max_body_bytes: Input should be a valid integer",
         f"{path}: server.max_text_chars: Input should be a valid integer",
     ]
+
+
+def test_a_relative_media_dir_is_made_absolute_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Delivery actors may run in another working directory: the bot's media_dir is resolved
+    once, where the configuration is loaded (attack test: relative media_dir)."""
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, "bots:\n  - platform: onebot11\n    self_id: 1\n    media_dir: media\n")
+    assert load_config(path).bots[0].media_dir == str(tmp_path / "media")
