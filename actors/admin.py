@@ -154,23 +154,14 @@ class _StoredSessions:
 
         Through the runtime's ``archive_stored`` (``SessionRuntime``: the key's router shard
         archives while it holds the key, so no message activates the session on the old epoch
-        in between; review S3 #2). A runtime handle without that method (one with no router
-        shards) archives in SQL here with :func:`actors.router_admin.archive_active_epoch`.
+        in between; review S3 #2).
         """
-        route = getattr(self._runtime, "archive_stored", None)
-        if route is not None:
-            try:
-                return str(await route(session_key))
-            except Exception as exc:
-                if _status_for(exc) == 404:
-                    return None
-                raise
-        repo = await self.repo()
-        if repo is None:
-            return None
-        from actors.router_admin import archive_active_epoch
-
-        return await archive_active_epoch(repo, session_key)
+        try:
+            return str(await self._runtime.archive_stored(session_key))
+        except Exception as exc:
+            if _status_for(exc) == 404:
+                return None
+            raise
 
 
 def admin_routes(

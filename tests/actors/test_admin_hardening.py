@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 
 from actors import admin as admin_module
 from actors.admin import admin_routes
+from actors.router_admin import archive_active_epoch
 from actors.runtime import SessionInfo, UnknownSessionError
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
@@ -45,6 +46,7 @@ class StandInRuntime:
             database=SimpleNamespace(url=db_url), server=SimpleNamespace(max_text_chars=MAX_TEXT)
         )
         self.calls: list[tuple[str, ...]] = []
+        self._repo: ContextRepository | None = None
 
     def _live(self, key: str) -> None:
         if key != LIVE:
@@ -64,6 +66,18 @@ class StandInRuntime:
         self._live(key)
         self.calls.append(("archive", key))
         return f"{key}#9"
+
+    async def archive_stored(self, key: str) -> str:
+        """``SessionRuntime.archive_stored`` without router shards: the stored active epoch of a
+        session that is not live, archived in SQL; UnknownSessionError when it has none."""
+        if self._repo is None:
+            db = Database(self.config.database.url)
+            db.create_tables()
+            self._repo = ContextRepository(db)
+        new = await archive_active_epoch(self._repo, key)
+        if new is None:
+            raise UnknownSessionError(f"no live session {key!r}")
+        return new
 
     async def session(self, key: str) -> SessionInfo | None:
         if key != LIVE:
