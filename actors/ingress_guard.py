@@ -22,6 +22,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.memory.keys import SessionKeyError
@@ -32,20 +34,9 @@ from runtime.platforms.console import API_TOKEN_HEADER, DELIVER_PATH, EVENTS_PAT
 __all__ = ["BodySizeLimit", "storage_problem", "trusted_internal_call"]
 
 
-async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    body = json.dumps(payload).encode("utf-8")
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode("ascii")),
-                (b"connection", b"close"),  # the unread rest of the body makes the connection unusable
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, payload: dict[str, Any]) -> None:
+    # Connection: close — the unread rest of the body makes the connection unusable.
+    await JSONResponse(payload, status_code=status, headers={"connection": "close"})(scope, receive, send)
 
 
 class BodySizeLimit:
@@ -81,14 +72,16 @@ class BodySizeLimit:
         if scope["type"] != "http" or (self.exempt is not None and self.exempt(scope)):
             await self.app(scope, receive, send)
             return
-        declared = next((v for k, v in scope.get("headers", ()) if k.lower() == b"content-length"), None)
+        declared = Headers(scope=scope).get("content-length")
         if declared is not None:
-            text = declared.decode("latin-1").strip()
+            text = declared.strip()
             if not (text.isascii() and text.isdigit()):
-                await _send_json(send, 400, {"error": "Content-Length must be a non-negative integer"})
+                await _refuse(
+                    scope, receive, send, 400, {"error": "Content-Length must be a non-negative integer"}
+                )
                 return
             if len(text) > 18 or int(text) > self.max_body_bytes:  # (18 digits: no huge int parse)
-                await _send_json(send, 413, self._too_large())
+                await _refuse(scope, receive, send, 413, self._too_large())
                 return
             await self.app(scope, receive, send)  # the server enforces the declared framing
             return
@@ -102,7 +95,7 @@ class BodySizeLimit:
                 break
             size += len(message.get("body", b""))
             if size > self.max_body_bytes:
-                await _send_json(send, 413, self._too_large())
+                await _refuse(scope, receive, send, 413, self._too_large())
                 return
             if not message.get("more_body", False):
                 break
@@ -114,7 +107,6 @@ class BodySizeLimit:
 
 
 _INTERNAL_PATHS = frozenset({DELIVER_PATH, EVENTS_PATH})
-_TOKEN_HEADER = API_TOKEN_HEADER.lower().encode("latin-1")
 
 
 def trusted_internal_call(scope: Scope) -> bool:
@@ -124,8 +116,7 @@ def trusted_internal_call(scope: Scope) -> bool:
     False otherwise, also when no token is set."""
     if scope.get("path") not in _INTERNAL_PATHS or scope.get("method") != "POST":
         return False
-    got = next((v for k, v in scope.get("headers", ()) if k.lower() == _TOKEN_HEADER), None)
-    return api_token_matches(got)
+    return api_token_matches(Headers(scope=scope).get(API_TOKEN_HEADER))
 
 
 def storage_problem(msg: InboundMessage) -> str | None:
