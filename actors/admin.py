@@ -7,7 +7,7 @@ Routes (all under ``/admin``, JSON in and out)::
     GET  /admin/sessions/{session_key}                  SessionInfo (live), else the stored epoch
     POST /admin/sessions/{session_key}/steer            {"text", "sender_id"} → runtime.steer
     POST /admin/sessions/{session_key}/follow_up        {"text", "sender_id"} → runtime.follow_up
-    POST /admin/sessions/{session_key}/abort            runtime.abort
+    POST /admin/sessions/{session_key}/abort            runtime.llm.abort
     POST /admin/sessions/{session_key}/archive          runtime.archive, else archive in SQL
 
 A session that is not live (passivated) is read from SQL (attack report #11): ``GET`` answers its

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from runtime.turn import TurnInput
+from runtime.session.turn import TurnInput
 
 __all__ = ["Grant", "KeyOrder", "Live", "SlotQueue", "should_recycle"]
 

@@ -60,7 +60,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import BaseRoute, Route
 
 from actors.http_input import InputError, check_text, loads_json, max_text_chars, valid_session_key
-from runtime.memory.keys import SessionKeyError, parse_session_key
+from runtime.keys import SessionKeyError, parse_session_key
 from runtime.platforms.base import read_env
 from runtime.platforms.common import is_json_content_type, valid_unicode
 from runtime.platforms.console import (

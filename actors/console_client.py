@@ -8,7 +8,7 @@ Server-Sent-Events stream ``/console/api/stream`` and are printed segment by seg
 and ``/followup TEXT`` send control messages for the user's own session (masters only: the server
 answers 403 otherwise). ``/quit`` or Ctrl-D leaves.
 
-Without ``--url`` the command runs the standalone terminal agent of :mod:`runtime.chat_cli`.
+Without ``--url`` the command runs the standalone terminal agent of :mod:`actors.chat_cli`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from runtime import chat_cli
-from runtime.memory.keys import SessionKeyError, make_session_key
+from actors import chat_cli
+from runtime.keys import SessionKeyError, make_session_key
 
 __all__ = ["build_parser", "main", "render_segments", "run_console_chat"]
 

@@ -3,7 +3,7 @@
 Flow of one :class:`DeliveryJob` (a SessionActor hands it to ``pool.pick(session_key)``)::
 
     ledger claim (reply_id)          ── sent/failed already → outcome "duplicate", nothing sent
-    media check (runtime.media)      ── unusable attachments (the bot's own media_dir confines
+    media check (runtime.reply.media)      ── unusable attachments (the bot's own media_dir confines
                                         ``path`` media) and non-http(s) share links become a
                                         short notice text
     codec.render(reply, target)      ── N ApiCalls, in order
@@ -20,7 +20,7 @@ Crash safety (issue #8, item 8): delivery actors run with ``max_restarts=-1`` an
 ``max_task_retries=0`` (a send is not idempotent by accident). The ledger holds each job, so the
 restarted incarnation of a dead actor resumes its partition's unfinished jobs at start-up, and any
 actor resumes a job whose lease expired; a step that was on the wire when its owner died is not
-sent again (see :mod:`runtime.delivery_ledger`). A caller whose ``deliver`` call failed because
+sent again (see :mod:`runtime.delivery.ledger`). A caller whose ``deliver`` call failed because
 the actor died may call again: the ledger turns it into a no-op or a resume, never a second send.
 
 Actors are named ``sessionray-delivery-{i}`` in namespace ``sessionray`` (detached, so a Ray
@@ -39,7 +39,7 @@ from typing import Any
 
 import ray
 
-from actors.delivery_core import DeliveryJob, DeliveryResult, DeliverySender, DeliverySettings, partition_of
+from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySender, DeliverySettings, partition_of
 
 __all__ = [
     "NAMESPACE",

@@ -22,7 +22,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from runtime.config import ServerConfig
-from runtime.memory.keys import SessionKeyError, parse_session_key
+from runtime.keys import SessionKeyError, parse_session_key
 from runtime.platforms.common import JsonInputError, decode_json, valid_unicode
 
 __all__ = [
@@ -121,7 +121,7 @@ def check_text(field: str, value: Any, *, max_chars: int) -> str:
 
 
 def valid_session_key(key: Any, platform: str | None = None) -> bool:
-    """True when ``key`` is a well-formed session key (``runtime.memory.keys.parse_session_key``)
+    """True when ``key`` is a well-formed session key (``runtime.keys.parse_session_key``)
     and, when ``platform`` is given, one of that platform (the console acts on ``console:*`` only)."""
     try:
         parsed = parse_session_key(key)

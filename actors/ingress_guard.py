@@ -8,7 +8,7 @@ Both run before anything is stored or routed (attack report #5-#7):
   runs — one byte more and the answer is **413** — and then replayed to the app unchanged. The
   one exception is :func:`trusted_internal_call`: a DeliveryActor's call to the console's internal
   platform API with the right ``X-Console-Api-Token`` (replies there carry ``path`` media inlined
-  as base64, already bounded by the console's media limits in ``runtime.media``).
+  as base64, already bounded by the console's media limits in ``runtime.reply.media``).
 * :func:`storage_problem` — the webhook's last check before ``persist ‖ route``: every text and id
   of the message must be encodable as UTF-8 (no lone UTF-16 surrogate), the segments must be
   serializable as JSON, ``time_ms`` must fit a SQL ``BIGINT`` (signed 64 bit) and the ids must
@@ -26,7 +26,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runtime.memory.keys import SessionKeyError
+from runtime.keys import SessionKeyError
 from runtime.platforms.base import InboundMessage
 from runtime.platforms.common import INT64_MAX, INT64_MIN, lone_surrogate_at, valid_unicode
 from runtime.platforms.console import API_TOKEN_HEADER, DELIVER_PATH, EVENTS_PATH, api_token_matches
@@ -126,7 +126,7 @@ def storage_problem(msg: InboundMessage) -> str | None:
     :func:`runtime.platforms.common.lone_surrogate_at`); the segments serialize as JSON text in
     valid Unicode; ``time_ms`` lies within
     [:data:`INT64_MIN`, :data:`INT64_MAX`] (it is stored in a ``BIGINT`` column, milliseconds);
-    the ids form a valid session key (``runtime.memory.keys.make_session_key``).
+    the ids form a valid session key (``runtime.keys.make_session_key``).
 
     Returns:
         A short reason naming the field, e.g. ``"text is not valid Unicode (lone surrogate at

@@ -32,7 +32,7 @@ import ray
 from actors.admission import should_recycle
 from actors.session_actor import SessionActor
 from runtime import metrics
-from runtime.turn import SetupFactory
+from runtime.session.turn import SetupFactory
 
 __all__ = ["NAMESPACE", "POOL_NAME", "PoolSupervisor", "actor_key"]
 

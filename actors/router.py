@@ -49,7 +49,7 @@ import ray
 from actors.admission import Grant, KeyOrder, Live, SlotQueue, should_recycle
 from actors.router_admin import DEAD, LOST, RouterAdminMixin
 from runtime import metrics
-from runtime.turn import TurnInput, TurnResult
+from runtime.session.turn import TurnInput, TurnResult
 
 __all__ = ["ROUTER_PREFIX", "RouterActor", "router_name", "shard_of"]
 

@@ -88,7 +88,7 @@ class RouterAdminMixin:
             ``{"ok": True, "outcome": ...}`` or ``{"ok": False, "error": "not_master" |
             "unknown_session" | "bad_key", "message": str}``.
         """
-        from runtime.memory.keys import SessionKeyError, parse_session_key
+        from runtime.keys import SessionKeyError, parse_session_key
 
         try:
             key = parse_session_key(session_key)
@@ -159,7 +159,7 @@ class RouterAdminMixin:
             "unknown_session" | "bad_key", "message": str}`` (``unknown_session``: not live and no
             active stored epoch).
         """
-        from runtime.memory.keys import SessionKeyError, parse_session_key
+        from runtime.keys import SessionKeyError, parse_session_key
 
         try:
             parse_session_key(session_key)

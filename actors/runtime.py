@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from actors.pool import NAMESPACE, PoolSupervisor
 from actors.router import RouterActor, shard_of
 from actors.setup import ConfigSetupFactory
-from runtime.turn import SetupFactory
+from runtime.session.turn import SetupFactory
 
 __all__ = ["NotMasterError", "SessionInfo", "SessionRuntime", "SubmitResult", "UnknownSessionError"]
 
@@ -115,7 +115,7 @@ class SessionRuntime:
 
         Raises:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
-            runtime.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
+            runtime.session.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
         """
         from actors.cluster import ensure_database_fits_cluster
         from runtime.memory.connection_budget import warn_if_over_connection_budget
@@ -123,7 +123,7 @@ class SessionRuntime:
 
         ensure_database_fits_cluster(config.database.url)
         if config.ai.tools_dir:  # issue 9 / seed 002 #18: a bad *.tool.md stops start-up (ToolMdError)
-            from runtime.tool_md import load_tool_dir
+            from runtime.session.tool_md import load_tool_dir
 
             load_tool_dir(config.ai.tools_dir)
         db = Database(config.database.url, threads=1)

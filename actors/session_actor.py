@@ -2,7 +2,7 @@
 
 A blank actor waits in the warm pool (``actors/pool.py``); :meth:`SessionActor.activate` binds
 it to a session key (loads the context from SQL), :meth:`SessionActor.passivate` resets it for
-the next session. All session logic lives in :class:`runtime.session_core.SessionCore`; this
+the next session. All session logic lives in :class:`runtime.session.core.SessionCore`; this
 class only hosts it.
 
 Threads and loops (why it looks like this):
@@ -21,7 +21,7 @@ router sees the failed ``submit`` and re-activates the session on a fresh actor;
 ``actors/router.py``.
 
 Models inside actors: providers and faux scripts are process-local, so the actor builds its
-:class:`~runtime.turn.SessionSetup` itself by calling the picklable ``setup_factory`` it was
+:class:`~runtime.session.turn.SessionSetup` itself by calling the picklable ``setup_factory`` it was
 created with (tests pass a factory that registers a faux model whose replies are functions of
 the context; see tests/actors/scripts.py).
 """
@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import ray
 
 from actors.ray_compat import install_group_loop_fix
-from runtime.turn import HandoffRequest, SessionSetup, SetupFactory, TurnInput, TurnResult
+from runtime.session.turn import HandoffRequest, SessionSetup, SetupFactory, TurnInput, TurnResult
 
 __all__ = ["SessionActor", "SessionNotBoundError", "process_uss_mib"]
 
@@ -115,7 +115,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     concurrency_groups={"turn": TURN_GROUP_SIZE, "control": CONTROL_GROUP_SIZE},
 )
 class SessionActor:
-    """Hosts one live :class:`~runtime.session_core.SessionCore` at a time.
+    """Hosts one live :class:`~runtime.session.core.SessionCore` at a time.
 
     Args:
         config: The loaded ``runtime.config.Config`` (database URL, runtime knobs).
@@ -156,7 +156,7 @@ class SessionActor:
         t0 = time.perf_counter()
         try:
             repo = _open_repository(self._config)
-            import runtime.session_core  # noqa: F401  (warm the import for the first activation)
+            import runtime.session.core  # noqa: F401  (warm the import for the first activation)
         except BaseException as exc:
             self._prepared.set_exception(exc)
             return
@@ -214,7 +214,7 @@ class SessionActor:
         return info
 
     async def _activate(self, session_key: str, next_seq: int) -> dict[str, Any]:
-        from runtime.session_core import SessionCore
+        from runtime.session.core import SessionCore
 
         if self._core is not None:
             if self._core.session_key == session_key:
@@ -403,13 +403,13 @@ def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
     session key (issue 8 benchmark: warm activation ≥ 50× faster than a cold actor):
 
     * ``factory.prepare(database=repo.db)`` when the setup factory has it (optional hook of a
-      :data:`~runtime.turn.SetupFactory`: imports, provider registration, model and tool building;
+      :data:`~runtime.session.turn.SetupFactory`: imports, provider registration, model and tool building;
       ``database`` is the actor's :class:`~runtime.memory.db.Database`, which the factory may
       share instead of opening its own);
     * the activation's SQL reads for :data:`WARM_UP_SESSION_KEY` (``list_sessions`` and
       ``load_context``; no row is written), on the session loop, so SQLAlchemy configures its
       mappers and compiles the statements now — ≈ 20–30 ms otherwise paid by the first activation;
-    * the sender-block check's look-alike tables (:mod:`runtime.textnorm`, built on first use:
+    * the sender-block check's look-alike tables (:mod:`runtime.reply.textnorm`, built on first use:
       60–200 ms that would otherwise stall the first turn's loop).
 
     Afterwards (also when a step failed) a PostgreSQL connection the warm-up opened is closed:
@@ -419,7 +419,7 @@ def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
         Whatever ``factory.prepare`` or the repository raise; TimeoutError after
         ``WARM_UP_TIMEOUT_S`` seconds.
     """
-    from runtime.memory.keys import make_session_id
+    from runtime.keys import make_session_id
 
     async def reads() -> None:
         await repo.list_sessions(WARM_UP_SESSION_KEY)

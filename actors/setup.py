@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from runtime.turn import SessionSetup
+from runtime.session.turn import SessionSetup
 
 __all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory"]
 
@@ -53,22 +53,22 @@ class ConfigSetupFactory:
 
         Raises:
             runtime.config.ConfigError: ``ai.default_model`` names an unknown provider.
-            runtime.tool_md.ToolMdError: a bad ``ai.tools_dir``.
+            runtime.session.tool_md.ToolMdError: a bad ``ai.tools_dir``.
         """
         if self._shared is not None:
             return
         from providers import register_builtin_providers
-        from runtime.agent_features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
         from runtime.memory.chat_history import make_chat_history_tool  # noqa: F401
         from runtime.memory.db import Database
         from runtime.platforms.console_events import console_event_hook  # noqa: F401
+        from runtime.session.features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
 
         register_builtin_providers()
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
         tools: list[Any] = []
         if self.config.ai.tools_dir:  # issue 9: *.tool.md tools (validated at start-up, SessionRuntime.start)
-            from runtime.tool_md import load_tool_dir
+            from runtime.session.tool_md import load_tool_dir
 
             tools += load_tool_dir(self.config.ai.tools_dir)
         model = self._model()
@@ -85,10 +85,10 @@ class ConfigSetupFactory:
         Raises:
             runtime.config.ConfigError: ``ai.default_model`` names an unknown provider.
         """
-        from runtime.agent_features import AgentFeatures
+        from runtime.keys import parse_session_key
         from runtime.memory.chat_history import make_chat_history_tool
-        from runtime.memory.keys import parse_session_key
         from runtime.platforms.console_events import console_event_hook
+        from runtime.session.features import AgentFeatures
 
         key = parse_session_key(session_key)
         self.prepare()

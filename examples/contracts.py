@@ -1,5 +1,5 @@
 """Example contracts from seed 003: ``IntentResult`` and ``ActionDecision`` through
-:func:`runtime.structured.complete_structured`, driven by the scripted faux model.
+:func:`runtime.reply.structured.complete_structured`, driven by the scripted faux model.
 
 Run it: ``.venv/bin/python examples/contracts.py`` (offline; prints one line per scenario).
 
@@ -37,12 +37,8 @@ from providers.faux import (
     unregister_faux_provider,
 )
 from runtime import Context, UserMessage
-from runtime.structured import (
-    CapabilityCache,
-    StructuredOutputError,
-    complete_structured,
-    run_structured,
-)
+from runtime.reply.capability import CapabilityCache
+from runtime.reply.structured import StructuredOutputError, complete_structured, run_structured
 
 __all__ = ["SAFE_INTENT", "Action", "ActionDecision", "Intent", "IntentResult", "run_demo"]
 

@@ -10,7 +10,7 @@ __all__ = ["register_builtin_providers"]
 
 
 def register_builtin_providers() -> list[str]:
-    """Register the built-in apis in :mod:`runtime.registry` (idempotent; later calls replace).
+    """Register the built-in apis in :mod:`runtime.llm.registry` (idempotent; later calls replace).
 
     Registers ``openai-completions``, ``anthropic-messages``, ``google-generative-ai`` (source id
     ``builtin``) and ``faux`` (source id ``faux``).
@@ -19,7 +19,7 @@ def register_builtin_providers() -> list[str]:
         The api ids registered by this call, sorted.
     """
     from providers import anthropic_messages, faux, google_generative_ai, openai_completions
-    from runtime.registry import register_api_provider
+    from runtime.llm.registry import register_api_provider
 
     register_api_provider(
         openai_completions.API,

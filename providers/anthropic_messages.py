@@ -39,10 +39,10 @@ from providers.common import (
 )
 from providers.handoff import anthropic_tool_id, transform_messages
 from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
-from runtime.builder import MessageBuilder
-from runtime.events import AssistantMessageEventStream
-from runtime.options import SimpleStreamOptions, StreamOptions
-from runtime.types import (
+from runtime.llm.builder import MessageBuilder
+from runtime.llm.events import AssistantMessageEventStream
+from runtime.llm.options import SimpleStreamOptions, StreamOptions
+from runtime.llm.types import (
     AssistantMessage,
     Context,
     ImageContent,

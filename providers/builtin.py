@@ -41,10 +41,10 @@ from providers.faux import (
     get_faux_provider,
     register_faux_provider,
 )
-from runtime.abort import AbortSignal
-from runtime.options import StreamOptions
-from runtime.tools import AgentTool, AgentToolResult, ToolUpdateFn
-from runtime.types import (
+from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
+from runtime.llm.abort import AbortSignal
+from runtime.llm.options import StreamOptions
+from runtime.llm.types import (
     AssistantMessage,
     Context,
     ImageContent,
@@ -94,10 +94,10 @@ def _result_text(message: ToolResultMessage) -> str:
 
 
 def _segments_mode(context: Context, options: StreamOptions | None) -> str | None:
-    """How an IM reply is requested (runtime.im_reply): ``tool`` (a ``reply`` tool is offered and
+    """How an IM reply is requested (runtime.reply.im_reply): ``tool`` (a ``reply`` tool is offered and
     forced), ``text`` (native ``output_schema`` named ``reply``, or the IM instructions in the system
     prompt: the prompt tier), or ``None`` (plain text)."""
-    from runtime.im_reply import IM_INSTRUCTIONS, REPLY_TOOL
+    from runtime.reply.im_reply import IM_INSTRUCTIONS, REPLY_TOOL
 
     tools = {t.name for t in context.tools or []}
     if options is not None and REPLY_TOOL in tools and options.tool_choice in (REPLY_TOOL, "required"):
@@ -110,7 +110,7 @@ def _segments_mode(context: Context, options: StreamOptions | None) -> str | Non
 def builtin_respond(context: Context, options: StreamOptions | None = None) -> AssistantMessage:
     """The built-in model's reply: a pure function of ``context`` (see the module docstring).
 
-    When the call asks for the IM reply contract (``runtime.im_reply``: native ``output_schema``
+    When the call asks for the IM reply contract (``runtime.reply.im_reply``: native ``output_schema``
     named ``reply``, a forced ``reply`` tool, or the IM instructions in the system prompt), a text
     answer is wrapped as a valid ``Reply`` — ``{"segments": [{"type": "text", ...}]}`` — as the
     message text or as the ``reply`` tool's arguments; business tool calls stay as they are.
@@ -119,7 +119,7 @@ def builtin_respond(context: Context, options: StreamOptions | None = None) -> A
     mode = _segments_mode(context, options)
     if mode is None or plain.tool_calls():
         return plain
-    from runtime.segments import Reply
+    from runtime.reply.segments import Reply
 
     reply = Reply.of_text(plain.text()).model_dump(mode="json")
     if mode == "tool":

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic_core import from_json
 
-from runtime.options import StreamOptions
-from runtime.types import AssistantMessage, Model, Usage
+from runtime.llm.options import StreamOptions
+from runtime.llm.types import AssistantMessage, Model, Usage
 
 __all__ = [
     "DEFAULT_KEY_ENV",
@@ -179,7 +179,7 @@ def join_url(base_url: str, path: str) -> str:
 
 
 def crash_handler(model: Model) -> Callable[[BaseException], AssistantMessage]:
-    """Return the ``on_crash`` callback for :func:`runtime.events.run_stream`: an error message
+    """Return the ``on_crash`` callback for :func:`runtime.llm.events.run_stream`: an error message
     naming the exception (``stop_reason="error"``; run_stream turns cancellation into aborted)."""
 
     def on_crash(exc: BaseException) -> AssistantMessage:

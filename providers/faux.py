@@ -2,11 +2,11 @@
 
 A *script* is a queue of steps. Each LLM call pops one step and streams it:
 
-* an :class:`~runtime.types.AssistantMessage` (build one with :func:`faux_assistant_message`), or
+* an :class:`~runtime.llm.types.AssistantMessage` (build one with :func:`faux_assistant_message`), or
 * a callable ``(context, options) -> AssistantMessage`` (sync or async) that computes the reply
   from what the model was sent (an async step may also wait, e.g. to simulate a slow model).
 
-Streaming goes through :class:`runtime.builder.MessageBuilder` and :func:`runtime.events.run_stream`,
+Streaming goes through :class:`runtime.llm.builder.MessageBuilder` and :func:`runtime.llm.events.run_stream`,
 so the event rules are the same as for real providers: text and thinking stream in chunks of
 ``chunk_size`` characters, tool-call arguments stream as JSON text in chunks of the same size.
 The abort signal is checked before every chunk (``stop_reason="aborted"``); an empty queue ends
@@ -42,12 +42,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from runtime.abort import AbortSignal
-from runtime.builder import MessageBuilder
-from runtime.events import AssistantMessageEventStream, run_stream
-from runtime.options import SimpleStreamOptions, StreamOptions
-from runtime.registry import register_api_provider
-from runtime.types import (
+from runtime.llm.abort import AbortSignal
+from runtime.llm.builder import MessageBuilder
+from runtime.llm.events import AssistantMessageEventStream, run_stream
+from runtime.llm.options import SimpleStreamOptions, StreamOptions
+from runtime.llm.registry import register_api_provider
+from runtime.llm.types import (
     AssistantContent,
     AssistantMessage,
     Context,

@@ -16,7 +16,7 @@ handoff before a cross-provider call"; issue 3, item 5). Rules:
 * A tool call with no result before the next user/assistant message (or the end) gets a
   synthetic error result, so every provider sees a well-formed call/result pairing.
 * Images are replaced by a short text placeholder when ``"image" not in target.input``.
-* Host :class:`~runtime.types.CustomMessage` entries are dropped (``convert_to_llm`` owns them).
+* Host :class:`~runtime.llm.types.CustomMessage` entries are dropped (``convert_to_llm`` owns them).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from runtime.types import (
+from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
     ImageContent,

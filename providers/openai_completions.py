@@ -38,10 +38,10 @@ from providers.common import (
 from providers.handoff import openai_tool_id, transform_messages
 from providers.profiles import OpenAICompat, openai_compat
 from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
-from runtime.builder import MessageBuilder, parse_partial_json, parse_tool_arguments
-from runtime.events import AssistantMessageEventStream
-from runtime.options import SimpleStreamOptions, StreamOptions
-from runtime.types import (
+from runtime.llm.builder import MessageBuilder, parse_partial_json, parse_tool_arguments
+from runtime.llm.events import AssistantMessageEventStream
+from runtime.llm.options import SimpleStreamOptions, StreamOptions
+from runtime.llm.types import (
     AssistantMessage,
     Context,
     ImageContent,

@@ -2,7 +2,7 @@
 
 Api ``openai-images``: the OpenAI Images API (``POST {base_url}/images/generations`` for a prompt,
 ``POST {base_url}/images/edits`` (multipart) when input images are given), reading ``b64_json``.
-Chat vision stays in :class:`~runtime.types.Context` image blocks; this module never streams.
+Chat vision stays in :class:`~runtime.llm.types.Context` image blocks; this module never streams.
 
 Errors are *encoded in the result* (``ImageGenerationResult.error_message``), never raised, so a
 tool such as ``generate_image`` can report them to the model as they are.
@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from providers.common import ApiKeyError, join_url, request_secrets, resolve_api_key
 from providers.transport import error_message_from_body, get_http_client, redact
-from runtime.abort import AbortSignal
-from runtime.options import StreamOptions
-from runtime.types import ImageContent, Model, TextContent, Usage
+from runtime.llm.abort import AbortSignal
+from runtime.llm.options import StreamOptions
+from runtime.llm.types import ImageContent, Model, TextContent, Usage
 
 __all__ = [
     "API",

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from runtime.types import Model
+from runtime.llm.types import Model
 
 __all__ = ["PROFILES", "OpenAICompat", "openai_compat"]
 

@@ -2,7 +2,7 @@
 
 It moves bytes and knows nothing of models or messages (STYLE.md, httpx note): a wire adapter
 hands it a request and an :class:`SseParser` that turns ``(event, data)`` pairs into
-:class:`~runtime.builder.MessageBuilder` calls.
+:class:`~runtime.llm.builder.MessageBuilder` calls.
 
 Rules (issue 3, item 4):
 
@@ -54,11 +54,11 @@ import httpx
 
 from providers.common import crash_handler
 from providers.sse import SSEDecoder
-from runtime.builder import MessageBuilder
-from runtime.events import AssistantMessageEventStream, run_stream
+from runtime.llm.builder import MessageBuilder
+from runtime.llm.events import AssistantMessageEventStream, run_stream
+from runtime.llm.options import SimpleStreamOptions, StreamOptions
+from runtime.llm.types import Model
 from runtime.metrics import LLM_ERRORS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
-from runtime.options import SimpleStreamOptions, StreamOptions
-from runtime.types import Model
 
 __all__ = [
     "CONNECT_TIMEOUT_S",

@@ -9,36 +9,34 @@ Public API (other packages, tests and users rely on these names):
 ``StructuredOutputError``.
 """
 
-from runtime.abort import AbortController, AbortSignal
-from runtime.agent import Agent, AgentState, QueueMode
-from runtime.agent_config import (
+from runtime.agent.agent import Agent, AgentState, QueueMode
+from runtime.agent.config import (
     AfterToolCallContext,
     AfterToolCallResult,
     AgentContext,
     BeforeToolCallContext,
     BeforeToolCallResult,
 )
-from runtime.agent_events import AgentEvent
-from runtime.agent_loop import AgentLoopConfig, agent_loop, agent_loop_continue
-from runtime.events import AssistantMessageEvent, AssistantMessageEventStream
-from runtime.options import SimpleStreamOptions, StreamOptions
-from runtime.registry import (
-    UnknownApiError,
-    get_api_provider,
-    register_api_provider,
-    unregister_api_providers,
-)
-from runtime.segments import Reply
-from runtime.stream import complete, complete_simple, stream, stream_simple
-from runtime.structured import StructuredOutputError, complete_structured
-from runtime.tools import (
+from runtime.agent.events import AgentEvent
+from runtime.agent.loop import AgentLoopConfig, agent_loop, agent_loop_continue
+from runtime.agent.tools import (
     AgentTool,
     AgentToolResult,
     ToolNotFoundError,
     ToolValidationError,
     validate_tool_call,
 )
-from runtime.types import (
+from runtime.llm.abort import AbortController, AbortSignal
+from runtime.llm.events import AssistantMessageEvent, AssistantMessageEventStream
+from runtime.llm.options import SimpleStreamOptions, StreamOptions
+from runtime.llm.registry import (
+    UnknownApiError,
+    get_api_provider,
+    register_api_provider,
+    unregister_api_providers,
+)
+from runtime.llm.stream import complete, complete_simple, stream, stream_simple
+from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
     Context,
@@ -54,6 +52,8 @@ from runtime.types import (
     Usage,
     UserMessage,
 )
+from runtime.reply.segments import Reply
+from runtime.reply.structured import StructuredOutputError, complete_structured
 
 __all__ = [
     "AbortController",

@@ -22,16 +22,7 @@ Public names (stable; the actor runtime, platforms and agent features import the
   (``compaction.py``).
 """
 
-from runtime.memory.chat_history import (
-    CHAT_HISTORY_TOOL_NAME,
-    ChatHistoryParams,
-    escape_like,
-    make_chat_history_tool,
-    search_transcripts,
-)
-from runtime.memory.compaction import CompactionHook, estimate_tokens, find_cut, make_compaction_hook
-from runtime.memory.db import DEFAULT_DATABASE_URL, Database, DatabaseUrlError, normalize_url
-from runtime.memory.keys import (
+from runtime.keys import (
     SCOPES,
     Scope,
     SessionId,
@@ -42,6 +33,15 @@ from runtime.memory.keys import (
     parse_session_id,
     parse_session_key,
 )
+from runtime.memory.chat_history import (
+    CHAT_HISTORY_TOOL_NAME,
+    ChatHistoryParams,
+    escape_like,
+    make_chat_history_tool,
+    search_transcripts,
+)
+from runtime.memory.compaction import CompactionHook, estimate_tokens, find_cut, make_compaction_hook
+from runtime.memory.db import DEFAULT_DATABASE_URL, Database, DatabaseUrlError, normalize_url
 from runtime.memory.repository import (
     SUMMARY_CUSTOM_TYPE,
     ContextRepository,

@@ -18,12 +18,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlmodel import col, select
 
-from runtime.abort import AbortSignal
+from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
+from runtime.llm.abort import AbortSignal
 from runtime.memory.db import Database
 from runtime.memory.sender import strip_forged_prefix
 from runtime.memory.tables import ImTranscriptRow
 from runtime.memory.transcripts import TranscriptEntry, entry_from_row, no_nul
-from runtime.tools import AgentTool, AgentToolResult, ToolUpdateFn
 
 __all__ = [
     "CHAT_HISTORY_TOOL_NAME",

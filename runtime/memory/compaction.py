@@ -33,12 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime import metrics
-from runtime.abort import AbortSignal
-from runtime.memory.repository import SUMMARY_CUSTOM_TYPE, ContextRepository, message_json, summary_message
-from runtime.memory.sender import strip_user_message
-from runtime.options import SimpleStreamOptions
-from runtime.stream import complete_simple
-from runtime.types import (
+from runtime.llm.abort import AbortSignal
+from runtime.llm.options import SimpleStreamOptions
+from runtime.llm.stream import complete_simple
+from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
     Context,
@@ -51,6 +49,8 @@ from runtime.types import (
     UserMessage,
     now_ms,
 )
+from runtime.memory.repository import SUMMARY_CUSTOM_TYPE, ContextRepository, message_json, summary_message
+from runtime.memory.sender import strip_user_message
 
 __all__ = [
     "IMAGE_TOKENS",

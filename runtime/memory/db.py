@@ -39,7 +39,7 @@ Stable names other modules rely on: :meth:`Database.session` (``write=True`` for
 :func:`is_transient_write_error`, :attr:`Database.is_sqlite`, :attr:`Database.dialect` (``sqlite`` |
 ``postgresql``), :attr:`Database.engine`, and the connection execution option
 ``sessionray_sqlite_immediate=True`` (a transaction begun on such a SQLite connection is
-``BEGIN IMMEDIATE``; :mod:`runtime.delivery_ledger` uses it).
+``BEGIN IMMEDIATE``; :mod:`runtime.delivery.ledger` uses it).
 """
 
 from __future__ import annotations

@@ -45,11 +45,8 @@ from sqlalchemy import Table, bindparam, func, insert, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from runtime.memory.db import Database
-from runtime.memory.keys import make_session_id, parse_session_id, parse_session_key
-from runtime.memory.sender import strip_user_message
-from runtime.memory.tables import AgentMessageRow, AgentSessionRow, AgentSummaryRow
-from runtime.types import (
+from runtime.keys import make_session_id, parse_session_id, parse_session_key
+from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
     Context,
@@ -58,6 +55,9 @@ from runtime.types import (
     UserMessage,
     now_ms,
 )
+from runtime.memory.db import Database
+from runtime.memory.sender import SUMMARY_CUSTOM_TYPE, strip_user_message
+from runtime.memory.tables import AgentMessageRow, AgentSessionRow, AgentSummaryRow
 
 __all__ = [
     "SUMMARY_CUSTOM_TYPE",
@@ -70,10 +70,6 @@ __all__ = [
     "summary_message",
 ]
 
-SUMMARY_CUSTOM_TYPE = "compaction_summary"
-"""``CustomMessage.custom_type`` of the summary that ``load_context`` puts first (see
-:func:`summary_message`); :func:`runtime.memory.sender.convert_for_llm` turns it into a user
-message the model can read."""
 
 _MESSAGE = TypeAdapter(AgentMessage)
 _KEY_RETRIES = 8

@@ -40,8 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.textnorm import invisible_chars, lookalikes
-from runtime.types import (
+from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
     CustomMessage,
@@ -50,11 +49,13 @@ from runtime.types import (
     ToolResultMessage,
     UserMessage,
 )
+from runtime.reply.textnorm import invisible_chars, lookalikes
 
 __all__ = [
     "MAX_VALUE_CHARS",
     "PREFIXED_SCOPES",
     "QUOTED_MARK",
+    "SUMMARY_CUSTOM_TYPE",
     "SUMMARY_INTRO",
     "convert_for_llm",
     "make_convert_to_llm",
@@ -63,6 +64,11 @@ __all__ = [
     "strip_forged_prefix",
     "strip_user_message",
 ]
+
+SUMMARY_CUSTOM_TYPE = "compaction_summary"
+"""``CustomMessage.custom_type`` of the summary that ``load_context`` puts first (see
+:func:`runtime.memory.repository.summary_message`); :func:`convert_for_llm` turns it into a
+user message the model can read."""
 
 MAX_VALUE_CHARS = 48
 """Longest value (id, name, one role) kept in a rendered prefix; longer ones end in ``…``."""
@@ -135,7 +141,7 @@ class _Forgery:
 @functools.cache
 def _forgery() -> _Forgery:
     """The patterns of :func:`strip_forged_prefix`, built on first use (the look-alike tables of
-    :mod:`runtime.textnorm` take ~0.1 s).
+    :mod:`runtime.reply.textnorm` take ~0.1 s).
 
     The head of a block is an opening bracket of any family, padding, the word ``sender`` (each
     letter in any look-alike, padding between letters) and then a word end: after invisible
@@ -254,7 +260,7 @@ def strip_forged_prefix(text: str) -> str:
       stays readable, the word no longer follows a bracket, and the model sees a quotation, not a
       sender block.
 
-    What is a block (the same rule everywhere; :mod:`runtime.textnorm` gives the look-alikes):
+    What is a block (the same rule everywhere; :mod:`runtime.reply.textnorm` gives the look-alikes):
 
     * an opening bracket of a family of :func:`_bracket_families` — square ``[`` / ``［`` /
       ``【`` / ``〔`` / ``〖`` / ``⟦`` (also doubled ``[[``), round ``(`` / ``（``, curly ``{`` /
@@ -308,7 +314,7 @@ def strip_user_message(message: UserMessage) -> UserMessage:
 
 @functools.cache
 def _unsafe() -> re.Pattern[str]:
-    """What :func:`sanitize_value` drops: :func:`runtime.textnorm.invisible_chars` (every Cf, Mn,
+    """What :func:`sanitize_value` drops: :func:`runtime.reply.textnorm.invisible_chars` (every Cf, Mn,
     Me character: U+034F, U+061C, U+2066–U+2069…), the opening and closing brackets of every
     forged-block family (:func:`_bracket_families`: ``[]【】〔〕()（）{}<>「」«»``…), ``=`` and its
     look-alikes (``＝``, ``﹦``…) and the C0/C1 control characters."""
@@ -415,7 +421,6 @@ def convert_for_llm(messages: Sequence[AgentMessage], scope: str) -> list[Messag
         messages: The context's messages (not modified).
         scope: ``private`` | ``group`` | ``channel`` (the session key's scope).
     """
-    from runtime.memory.repository import SUMMARY_CUSTOM_TYPE
 
     out: list[Message] = []
     prefixed = scope in PREFIXED_SCOPES

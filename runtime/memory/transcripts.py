@@ -7,7 +7,7 @@ Write rules (seed 002 D4 "写入规则"):
 * ``body`` is the plain text only — ``text`` segments' ``data.text`` and ``markdown`` segments'
   ``data.content``, concatenated — or the caller's ``text`` when given; media never goes into it;
 * ``media_json`` is the JSON of the whole segment list (``[{"type": …, "data": {…}}, …]``, the
-  same shape as :mod:`runtime.segments`) when the message has at least one segment that is not
+  same shape as :mod:`runtime.reply.segments`) when the message has at least one segment that is not
   plain text (see :data:`TEXT_SEGMENT_TYPES`), else NULL;
 * an **inbound** message with neither text (after stripping whitespace) nor a media segment is
   skipped (``"skipped"``);
@@ -32,10 +32,10 @@ from pydantic import BaseModel
 from sqlalchemy import Table
 from sqlmodel import col, select
 
+from runtime.keys import SCOPES
+from runtime.llm.types import now_ms
 from runtime.memory.db import Database
-from runtime.memory.keys import SCOPES
 from runtime.memory.tables import ImTranscriptRow
-from runtime.types import now_ms
 
 __all__ = [
     "TEXT_SEGMENT_TYPES",

@@ -2,7 +2,7 @@
 
 A codec is Ray-free and socket-free (house style, after httpx: "codecs know nothing of
 sockets"). The ingress hands it the raw webhook request (headers + body bytes); a
-DeliveryActor hands it a validated :class:`~runtime.segments.Reply` and performs the returned
+DeliveryActor hands it a validated :class:`~runtime.reply.segments.Reply` and performs the returned
 :class:`ApiCall` list itself, in order, then asks the codec to read each HTTP answer with
 :meth:`PlatformCodec.parse_send_result`.
 
@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime import metrics
-from runtime.segments import Reply
+from runtime.reply.segments import Reply
 
 __all__ = [
     "ApiCall",
@@ -136,9 +136,9 @@ class InboundMessage(BaseModel):
 
     @property
     def session_key(self) -> str:
-        """``"{platform}:{bot_id}:{scope}:{scene_id}"`` built with ``runtime.memory.keys.make_session_key``
+        """``"{platform}:{bot_id}:{scope}:{scene_id}"`` built with ``runtime.keys.make_session_key``
         (scope = scene_type; a private scene's id is the peer's id)."""
-        from runtime.memory.keys import make_session_key
+        from runtime.keys import make_session_key
 
         return make_session_key(self.platform, self.bot_id, self.scene_type, self.scene_id)
 

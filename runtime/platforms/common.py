@@ -95,7 +95,7 @@ def trigger_settings(bot: Any) -> dict[str, Any]:
 
 
 class MediaPathError(ValueError):
-    """A ``path`` medium cannot be used; ``reason`` is a ``runtime.media`` reject reason
+    """A ``path`` medium cannot be used; ``reason`` is a ``runtime.reply.media`` reject reason
     (``outside_media_dir`` | ``not_found``)."""
 
     def __init__(self, message: str, reason: str = "outside_media_dir") -> None:
@@ -118,12 +118,12 @@ def read_media_path(value: str, media_dir: Path | None) -> bytes:
 
 def media_unavailable(platform: str, segment_type: str, exc: MediaPathError) -> str:
     """Count and log an attachment the codec cannot send, and return the notice text that replaces
-    it (the same text as ``runtime.media``; issue #4 rule 7: replaced and counted, never dropped).
+    it (the same text as ``runtime.reply.media``; issue #4 rule 7: replaced and counted, never dropped).
 
-    Normally ``runtime.media.check_reply_media`` has already replaced unusable media before a
+    Normally ``runtime.reply.media.check_reply_media`` has already replaced unusable media before a
     codec renders; this covers a media directory configured for the check but not for the bot.
     """
-    from runtime.media import MediaPolicy
+    from runtime.reply.media import MediaPolicy
 
     metrics.MEDIA_REJECTED.inc(reason=exc.reason)
     log.warning("%s: %s attachment unavailable: %s", platform, segment_type, exc)
@@ -267,7 +267,7 @@ def int_id(
     Accepts a JSON integer (never a boolean or float) within [:data:`INT64_MIN`,
     :data:`INT64_MAX`] and, with ``digit_strings``, an ASCII decimal string of the same range
     (OneBot implementations that send ids as strings). The result never contains ``#``, ``:``,
-    spaces or control characters, so it is always a valid session key part (``runtime.memory.keys``).
+    spaces or control characters, so it is always a valid session key part (``runtime.keys``).
     With ``positive``, the id must be ≥ 1 (QQ account and group numbers; OneBot message ids and
     Telegram chat ids may be negative).
 

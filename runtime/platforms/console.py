@@ -35,7 +35,7 @@ whose detached actors outlive one ``serve``), set the variable yourself on every
 
 Agent events (tool calls, correction/fallback notices) reach the browser the same way:
 :func:`agent_event_call` builds a ``POST {api_base}/console/api/events`` call from a
-:func:`agent_event_payload` of a ``runtime.agent_events`` event.
+:func:`agent_event_payload` of a ``runtime.agent.events`` event.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ from runtime.platforms.common import (
     trigger_settings,
     valid_unicode,
 )
-from runtime.segments import SEGMENT_TYPES, MediaSegment, Reply
+from runtime.reply.leak import CONSOLE_API_TOKEN_ENV
+from runtime.reply.segments import SEGMENT_TYPES, MediaSegment, Reply
 
 __all__ = [
     "API_TOKEN_ENV",
@@ -102,7 +103,7 @@ NAME_RULE = re.compile(r"\A[\w.-]{1,32}\Z")
 """Console user names and group ids: 1–32 word characters, ``.`` or ``-`` (session-key safe).
 Anchored with ``\\A``/``\\Z``, so ``NAME_RULE.match`` is a full match (``$`` would also accept a
 trailing newline, e.g. ``"admin\\n"``, which no session key may contain)."""
-API_TOKEN_ENV = "SESSIONRAY_CONSOLE_API_TOKEN"
+API_TOKEN_ENV = CONSOLE_API_TOKEN_ENV
 """Environment variable holding the shared secret of the internal console endpoints."""
 API_TOKEN_HEADER = "X-Console-Api-Token"
 """Header carrying :data:`API_TOKEN_ENV`'s value on ``/console/api/deliver`` and ``/events``."""
@@ -342,7 +343,7 @@ class ConsoleCodec:
 
 
 def agent_event_payload(event: Any) -> dict[str, Any] | None:
-    """A small JSON view of a ``runtime.agent_events`` event for the console (None: not shown).
+    """A small JSON view of a ``runtime.agent.events`` event for the console (None: not shown).
 
     ``tool_execution_start`` → ``{"type": "tool_call", "name", "args"}``; ``tool_execution_end`` →
     ``{"type": "tool_result", "name", "is_error"}``; ``turn_start``/``agent_end`` → status events;

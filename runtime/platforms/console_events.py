@@ -2,7 +2,7 @@
 
 A session whose platform is ``console`` gets a :class:`ConsoleEventSink` as its ``on_event``
 (built by :func:`console_event_hook`; ``actors/setup.py`` wires it). The turn path calls it with
-every agent-loop event and with the turn's :class:`runtime.im_reply.ReplyOutcome`; the sink keeps
+every agent-loop event and with the turn's :class:`runtime.reply.im_reply.ReplyOutcome`; the sink keeps
 only what the console shows (:func:`console_payload`) and POSTs it to the console bot's
 ``{api_base}/console/api/events`` (the call of :func:`runtime.platforms.console.agent_event_call`),
 which fans it out to the browsers of the session's scene.
@@ -165,7 +165,7 @@ def console_event_hook(config: Any, session_key: str) -> Callable[[Any], None] |
     no live events). A ``secret_env`` naming an unset variable sends no token (the console then
     refuses the events; logged at debug level). The sink sends ``$SESSIONRAY_CONSOLE_API_TOKEN``
     (:func:`runtime.platforms.console.console_api_token`) as ``X-Console-Api-Token``."""
-    from runtime.memory.keys import parse_session_key
+    from runtime.keys import parse_session_key
     from runtime.platforms.base import read_env
     from runtime.platforms.console import console_api_token
 

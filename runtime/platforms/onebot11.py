@@ -48,7 +48,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runtime.media import file_ref_problem, refused_share_text
 from runtime.platforms import cqcode
 from runtime.platforms.base import (
     ApiCall,
@@ -76,7 +75,8 @@ from runtime.platforms.common import (
     setting,
     trigger_settings,
 )
-from runtime.segments import (
+from runtime.reply.media import file_ref_problem, refused_share_text
+from runtime.reply.segments import (
     AudioSegment,
     DiceSegment,
     FaceSegment,
@@ -202,7 +202,7 @@ def to_onebot_segments(reply: Reply, media_dir: Path | None) -> list[dict[str, A
 
     ``markdown`` is the one degraded type (sent as text, counted in SEGMENTS_DEGRADED). A
     ``path`` medium outside the media directory, or a ``file`` reference that is a URI or a path
-    (``runtime.media.file_ref_problem``), becomes the "attachment unavailable" text; a ``share``
+    (``runtime.reply.media.file_ref_problem``), becomes the "attachment unavailable" text; a ``share``
     link that is not http(s) becomes "<title> [link unavailable]" (both counted in MEDIA_REJECTED).
     """
     out: list[dict[str, Any]] = []

@@ -35,7 +35,6 @@ from typing import Any
 
 import filetype
 
-from runtime.media import file_ref_problem, refused_share_text
 from runtime.platforms.base import (
     ApiCall,
     InboundMessage,
@@ -60,7 +59,8 @@ from runtime.platforms.common import (
 )
 from runtime.platforms.telegram_inbound import PLATFORM, parse_update, utf16_slice
 from runtime.platforms.tg_html import Run, link, markdown_runs, split_runs, to_html
-from runtime.segments import (
+from runtime.reply.media import file_ref_problem, refused_share_text
+from runtime.reply.segments import (
     AudioSegment,
     DiceSegment,
     FaceSegment,
@@ -218,7 +218,7 @@ class TelegramCodec:
         Args:
             reply: The validated reply.
             target: Chat and the message being answered.
-            attachments: Optional bytes already read by ``runtime.media.check_reply_media``
+            attachments: Optional bytes already read by ``runtime.reply.media.check_reply_media``
                 (segment index → object with ``.data``/``.mime``), reused for uploads.
 
         An attachment that cannot be read (``path`` outside the media directory, bad base64, a

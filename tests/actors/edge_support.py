@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from actors.delivery import DeliveryJob, DeliveryPool, DeliverySettings
-from runtime.segments import Reply
+from runtime.reply.segments import Reply
 from tests.platform_api_server import PlatformApiServer
 
 BOT_ID = "10001"

@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from runtime.turn import SessionSetup
-from runtime.types import AssistantMessage, Context, TextContent, ToolCall, ToolResultMessage, UserMessage
+from runtime.llm.types import AssistantMessage, Context, TextContent, ToolCall, ToolResultMessage, UserMessage
+from runtime.session.turn import SessionSetup
 
 
 class SleepArgs(BaseModel):
@@ -59,7 +59,7 @@ def square(args: dict[str, Any]) -> str:
 
 def scripted_reply(context: Context) -> AssistantMessage:
     """The scripted model: see the module docstring."""
-    from runtime.im_reply import IM_INSTRUCTIONS
+    from runtime.reply.im_reply import IM_INSTRUCTIONS
 
     def answer(text: str) -> AssistantMessage:
         body = reply_json(text) if IM_INSTRUCTIONS in context.system_prompt else text
@@ -137,8 +137,8 @@ class ScriptedSetup:
         with contextlib.suppress(KeyError):
             if self._handle is not None and get_faux_provider("script") is self._handle:
                 return
-        from runtime.im_reply import IM_INSTRUCTIONS  # noqa: F401  (scripted_reply's import)
-        from runtime.turn_tools import make_subagent_tool  # noqa: F401  (warm the import)
+        from runtime.reply.im_reply import IM_INSTRUCTIONS  # noqa: F401  (scripted_reply's import)
+        from runtime.session.turn_tools import make_subagent_tool  # noqa: F401  (warm the import)
 
         handle = register_faux_provider(
             provider="script",
@@ -154,8 +154,8 @@ class ScriptedSetup:
         (marker_dir / f"prepare-{os.getpid()}-{n + 1}").write_text("")
 
     def __call__(self, session_key: str) -> SessionSetup:
-        from runtime.tools import AgentTool, AgentToolResult
-        from runtime.turn_tools import make_subagent_tool
+        from runtime.agent.tools import AgentTool, AgentToolResult
+        from runtime.session.turn_tools import make_subagent_tool
 
         self.prepare()  # a no-op in a warmed actor
         marker_dir = Path(self.marker_dir)

@@ -24,8 +24,8 @@ from starlette.applications import Starlette
 from actors.admin import admin_routes
 from actors.router import RouterActor
 from actors.router_admin import archive_active_epoch
+from runtime.keys import SessionKeyError, parse_session_key
 from runtime.memory.db import Database
-from runtime.memory.keys import SessionKeyError, parse_session_key
 from runtime.memory.repository import ContextRepository
 from tests.actors.edge_support import serve_in_thread
 from tests.actors.session_support import Harness, eventually, inbound, key_of, running_runtime

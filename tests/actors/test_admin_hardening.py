@@ -25,9 +25,9 @@ from actors import admin as admin_module
 from actors.admin import admin_routes
 from actors.router_admin import archive_active_epoch
 from actors.runtime import SessionInfo, UnknownSessionError
+from runtime.llm.types import UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
-from runtime.types import UserMessage
 from tests.actors.edge_support import serve_in_thread
 
 TOKEN_ENV = "ADMIN_HARDEN_TOKEN"

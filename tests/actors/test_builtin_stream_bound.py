@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from providers.builtin import BUILTIN_MAX_CHUNKS, builtin_model
 from providers.faux import faux_assistant_message, register_faux_provider
-from runtime.stream import stream
-from runtime.types import Context, UserMessage
+from runtime.llm.stream import stream
+from runtime.llm.types import Context, UserMessage
 
 
 async def deltas(text: str) -> tuple[list[str], str]:

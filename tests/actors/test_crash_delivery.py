@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from actors.delivery import DeliveryResult
-from runtime import delivery_ledger as ledger
+from runtime.delivery import ledger as ledger
 from runtime.memory.db import Database
 from tests.actors.edge_support import HoldingApiServer, delivery_pool, private_call, text_job
 

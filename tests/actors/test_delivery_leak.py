@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import prometheus_client
 
-from actors.delivery_core import DeliverySender, DeliverySettings
-from runtime.leak import LeakPolicy
+from runtime.delivery.core import DeliverySender, DeliverySettings
+from runtime.reply.leak import LeakPolicy
 from tests.actors.edge_support import onebot_bot, private_call, text_job
 from tests.platform_api_server import PlatformApiServer
 

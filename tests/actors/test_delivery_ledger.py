@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event
 
-from actors.delivery_core import DeliveryResult, DeliverySender, DeliverySettings
-from runtime import delivery_ledger as ledger
+from runtime.delivery import ledger as ledger
+from runtime.delivery.core import DeliveryResult, DeliverySender, DeliverySettings
 from runtime.memory.db import Database
 from tests.actors.edge_support import onebot_bot, private_call, text_job
 from tests.memory.pg_schema import create_schema, drop_schema

@@ -9,7 +9,7 @@ import pytest
 from sqlmodel import select
 
 from actors.delivery import DeliveryResult, partition_of
-from runtime import delivery_ledger as ledger
+from runtime.delivery import ledger as ledger
 from runtime.memory.db import Database
 from runtime.memory.tables import ImTranscriptRow
 from tests.actors.edge_support import BOT_ID, delivery_pool, private_call, text_job

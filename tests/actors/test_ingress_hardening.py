@@ -30,7 +30,7 @@ from actors.runtime import SubmitResult
 from runtime.config import BotConfig, Config, ConfigError, DatabaseConfig, ServerConfig, parse_config
 from runtime.platforms.base import InboundMessage, PlatformCodec, RenderTarget, Sender
 from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER, ConsoleCodec, console_api_token
-from runtime.segments import Reply
+from runtime.reply.segments import Reply
 from tests.actors.edge_support import BOT_ID, SECRET, SECRET_ENV, onebot_event, serve_in_thread, signed
 
 TG_BOT = "1000000077"
@@ -540,7 +540,7 @@ def test_ingress_process_holds_one_bounded_database(
     deploy/README.md says), and the admin's stored-session view reads through it instead of
     opening a second one; a delivery actor's Database is bounded the same way."""
     from actors import admin
-    from actors.delivery_core import DeliverySender, DeliverySettings
+    from runtime.delivery.core import DeliverySender, DeliverySettings
     from runtime.memory.db import DEFAULT_SQL_THREADS
 
     ingress = s.app.state.ingress

@@ -18,7 +18,7 @@ import pytest
 
 from actors.admission import Grant, KeyOrder, SlotQueue, should_recycle
 from actors.router import RouterActor
-from runtime.turn import TurnInput, TurnResult
+from runtime.session.turn import TurnInput, TurnResult
 from tests.actors.session_support import inbound, key_of
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.turn import INTERRUPTED_TEXT
+from runtime.session.turn import INTERRUPTED_TEXT
 from tests.actors.session_support import Harness, eventually, inbound, key_of, running_runtime
 
 pytestmark = pytest.mark.ray

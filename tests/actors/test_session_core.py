@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from runtime.llm.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
-from runtime.session_core import SessionCore
-from runtime.turn import INTERRUPTED_TEXT, HandoffRequest, TurnInput
-from runtime.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
+from runtime.session.core import SessionCore
+from runtime.session.turn import INTERRUPTED_TEXT, HandoffRequest, TurnInput
 from tests.actors.session_scripts import ScriptedSetup
 
 KEY = "onebot11:10001:private:20002"
@@ -202,7 +202,7 @@ async def test_abort_stops_the_running_turn_and_sends_nothing(repo: Any, tmp_pat
 
 
 async def test_pre_executable_tools_run_before_the_turn_and_are_recorded(repo: Any, tmp_path: Path) -> None:
-    from runtime.turn import PreTool
+    from runtime.session.turn import PreTool
 
     rec = Recorder()
     setup = ScriptedSetup(str(tmp_path / "markers"))(KEY)
@@ -219,7 +219,7 @@ async def test_pre_executable_tools_run_before_the_turn_and_are_recorded(repo: A
     msgs = (await repo.load_context(core.session_id)).messages
     pre = [m for m in msgs if isinstance(m, CustomMessage) and m.custom_type == "pre_tool_results"]
     assert pre[0].data == {"results": {"weather": "sunny for Alice", "news": "error: service down"}}
-    from runtime.turn_agent import convert_for_session
+    from runtime.session.turn_agent import convert_for_session
 
     shown = convert_for_session("private")(list(msgs))
     assert shown[0] == UserMessage(

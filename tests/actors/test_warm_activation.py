@@ -16,9 +16,9 @@ import pytest
 from actors.session_actor import WARM_UP_SESSION_KEY, SessionActor
 from actors.setup import ConfigSetupFactory
 from runtime.config import Config, DatabaseConfig
+from runtime.llm.types import AssistantMessage, TextContent, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
-from runtime.types import AssistantMessage, TextContent, UserMessage
 from tests.actors.session_scripts import ScriptedSetup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def test_config_setup_factory_builds_the_session_independent_part_once(tmp_path:
 
 def test_session_actor_modules_do_not_import_what_a_session_never_needs() -> None:
     code = (
-        "import sys, actors.session_actor, runtime.session_core, actors.ray_metrics, runtime.metrics\n"
+        "import sys, actors.session_actor, runtime.session.core, actors.ray_metrics, runtime.metrics\n"
         "heavy = ['prometheus_client', 'starlette', 'uvicorn', 'mcp', 'httpx', 'actors.ingress']\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
         "from runtime.metrics import PrometheusBackend\n"

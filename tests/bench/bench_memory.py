@@ -21,8 +21,8 @@ from typing import Any
 
 from sqlalchemy import text
 
+from runtime.llm.types import AssistantMessage, TextContent, UserMessage
 from runtime.memory import ContextRepository, Database
-from runtime.types import AssistantMessage, TextContent, UserMessage
 from tests.bench.stats import pct
 from tests.memory.pg_schema import create_schema, drop_schema, find_or_start_postgres
 

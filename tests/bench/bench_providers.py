@@ -48,9 +48,9 @@ def _ours(api: str) -> Callable[[list[bytes]], Any]:
     from providers.anthropic_messages import AnthropicMessagesParser
     from providers.openai_completions import OpenAICompletionsParser
     from providers.transport import SSEDecoder
-    from runtime.builder import MessageBuilder
-    from runtime.events import AssistantMessageEventStream
-    from runtime.types import Model
+    from runtime.llm.builder import MessageBuilder
+    from runtime.llm.events import AssistantMessageEventStream
+    from runtime.llm.types import Model
 
     model = Model(id="bench", api=api, provider="bench")
     parser_cls: Any = OpenAICompletionsParser if api == "openai-completions" else AnthropicMessagesParser

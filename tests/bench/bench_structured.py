@@ -36,11 +36,12 @@ def run() -> dict[str, float]:
         unregister_faux_provider,
     )
     from runtime import Context, UserMessage
-    from runtime.im_reply import ImReplyContract, MentionIdentity
-    from runtime.segments import Reply
-    from runtime.structured import CapabilityCache, complete_structured
+    from runtime.reply.capability import CapabilityCache
+    from runtime.reply.im_reply import ImReplyContract, MentionIdentity
+    from runtime.reply.segments import Reply
+    from runtime.reply.structured import complete_structured
 
-    logging.getLogger("runtime.structured").setLevel(logging.WARNING)
+    logging.getLogger("runtime.reply.structured").setLevel(logging.WARNING)
     typical = json.dumps(
         {
             "segments": [

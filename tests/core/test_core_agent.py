@@ -20,7 +20,7 @@ from runtime import (
     ToolResultMessage,
     UserMessage,
 )
-from runtime.agent import AgentBusyError
+from runtime.agent.agent import AgentBusyError
 
 
 def d(m: Any) -> tuple[Any, ...]:
@@ -300,7 +300,7 @@ async def test_no_model_and_listener_bug_are_clear() -> None:
 async def test_context_json_round_trip_every_block_type() -> None:
     """A context holding every message and block type survives JSON losslessly."""
     from runtime import CustomMessage, ThinkingContent, Tool, ToolCall, Usage
-    from runtime.types import Cost
+    from runtime.llm.types import Cost
 
     ctx = Context(
         system_prompt="sys",

@@ -31,8 +31,8 @@ from runtime import (
     agent_loop,
     agent_loop_continue,
 )
-from runtime.agent_config import AfterToolCallResult, AgentContext, BeforeToolCallResult
-from runtime.tools import AgentToolResult
+from runtime.agent.config import AfterToolCallResult, AgentContext, BeforeToolCallResult
+from runtime.agent.tools import AgentToolResult
 
 # --------------------------------------------------------------------------- helpers
 

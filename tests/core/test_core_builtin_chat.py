@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from actors.chat_cli import main, run_chat
 from providers.builtin import builtin_model, builtin_respond, builtin_tools, set_builtin_responder
 from providers.faux import faux_assistant_message, faux_tool_call
 from runtime import Agent, Context, ImageContent, TextContent, ToolResultMessage, UserMessage
-from runtime.chat_cli import main, run_chat
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = [t.to_tool() for t in builtin_tools()]
@@ -82,7 +82,7 @@ async def test_builtin_model_with_agent_and_replaceable_responder() -> None:
 
 async def test_clock_tool_bad_zone_is_an_error_result() -> None:
     from providers.faux import register_faux_provider
-    from runtime.agent_loop import AgentContext, AgentLoopConfig, agent_loop
+    from runtime.agent.loop import AgentContext, AgentLoopConfig, agent_loop
 
     h = register_faux_provider(
         [
@@ -124,7 +124,7 @@ async def test_run_chat_in_process() -> None:
 def _chat(stdin: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "runtime.chat_cli", *args],
+        [sys.executable, "-m", "actors.chat_cli", *args],
         input=stdin,
         text=True,
         capture_output=True,

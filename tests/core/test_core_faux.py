@@ -1,4 +1,4 @@
-"""The faux provider and the stream guarantees it inherits from runtime.events/builder."""
+"""The faux provider and the stream guarantees it inherits from runtime.llm.events/builder."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from runtime import (
     get_api_provider,
     stream,
 )
-from runtime.registry import ApiMismatchError
+from runtime.llm.registry import ApiMismatchError
 
 
 def ctx(text: str = "hi") -> Context:

@@ -21,8 +21,8 @@ from runtime import (
     UserMessage,
     validate_tool_call,
 )
-from runtime.agent_config import AfterToolCallResult, BeforeToolCallResult
-from runtime.tools import MAX_ARGUMENTS_ECHO_CHARS, AgentToolResult, ToolValidationError
+from runtime.agent.config import AfterToolCallResult, BeforeToolCallResult
+from runtime.agent.tools import MAX_ARGUMENTS_ECHO_CHARS, AgentToolResult, ToolValidationError
 
 
 class TextArgs(BaseModel):
@@ -319,14 +319,14 @@ def test_text_block_helper_is_plain() -> None:
 
 async def test_unregister_api_providers_removes_only_its_source() -> None:
     from providers.faux import _stream, _stream_simple
-    from runtime.registry import (
+    from runtime.llm.registry import (
         UnknownApiError,
         list_api_providers,
         register_api_provider,
         unregister_api_providers,
     )
-    from runtime.stream import stream
-    from runtime.types import Context, Model
+    from runtime.llm.stream import stream
+    from runtime.llm.types import Context, Model
 
     before = list_api_providers()
     register_api_provider("review-a", _stream, _stream_simple, source_id="review")
@@ -341,7 +341,7 @@ async def test_unregister_api_providers_removes_only_its_source() -> None:
 
 async def test_loop_config_and_queue_hooks_refuse_bad_values() -> None:
     from runtime import AgentLoopConfig, agent_loop
-    from runtime.agent_config import AgentContext
+    from runtime.agent.config import AgentContext
 
     h = register_faux_provider([faux_assistant_message("a")])
     with pytest.raises(ValueError, match=r"^max_iterations must be >= 1 or None, got 0$"):
@@ -466,7 +466,7 @@ async def test_steering_taken_but_never_added_goes_back_to_its_queue() -> None:
 async def test_huge_streamed_arguments_are_not_reparsed_on_every_delta(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import runtime.builder as builder
+    import runtime.llm.builder as builder
     from runtime import Context, complete
 
     calls: list[int] = []
@@ -494,7 +494,7 @@ def test_chat_entry_point_runs_on_uvloop(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     import uvloop
 
-    import runtime.chat_cli as chat_cli
+    import actors.chat_cli as chat_cli
 
     seen: list[type] = []
     real = chat_cli.run_chat

@@ -1,4 +1,4 @@
-"""validate_tool_call / AgentTool, and the event-stream guarantees of runtime.events.run_stream."""
+"""validate_tool_call / AgentTool, and the event-stream guarantees of runtime.llm.events.run_stream."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from runtime import (
     stream_simple,
     validate_tool_call,
 )
-from runtime.builder import MessageBuilder
-from runtime.events import AssistantMessageEventStream, ErrorEvent, run_stream
-from runtime.types import Model
+from runtime.llm.builder import MessageBuilder
+from runtime.llm.events import AssistantMessageEventStream, ErrorEvent, run_stream
+from runtime.llm.types import Model
 
 
 class Inner(BaseModel):

@@ -1,6 +1,6 @@
 """The KubeRay manifests, the `ray up` cluster YAML and the Dockerfile, checked against what Ray
 itself validates (Serve's deploy schema, the autoscaler's cluster schema) and against the project
-(the Ray pin, the configuration contract in runtime/config.py, the ports Ray reserves)."""
+(the Ray pin, the configuration contract in runtime/config/settings.py, the ports Ray reserves)."""
 
 from __future__ import annotations
 

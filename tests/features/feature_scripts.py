@@ -1,10 +1,10 @@
 """A picklable ``SetupFactory`` for the actor-level feature tests: the scripted model of
-``tests/actors/session_scripts.py`` plus :class:`runtime.agent_features.AgentFeatures` with chat
+``tests/actors/session_scripts.py`` plus :class:`runtime.session.features.AgentFeatures` with chat
 commands (``/models`` lists the scripted model)."""
 
 from __future__ import annotations
 
-from runtime.turn import SessionSetup
+from runtime.session.turn import SessionSetup
 from tests.actors.session_scripts import ScriptedSetup
 
 
@@ -18,9 +18,9 @@ class FeatureSetup(ScriptedSetup):
     def __call__(self, session_key: str) -> SessionSetup:
         from dataclasses import replace
 
-        from runtime.agent_features import AgentFeatures
-        from runtime.commands import CommandHandler
-        from runtime.structured import CAPABILITIES
+        from runtime.reply.capability import CAPABILITIES
+        from runtime.session.commands import CommandHandler
+        from runtime.session.features import AgentFeatures
 
         setup = super().__call__(session_key)
         model = setup.model.model_copy(update={"context_window": 8192})

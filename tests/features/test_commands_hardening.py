@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 
 from providers.faux import faux_assistant_message, faux_text, register_faux_provider
-from runtime.agent_features import AgentFeatures
-from runtime.commands import CommandHandler, ParsedCommand, command_text
+from runtime.keys import parse_session_id
 from runtime.memory.db import Database
-from runtime.memory.keys import parse_session_id
 from runtime.memory.repository import ContextRepository
 from runtime.platforms.console import ConsoleCodec
 from runtime.platforms.onebot11 import OneBot11Codec
 from runtime.platforms.telegram import TelegramCodec
-from runtime.segments import Reply
-from runtime.session_core import SessionCore
-from runtime.turn import HandoffRequest, SessionSetup, TurnInput
+from runtime.reply.segments import Reply
+from runtime.session.commands import CommandHandler, ParsedCommand, command_text
+from runtime.session.core import SessionCore
+from runtime.session.features import AgentFeatures
+from runtime.session.turn import HandoffRequest, SessionSetup, TurnInput
 
 ONEBOT = OneBot11Codec(self_id="10001", masters=["20002"])
 TELEGRAM = TelegramCodec(

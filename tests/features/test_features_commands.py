@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from runtime.capability import CapabilityCache
-from runtime.commands import CommandHandler, ParsedCommand, SessionStatus
 from runtime.config import get_model, parse_config
-from runtime.segments import Reply
+from runtime.reply.capability import CapabilityCache
+from runtime.reply.segments import Reply
+from runtime.session.commands import CommandHandler, ParsedCommand, SessionStatus
 
 MASTER = {"id": "1", "roles": ["master"]}
 MEMBER = {"id": "42", "roles": ["member"]}

@@ -124,7 +124,7 @@ async def test_steer_and_followup_from_the_chat_masters_only(h: Harness) -> None
 
 async def test_a_bad_tool_md_stops_runtime_start(ray_session: None, tmp_path: Path) -> None:
     from runtime.config import parse_config
-    from runtime.tool_md import ToolMdError
+    from runtime.session.tool_md import ToolMdError
 
     tools = tmp_path / "tools"
     tools.mkdir()

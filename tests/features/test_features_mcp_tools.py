@@ -18,14 +18,14 @@ import httpx
 import pytest
 
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
-from runtime.agent_config import AgentContext, AgentLoopConfig
-from runtime.agent_events import AgentEndEvent
-from runtime.agent_loop import agent_loop
+from runtime.agent.config import AgentContext, AgentLoopConfig
+from runtime.agent.events import AgentEndEvent
+from runtime.agent.loop import agent_loop
+from runtime.agent.tool_policy import ToolPermissions, get_permissions
+from runtime.agent.tools import AgentToolResult, validate_tool_call
 from runtime.config import McpServerConfig
-from runtime.mcp_tools import McpServer, McpToolset, McpUnavailableError
-from runtime.tool_policy import ToolPermissions, get_permissions
-from runtime.tools import AgentToolResult, validate_tool_call
-from runtime.types import TextContent, ToolCall, ToolResultMessage, UserMessage
+from runtime.llm.types import TextContent, ToolCall, ToolResultMessage, UserMessage
+from runtime.session.mcp_tools import McpServer, McpToolset, McpUnavailableError
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
@@ -133,7 +133,7 @@ async def test_server_that_fails_to_start_gives_tool_errors_and_one_log_line(
             required_any_role=["master"],
         ),
     )
-    caplog.set_level(logging.ERROR, logger="runtime.mcp_tools")
+    caplog.set_level(logging.ERROR, logger="runtime.session.mcp_tools")
     try:
         tools = await server.tools()
         assert [t.name for t in tools] == ["broken_unavailable"]
@@ -146,7 +146,7 @@ async def test_server_that_fails_to_start_gives_tool_errors_and_one_log_line(
             await call(tools, "broken_unavailable", {})
         assert str(err.value).startswith("MCP server 'broken' is unavailable: ")
         assert [t.name for t in await server.tools()] == ["broken_unavailable"]
-        lines = [r.getMessage() for r in caplog.records if r.name == "runtime.mcp_tools"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "runtime.session.mcp_tools"]
         assert len(lines) == 1 and lines[0].startswith("MCP server 'broken' is unavailable: ")
         assert metric("sessionray_mcp_connects_total", outcome="failed") == 3.0
         assert metric("sessionray_mcp_connects_total", outcome="ok") == 0.0

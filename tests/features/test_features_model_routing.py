@@ -12,12 +12,14 @@ import pytest
 
 from providers import register_builtin_providers
 from providers.faux import faux_assistant_message, faux_text, register_faux_provider
-from runtime.agent_config import AgentContext, AgentLoopConfig
-from runtime.agent_events import AgentEndEvent
-from runtime.agent_loop import agent_loop
+from runtime.agent.config import AgentContext, AgentLoopConfig
+from runtime.agent.events import AgentEndEvent
+from runtime.agent.loop import agent_loop
+from runtime.llm.options import StreamOptions
+from runtime.llm.types import AssistantMessage, Context, ImageContent, Model, TextContent, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
-from runtime.model_routing import (
+from runtime.session.model_routing import (
     IMAGE_PLACEHOLDER,
     FallbackChain,
     fallback_reason,
@@ -25,8 +27,6 @@ from runtime.model_routing import (
     has_image_segments,
     select_model,
 )
-from runtime.options import StreamOptions
-from runtime.types import AssistantMessage, Context, ImageContent, Model, TextContent, UserMessage
 from tests.providers.replay_server import ReplayServer, Reply
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from providers.faux import faux_assistant_message, faux_text, register_faux_provider
-from runtime.capability import CapabilityCache
-from runtime.im_reply import ImReplyConfig, ImReplyContract
-from runtime.provenance import MediaProvenance, inbound_media_lines, reply_identity
-from runtime.segments import Reply
-from runtime.types import AssistantMessage, TextContent, ToolResultMessage, UserMessage
+from runtime.llm.types import AssistantMessage, TextContent, ToolResultMessage, UserMessage
+from runtime.reply.capability import CapabilityCache
+from runtime.reply.im_reply import ImReplyConfig, ImReplyContract
+from runtime.reply.provenance import MediaProvenance, inbound_media_lines, reply_identity
+from runtime.reply.segments import Reply
 
 FAIL = "Sorry, that did not work."
 TOOL_URL = "https://cdn.example/generated/cat-42.png"

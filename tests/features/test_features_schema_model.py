@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from runtime.schema_model import SchemaFeatureError, dump_params, schema_to_model
+from runtime.agent.schema_model import SchemaFeatureError, dump_params, schema_to_model
 
 
 def obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any) -> dict[str, Any]:

@@ -12,15 +12,15 @@ import pytest
 from pydantic import BaseModel
 
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
-from runtime.agent_features import AgentFeatures
+from runtime.agent.tool_policy import ToolPermissions, set_permissions
+from runtime.agent.tools import AgentTool, AgentToolResult
+from runtime.llm.types import Model, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
-from runtime.segments import Reply
-from runtime.session_core import SessionCore
-from runtime.tool_policy import ToolPermissions, set_permissions
-from runtime.tools import AgentTool, AgentToolResult
-from runtime.turn import HandoffRequest, SessionSetup, TurnInput
-from runtime.types import Model, TextContent, ToolResultMessage, UserMessage
+from runtime.reply.segments import Reply
+from runtime.session.core import SessionCore
+from runtime.session.features import AgentFeatures
+from runtime.session.turn import HandoffRequest, SessionSetup, TurnInput
 
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 FAIL = "Sorry, something went wrong while answering. Please try again."
@@ -215,7 +215,7 @@ async def test_mcp_tools_in_session_turns_connect_once_and_close_on_passivation(
     import sys
 
     from runtime.config import McpServerConfig
-    from runtime.mcp_tools import McpToolset
+    from runtime.session.mcp_tools import McpToolset
 
     server = str(Path(__file__).with_name("mcp_server.py"))
     toolset = McpToolset(

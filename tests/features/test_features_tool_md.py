@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.tool_md import ToolMdError, load_tool_dir, load_tool_md
-from runtime.tool_policy import ToolPermissions, get_permissions
-from runtime.tools import AgentToolResult, ToolValidationError, validate_tool_call
-from runtime.types import TextContent, ToolCall
+from runtime.agent.tool_policy import ToolPermissions, get_permissions
+from runtime.agent.tools import AgentToolResult, ToolValidationError, validate_tool_call
+from runtime.llm.types import TextContent, ToolCall
+from runtime.session.tool_md import ToolMdError, load_tool_dir, load_tool_md
 from tests.features.http_stub import JsonStub
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tools"

@@ -9,12 +9,18 @@ from typing import Any
 from pydantic import BaseModel
 
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
-from runtime.agent_config import AgentContext, AgentLoopConfig, BeforeToolCallContext
-from runtime.agent_events import AgentEndEvent
-from runtime.agent_loop import agent_loop
-from runtime.tool_policy import ToolPermissions, TurnScope, apply_tool_policy, filter_tools, set_permissions
-from runtime.tools import AgentTool, AgentToolResult
-from runtime.types import TextContent, ToolResultMessage, UserMessage
+from runtime.agent.config import AgentContext, AgentLoopConfig, BeforeToolCallContext
+from runtime.agent.events import AgentEndEvent
+from runtime.agent.loop import agent_loop
+from runtime.agent.tool_policy import (
+    ToolPermissions,
+    TurnScope,
+    apply_tool_policy,
+    filter_tools,
+    set_permissions,
+)
+from runtime.agent.tools import AgentTool, AgentToolResult
+from runtime.llm.types import TextContent, ToolResultMessage, UserMessage
 
 
 class PathArgs(BaseModel):
@@ -133,7 +139,7 @@ async def test_guard_explains_scope_and_platform_and_chains_inner_hook() -> None
     assert guard is not None
 
     async def verdict(name: str) -> Any:
-        from runtime.types import AssistantMessage, ToolCall
+        from runtime.llm.types import AssistantMessage, ToolCall
 
         call = ToolCall(id="x", name=name, arguments={})
         r = await guard(BeforeToolCallContext(AssistantMessage(), call, PathArgs(), AgentContext()), None)

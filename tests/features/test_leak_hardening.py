@@ -9,8 +9,8 @@ import base64
 
 import pytest
 
-from runtime.leak import LeakPolicy, scan_reply, scan_text
-from runtime.segments import MarkdownSegment, Reply, TextSegment
+from runtime.reply.leak import LeakPolicy, scan_reply, scan_text
+from runtime.reply.segments import MarkdownSegment, Reply, TextSegment
 
 SECRET = "AdminTok-9f3Kq7Zx"
 POLICY = LeakPolicy(secrets=[SECRET, "short7x"], min_secret_chars=6)
@@ -90,7 +90,7 @@ def test_key_formats_are_found_in_entity_and_full_width_spellings() -> None:
     )
 
 
-@pytest.mark.parametrize("module", ["runtime.textnorm", "runtime.commands"])
+@pytest.mark.parametrize("module", ["runtime.reply.textnorm", "runtime.session.commands"])
 def test_docstring_examples(module: str) -> None:
     import doctest
     import importlib

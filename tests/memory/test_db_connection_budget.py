@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from runtime.config_sections import RuntimeConfig
+from runtime.config.sections import RuntimeConfig
 from runtime.memory.connection_budget import (
     ConnectionBudget,
     budget_warning,

@@ -1,4 +1,4 @@
-"""Issue #8: ``claim`` / ``claim_and_begin`` of runtime/delivery_ledger.py take their fields as one
+"""Issue #8: ``claim`` / ``claim_and_begin`` of runtime/delivery/ledger.py take their fields as one
 :class:`ClaimFields` (keyword arguments, as before); a missing or unknown field is a clear
 TypeError that writes nothing, and a fresh row stores every field as given."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime import delivery_ledger as ledger
+from runtime.delivery import ledger as ledger
 from runtime.memory.db import Database
 
 FIELDS: dict[str, Any] = {

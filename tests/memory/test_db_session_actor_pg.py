@@ -12,7 +12,7 @@ import pytest
 
 from actors.session_actor import SessionActor
 from runtime.config import Config, DatabaseConfig
-from runtime.turn import TurnInput
+from runtime.session.turn import TurnInput
 from tests.actors.session_scripts import ScriptedSetup
 from tests.memory.pg_activity import settled_connections, tagged
 from tests.memory.pg_schema import create_schema, drop_schema

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 import runtime.memory
+from runtime.llm.types import UserMessage
 from runtime.memory import ContextRepository, write_path
 from runtime.memory import db as db_module
 from runtime.memory.db import Database
-from runtime.types import UserMessage
 from tests.memory.pg_activity import settled_connections, tagged
 from tests.memory.pg_schema import create_schema, drop_schema
 

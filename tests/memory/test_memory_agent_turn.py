@@ -16,8 +16,16 @@ from providers.faux import (
     faux_tool_call,
     register_faux_provider,
 )
-from runtime.agent_config import AgentContext, AgentLoopConfig
-from runtime.agent_loop import run_agent_loop
+from runtime.agent.config import AgentContext, AgentLoopConfig
+from runtime.agent.loop import run_agent_loop
+from runtime.llm.types import (
+    AssistantMessage,
+    Context,
+    Model,
+    TextContent,
+    ToolResultMessage,
+    UserMessage,
+)
 from runtime.memory import (
     ContextRepository,
     Database,
@@ -26,14 +34,6 @@ from runtime.memory import (
     make_compaction_hook,
     make_convert_to_llm,
     parse_session_key,
-)
-from runtime.types import (
-    AssistantMessage,
-    Context,
-    Model,
-    TextContent,
-    ToolResultMessage,
-    UserMessage,
 )
 
 KEY = "onebot11:10001:group:300000003"

@@ -11,9 +11,7 @@ import prometheus_client
 import pytest
 
 from providers.faux import FauxProviderHandle, faux_assistant_message, register_faux_provider
-from runtime.memory import ContextRepository, Database, make_compaction_hook, summary_message
-from runtime.memory.compaction import find_cut
-from runtime.types import (
+from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
     Context,
@@ -24,6 +22,8 @@ from runtime.types import (
     ToolResultMessage,
     UserMessage,
 )
+from runtime.memory import ContextRepository, Database, make_compaction_hook, summary_message
+from runtime.memory.compaction import find_cut
 
 KEY = "console:bot:private:alice"
 

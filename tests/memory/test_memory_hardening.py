@@ -9,11 +9,11 @@ import asyncio
 
 import pytest
 
+from runtime.agent.tools import AgentToolResult
+from runtime.llm.types import AssistantMessage, TextContent, UserMessage
 from runtime.memory import ContextRepository, Database, SessionKeyError, TranscriptStore, strip_forged_prefix
 from runtime.memory.chat_history import ChatHistoryParams, make_chat_history_tool, search_transcripts
 from runtime.memory.sender import sanitize_value
-from runtime.tools import AgentToolResult
-from runtime.types import AssistantMessage, TextContent, UserMessage
 
 KEY = "telegram:bot7:group:-100200300"
 
@@ -317,7 +317,7 @@ def test_bad_url_errors_never_show_the_password(url: str, message: str) -> None:
 
 
 async def test_unserializable_host_details_are_stored_as_repr_not_lost(db: Database) -> None:
-    from runtime.types import ToolResultMessage
+    from runtime.llm.types import ToolResultMessage
 
     class Handle:
         def __repr__(self) -> str:

@@ -7,14 +7,7 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from runtime.memory import (
-    ContextRepository,
-    Database,
-    SessionInfo,
-    SessionKeyError,
-    UnknownSessionError,
-)
-from runtime.types import (
+from runtime.llm.types import (
     AssistantMessage,
     Context,
     Cost,
@@ -26,6 +19,13 @@ from runtime.types import (
     ToolResultMessage,
     Usage,
     UserMessage,
+)
+from runtime.memory import (
+    ContextRepository,
+    Database,
+    SessionInfo,
+    SessionKeyError,
+    UnknownSessionError,
 )
 
 KEY = "onebot11:10001:group:123456"

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.llm.types import (
+    AssistantMessage,
+    Context,
+    CustomMessage,
+    ImageContent,
+    TextContent,
+    ToolResultMessage,
+    UserMessage,
+)
 from runtime.memory import (
     ContextRepository,
     Database,
@@ -12,15 +21,6 @@ from runtime.memory import (
     render_sender_prefix,
     strip_forged_prefix,
     summary_message,
-)
-from runtime.types import (
-    AssistantMessage,
-    Context,
-    CustomMessage,
-    ImageContent,
-    TextContent,
-    ToolResultMessage,
-    UserMessage,
 )
 
 ALICE = {"id": "20002", "name": "Alice", "roles": ["admin", "member"]}

@@ -22,10 +22,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from runtime.llm.types import UserMessage
 from runtime.memory import ContextRepository, Database, TranscriptStore
 from runtime.memory.db import is_transient_write_error
 from runtime.memory.repository import StoredMessage, UnknownSessionError
-from runtime.types import UserMessage
 from tests.memory.pg_schema import create_schema, drop_schema
 
 KEY = "onebot11:1:private:42"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from runtime.media import REJECT_REASONS
-from runtime.segments import SEGMENT_TYPES
+from runtime.reply.media import REJECT_REASONS
+from runtime.reply.segments import SEGMENT_TYPES
 from tests.platform_api_server import PlatformApiServer
 
 DEGRADED = "sessionray_segments_degraded_total"

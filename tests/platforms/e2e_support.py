@@ -32,7 +32,7 @@ from actors.runtime import SessionRuntime
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore
-from runtime.turn import SessionSetup
+from runtime.session.turn import SessionSetup
 from tests.actors.session_scripts import ScriptedSetup
 from tests.platform_api_server import PlatformApiServer
 

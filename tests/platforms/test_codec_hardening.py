@@ -17,7 +17,7 @@ from runtime.platforms import cqcode
 from runtime.platforms.base import InboundMessage, MalformedEvent, RenderTarget, Sender, SignatureError
 from runtime.platforms.onebot11 import MAX_SEGMENTS, OneBot11Codec
 from runtime.platforms.telegram import TelegramCodec, native_message_id
-from runtime.segments import Reply
+from runtime.reply.segments import Reply
 
 OB_SELF = "10001"
 TG_BOT = "123456789"

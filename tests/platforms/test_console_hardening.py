@@ -26,7 +26,7 @@ from runtime.config import BotConfig, Config, DatabaseConfig, ServerConfig
 from runtime.platforms.base import InboundMessage, MalformedEvent, RenderTarget, get_codec
 from runtime.platforms.common import MAX_EVENT_TIME_MS, epoch_ms
 from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER, ConsoleCodec
-from runtime.segments import Reply
+from runtime.reply.segments import Reply
 from tests.actors.edge_support import serve_in_thread
 
 API_TOKEN = "console-hardening-api-token"
@@ -215,7 +215,7 @@ def test_console_and_body_limit_exemption_check_the_token_the_same_way(
 async def test_the_codec_and_the_event_sink_send_the_api_token(s: Served) -> None:
     """The real callers (a DeliveryActor's codec, a console session's event sink) get through:
     both read the token from $SESSIONRAY_CONSOLE_API_TOKEN, as the console does."""
-    from runtime.agent_events import ToolExecutionStartEvent
+    from runtime.agent.events import ToolExecutionStartEvent
     from runtime.platforms.console_events import console_event_hook
 
     bot = BotConfig(platform="console", self_id="console", api_base=s.url)

@@ -25,7 +25,7 @@ from runtime.platforms.base import (
 from runtime.platforms.console import ConsoleCodec, agent_event_call, agent_event_payload
 from runtime.platforms.onebot11 import OneBot11Codec
 from runtime.platforms.telegram import TelegramCodec
-from runtime.segments import SEGMENT_TYPES, Reply
+from runtime.reply.segments import SEGMENT_TYPES, Reply
 
 
 def browser(**kw: Any) -> bytes:
@@ -163,7 +163,7 @@ def test_send_results() -> None:
 
 
 def test_agent_event_payloads() -> None:
-    from runtime.agent_events import AgentStartEvent, ToolExecutionStartEvent, TurnStartEvent
+    from runtime.agent.events import AgentStartEvent, ToolExecutionStartEvent, TurnStartEvent
 
     start = ToolExecutionStartEvent(tool_call_id="1", tool_name="clock", args={"tz": "UTC"})
     assert agent_event_payload(start) == {"type": "tool_call", "name": "clock", "args": {"tz": "UTC"}}
@@ -258,15 +258,15 @@ def test_default_config_is_one_console_bot_with_master_admin() -> None:
 
 
 def _outcome(outcome: str, reason: str | None = None) -> Any:
-    from runtime.im_reply import ReplyOutcome
+    from runtime.reply.im_reply import ReplyOutcome
 
     return ReplyOutcome(Reply.of_text("hi"), "native", outcome, "raw", reason)  # type: ignore[arg-type]
 
 
 def test_console_payloads() -> None:
-    from runtime.agent_events import MessageEndEvent, ToolExecutionEndEvent, ToolExecutionStartEvent
+    from runtime.agent.events import MessageEndEvent, ToolExecutionEndEvent, ToolExecutionStartEvent
+    from runtime.llm.types import AssistantMessage, TextContent, ThinkingContent, ToolResultMessage
     from runtime.platforms.console_events import console_payload
-    from runtime.types import AssistantMessage, TextContent, ThinkingContent, ToolResultMessage
 
     start = ToolExecutionStartEvent(tool_call_id="c1", tool_name="sleep", args={"seconds": 0})
     result = ToolResultMessage(
@@ -300,7 +300,7 @@ def test_console_payloads() -> None:
 
 
 async def test_console_event_sink_posts_in_order_and_never_raises(api_server: Any) -> None:
-    from runtime.agent_events import ToolExecutionStartEvent, TurnStartEvent
+    from runtime.agent.events import ToolExecutionStartEvent, TurnStartEvent
     from runtime.platforms.console_events import ConsoleEventSink
 
     key = "console:console:private:alice"
@@ -365,8 +365,8 @@ def test_console_event_hook_only_for_console_sessions(tmp_path: Path) -> None:
 
 async def test_finalize_reply_hands_the_outcome_to_on_event() -> None:
     from providers.builtin import builtin_model
-    from runtime.turn import SessionSetup, TurnInput
-    from runtime.turn_agent import TurnControl, finalize_reply
+    from runtime.session.turn import SessionSetup, TurnInput
+    from runtime.session.turn_agent import TurnControl, finalize_reply
 
     class Contract:
         async def finalize(self, final: Any, identity: Any, *, signal: Any) -> Any:

@@ -21,7 +21,7 @@ from runtime.platforms.base import (
     SignatureError,
 )
 from runtime.platforms.onebot11 import OneBot11Codec, from_onebot_segments
-from runtime.segments import Reply
+from runtime.reply.segments import Reply
 
 SECRET = "s3cret"
 

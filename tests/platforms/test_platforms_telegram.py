@@ -19,7 +19,7 @@ from runtime.platforms.base import (
     SignatureError,
 )
 from runtime.platforms.telegram import TelegramCodec, utf16_slice
-from runtime.segments import Reply
+from runtime.reply.segments import Reply
 
 TOKEN = "1000000099:AAF-test-token"
 PNG = base64.b64decode(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.events import AssistantMessageEvent
-from runtime.options import StreamOptions
-from runtime.stream import stream
-from runtime.types import AssistantMessage, Context, Model, UserMessage
+from runtime.llm.events import AssistantMessageEvent
+from runtime.llm.options import StreamOptions
+from runtime.llm.stream import stream
+from runtime.llm.types import AssistantMessage, Context, Model, UserMessage
 from tests.providers.replay_server import ReplayServer
 
 OPENAI, ANTHROPIC, GEMINI = "openai-completions", "anthropic-messages", "google-generative-ai"

@@ -16,7 +16,7 @@ from runtime.config import (
     resolve_model_ref,
     set_config,
 )
-from runtime.types import Model
+from runtime.llm.types import Model
 
 FULL = """
 ai:

@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from runtime.types import AssistantMessage, TextContent, ThinkingContent, ToolCall
+from runtime.llm.types import AssistantMessage, TextContent, ThinkingContent, ToolCall
 from tests.providers.helpers import model_for, run
 from tests.providers.replay_server import ReplayServer, Reply
 

@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from runtime.types import Context, TextContent, Tool, ToolResultMessage, UserMessage
+from runtime.llm.types import Context, TextContent, Tool, ToolResultMessage, UserMessage
 from tests.providers.helpers import dump, model_for, run, sse, usage
 from tests.providers.replay_server import ReplayServer, Reply
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from providers.handoff import IMAGE_PLACEHOLDER, MISSING_RESULT_TEXT, anthropic_tool_id, transform_messages
-from runtime.types import (
+from runtime.llm.types import (
     AssistantMessage,
     Context,
     CustomMessage,

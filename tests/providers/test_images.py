@@ -8,7 +8,7 @@ import json
 
 from providers.openai_images import ImageGenerationOptions, ImageModel, generate_images, get_image_model
 from runtime.config import parse_config, set_config
-from runtime.types import ImageContent, TextContent
+from runtime.llm.types import ImageContent, TextContent
 from tests.providers.replay_server import ReplayServer, Reply
 
 PNG = base64.b64decode(
@@ -116,7 +116,7 @@ def test_get_image_model_from_config() -> None:
 
 
 async def test_abort_cancels_the_request(replay: ReplayServer) -> None:
-    from runtime.abort import AbortController
+    from runtime.llm.abort import AbortController
 
     slow = _ok()
     slow.splits, slow.delay_s = [5], 5.0  # the body would take 5 s to arrive

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runtime.types import (
+from runtime.llm.types import (
     AssistantMessage,
     Context,
     TextContent,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from providers.profiles import OpenAICompat, openai_compat
-from runtime.types import Model
+from runtime.llm.types import Model
 
 
 def _m(base_url: str, **compat: object) -> Model:

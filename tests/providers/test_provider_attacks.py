@@ -14,9 +14,9 @@ import pytest
 
 import providers.transport as transport
 from providers.transport import retry_delay_s
-from runtime.abort import AbortController
-from runtime.options import StreamOptions
-from runtime.stream import stream
+from runtime.llm.abort import AbortController
+from runtime.llm.options import StreamOptions
+from runtime.llm.stream import stream
 from tests.providers.helpers import ANTHROPIC, GEMINI, OPENAI, hello, model_for, openai_text, run, sse
 from tests.providers.replay_server import ReplayServer, Reply
 

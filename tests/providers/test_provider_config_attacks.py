@@ -12,9 +12,9 @@ import pytest
 
 from providers.openai_images import ImageModel, generate_images
 from runtime.config import ConfigError, get_model, load_config, set_config
-from runtime.options import StreamOptions
-from runtime.stream import stream
-from runtime.types import Model
+from runtime.llm.options import StreamOptions
+from runtime.llm.stream import stream
+from runtime.llm.types import Model
 from tests.providers.helpers import GEMINI, OPENAI, hello, model_for, openai_text, run, sse
 from tests.providers.replay_server import ReplayServer, Reply
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from runtime.types import Model
+from runtime.llm.types import Model
 from tests.providers.helpers import ANTHROPIC, GEMINI, OPENAI, model_for, openai_text, run, sse
 from tests.providers.replay_server import ReplayServer, Reply
 
@@ -34,7 +34,7 @@ async def test_openai_tool_call_indexes_with_gaps(replay: ReplayServer) -> None:
 
 def test_tool_ids_that_normalize_alike_stay_distinct() -> None:
     from providers.handoff import anthropic_tool_id, transform_messages
-    from runtime.types import AssistantMessage, TextContent, ToolCall, ToolResultMessage
+    from runtime.llm.types import AssistantMessage, TextContent, ToolCall, ToolResultMessage
 
     src = {"api": OPENAI, "provider": "o", "model": "gpt"}
     calls = [ToolCall(id="call|1", name="f"), ToolCall(id="call.1", name="f")]
@@ -68,7 +68,14 @@ async def test_openai_arguments_sent_as_an_object(replay: ReplayServer) -> None:
 
 
 async def test_long_tool_ids_are_shortened_for_openai(replay: ReplayServer) -> None:
-    from runtime.types import AssistantMessage, Context, TextContent, ToolCall, ToolResultMessage, UserMessage
+    from runtime.llm.types import (
+        AssistantMessage,
+        Context,
+        TextContent,
+        ToolCall,
+        ToolResultMessage,
+        UserMessage,
+    )
 
     long_id = "srvtoolu_" + "a" * 60  # fine for Anthropic, over OpenAI's 40 characters
     short = long_id[:31] + "_" + hashlib.sha1(long_id.encode()).hexdigest()[:8]
@@ -93,7 +100,7 @@ async def test_long_tool_ids_are_shortened_for_openai(replay: ReplayServer) -> N
 
 def test_orphan_and_duplicate_tool_results_are_dropped() -> None:
     from providers.handoff import transform_messages
-    from runtime.types import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage
+    from runtime.llm.types import AssistantMessage, TextContent, ToolCall, ToolResultMessage, UserMessage
 
     def result(call_id: str, text: str) -> ToolResultMessage:
         return ToolResultMessage(tool_call_id=call_id, tool_name="f", content=[TextContent(text=text)])
@@ -117,7 +124,7 @@ def test_orphan_and_duplicate_tool_results_are_dropped() -> None:
 
 async def test_image_responses_of_the_wrong_shape_are_errors_in_the_result(replay: ReplayServer) -> None:
     from providers.openai_images import ImageGenerationOptions, ImageModel, generate_images
-    from runtime.types import ImageContent, TextContent
+    from runtime.llm.types import ImageContent, TextContent
 
     replay.enqueue(
         Reply.error(200, {"data": [{"b64_json": "%%%not-base64%%%"}]}),

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import providers, providers.openai_completions, providers.anthropic_messages
 import providers.google_generative_ai, providers.openai_images, providers.faux
-from runtime.registry import list_api_providers
+from runtime.llm.registry import list_api_providers
 print(list_api_providers())
 print(providers.register_builtin_providers())
 print(list_api_providers())

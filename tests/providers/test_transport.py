@@ -11,9 +11,9 @@ import pytest
 
 import providers.transport as transport
 from providers.transport import SSEDecoder, error_message_from_body, retry_delay_s
-from runtime.abort import AbortController
-from runtime.options import StreamOptions
-from runtime.stream import stream
+from runtime.llm.abort import AbortController
+from runtime.llm.options import StreamOptions
+from runtime.llm.stream import stream
 from tests.providers.helpers import hello, model_for, run, sse
 from tests.providers.replay_server import ReplayServer, Reply
 

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from providers.faux import FauxProviderHandle, register_faux_provider, unregister_faux_provider
-from runtime.structured import CapabilityCache
+from runtime.reply.capability import CapabilityCache
 
 
 def sample(name: str, **labels: str) -> float:

@@ -7,12 +7,12 @@ import pytest
 
 from providers.builtin import builtin_model, builtin_tools
 from runtime import AssistantMessage, UserMessage
-from runtime.agent_config import AgentContext, AgentLoopConfig
-from runtime.agent_events import AgentEndEvent, MessageEndEvent
-from runtime.agent_loop import agent_loop
-from runtime.im_reply import ImReplyContract, MentionIdentity
-from runtime.segments import Reply
-from runtime.structured import CapabilityCache
+from runtime.agent.config import AgentContext, AgentLoopConfig
+from runtime.agent.events import AgentEndEvent, MessageEndEvent
+from runtime.agent.loop import agent_loop
+from runtime.reply.capability import CapabilityCache
+from runtime.reply.im_reply import ImReplyContract, MentionIdentity
+from runtime.reply.segments import Reply
 
 
 @pytest.mark.parametrize("tier", ["native", "tool", "prompt"])

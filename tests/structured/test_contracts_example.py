@@ -53,7 +53,7 @@ async def test_contracts_demo_outcomes(deltas) -> None:
 
 def test_contracts_schema_is_generated_with_enums() -> None:
     m = load()
-    from runtime.segments import strict_json_schema
+    from runtime.reply.json_schema import strict_json_schema
 
     schema = strict_json_schema(m.ActionDecision)
     assert schema["required"] == ["action", "arguments", "reason"]

@@ -13,10 +13,12 @@ from pydantic import BaseModel, ValidationError
 
 from providers.faux import faux_assistant_message, faux_text, faux_thinking, faux_tool_call
 from runtime import AbortController, AssistantMessage, ToolResultMessage, UserMessage
-from runtime.agent_config import AgentContext, AgentLoopConfig
-from runtime.agent_events import AgentEndEvent, MessageEndEvent
-from runtime.agent_loop import agent_loop
-from runtime.im_reply import (
+from runtime.agent.config import AgentContext, AgentLoopConfig
+from runtime.agent.events import AgentEndEvent, MessageEndEvent
+from runtime.agent.loop import agent_loop
+from runtime.agent.replay import default_convert_to_llm
+from runtime.agent.tools import AgentTool, AgentToolResult
+from runtime.reply.im_reply import (
     CORRECTION_SYSTEM_PROMPT,
     IM_INSTRUCTIONS,
     ImReplyConfig,
@@ -25,8 +27,8 @@ from runtime.im_reply import (
     ReplyOutcome,
     ReplyPreview,
 )
-from runtime.replay import default_convert_to_llm
-from runtime.segments import (
+from runtime.reply.json_schema import inline_json_schema_refs
+from runtime.reply.segments import (
     SEGMENT_TYPES,
     AudioSegment,
     DiceSegment,
@@ -46,9 +48,7 @@ from runtime.segments import (
     ShareSegment,
     TextSegment,
     VideoSegment,
-    inline_json_schema_refs,
 )
-from runtime.tools import AgentTool, AgentToolResult
 
 FAIL = "Sorry, the reply could not be produced."
 SENDER = "1234567890123456789"  # a 19-digit platform id
@@ -516,7 +516,7 @@ async def test_fixed_message_outcome_writes_one_log_record(faux, cache, deltas, 
     import logging
 
     faux.set_responses([msg("still not json")])
-    with caplog.at_level(logging.INFO, logger="runtime.structured"):
+    with caplog.at_level(logging.INFO, logger="runtime.reply.structured"):
         out = await contract(faux, cache).finalize(msg("not json"), identity())
     records = [r.structured for r in caplog.records if hasattr(r, "structured")]  # type: ignore[attr-defined]
     assert [(r["tier"], r["outcome"], r["raw"], r["output_type"], r["calls"]) for r in records] == [

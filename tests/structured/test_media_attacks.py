@@ -20,15 +20,15 @@ from typing import Any, ClassVar
 
 import pytest
 
-from runtime.leak import LeakPolicy, scan_reply
-from runtime.media import (
+from runtime.reply.leak import LeakPolicy, scan_reply
+from runtime.reply.media import (
     REJECT_REASONS,
     MediaPolicy,
     MediaRejected,
     check_reply_media,
     resolve_media,
 )
-from runtime.segments import (
+from runtime.reply.segments import (
     FileSegment,
     ImageSegment,
     MarkdownSegment,

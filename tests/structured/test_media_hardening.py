@@ -20,17 +20,17 @@ from typing import Any
 
 import pytest
 
-from actors.delivery_core import DeliveryJob, DeliverySender, DeliverySettings
-from runtime.media import (
+from runtime.delivery.core import DeliveryJob, DeliverySender, DeliverySettings
+from runtime.platforms.base import RenderTarget
+from runtime.platforms.onebot11 import to_onebot_segments
+from runtime.platforms.telegram import TelegramCodec
+from runtime.reply.media import (
     MediaPolicy,
     check_reply_media,
     file_ref_problem,
     share_url_problem,
 )
-from runtime.platforms.base import RenderTarget
-from runtime.platforms.onebot11 import to_onebot_segments
-from runtime.platforms.telegram import TelegramCodec
-from runtime.segments import FileSegment, ImageSegment, Reply, ShareData, ShareSegment, TextSegment
+from runtime.reply.segments import FileSegment, ImageSegment, Reply, ShareData, ShareSegment, TextSegment
 from tests.platform_api_server import PlatformApiServer
 from tests.structured.conftest import png_bytes, sample
 

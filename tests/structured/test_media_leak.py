@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from runtime.leak import LeakPolicy, scan_reply
-from runtime.media import MediaPolicy, check_reply_media, resolve_media
-from runtime.segments import (
+from runtime.reply.leak import LeakPolicy, scan_reply
+from runtime.reply.media import MediaPolicy, check_reply_media, resolve_media
+from runtime.reply.segments import (
     AudioSegment,
     FileSegment,
     ImageSegment,

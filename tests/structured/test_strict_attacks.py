@@ -11,11 +11,11 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from providers.faux import faux_assistant_message, faux_text
-from runtime.im_reply import ImReplyConfig, ImReplyContract
-from runtime.mentions import MentionIdentity
-from runtime.segments import Reply, TextSegment
-from runtime.strict_json import json_contract_problem
-from runtime.structured import run_structured, validate_raw
+from runtime.reply.im_reply import ImReplyConfig, ImReplyContract
+from runtime.reply.mentions import MentionIdentity
+from runtime.reply.segments import Reply, TextSegment
+from runtime.reply.strict_json import json_contract_problem
+from runtime.reply.structured import run_structured, validate_raw
 
 T = '{"type":"text","data":{"text":"a"}}'
 
@@ -202,7 +202,7 @@ def test_strict_rule_checker_catches_open_objects() -> None:
     class Loose(BaseModel):
         slots: dict[str, str]
 
-    from runtime.segments import strict_json_schema
+    from runtime.reply.json_schema import strict_json_schema
 
     assert strict_violations(strict_json_schema(Loose)) == [
         "root: additionalProperties is not false",
@@ -215,7 +215,7 @@ def test_strict_rule_checker_catches_open_objects() -> None:
 
 
 def test_blank_ids_never_allow_an_empty_mention() -> None:
-    from runtime.types import ToolResultMessage, UserMessage
+    from runtime.llm.types import ToolResultMessage, UserMessage
 
     ident = MentionIdentity.from_messages(
         "",

@@ -13,13 +13,9 @@ from pydantic import BaseModel
 
 from providers.faux import faux_assistant_message, faux_text, faux_thinking, faux_tool_call
 from runtime import AbortController, Context, StreamOptions, UserMessage
-from runtime.segments import strict_json_schema
-from runtime.structured import (
-    StructuredOutputError,
-    complete_structured,
-    probe_capability,
-    run_structured,
-)
+from runtime.reply.json_schema import strict_json_schema
+from runtime.reply.probe import probe_capability
+from runtime.reply.structured import StructuredOutputError, complete_structured, run_structured
 
 
 class Intent(BaseModel):
@@ -146,7 +142,7 @@ async def test_one_retry_carries_the_validation_error(faux, cache, deltas, reque
 )
 async def test_invalid_twice_returns_the_safe_default_and_logs(faux, cache, deltas, caplog, raw) -> None:
     faux.set_responses([text(raw), text(raw)])
-    with caplog.at_level(logging.INFO, logger="runtime.structured"):
+    with caplog.at_level(logging.INFO, logger="runtime.reply.structured"):
         value = await complete_structured(
             faux.get_model(), ctx(), Intent, mode="prompt", default=SAFE, cache=cache
         )
@@ -256,7 +252,7 @@ async def test_probe_capability_caches(faux, cache) -> None:
     ],
 )
 def test_capability_error_classification(message: str, expected: bool) -> None:
-    from runtime.capability import is_capability_error
+    from runtime.reply.capability import is_capability_error
 
     assert is_capability_error(message) is expected
 

@@ -1,0 +1,64 @@
+"""The agent: tools and their argument validation, JSON Schema → parameter models, the stateless
+``agent_loop`` (LLM call → tool batch → next call, with steer and follow_up polling), its config
+and events, the tool executor, tool policy, replay of stored messages, and the stateful
+:class:`Agent` that owns the steer/follow_up queues. Ray-free and platform-free: a live session
+drives the same :class:`Agent` as ``sessionray chat`` (`docs/decisions.md#agent-one-engine`).
+"""
+
+from runtime.agent.agent import (
+    Agent,
+    AgentBusyError,
+    AgentListener,
+    AgentState,
+    QueueMode,
+)
+from runtime.agent.config import (
+    AfterToolCallContext,
+    AfterToolCallResult,
+    AgentContext,
+    AgentLoopConfig,
+    BeforeToolCallContext,
+    BeforeToolCallResult,
+    ToolExecutionMode,
+)
+from runtime.agent.events import (
+    AgentEndEvent,
+    AgentEvent,
+    MessageEndEvent,
+)
+from runtime.agent.loop import (
+    agent_loop,
+    agent_loop_continue,
+)
+from runtime.agent.tools import (
+    AgentTool,
+    AgentToolResult,
+    ToolNotFoundError,
+    ToolValidationError,
+    validate_tool_call,
+)
+
+__all__ = [
+    "AfterToolCallContext",
+    "AfterToolCallResult",
+    "Agent",
+    "AgentBusyError",
+    "AgentContext",
+    "AgentEndEvent",
+    "AgentEvent",
+    "AgentListener",
+    "AgentLoopConfig",
+    "AgentState",
+    "AgentTool",
+    "AgentToolResult",
+    "BeforeToolCallContext",
+    "BeforeToolCallResult",
+    "MessageEndEvent",
+    "QueueMode",
+    "ToolExecutionMode",
+    "ToolNotFoundError",
+    "ToolValidationError",
+    "agent_loop",
+    "agent_loop_continue",
+    "validate_tool_call",
+]

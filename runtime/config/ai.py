@@ -1,0 +1,222 @@
+"""``ai:`` of ``sessionray.yaml``: providers, models, agent modes, MCP servers, chat commands.
+
+Part of :mod:`runtime.config` (which re-exports every public name here; import from there).
+Also holds the shared base of every section (:class:`ConfigError`, closed models).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from runtime.llm.types import InputKind, ModelCost
+
+KNOWN_APIS = ("openai-completions", "anthropic-messages", "google-generative-ai", "faux")
+"""The built-in ``api`` ids (``providers.register_builtin_providers`` registers them)."""
+
+DRIVER_TO_API: dict[str, str] = {
+    "openai": "openai-completions",
+    "openai-compatible": "openai-completions",
+    "deepseek": "openai-completions",
+    "ollama": "openai-completions",
+    "vllm": "openai-completions",
+    "llamacpp": "openai-completions",
+    "openrouter": "openai-completions",
+    "qwen": "openai-completions",
+    "moonshot": "openai-completions",
+    "zhipu": "openai-completions",
+    "anthropic": "anthropic-messages",
+    "claude": "anthropic-messages",
+    "gemini": "google-generative-ai",
+    "google": "google-generative-ai",
+}
+"""The documented ``driver`` → ``api`` migration table (seed 002, D1; docs only, no runtime shim)."""
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the file and the dotted key path of each error."""
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _driver_hint(driver: Any) -> str:
+    api = DRIVER_TO_API.get(str(driver).lower())
+    if api:
+        return f"use `api: {api}` instead"
+    return f"use `api:` with one of {', '.join(KNOWN_APIS)}"
+
+
+class ModelConfig(_Closed):
+    """One entry of ``ai.providers.<alias>.models``."""
+
+    id: str
+    """The provider's model id (sent on the wire)."""
+    name: str = ""
+    reasoning: bool = False
+    """Whether the model emits thinking."""
+    input: list[InputKind] = Field(default_factory=lambda: list[InputKind](["text"]))
+    """Accepted inputs; include ``image`` for vision models."""
+    context_window: int = Field(128_000, gt=0)
+    """Tokens."""
+    max_tokens: int = Field(4_096, gt=0)
+    """Default output budget in tokens."""
+    cost: ModelCost = Field(default_factory=ModelCost)
+    """USD per million tokens."""
+    compat: dict[str, Any] = Field(default_factory=dict)
+    """Overrides the provider's ``compat`` for this model."""
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class ProviderConfig(_Closed):
+    """``ai.providers.<alias>``: one endpoint speaking one wire protocol (``api``)."""
+
+    api: str
+    """Required wire protocol id (see :data:`KNOWN_APIS`)."""
+    base_url: str = ""
+    """Endpoint base URL (empty: the api's public default)."""
+    api_key_env: str | None = None
+    """Environment variable holding the key (None: keyless, e.g. a local server)."""
+    compat: dict[str, Any] = Field(default_factory=dict)
+    """Capability flags read by the api (``providers.profiles`` documents the OpenAI ones)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Extra HTTP headers on every request."""
+    models: list[ModelConfig] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_driver(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "driver" in data:
+            raise ValueError(f"the `driver` key was removed (seed 002 D1); {_driver_hint(data['driver'])}")
+        return data
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if v and not v.lower().startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} must start with http:// or https://")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        # the value is never echoed: a key pasted here by mistake must not reach logs
+        if v is not None and (not _ENV_NAME.fullmatch(v) or v.startswith(("sk_", "AIza"))):
+            raise ValueError(
+                "must be the NAME of an environment variable holding the key (letters, digits, "
+                "`_`; e.g. OPENAI_API_KEY), not the key itself"
+            )
+        return v
+
+    @field_validator("api")
+    @classmethod
+    def _known_api(cls, v: str) -> str:
+        from runtime.llm.registry import list_api_providers
+
+        if v not in KNOWN_APIS and v not in list_api_providers():
+            raise ValueError(f"unknown api {v!r}; known: {', '.join(KNOWN_APIS)}")
+        return v
+
+
+class AgentConfig(_Closed):
+    """``ai.agent``: structured-reply and queue modes."""
+
+    output_schema: Literal["segments", False] | dict[str, Any] = "segments"
+    """``segments`` (seed 000 reply contract), ``false`` (plain text) or a JSON Schema object."""
+    steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    compaction_threshold: float | None = Field(default=0.8, gt=0, le=1)
+    """Share of the model's ``context_window`` above which older messages are summarized into
+    ``agent_summaries`` before an LLM call (seed 002 #14); ``null`` turns compaction off."""
+
+
+class McpServerConfig(_Closed):
+    """``ai.mcp_servers.<name>``: one MCP server (issue 9, item 3; ``runtime.session.mcp_tools``).
+
+    Exactly one of ``command`` (stdio: the command is started as a subprocess) or ``url``
+    (streamable HTTP endpoint, e.g. ``http://127.0.0.1:8001/mcp``).
+    """
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables of the stdio subprocess."""
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    """HTTP headers of a ``url`` server."""
+    tool_prefix: str | None = None
+    """Prefix of the tool names the model sees (``None``: ``<name>_``; ``""``: the server's names)."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Bound of connecting, listing and of each tool call (seconds)."""
+    platforms: list[str] | None = None
+    """Tool permissions of every tool of this server (``runtime.agent.tool_policy``; ``None``: no limit)."""
+    scopes: list[str] | None = None
+    required_any_role: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of `command` (stdio) or `url` (streamable HTTP)")
+        from runtime.agent.tool_policy import ToolPermissions
+
+        ToolPermissions.from_mapping(self.model_dump())  # raises ValueError naming the key
+        return self
+
+
+class CommandsConfig(_Closed):
+    """``ai.commands``: chat commands handled before the agent (``runtime.session.commands``)."""
+
+    enabled: bool = True
+    names: dict[str, str] = Field(default_factory=dict)
+    """Command → the word users type (without ``/``), e.g. ``{new: reset}``; unset ones keep their name."""
+    texts: dict[str, str] = Field(default_factory=dict)
+    """Reply texts by key (see ``runtime.session.commands.DEFAULT_TEXTS``)."""
+
+
+class AiConfig(_Closed):
+    """``ai``: models and providers."""
+
+    default_model: str | None = None
+    """``provider_alias/model_id``; ``None``: the built-in offline model."""
+    vision_model: str | None = None
+    """Used instead of the default when a turn carries images (seed 002, D3)."""
+    fallback_models: list[str] = Field(default_factory=list)
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """MCP servers whose tools every session may use (issue 9, item 3)."""
+    tools_dir: str | None = None
+    """Folder of ``*.tool.md`` tools loaded at start-up (issue 9, item 4; hard fail on errors)."""
+    media_url_allowlist: list[str] = Field(default_factory=list)
+    """URL prefixes a reply may attach without them appearing in the context (issue 9, item 6)."""
+    commands: CommandsConfig = Field(default_factory=CommandsConfig)
+
+    @model_validator(mode="after")
+    def _refs_exist(self) -> AiConfig:
+        for alias in self.providers:
+            if not alias or "/" in alias:  # refs are "alias/model_id": the first "/" ends the alias
+                raise ValueError(f"[providers.{alias}] a provider alias must be non-empty and contain no '/'")
+        for key in ("default_model", "vision_model"):
+            ref = getattr(self, key)
+            if ref is not None:
+                _split_ref(ref, self, key)
+        for i, ref in enumerate(self.fallback_models):
+            _split_ref(ref, self, f"fallback_models.{i}")
+        return self
+
+
+def _split_ref(ref: str, ai: AiConfig, key: str = "model") -> tuple[str, str]:
+    alias, sep, model_id = ref.partition("/")
+    if not sep or not alias or not model_id:
+        raise ValueError(f"[{key}] {ref!r} is not of the form provider_alias/model_id")
+    if alias not in ai.providers:
+        known = ", ".join(sorted(ai.providers)) or "(none configured)"
+        raise ValueError(f"[{key}] provider alias {alias!r} is not in ai.providers (known: {known})")
+    return alias, model_id

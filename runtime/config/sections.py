@@ -1,0 +1,123 @@
+"""``bots:``, ``database:``, ``server:`` and ``runtime:`` of ``sessionray.yaml``.
+
+Part of :mod:`runtime.config` (which re-exports every public name here; import from there).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from runtime.config.ai import _Closed
+
+
+class BotConfig(_Closed):
+    """One ``bots:`` entry: a bot account on one platform. Secrets are env-var *names*."""
+
+    platform: Literal["onebot11", "telegram", "console"]
+    self_id: str = ""
+    """The bot's own id on the platform (QQ number, Telegram bot id)."""
+    api_base: str | None = None
+    """Platform HTTP API base URL."""
+    access_token_env: str | None = None
+    secret_env: str | None = None
+    token_env: str | None = None
+    trigger: Literal["mention", "always", "keyword"] = "mention"
+    keyword: str | None = None
+    """Required with ``trigger: keyword``."""
+    masters: list[str] = Field(default_factory=list)
+    """User ids allowed to steer / follow_up."""
+    username: str | None = None
+    """Telegram: the bot's ``@username`` (without ``@``), to recognize mentions of it in groups."""
+    media_dir: str | None = None
+    """Directory that outbound ``path`` media must lie under (OneBot sends them as ``file://``).
+    A relative one is made absolute against the working directory of the process that loads the
+    configuration (``sessionray serve``), so delivery actors, whose working directory may differ,
+    confine to the same place; ``~`` is expanded."""
+    thinking_preview: bool = False
+    """Console: also show the first 200 characters of the model's thinking in the live events."""
+
+    @field_validator("self_id", mode="before")
+    @classmethod
+    def _id_str(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) else v
+
+    @field_validator("media_dir")
+    @classmethod
+    def _absolute_media_dir(cls, v: str | None) -> str | None:
+        return None if v is None else os.path.abspath(os.path.expanduser(v))
+
+    @field_validator("masters", mode="before")
+    @classmethod
+    def _ids_str(cls, v: Any) -> Any:
+        return [str(x) if isinstance(x, int) else x for x in v] if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _keyword_needed(self) -> BotConfig:
+        if self.trigger == "keyword" and not self.keyword:
+            raise ValueError("trigger: keyword needs a `keyword`")
+        if self.platform == "console" and not self.self_id:
+            self.self_id = "console"
+        if not self.self_id:
+            raise ValueError(f"a {self.platform} bot needs `self_id` (QQ number / Telegram bot id)")
+        if self.platform == "telegram" and not self.token_env:
+            raise ValueError("a telegram bot needs `token_env` (the variable holding the bot token)")
+        return self
+
+
+def default_bots() -> list[BotConfig]:
+    """The embedded default ``bots:`` (no sessionray.yaml or no ``bots`` key): one console bot,
+    ``self_id: console``, whose master is the console user ``admin`` (issue #6)."""
+    return [BotConfig(platform="console", self_id="console", masters=["admin"])]
+
+
+class DatabaseConfig(_Closed):
+    """``database``: the SQL URL (SQLite by default; PostgreSQL on a multi-node cluster)."""
+
+    url: str = "sqlite:///./data/sessionray.db"
+
+
+class ServerConfig(_Closed):
+    """``server``: the ingress HTTP server."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    admin_token_env: str | None = "SESSIONRAY_ADMIN_TOKEN"
+    max_body_bytes: int = Field(1_048_576, gt=0, strict=True)
+    """Largest request body (bytes) on every route of the ingress; a larger one is answered 413."""
+    max_text_chars: int = Field(16_000, gt=0, strict=True)
+    """Largest text (characters, after decoding) of an inbound message; a longer one is answered
+    413 and neither stored nor routed."""
+
+
+class RuntimeConfig(_Closed):
+    """``runtime``: actor topology and session lifecycle (DESIGN.md consequences 1-2)."""
+
+    router_shards: int = Field(1, ge=1)
+    delivery_actors: int = Field(2, ge=1)
+    warm_pool: int = Field(4, ge=0)
+    max_live_sessions: int = Field(64, ge=1)
+    idle_ttl_s: float = Field(600, gt=0)
+    """Seconds without a message before a session is passivated."""
+    mailbox_size: int = Field(16, ge=1)
+    """Accepted-but-unfinished messages per session; one more is refused as ``busy`` (503)."""
+    busy_retry_after_s: float = Field(1.0, gt=0)
+    """``Retry-After`` (seconds) suggested with a ``busy`` answer."""
+    max_concurrent_turns: int = Field(4, ge=1)
+    """Turns of one session that may overlap (seed 002 #12); 1 = strictly one after another."""
+    activation_wait_s: float = Field(10.0, ge=0)
+    """How long a new session waits for a free slot over ``max_live_sessions`` before ``busy``."""
+    recycle_after_sessions: int = Field(100, ge=1)
+    """A pooled SessionActor is replaced after serving this many sessions."""
+    recycle_memory_mib: float = Field(512.0, gt=0)
+    """A pooled SessionActor whose process USS exceeds this (MiB) is replaced when returned."""
+    dedup_window: int = Field(10_000, ge=1)
+    """(platform, bot_id, message_id) triples each router shard remembers for dedup."""
+    hung_turn_s: float = Field(120.0, gt=0)
+    """A turn pending this many seconds makes its router shard ping the session actor's ``turn``
+    group (at most once per this period); an actor that does not answer within
+    ``hung_ping_timeout_s`` is killed and the session re-bound (crash path: the turn runs once more)."""
+    hung_ping_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a router shard waits for the ``ping_turn`` of a session actor suspected hung."""

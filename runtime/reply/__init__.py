@@ -1,0 +1,64 @@
+"""The reply contract: the IM :class:`Reply` and its segments, the turn's reply contract (one
+correction call, then the fixed failure text), generic structured output with capability tiers
+(native → tool → prompt), strict JSON, mention identity, media provenance, the outbound leak
+check, look-alike text folding, and the outbound media checks and guarded fetch. Nothing here
+knows a platform's wire format (`docs/decisions.md#reply-contract`).
+"""
+
+from runtime.reply.capability import (
+    CAPABILITIES,
+    TIERS,
+    Tier,
+)
+from runtime.reply.im_reply import (
+    ImReplyConfig,
+    ImReplyContract,
+    ReplyOutcome,
+)
+from runtime.reply.leak import (
+    LeakPolicy,
+    LeakResult,
+    scan_reply,
+    scan_text,
+)
+from runtime.reply.media import (
+    MediaPolicy,
+    MediaRejected,
+    check_reply_media,
+)
+from runtime.reply.mentions import (
+    MentionIdentity,
+)
+from runtime.reply.probe import probe_capability
+from runtime.reply.segments import (
+    SEGMENT_TYPES,
+    Reply,
+    Segment,
+)
+from runtime.reply.structured import (
+    StructuredOutputError,
+    complete_structured,
+)
+
+__all__ = [
+    "CAPABILITIES",
+    "SEGMENT_TYPES",
+    "TIERS",
+    "ImReplyConfig",
+    "ImReplyContract",
+    "LeakPolicy",
+    "LeakResult",
+    "MediaPolicy",
+    "MediaRejected",
+    "MentionIdentity",
+    "Reply",
+    "ReplyOutcome",
+    "Segment",
+    "StructuredOutputError",
+    "Tier",
+    "check_reply_media",
+    "complete_structured",
+    "probe_capability",
+    "scan_reply",
+    "scan_text",
+]

@@ -1,0 +1,30 @@
+"""One IM session without Ray: :class:`SessionCore` (ordered inbox, overlapping turns, the single
+writer, steer / follow_up / abort), the turn records that make crash recovery possible, the
+agent part of a turn, chat commands, model routing (vision, fallback chain), and the extra tools
+a session offers (deferred tasks, sub-agents, MCP servers, ``*.tool.md`` files). ``actors/``
+hosts these cores; they never import Ray (`docs/decisions.md#session-single-writer`).
+"""
+
+from runtime.session.core import (
+    ControlOutcome,
+    SessionCore,
+)
+from runtime.session.features import (
+    AgentFeatures,
+)
+from runtime.session.turn import (
+    SessionSetup,
+    SessionWriter,
+    TurnInput,
+    TurnResult,
+)
+
+__all__ = [
+    "AgentFeatures",
+    "ControlOutcome",
+    "SessionCore",
+    "SessionSetup",
+    "SessionWriter",
+    "TurnInput",
+    "TurnResult",
+]

@@ -1,0 +1,289 @@
+"""Chat commands handled before the agent, never sent to the model (issue 9, item 7; seed 002
+decision 7 "steer permission: master only", D4 ``archiveSession`` "/new, /clear").
+
+Commands (names configurable in ``ai.commands.names``; the text must start with ``/<name>``,
+optionally ``/<name>@<bot username>`` as Telegram groups send it; in a group the command may
+follow leading mentions of the bot — ``@bot /new`` — see :func:`command_text`):
+
+* ``/new``, ``/clear`` — archive the session and start a new epoch (``ContextRepository.archive_session``);
+  in a private chat anyone (it is their own conversation); in a group or channel masters only,
+  since the context is shared by every member (seed 002 decision 7 keeps state-changing control
+  with masters); others get the ``not_master`` refusal and nothing is archived;
+* ``/models`` — the configured models: ``provider/id``, api, context window, input kinds and the
+  cached structured-output tier (``native``/``tool``/``prompt``, ``unknown`` before first use);
+* ``/status`` — the session's model, message count, epoch and whether a turn is running;
+* ``/steer <text>``, ``/followup <text>`` — masters only (decision 7); others get a refusal.
+
+A command's answer is a :class:`~runtime.reply.segments.Reply` (one text segment) that the session
+delivers through the same segments path and delivery as an agent reply. Reply texts are
+``str.format`` templates keyed as in :data:`DEFAULT_TEXTS`, overridable in ``ai.commands.texts``.
+Each handled command counts ``sessionray_chat_commands_total{command, outcome}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from runtime import metrics
+from runtime.llm.types import Model
+from runtime.reply.segments import Reply
+
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_TEXTS",
+    "MASTER_ONLY_IN_GROUPS",
+    "CommandHandler",
+    "CommandHost",
+    "ParsedCommand",
+    "SessionStatus",
+    "command_text",
+]
+
+COMMANDS = ("new", "clear", "models", "status", "steer", "followup")
+"""Canonical command names."""
+
+MASTER_ONLY_IN_GROUPS = frozenset({"new", "clear"})
+"""Commands that change a shared group/channel session: masters only outside private chats."""
+
+DEFAULT_TEXTS: dict[str, str] = {
+    "new": "New conversation started (epoch {epoch}). Earlier messages are archived.",
+    "models_header": "Configured models:",
+    "models_line": (
+        "- {ref}{marks}: api {api}, context {context_window} tokens, input {input}, structured output {tier}"
+    ),
+    "models_none": "No models are configured.",
+    "status": "Model: {model}\nMessages: {messages}\nEpoch: {epoch}\nTurn running: {running}",
+    "steer_ok": "Steering the running turn.",
+    "steer_started": "No turn was running; started one with your message.",
+    "followup_ok": "Queued as a follow-up.",
+    "followup_started": "No turn was running; started one with your message.",
+    "usage": "Usage: /{name} <text>",
+    "not_master": "Only a master of this bot may use /{name}.",
+    "yes": "yes",
+    "no": "no",
+}
+"""Reply templates (``str.format`` fields as used above)."""
+
+
+@dataclass(frozen=True)
+class ParsedCommand:
+    """A recognised command: canonical ``command``, the ``name`` typed, and the rest as ``args``."""
+
+    command: str
+    name: str
+    args: str
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """What ``/status`` shows: model ref, context message count, epoch and running turns."""
+
+    model: str
+    messages: int
+    epoch: int
+    running_turns: int
+
+
+class CommandHost(Protocol):
+    """What a session offers the command handler (``runtime.session.features`` adapts ``SessionCore``)."""
+
+    def archive(self) -> Awaitable[int]:
+        """Archive the active epoch; return the new epoch number."""
+        ...
+
+    def status(self) -> Awaitable[SessionStatus]:
+        """The session's status (excluding the command's own turn)."""
+        ...
+
+    def steer(self, text: str, sender_id: str) -> str:
+        """Steer the latest running turn; ``steered`` or ``started``."""
+        ...
+
+    def follow_up(self, text: str, sender_id: str) -> str:
+        """Queue a follow-up; ``queued`` or ``started``."""
+        ...
+
+
+class CommandHandler:
+    """Parses and runs chat commands (see the module docstring).
+
+    Args:
+        names: ``command → typed name`` overrides (``ai.commands.names``).
+        texts: Template overrides (``ai.commands.texts``).
+        models: The configured models for ``/models`` (in config order).
+        capabilities: A capability cache with ``get(model) -> tier | None`` (default: the
+            process-wide one of :mod:`runtime.reply.structured`).
+        enabled: ``False`` turns every command into an ordinary message.
+
+    Raises:
+        ValueError: an unknown command or text key, or two commands sharing a name.
+    """
+
+    def __init__(
+        self,
+        names: dict[str, str] | None = None,
+        texts: dict[str, str] | None = None,
+        models: Sequence[Model] = (),
+        *,
+        capabilities: Any = None,
+        default_model: str | None = None,
+        vision_model: str | None = None,
+        enabled: bool = True,
+    ) -> None:
+        names = dict(names or {})
+        texts = dict(texts or {})
+        bad = sorted(set(names) - set(COMMANDS))
+        if bad:
+            raise ValueError(f"ai.commands.names: unknown command(s) {bad}; known: {list(COMMANDS)}")
+        bad = sorted(set(texts) - set(DEFAULT_TEXTS))
+        if bad:
+            raise ValueError(f"ai.commands.texts: unknown key(s) {bad}; known: {sorted(DEFAULT_TEXTS)}")
+        self.by_name: dict[str, str] = {}
+        for command in COMMANDS:
+            typed = names.get(command, command).lstrip("/").lower()
+            if typed in self.by_name:
+                raise ValueError(
+                    f"ai.commands.names: /{typed} is used by both {self.by_name[typed]} and {command}"
+                )
+            self.by_name[typed] = command
+        self.texts = {**DEFAULT_TEXTS, **texts}
+        self.models = list(models)
+        self.capabilities = capabilities
+        self.default_model = default_model
+        self.vision_model = vision_model
+        self.enabled = enabled
+
+    @classmethod
+    def from_config(cls, config: Any) -> CommandHandler:
+        """Build from a :class:`runtime.config.Config`: ``ai.commands``; for ``/models`` every model
+        listed under ``ai.providers`` plus the default/vision/fallback models not listed there."""
+        from runtime.config import get_model, resolve_model_ref
+
+        ai = config.ai
+        models = [get_model(alias, m.id, config) for alias, p in ai.providers.items() for m in p.models]
+        for ref in [ai.default_model, ai.vision_model, *ai.fallback_models]:  # referenced but not listed
+            if ref and all(m.ref() != ref for m in models):
+                models.append(resolve_model_ref(ref, config))
+        return cls(
+            ai.commands.names,
+            ai.commands.texts,
+            models,
+            default_model=ai.default_model,
+            vision_model=ai.vision_model,
+            enabled=ai.commands.enabled,
+        )
+
+    def parse(self, text: str) -> ParsedCommand | None:
+        """Recognise ``/<name>[@bot] [args]`` at the start of ``text``; ``None`` for other text."""
+        if not self.enabled:
+            return None
+        m = re.match(r"\s*/([A-Za-z0-9_-]+)(?:@[A-Za-z0-9_]+)?(?:\s+(.*))?\s*\Z", text, re.S)
+        if m is None:
+            return None
+        typed = m.group(1).lower()
+        command = self.by_name.get(typed)
+        if command is None:
+            return None
+        return ParsedCommand(command, typed, (m.group(2) or "").strip())
+
+    def _text(self, key: str, **fields: Any) -> str:
+        return self.texts[key].format(**fields)
+
+    async def handle(
+        self, cmd: ParsedCommand, sender: dict[str, Any], host: CommandHost, *, scene_type: str = "private"
+    ) -> Reply:
+        """Run ``cmd`` for ``sender`` (``{"id", "roles"}``) against ``host``; return the reply.
+
+        ``scene_type`` (``private`` | ``group`` | ``channel``) decides who may run
+        :data:`MASTER_ONLY_IN_GROUPS`: anyone in a private chat, masters elsewhere (a refusal
+        counts ``outcome="refused"`` and leaves the session untouched).
+        """
+        outcome = "ok"
+        raw_roles = sender.get("roles") or ()
+        roles = {raw_roles} if isinstance(raw_roles, str) else {str(r) for r in raw_roles}
+        if cmd.command in MASTER_ONLY_IN_GROUPS and scene_type != "private" and "master" not in roles:
+            outcome, text = "refused", self._text("not_master", name=cmd.name)
+        elif cmd.command in ("new", "clear"):
+            text = self._text("new", epoch=await host.archive())
+        elif cmd.command == "models":
+            text = self._models()
+        elif cmd.command == "status":
+            st = await host.status()
+            running = self._text("yes" if st.running_turns else "no")
+            text = self._text("status", model=st.model, messages=st.messages, epoch=st.epoch, running=running)
+        else:  # steer / followup: masters only (seed 002 decision 7)
+            if "master" not in roles:
+                outcome, text = "refused", self._text("not_master", name=cmd.name)
+            elif not cmd.args:
+                outcome, text = "refused", self._text("usage", name=cmd.name)
+            elif cmd.command == "steer":
+                result = host.steer(cmd.args, str(sender.get("id", "")))
+                text = self._text("steer_ok" if result == "steered" else "steer_started")
+            else:
+                result = host.follow_up(cmd.args, str(sender.get("id", "")))
+                text = self._text("followup_ok" if result == "queued" else "followup_started")
+        metrics.CHAT_COMMANDS.inc(command=cmd.command, outcome=outcome)
+        return Reply.of_text(text)
+
+    def _models(self) -> str:
+        if not self.models:
+            return self._text("models_none")
+        cache = self.capabilities
+        if cache is None:
+            from runtime.reply.capability import CAPABILITIES
+
+            cache = CAPABILITIES
+        lines = [self._text("models_header")]
+        for m in self.models:
+            marks = "".join(
+                f" ({label})"
+                for label, ref in (("default", self.default_model), ("vision", self.vision_model))
+                if ref == m.ref()
+            )
+            lines.append(
+                self._text(
+                    "models_line",
+                    ref=m.ref(),
+                    marks=marks,
+                    api=m.api,
+                    context_window=m.context_window,
+                    input="+".join(m.input),
+                    tier=cache.get(m) or "unknown",
+                )
+            )
+        return "\n".join(lines)
+
+
+def command_text(text: str, segments: Sequence[dict[str, Any]], bot_id: str) -> str:
+    """The text a command is looked for in: ``text`` without the mentions of the bot it starts
+    with (a group's ``@bot /new``; attack report 2026-11-30 item 12).
+
+    Only real mentions count: the message's first segments (after a ``reply`` quote and blank
+    text) must be ``mention`` segments targeting ``bot_id``; that many leading ``@<bot_id>``
+    tokens are then cut from ``text`` (the codecs render a mention as ``@<id>``). Typed text
+    ``@10001 /new`` without a mention segment, a mention of someone else, or text before the
+    mention leave ``text`` as it is.
+
+    >>> segs = [{"type": "mention", "data": {"target": "10001"}}, {"type": "text", "data": {"text": " /new"}}]
+    >>> command_text("@10001 /new", segs, "10001")
+    ' /new'
+    """
+    leading = 0
+    for seg in segments:
+        kind, data = seg.get("type"), seg.get("data") or {}
+        if kind == "reply" or (kind == "text" and not str(data.get("text", "")).strip()):
+            continue
+        if kind == "mention" and str(data.get("target")) == bot_id:
+            leading += 1
+            continue
+        break
+    token = re.compile(rf"\s*@{re.escape(bot_id)}(?![\w.-])")
+    for _ in range(leading):
+        m = token.match(text)
+        if m is None:
+            break
+        text = text[m.end() :]
+    return text

@@ -1,0 +1,429 @@
+"""The Ray-free heart of a live session: ordered inbox, overlapping turns, single writer, control.
+
+``actors.session_actor.SessionActor`` hosts exactly one :class:`SessionCore` per activation; the
+core runs on one event loop and never imports Ray, so it is unit-testable on its own.
+
+Rules (issue 8, item 1; seed 002 decisions 7, 12, 13; DESIGN consequence 4):
+
+* **Ordered inbox, single consumer.** :meth:`SessionCore.submit` puts an entry keyed by its
+  router-assigned ``seq`` into the inbox; one consumer task starts turns strictly in ``seq`` order
+  (Ray does not order calls to an async actor, so arrival order means nothing).
+* **Overlapping turns.** Up to ``max_concurrent_turns`` turns of the session run at once
+  (seed 002 #12). Each sees the context as it was when it started. Every append goes through the
+  session's :class:`~runtime.session.turn.SessionWriter`.
+* **Replies keep chat order.** Turn *k* hands its reply to delivery only after turn *k-1* handed
+  its own (or ended): the user sees answers in the order they asked.
+* **Control.** ``steer`` goes to the latest active turn (reaches its next LLM call);
+  ``follow_up`` queues on it (drained when it would stop). With no active turn, or when the text
+  was still queued as the turn ended, the text runs as a turn of its own — nothing is dropped.
+  Master-only checks happen before (router), so the core trusts its caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+from runtime import metrics
+from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, ToolResultMessage, UserMessage
+from runtime.reply.segments import Reply
+from runtime.session.turn import (
+    DEFERRED_MARKER,
+    INBOUND_MARKER,
+    REPLY_MARKER,
+    DeliverFn,
+    HandoffRequest,
+    SessionSetup,
+    SessionWriter,
+    TurnInput,
+    TurnResult,
+    close_orphan_tool_calls,
+    control_turn,
+    find_marker,
+    inbound_marker,
+    reply_marker,
+)
+from runtime.session.turn_agent import TurnControl, control_message, finalize_reply, run_agent, run_pre_tools
+from runtime.session.turn_tools import SpawnFn, make_deferred_task_tool, spawn_in_thread
+
+__all__ = ["ControlOutcome", "SessionCore"]
+
+log = logging.getLogger("sessionray.session")
+
+ControlOutcome = Literal["steered", "queued", "started"]
+"""``steered``/``queued``: joined the latest active turn; ``started``: ran as a new turn."""
+
+AgentRunner = Callable[[SessionSetup, list[AgentMessage], str, TurnControl, Any], Awaitable[Reply]]
+
+
+class SessionCore:
+    """One live session epoch: its writer, inbox and running turns.
+
+    Build with :meth:`open`. All methods must be called on the loop that ran :meth:`open`.
+
+    Args:
+        session_key: ``platform:bot_id:scope:scene_id``.
+        session_id: The active epoch ``{session_key}#{epoch}``.
+        setup: Model, tools, prompt, queue modes.
+        repo: A ``ContextRepository``.
+        writer: The session's single writer (holds the loaded context).
+        deliver: Hands a reply to delivery (returns once accepted).
+        next_seq: The first ``seq`` the inbox expects (1 for a fresh session; the lowest pending
+            seq when the router re-activates after a crash).
+        max_concurrent_turns: Turns of this session that may run at once (≥ 1).
+        run_agent_fn: The agent part of a turn (default :func:`runtime.session.turn_agent.run_agent`).
+        spawn: Runs a deferred task's function (default: a thread; the actor passes a Ray task).
+    """
+
+    def __init__(
+        self,
+        session_key: str,
+        session_id: str,
+        setup: SessionSetup,
+        repo: Any,
+        writer: SessionWriter,
+        deliver: DeliverFn,
+        *,
+        next_seq: int = 1,
+        max_concurrent_turns: int = 4,
+        run_agent_fn: AgentRunner = run_agent,
+        spawn: SpawnFn = spawn_in_thread,
+    ) -> None:
+        if max_concurrent_turns < 1:
+            raise ValueError("max_concurrent_turns must be ≥ 1")
+        self.session_key = session_key
+        self.session_id = session_id
+        self.setup = setup
+        self.repo = repo
+        self.writer = writer
+        self.deliver = deliver
+        self.scope = session_key.split(":")[2] if session_key.count(":") >= 3 else "private"
+        self._run_agent = run_agent_fn
+        self._spawn_deferred = spawn
+        if setup.deferred_tasks:
+            tool = make_deferred_task_tool(setup.deferred_tasks, self._start_deferred)
+            self.setup = dataclasses.replace(setup, tools=[*setup.tools, tool])
+        self._next_seq = next_seq
+        self._inbox: dict[int, tuple[TurnInput, asyncio.Future[TurnResult]]] = {}
+        self._slots = asyncio.Semaphore(max_concurrent_turns)
+        self._consumer: asyncio.Task[None] | None = None
+        self._active: list[TurnControl] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_handoff: asyncio.Future[None] | None = None
+        self._inflight: dict[int, TurnControl] = {}
+        self.turns_done = 0
+        self.loaded_messages = len(writer)
+        self.last_activity = time.monotonic()
+
+    @classmethod
+    async def open(
+        cls,
+        session_key: str,
+        repo: Any,
+        setup: SessionSetup,
+        deliver: DeliverFn,
+        *,
+        next_seq: int = 1,
+        max_concurrent_turns: int = 4,
+        run_agent_fn: AgentRunner = run_agent,
+        spawn: SpawnFn = spawn_in_thread,
+    ) -> SessionCore:
+        """Load (or create) the active epoch of ``session_key`` from SQL and return its core.
+
+        Raises:
+            SessionKeyError: malformed key. Database errors propagate.
+        """
+        session_id = await repo.get_or_create_active(session_key, model=setup.model.ref())
+        context = await repo.load_context(session_id)
+        writer = SessionWriter(repo, session_id, list(context.messages))
+        return cls(
+            session_key,
+            session_id,
+            setup,
+            repo,
+            writer,
+            deliver,
+            next_seq=next_seq,
+            max_concurrent_turns=max_concurrent_turns,
+            run_agent_fn=run_agent_fn,
+            spawn=spawn,
+        )
+
+    # ------------------------------------------------------------------ inbox
+
+    async def submit(self, turn: TurnInput) -> TurnResult:
+        """Queue an inbound entry and wait until its turn ended (reply handed to delivery).
+
+        Raises:
+            ValueError: ``turn.seq`` was already started or is already queued (the router never
+                sends one twice to the same activation).
+        """
+        if turn.seq < self._next_seq or turn.seq in self._inbox:
+            raise ValueError(
+                f"seq {turn.seq} of {self.session_key} was already submitted (next {self._next_seq})"
+            )
+        fut: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        self._inbox[turn.seq] = (turn, fut)
+        self.last_activity = time.monotonic()
+        if self._consumer is None or self._consumer.done():
+            self._consumer = asyncio.create_task(self._consume())
+        return await fut
+
+    async def _consume(self) -> None:
+        # The single consumer: starts turns in seq order, at most max_concurrent_turns at once.
+        while self._next_seq in self._inbox:
+            await self._slots.acquire()
+            turn, fut = self._inbox.pop(self._next_seq)
+            self._next_seq += 1
+            self._spawn(self._execute(turn, fut, release=True))
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ turns
+
+    async def _execute(
+        self, turn: TurnInput, fut: asyncio.Future[TurnResult] | None, *, release: bool
+    ) -> None:
+        ctl = TurnControl(turn, self.setup.steering_mode, self.setup.follow_up_mode)
+        if self.setup.compaction_threshold is not None:  # seed 002 #14: compaction as transform_context
+            from runtime.memory.compaction import make_compaction_hook
+
+            ctl.transform_context = make_compaction_hook(
+                self.repo, self.session_id, self.setup.model, threshold=self.setup.compaction_threshold
+            )
+        self._active.append(ctl)
+        prev, mine = self._last_handoff, asyncio.get_running_loop().create_future()
+        self._last_handoff = mine
+        t0 = time.perf_counter()
+        try:
+            result = await self._turn(turn, ctl, prev, mine)
+        except Exception as exc:
+            result = TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="error", error=repr(exc))
+        finally:
+            self._active.remove(ctl)
+            self._inflight = {k: v for k, v in self._inflight.items() if v is not ctl}
+            if not mine.done():
+                mine.set_result(None)
+            if release:
+                self._slots.release()
+            self.last_activity = time.monotonic()
+            for kind, msg in ctl.leftovers():
+                self._start_control_turn(kind, msg)
+        result.latency_ms = (time.perf_counter() - t0) * 1000
+        self.turns_done += 1
+        metrics.TURNS.inc(platform=turn.platform, outcome=result.outcome)
+        metrics.TURN_LATENCY.observe(result.latency_ms / 1000, platform=turn.platform)
+        if fut is not None and not fut.done():
+            fut.set_result(result)
+
+    async def _turn(
+        self,
+        turn: TurnInput,
+        ctl: TurnControl,
+        prev: asyncio.Future[None] | None,
+        mine: asyncio.Future[None] | None = None,
+    ) -> TurnResult:
+        reply_id = turn.reply_id(self.session_id)
+        done = TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="already_done", reply_id=reply_id)
+        messages = self.writer.snapshot()
+        start = find_marker(messages, INBOUND_MARKER, turn.message_id) if turn.attempt > 0 else None
+        reply: Reply | None = None
+        features = self.setup.features  # issue 9 (runtime.session.features)
+        command = features.command(turn) if features is not None and start is None else None
+        if start is not None:
+            # Crash retry (issue 8, item 8): the entry was recorded before the crash.
+            if find_marker(messages, REPLY_MARKER, turn.message_id) is not None:
+                return done
+            messages = await self.writer.append(close_orphan_tool_calls(messages))
+            final = messages[-1]
+            if isinstance(final, AssistantMessage):  # the answer was produced; only the handoff is missing
+                sender = turn.sender.get("id")
+                reply = await finalize_reply(
+                    self.setup, final, messages, str(sender) if sender else None, ctl
+                )
+        elif command is not None:
+            # issue 9: a chat command is answered before (and never shown to) the agent
+            reply = await features.run_command(command, turn, self, ctl)
+        else:
+            pre = await run_pre_tools(self.setup.pre_tools, turn)
+            records: list[AgentMessage] = [inbound_marker(turn, self.session_id)]
+            records += [pre] if pre is not None else []
+            records.append(
+                await features.user_message(turn, self.setup.model)
+                if features is not None
+                else turn.user_message()
+            )
+            messages = await self.writer.append(records)
+        if reply is None:
+            visible = [m for m in messages if self._inflight.get(id(m), ctl) is ctl]
+            reply = await self._run_agent(self.setup, visible, self.scope, ctl, self._recorder(ctl))
+        aborted = ctl.abort_controller.signal.aborted
+        if prev is not None:
+            await asyncio.shield(prev)  # chat order: the previous turn hands its reply first
+        if aborted:
+            return TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="aborted", reply_id=reply_id)
+        preview = reply.preview_text()
+        if not reply.is_empty():
+            await self.deliver(
+                HandoffRequest(
+                    reply_id=reply_id,
+                    session_key=self.session_key,
+                    platform=turn.platform,
+                    bot_id=turn.bot_id,
+                    scene_type=turn.scene_type,
+                    scene_id=turn.scene_id,
+                    reply_to=turn.message_id if turn.kind == "inbound" else None,
+                    reply=reply,
+                )
+            )
+        if mine is not None and not mine.done():
+            mine.set_result(None)  # the next turn may hand its reply over now (chat order kept)
+        await self.writer.append([reply_marker(turn, reply_id, preview)])
+        outcome: Literal["ok", "empty"] = "empty" if reply.is_empty() else "ok"
+        return TurnResult(
+            seq=turn.seq, message_id=turn.message_id, outcome=outcome, reply_id=reply_id, preview=preview
+        )
+
+    def _recorder(self, ctl: TurnControl) -> Callable[[Sequence[AgentMessage]], Awaitable[Any]]:
+        """The record function of one turn: appends through the writer and marks the turn's
+        assistant messages and tool results as in flight, so a turn that starts meanwhile does not
+        see another turn's half-done tool exchange (it sees it once that turn ended)."""
+
+        async def record(messages: Sequence[AgentMessage]) -> Any:
+            for m in messages:
+                if isinstance(m, AssistantMessage | ToolResultMessage):
+                    self._inflight[id(m)] = ctl
+            return await self.writer.append(messages)
+
+        return record
+
+    # ------------------------------------------------------------------ deferred tasks
+
+    def _start_deferred(self, call_id: str, task: str, args: dict[str, Any]) -> None:
+        self._spawn(self._run_deferred(call_id, task, args))
+
+    async def _run_deferred(self, call_id: str, task: str, args: dict[str, Any]) -> None:
+        """Run a deferred task, deliver its result as its own message, record it (never raises)."""
+        from runtime.keys import parse_session_key
+
+        try:
+            result = await self._spawn_deferred(self.setup.deferred_tasks[task], args)
+        except Exception as exc:
+            result = f"deferred task {task} failed: {exc}"
+        key = parse_session_key(self.session_key)
+        prev = self._last_handoff
+        if prev is not None:
+            await asyncio.shield(prev)  # after the reply of the turn that started it (chat order)
+        try:
+            await self.deliver(
+                HandoffRequest(
+                    reply_id=f"{self.session_id}/deferred/{call_id}",
+                    session_key=self.session_key,
+                    platform=key.platform,
+                    bot_id=key.bot_id,
+                    scene_type=key.scope,
+                    scene_id=key.scene_id,
+                    reply_to=None,
+                    reply=Reply.of_text(result),
+                )
+            )
+            await self.writer.append(
+                [
+                    CustomMessage(
+                        custom_type=DEFERRED_MARKER, data={"task": task, "call_id": call_id, "result": result}
+                    )
+                ]
+            )
+        except Exception:
+            log.exception("deferred task %s of %s: delivery failed", task, self.session_key)
+
+    def _start_control_turn(self, kind: Literal["steer", "follow_up"], msg: UserMessage) -> None:
+        sender = (msg.sender or {}).get("id", "")
+        text = msg.content if isinstance(msg.content, str) else ""
+        self._spawn(
+            self._execute(control_turn(self.session_key, kind, text, str(sender)), None, release=False)
+        )
+
+    # ------------------------------------------------------------------ control (seed 002 #2, #7, #13)
+
+    def steer(self, text: str, sender_id: str) -> ControlOutcome:
+        """Inject ``text`` into the latest active turn (it enters the context before that turn's
+        next LLM call; tools of the running batch are not skipped). No active turn: run as a turn."""
+        msg = control_message(text, sender_id)
+        for ctl in reversed(self._active):
+            if not ctl.closed:
+                ctl.steering.append(msg)
+                return "steered"
+        self._start_control_turn("steer", msg)
+        return "started"
+
+    def follow_up(self, text: str, sender_id: str) -> ControlOutcome:
+        """Queue ``text`` on the latest active turn (used when it would stop); no active turn: run
+        as a turn."""
+        msg = control_message(text, sender_id)
+        for ctl in reversed(self._active):
+            if not ctl.closed:
+                ctl.follow_ups.append(msg)
+                return "queued"
+        self._start_control_turn("follow_up", msg)
+        return "started"
+
+    def abort(self) -> int:
+        """Abort every running turn (stop_reason ``aborted``; no reply is sent for them). Queued
+        inbox entries still run. Returns how many turns were aborted."""
+        n = 0
+        for ctl in list(self._active):
+            if not ctl.abort_controller.signal.aborted:
+                ctl.abort_controller.abort("aborted by a master")
+                n += 1
+        return n
+
+    async def archive(self) -> str:
+        """``/new``: archive the active epoch and continue in a fresh, empty one (running turns
+        finish in the old epoch). Returns the new ``session_id``."""
+        self.session_id = await self.repo.archive_session(self.session_key)
+        self.writer = SessionWriter(self.repo, self.session_id, [])
+        return self.session_id
+
+    @property
+    def idle(self) -> bool:
+        """No queued entry and no running turn (safe to passivate)."""
+        return not self._inbox and not self._active and not self._tasks
+
+    @property
+    def next_seq(self) -> int:
+        """The next ``seq`` the inbox will start."""
+        return self._next_seq
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able snapshot: ``session_key``, ``session_id``, ``active_turns``, ``queued``,
+        ``next_seq``, ``turns_done``, ``messages`` (context length), ``idle_s``."""
+        return {
+            "session_key": self.session_key,
+            "session_id": self.session_id,
+            "active_turns": len(self._active),
+            "queued": len(self._inbox),
+            "next_seq": self._next_seq,
+            "turns_done": self.turns_done,
+            "messages": len(self.writer),
+            "idle_s": round(time.monotonic() - self.last_activity, 3),
+        }
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Abort what still runs and wait (bounded) for the tasks to end (passivation)."""
+        self.abort()
+        if self._tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        if self.setup.features is not None:  # issue 9: MCP connections
+            with contextlib.suppress(Exception):
+                await self.setup.features.close()

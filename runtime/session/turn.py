@@ -1,0 +1,361 @@
+"""One IM turn, without Ray (issue 8, item 1; seed 002 decisions 7, 11, 12, 19).
+
+A turn is: record the inbound message → agent loop with the session's tools (sender prefix when
+converting for the LLM) → validated :class:`~runtime.reply.segments.Reply` → hand it to delivery →
+record that it was handed. Everything here is plain asyncio so it is unit-testable without Ray;
+``actors/session_actor.py`` only hosts a :class:`~runtime.session.core.SessionCore` built from
+these pieces.
+
+Records a turn leaves in ``agent_messages`` (all through the session's single writer,
+:class:`SessionWriter`), which is what makes crash recovery possible:
+
+* ``CustomMessage(custom_type="im_inbound", data={"message_id", "seq", "reply_id"})`` — written
+  together with the user message, before any LLM call;
+* every message the agent loop produces (assistant messages, tool results, steering messages) as
+  soon as it ends — so an executed tool's result is in SQL before the next LLM call;
+* ``CustomMessage(custom_type="im_reply", data={"message_id", "reply_id", "preview"})`` — written
+  only after delivery accepted the reply (the inbox entry is then *done*).
+
+``convert_to_llm`` drops both markers (seed 002: custom messages never reach the model).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from pydantic import BaseModel, Field
+
+from runtime.agent.tools import AgentTool
+from runtime.llm.types import (
+    AgentMessage,
+    AssistantMessage,
+    CustomMessage,
+    Model,
+    TextContent,
+    ToolResultMessage,
+    UserMessage,
+)
+from runtime.reply.segments import Reply
+
+__all__ = [
+    "DEFERRED_MARKER",
+    "INBOUND_MARKER",
+    "INTERRUPTED_TEXT",
+    "PRE_TOOLS_MARKER",
+    "REPLY_MARKER",
+    "DeliverFn",
+    "HandoffRequest",
+    "PreTool",
+    "QueueMode",
+    "SessionSetup",
+    "SessionWriter",
+    "SetupFactory",
+    "TurnInput",
+    "TurnResult",
+    "close_orphan_tool_calls",
+    "find_marker",
+]
+
+INBOUND_MARKER = "im_inbound"
+"""``CustomMessage.custom_type`` recorded with each inbound turn (before the user message)."""
+REPLY_MARKER = "im_reply"
+"""``CustomMessage.custom_type`` recorded once a turn's reply was accepted by delivery."""
+DEFERRED_MARKER = "deferred_result"
+"""``CustomMessage.custom_type`` recording a finished deferred task (shown to the LLM later)."""
+PRE_TOOLS_MARKER = "pre_tool_results"
+"""``CustomMessage.custom_type`` holding the results of pre-executable tools (shown to the LLM)."""
+INTERRUPTED_TEXT = "interrupted: the session restarted while this tool call was running; it was not re-run"
+"""Text of the synthetic error result that closes a tool call cut off by a crash (issue 8, item 8)."""
+
+QueueMode: TypeAlias = Literal["one-at-a-time", "all"]
+
+
+class TurnInput(BaseModel):
+    """One entry of a session's inbox: an inbound message stamped by the router.
+
+    ``seq`` is the per-session sequence number (router-assigned, 1-based, contiguous), which the
+    session's single inbox consumer uses to start turns in order (Ray does not order calls to an
+    async actor). ``attempt`` is 0 for the first delivery and 1 for the one retry after a crash.
+    Times are Unix ms.
+    """
+
+    seq: int
+    session_key: str
+    platform: str
+    bot_id: str
+    message_id: str
+    scene_type: str
+    scene_id: str
+    sender: dict[str, Any] = Field(default_factory=dict)
+    """``{"id": str, "name": str, "roles": list[str]}``."""
+    text: str = ""
+    segments: list[dict[str, Any]] = Field(default_factory=list)
+    reply_to: str | None = None
+    time_ms: int = 0
+    kind: Literal["inbound", "follow_up", "steer"] = "inbound"
+    """``inbound``: a platform message; ``follow_up``/``steer``: a master's control text that
+    found no active turn to join, so it runs as a turn of its own."""
+    attempt: int = 0
+
+    @classmethod
+    def from_inbound(cls, inbound: Any, seq: int) -> TurnInput:
+        """Build from a :class:`runtime.platforms.base.InboundMessage` (duck-typed)."""
+        return cls(
+            seq=seq,
+            session_key=inbound.session_key,
+            platform=inbound.platform,
+            bot_id=inbound.bot_id,
+            message_id=inbound.message_id,
+            scene_type=inbound.scene_type,
+            scene_id=inbound.scene_id,
+            sender={
+                "id": inbound.sender.id,
+                "name": inbound.sender.name,
+                "roles": list(inbound.sender.roles),
+            },
+            text=inbound.text,
+            segments=list(inbound.segments),
+            reply_to=inbound.reply_to,
+            time_ms=inbound.time_ms,
+        )
+
+    def reply_id(self, session_id: str) -> str:
+        """The delivery idempotency key of this turn's reply: stable across the crash retry, so
+        the delivery ledger drops a second send (``{session_id}/{message_id}``)."""
+        return f"{session_id}/{self.message_id}"
+
+    def user_message(self) -> UserMessage:
+        """The user message stored for this inbound (clean text; the sender prefix is rendered at
+        LLM conversion time, seed 002 #11)."""
+        return UserMessage(
+            content=self.text, sender=dict(self.sender) or None, timestamp=self.time_ms or _now()
+        )
+
+
+def _now() -> int:
+    from runtime.llm.types import now_ms
+
+    return now_ms()
+
+
+class TurnResult(BaseModel):
+    """What one turn ended with (returned to the router, which then marks the entry done).
+
+    ``outcome``: ``ok`` (a reply was handed to delivery), ``empty`` (the model chose not to reply,
+    ``{"segments": []}``), ``already_done`` (a retried entry whose reply had been handed before the
+    crash), ``aborted``, ``error``.
+    """
+
+    seq: int
+    message_id: str
+    outcome: Literal["ok", "empty", "already_done", "aborted", "error"]
+    reply_id: str = ""
+    preview: str = ""
+    error: str = ""
+    latency_ms: float = 0.0
+
+
+@dataclass
+class PreTool:
+    """A pre-executable tool (issue 8, item 1): run in parallel before the turn's first LLM call;
+    its text result is recorded and shown to the model as context. Must be side-effect free
+    (a crash retry may run it again).
+
+    Attributes:
+        name: Label shown to the model.
+        run: ``async (turn) -> str | None``; ``None`` means "nothing to add". An exception is
+            recorded as ``error: <text>`` and never fails the turn.
+    """
+
+    name: str
+    run: Callable[[TurnInput], Awaitable[str | None]]
+
+
+@dataclass
+class SessionSetup:
+    """What a session's turns run with. Built inside the session actor by a :data:`SetupFactory`
+    (models, tools and faux scripts are process-local, so each actor builds its own).
+
+    Attributes:
+        model: The chat model.
+        tools: Business tools the agent may call.
+        system_prompt: System prompt (the IM preset for IM sessions).
+        output_schema: ``"segments"`` (seed 000 structured reply, default) or ``False`` (plain text:
+            the final text becomes one text segment; ``@name`` never becomes a mention).
+        steering_mode / follow_up_mode: how queued steer / follow-up messages are drained
+            (seed 002 #13; config ``ai.agent.steering_mode`` / ``follow_up_mode``).
+        pre_tools: Pre-executable tools.
+        max_iterations: LLM-call budget per turn (``None`` = the loop's default).
+        failure_text: The host's fixed failure message (seed 000) sent when a turn errors.
+        deferred_tasks: Named work the model may hand off with the ``run_deferred_task`` tool:
+            ``name -> fn(args: dict) -> str`` (sync, picklable: the session actor runs it as a Ray
+            task); its result is delivered as a separate outbound message.
+        features: :class:`runtime.session.features.AgentFeatures` (issue 9: chat commands, vision
+            routing, fallback chain, MCP tools, tool permissions, media provenance) or ``None``.
+        on_event: ``(event) -> None`` called with every agent-loop event of a turn and with its
+            :class:`runtime.reply.im_reply.ReplyOutcome`; must return at once (fire-and-forget). An
+            exception it raises is logged at debug level and ignored. ``None``: no hook (issue #6:
+            console sessions get :class:`runtime.platforms.console_events.ConsoleEventSink`).
+        compaction_threshold: Share of ``model.context_window`` above which the turn's
+            ``transform_context`` compacts older messages into a summary (seed 002 #14,
+            :func:`runtime.memory.compaction.make_compaction_hook`); ``None``: no compaction.
+    """
+
+    model: Model
+    tools: list[AgentTool[Any]] = field(default_factory=list)
+    system_prompt: str = ""
+    output_schema: Literal["segments"] | Literal[False] = "segments"
+    steering_mode: QueueMode = "one-at-a-time"
+    follow_up_mode: QueueMode = "one-at-a-time"
+    pre_tools: list[PreTool] = field(default_factory=list)
+    max_iterations: int | None = None
+    failure_text: str = "Sorry, something went wrong while answering. Please try again."
+    deferred_tasks: dict[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
+    features: Any = None
+    on_event: Callable[[Any], None] | None = None
+    compaction_threshold: float | None = None
+
+
+SetupFactory: TypeAlias = Callable[[str], "SessionSetup | Awaitable[SessionSetup]"]
+"""``(session_key) -> SessionSetup``, called in the session actor's process at activation. Must be
+picklable (it travels by value to the pool supervisor and every session actor)."""
+
+
+class HandoffRequest(BaseModel):
+    """A validated reply ready for delivery (``actors`` turns it into a ``DeliveryJob``)."""
+
+    reply_id: str
+    session_key: str
+    platform: str
+    bot_id: str
+    scene_type: str
+    scene_id: str
+    reply_to: str | None
+    reply: Reply
+
+
+DeliverFn: TypeAlias = Callable[[HandoffRequest], Awaitable[None]]
+"""Hands a reply to delivery; returns once delivery *accepted* it; raises if it could not."""
+
+
+class SessionWriter:
+    """The single writer of one session epoch (seed 002 #12, DESIGN consequence 4).
+
+    Every append of every (possibly overlapping) turn goes through :meth:`append`, which holds
+    one ``asyncio.Lock`` around the SQL append and the in-memory mirror, so the in-memory message
+    list is always exactly the SQL order. Create and use on one event loop.
+
+    Args:
+        store: A ``ContextRepository`` (or anything with ``append_messages``).
+        session_id: ``{session_key}#{epoch}``.
+        messages: The context loaded at activation (not copied; the writer owns it from now on).
+    """
+
+    def __init__(self, store: Any, session_id: str, messages: list[AgentMessage]) -> None:
+        import asyncio
+
+        self.store = store
+        self.session_id = session_id
+        self._messages = messages
+        self._lock = asyncio.Lock()
+        self.appended = 0
+        """Messages appended since activation."""
+
+    async def append(self, messages: Sequence[AgentMessage]) -> list[AgentMessage]:
+        """Append ``messages`` to SQL and the mirror; return a snapshot of the whole context after
+        the append (a new list).
+
+        Raises:
+            Whatever ``store.append_messages`` raises (then nothing was added to the mirror).
+        """
+        async with self._lock:
+            if messages:
+                await self.store.append_messages(self.session_id, list(messages))
+                self._messages.extend(messages)
+                self.appended += len(messages)
+            return list(self._messages)
+
+    def snapshot(self) -> list[AgentMessage]:
+        """A copy of the current context messages (SQL order)."""
+        return list(self._messages)
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+
+def find_marker(messages: Sequence[AgentMessage], custom_type: str, message_id: str) -> int | None:
+    """Index of the last ``CustomMessage`` of ``custom_type`` whose ``data["message_id"]`` equals
+    ``message_id``, or ``None``."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if (
+            isinstance(m, CustomMessage)
+            and m.custom_type == custom_type
+            and m.data.get("message_id") == message_id
+        ):
+            return i
+    return None
+
+
+def close_orphan_tool_calls(messages: Sequence[AgentMessage]) -> list[ToolResultMessage]:
+    """Synthetic ``is_error`` results for every tool call in ``messages`` that has no result
+    (issue 8, item 8: a tool cut off by a crash is never re-run; the retried turn sees this
+    "interrupted" error result instead). Order: the calls' order in the context."""
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolResultMessage)}
+    out: list[ToolResultMessage] = []
+    for m in messages:
+        if isinstance(m, AssistantMessage) and m.stop_reason not in ("error", "aborted"):
+            for call in m.tool_calls():
+                if call.id not in answered:
+                    out.append(
+                        ToolResultMessage(
+                            tool_call_id=call.id,
+                            tool_name=call.name,
+                            content=[TextContent(text=INTERRUPTED_TEXT)],
+                            is_error=True,
+                        )
+                    )
+                    answered.add(call.id)
+    return out
+
+
+def inbound_marker(turn: TurnInput, session_id: str) -> CustomMessage:
+    """The ``im_inbound`` record written with the turn's user message."""
+    return CustomMessage(
+        custom_type=INBOUND_MARKER,
+        data={"message_id": turn.message_id, "seq": turn.seq, "reply_id": turn.reply_id(session_id)},
+    )
+
+
+def reply_marker(turn: TurnInput, reply_id: str, preview: str) -> CustomMessage:
+    """The ``im_reply`` record written once delivery accepted the reply (the entry is done)."""
+    return CustomMessage(
+        custom_type=REPLY_MARKER,
+        data={"message_id": turn.message_id, "reply_id": reply_id, "preview": preview},
+    )
+
+
+def control_turn(
+    session_key: str, kind: Literal["follow_up", "steer"], text: str, sender_id: str
+) -> TurnInput:
+    """A turn for a master's follow-up/steer text that found no active turn (``seq`` = 0: it is
+    started directly, outside the router's sequence). Scene fields come from the session key."""
+    from runtime.keys import parse_session_key
+
+    key = parse_session_key(session_key)
+    return TurnInput(
+        seq=0,
+        session_key=session_key,
+        platform=key.platform,
+        bot_id=key.bot_id,
+        message_id=f"{kind}-{uuid.uuid4().hex[:16]}",
+        scene_type=key.scope,
+        scene_id=key.scene_id,
+        sender={"id": sender_id, "name": "", "roles": ["master"]},
+        text=text,
+        kind=kind,
+        time_ms=_now(),
+    )

@@ -1,0 +1,260 @@
+"""The agent part of one IM turn, without Ray (issue 8, item 1; seed 000; seed 002 #11, #13).
+
+:func:`run_agent` runs the agent loop for a turn whose user message is already recorded, records
+every message the loop ends through the session's single writer, and turns the final answer into
+a validated :class:`~runtime.reply.segments.Reply` with the IM reply contract
+(:mod:`runtime.reply.im_reply`). :class:`TurnControl` is what ``steer`` / ``follow_up`` / ``abort``
+reach while the turn runs. The bookkeeping around it (inbox, records, handoff) is in
+:mod:`runtime.session.turn` and :mod:`runtime.session.core`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal, TypeAlias
+
+from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, UserMessage
+from runtime.reply.segments import Reply
+from runtime.session.turn import (
+    DEFERRED_MARKER,
+    PRE_TOOLS_MARKER,
+    PreTool,
+    QueueMode,
+    SessionSetup,
+    TurnInput,
+)
+
+__all__ = [
+    "RecordFn",
+    "TurnControl",
+    "control_message",
+    "convert_for_session",
+    "emit_event",
+    "finalize_reply",
+    "reply_contract",
+    "run_agent",
+    "run_pre_tools",
+]
+
+log = logging.getLogger("sessionray.turn")
+
+
+def emit_event(setup: SessionSetup, event: Any) -> None:
+    """Hand ``event`` to ``setup.on_event`` when set; an exception it raises is logged at debug
+    level and dropped (issue #6: live events never break a turn)."""
+    if setup.on_event is None:
+        return
+    try:
+        setup.on_event(event)
+    except Exception as exc:
+        log.debug("on_event hook failed on %s: %r", getattr(event, "type", type(event).__name__), exc)
+
+
+# --------------------------------------------------------------------------- the agent part of a turn
+
+
+class TurnControl:
+    """The control side of one running turn: steer / follow-up queues and its abort switch.
+
+    A session's latest active turn receives ``steer`` and ``follow_up`` (seed 002 #13, modes
+    ``one-at-a-time`` | ``all``). Steering is drained by the agent loop before its next LLM call.
+    Follow-ups wait for the turn to end and then run as turns of their own, so each gets its own
+    IM reply (an IM turn has exactly one reply; joining the loop would swallow the first answer).
+    Steering that arrived after the last LLM call is returned by :meth:`leftovers` and also runs
+    as a turn: nothing is lost.
+    """
+
+    def __init__(self, turn: TurnInput, steering_mode: QueueMode, follow_up_mode: QueueMode) -> None:
+        from runtime.llm.abort import AbortController
+
+        self.turn = turn
+        self.steering_mode = steering_mode
+        self.follow_up_mode = follow_up_mode
+        self.steering: list[UserMessage] = []
+        self.follow_ups: list[UserMessage] = []
+        self.abort_controller = AbortController()
+        self.closed = False
+        self.steered = 0
+        self.transform_context: Any = None
+        """The turn's ``transform_context`` hook (compaction), set by the session before the loop."""
+
+    def _drain(self, queue: list[UserMessage], mode: QueueMode) -> list[AgentMessage]:
+        if not queue:
+            return []
+        taken = queue[:] if mode == "all" else queue[:1]
+        del queue[: len(taken)]
+        return list(taken)
+
+    def get_steering_messages(self) -> list[AgentMessage]:
+        """Hook for ``AgentLoopConfig.get_steering_messages``."""
+        out = self._drain(self.steering, self.steering_mode)
+        self.steered += len(out)
+        return out
+
+    def leftovers(self) -> list[tuple[Literal["steer", "follow_up"], UserMessage]]:
+        """Close the turn and return what must run as turns of their own, in order: steering that
+        arrived too late for an LLM call, then the queued follow-ups — one turn each
+        (``one-at-a-time``) or joined into one (``all``)."""
+        self.closed = True
+        out: list[tuple[Literal["steer", "follow_up"], UserMessage]] = [("steer", m) for m in self.steering]
+        if self.follow_ups and self.follow_up_mode == "all":
+            joined = "\n".join(m.content if isinstance(m.content, str) else "" for m in self.follow_ups)
+            out.append(("follow_up", self.follow_ups[0].model_copy(update={"content": joined})))
+        else:
+            out += [("follow_up", m) for m in self.follow_ups]
+        self.steering.clear()
+        self.follow_ups.clear()
+        return out
+
+
+def control_message(text: str, sender_id: str) -> UserMessage:
+    """The user message a master's steer / follow-up text becomes."""
+    return UserMessage(content=text, sender={"id": sender_id, "name": "", "roles": ["master"]})
+
+
+def convert_for_session(scope: str) -> Callable[[list[AgentMessage]], list[Any]]:
+    """``convert_to_llm`` of an IM session: pre-tool results become a user message, then the
+    memory layer's conversion (sender prefix in groups, summary, custom messages dropped)."""
+    from runtime.memory.sender import convert_for_llm
+
+    def convert(messages: list[AgentMessage]) -> list[Any]:
+        mapped: list[AgentMessage] = []
+        for m in messages:
+            if isinstance(m, CustomMessage) and m.custom_type == DEFERRED_MARKER:
+                d = m.data
+                mapped.append(
+                    UserMessage(
+                        content=f"[deferred task {d.get('task')} finished] {d.get('result')}",
+                        timestamp=m.timestamp,
+                    )
+                )
+            elif isinstance(m, CustomMessage) and m.custom_type == PRE_TOOLS_MARKER:
+                lines = [f"[{name}] {text}" for name, text in m.data.get("results", {}).items()]
+                mapped.append(
+                    UserMessage(
+                        content="Context gathered before this turn:\n" + "\n".join(lines),
+                        timestamp=m.timestamp,
+                    )
+                )
+            else:
+                mapped.append(m)
+        return convert_for_llm(mapped, scope)
+
+    return convert
+
+
+async def run_pre_tools(pre_tools: Sequence[PreTool], turn: TurnInput) -> CustomMessage | None:
+    """Run the pre-executable tools in parallel; return their ``pre_tool_results`` record, or
+    ``None`` when none produced anything. Failures are recorded as ``error: …`` text."""
+    import asyncio
+
+    if not pre_tools:
+        return None
+
+    async def one(p: PreTool) -> tuple[str, str | None]:
+        try:
+            return p.name, await p.run(turn)
+        except Exception as exc:  # a pre-tool never fails the turn
+            return p.name, f"error: {exc}"
+
+    pairs = await asyncio.gather(*(one(p) for p in pre_tools))
+    results = {name: text for name, text in pairs if text is not None}
+    if not results:
+        return None
+    return CustomMessage(custom_type=PRE_TOOLS_MARKER, data={"results": results})
+
+
+RecordFn: TypeAlias = Callable[[Sequence[AgentMessage]], Awaitable[Any]]
+"""Appends messages through the session's single writer."""
+
+
+def reply_contract(setup: SessionSetup) -> Any:
+    """The seed 000 :class:`runtime.reply.im_reply.ImReplyContract` of a session's turns."""
+    from runtime.reply.im_reply import ImReplyConfig, ImReplyContract
+
+    return ImReplyContract(
+        setup.model, setup.output_schema, config=ImReplyConfig(failure_text=setup.failure_text)
+    )
+
+
+async def finalize_reply(
+    setup: SessionSetup,
+    final: AssistantMessage | None,
+    messages: Sequence[AgentMessage],
+    sender_id: str | None,
+    ctl: TurnControl,
+    *,
+    contract: Any = None,
+    budget_spent: bool = False,
+) -> Reply:
+    """Validate the turn's final answer into a :class:`Reply` (seed 000: strict validation, at
+    most one format-correction call, then the fixed failure message; mention targets must be known
+    ids). ``budget_spent``: the loop stopped on ``max_iterations`` — ask once more for a summary in
+    the same schema. A cancelled turn gives an empty reply (nothing is sent)."""
+    from runtime.reply.im_reply import MentionIdentity
+
+    contract = contract or reply_contract(setup)
+    identity = (
+        setup.features.identity(sender_id, messages)  # issue 9: + media provenance
+        if setup.features is not None
+        else MentionIdentity.from_messages(sender_id, messages)
+    )
+    signal = ctl.abort_controller.signal
+    if budget_spent and not signal.aborted:
+        outcome = await contract.summarize(
+            messages, identity, system_prompt=setup.system_prompt, signal=signal
+        )
+    else:
+        outcome = await contract.finalize(final, identity, signal=signal)
+    emit_event(setup, outcome)
+    reply: Reply = outcome.reply
+    return reply
+
+
+async def run_agent(
+    setup: SessionSetup, messages: list[AgentMessage], scope: str, ctl: TurnControl, record: RecordFn
+) -> Reply:
+    """Run the agent loop from ``messages`` (whose tail is the turn's user message, or a resumed
+    turn's tool results) and return the validated reply.
+
+    Every message the loop ends — assistant messages, tool results, steering / follow-up user
+    messages — is recorded through ``record`` as soon as it ends, so an executed tool's result is in
+    SQL before the next LLM call (issue 8, item 8). LLM/tool failures travel as stop reasons and
+    end in the fixed failure message (seed 000), never as exceptions.
+    """
+    from runtime.agent.config import AgentContext, AgentLoopConfig
+    from runtime.agent.events import AgentEndEvent, MessageEndEvent
+    from runtime.agent.loop import agent_loop_continue
+
+    tools = list(setup.tools)
+    if setup.features is not None:  # issue 9: vision routing + MCP tools
+        setup, tools = await setup.features.prepare_turn(setup, ctl.turn)
+    contract = reply_contract(setup)
+    loop_config = AgentLoopConfig(
+        model=setup.model,
+        convert_to_llm=convert_for_session(scope),
+        get_steering_messages=ctl.get_steering_messages,
+        max_iterations=setup.max_iterations,
+        transform_context=ctl.transform_context,
+    )
+    if setup.features is not None:  # issue 9: fallback chain + tool permissions
+        loop_config = setup.features.configure(loop_config, tools, ctl.turn)
+    config = contract.configure(loop_config)
+    context = AgentContext(system_prompt=setup.system_prompt, messages=messages, tools=tools)
+    final: AssistantMessage | None = None
+    seen: list[AgentMessage] = list(messages)
+    budget_spent = False
+    async for event in agent_loop_continue(context, config, ctl.abort_controller.signal):
+        emit_event(setup, event)
+        if isinstance(event, MessageEndEvent):
+            await record([event.message])
+            seen.append(event.message)
+            if isinstance(event.message, AssistantMessage):
+                final = event.message
+        elif isinstance(event, AgentEndEvent):
+            budget_spent = event.reason == "max_iterations"
+    sender = ctl.turn.sender.get("id")
+    return await finalize_reply(
+        setup, final, seen, str(sender) if sender else None, ctl, contract=contract, budget_spent=budget_spent
+    )
