@@ -1,4 +1,4 @@
-"""Archive of a session that is not live goes through its router shard (review S3 #2), on real local
+"""Archive of a session that is not live goes through its router shard, on real local
 Ray: the admin ``POST /admin/sessions/{key}/archive`` keeps its HTTP contract (docs/operations.md,
 "HTTP API and CLI") over a real ``SessionRuntime``, and a message that reaches the shard while the
 archive runs activates the session on the *new* epoch, never on the archived one.

@@ -1,4 +1,4 @@
-"""Stream-parse throughput: our providers vs the official SDKs, side by side in one run (issue 3).
+"""Stream-parse throughput: our providers vs the official SDKs, side by side in one run.
 
 For each api the largest fixture the official SDK accepts is replayed in memory ``REPEAT`` times,
 cut into the same 1 KiB pieces for both sides:

@@ -1,6 +1,7 @@
-"""Benchmark of the actor runtime (issue #8): webhook → platform-API latency and throughput at 1, 20
-and 100 sessions; warm vs cold activation; USS per live session vs a bare actor; and the raw Ray
-floor measured in the same run (3-hop chain of bare async actors, and its pipelined ceiling).
+"""Benchmark of the actor runtime (docs/decisions.md#ops-benchmarks): webhook → platform-API latency
+and throughput at 1, 20 and 100 sessions; warm vs cold activation; USS per live session vs a bare
+actor; and the raw Ray floor measured in the same run (3-hop chain of bare async actors, and its
+pipelined ceiling).
 
 Everything is real: local Ray, the ingress (starlette + uvicorn over loopback HTTP), router, warm
 pool, session actors, delivery actors, SQLite, and a local platform-API server. Only the model is

@@ -210,7 +210,7 @@ def test_a_relative_media_dir_is_made_absolute_at_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Delivery actors may run in another working directory: the bot's media_dir is resolved
-    once, where the configuration is loaded (attack test: relative media_dir)."""
+    once, where the configuration is loaded (docs/decisions.md#security-media-references)."""
     monkeypatch.chdir(tmp_path)
     path = _write(tmp_path, "bots:\n  - platform: onebot11\n    self_id: 1\n    media_dir: media\n")
     assert load_config(path).bots[0].media_dir == str(tmp_path / "media")
