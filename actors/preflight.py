@@ -1,5 +1,5 @@
 """The start-up pre-flight: everything ``sessionray serve`` can check before it starts Ray
-(`docs/decisions.md#preflight-before-ray`), and the ``sessionray check`` command that runs it alone.
+(`docs/decisions.md#ops-preflight-before-ray`), and the ``sessionray check`` command that runs it alone.
 
 Checks, each reported with the config key or option that asks for it:
 
@@ -79,7 +79,7 @@ EXIT_CODES: dict[int, str] = {
 """Exit code → the class of problem it reports (the module docstring has the table)."""
 
 DEFAULT_METRICS_EXPORT_PORT = 8090
-"""Ray's metrics agent port for a local Ray (DESIGN.md: it must lie outside 10002–19999)."""
+"""Ray's metrics agent port for a local Ray (outside 10002–19999: docs/decisions.md#ops-ray-pitfalls)."""
 
 DB_CONNECT_TIMEOUT_S = 5
 """How long the PostgreSQL check waits for a connection (seconds)."""

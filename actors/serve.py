@@ -1,5 +1,6 @@
 """``sessionray serve``: the whole runtime on one machine — local Ray, the actors, and the ingress
-(uvicorn on uvloop in the driver process; DESIGN.md "Ingress": 0.7 ms vs 4 ms for Ray Serve).
+(uvicorn on uvloop in the driver process: 0.7 ms vs 4 ms for Ray Serve,
+docs/decisions.md#ops-ingress-placement).
 
 Start-up order: read the configuration (``--config FILE``, else ``sessionray.yaml``, else the
 embedded defaults: console bot, built-in model, SQLite under ./data); run the pre-flight
@@ -14,9 +15,9 @@ Exit codes: 0 stopped normally; 2 configuration/usage (also: SQLite on a multi-n
 3 environment; 4 database; 5 port in use (:mod:`actors.preflight` has the table).
 
 Actor metrics (``ray.util.metrics``) are exported by Ray's per-node metrics agent on
-``--metrics-export-port`` (default 8090; DESIGN.md: it must lie outside 10002–19999); the
-ingress's own metrics are at ``/metrics`` on the HTTP port. ``--port 0`` serves on a free port
-(the banner and ``ready`` line show which).
+``--metrics-export-port`` (default 8090; it must lie outside 10002–19999:
+docs/decisions.md#ops-ray-pitfalls); the ingress's own metrics are at ``/metrics`` on the HTTP port.
+``--port 0`` serves on a free port (the banner and ``ready`` line show which).
 """
 
 from __future__ import annotations

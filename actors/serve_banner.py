@@ -6,7 +6,7 @@ start ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=
 out ..."). ``sessionray serve`` keeps that secure default but asks for it explicitly
 (:func:`quiet_ray_auth`: ``RAY_AUTH_MODE=token`` when the operator set nothing, which Ray
 respects without the warning) and explains it once in the banner instead
-(`docs/decisions.md#ray-noise-explained-once`).
+(`docs/decisions.md#ops-ray-noise-explained-once`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A configuration names secrets by environment-variable *name* (``bots[].access_to
 is named must be set and non-empty when the runtime starts: the codecs (``runtime.platforms``)
 and the providers refuse an unset one, but only once Ray and the actors are up. These functions
 find every such problem at once, each with the config key that asks for it
-(`docs/decisions.md#preflight-before-ray`).
+(`docs/decisions.md#ops-preflight-before-ray`).
 
 ``server.admin_token_env`` is not required: without it the admin API is disabled (the banner
 of ``sessionray serve`` says so).
