@@ -100,13 +100,12 @@ class Problem:
     text: str
 
 
-class PreflightFailed(Exception):
-    """Every problem the pre-flight found (raised by ``sessionray serve``); :meth:`report` is the
-    operator's message, :attr:`exit_code` the process exit code."""
+@dataclass(frozen=True)
+class PreflightFailed:
+    """The problems one pre-flight found (at least one): :meth:`report` is the operator's
+    message, :attr:`exit_code` the process exit code."""
 
-    def __init__(self, problems: list[Problem]) -> None:
-        super().__init__("; ".join(p.text for p in problems))
-        self.problems = problems
+    problems: list[Problem]
 
     @property
     def exit_code(self) -> int:

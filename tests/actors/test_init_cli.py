@@ -88,3 +88,14 @@ def test_init_path_names_the_file_in_the_next_command(tmp_path: Path) -> None:
         "next: sessionray check --config conf/dev.yaml && sessionray serve --config conf/dev.yaml",
     ]
     assert (tmp_path / "conf" / "dev.yaml").read_text() == config_template()
+
+
+def test_no_example_points_a_model_server_at_sessionrays_own_port() -> None:
+    """A local model server (vLLM defaults to 8000) must not be shown on sessionray's own port."""
+    from runtime.config import ServerConfig
+
+    port = ServerConfig().port
+    own = re.compile(rf"(127\.0\.0\.1|localhost):{port}/v1")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    offending = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in pages for m in own.finditer(p.read_text())]
+    assert offending + own.findall(config_template()) == []
