@@ -44,7 +44,8 @@ from typing import Any, TypeVar
 import ray
 
 from actors.ray_compat import install_group_loop_fix
-from runtime.session.turn import HandoffRequest, SessionSetup, SetupFactory, TurnInput, TurnResult
+from runtime.delivery import DeliveryJob
+from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
 
 __all__ = ["SessionActor", "SessionNotBoundError", "process_uss_mib"]
 
@@ -302,13 +303,12 @@ class SessionActor:
             raise SessionNotBoundError(f"session {session_key} is not bound to this actor (bound: {bound})")
         return self._core
 
-    async def _deliver(self, handoff: HandoffRequest) -> None:
+    async def _deliver(self, job: DeliveryJob) -> None:
         # Runs on the session loop; returns once the delivery actor accepted the job.
-        job = _to_job(handoff)
         if hasattr(self._delivery, "deliver"):  # DeliveryPool: also survives a delivery actor restart
             await self._delivery.deliver(job)
         else:
-            await self._delivery.pick(handoff.session_key).deliver.remote(job)
+            await self._delivery.pick(job.session_key).deliver.remote(job)
 
     # ------------------------------------------------------------------ control (control group)
 
@@ -469,10 +469,3 @@ def _release_free_heap() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
 
-
-def _to_job(handoff: HandoffRequest) -> Any:
-    try:
-        from actors.delivery import DeliveryJob
-    except ImportError:
-        return handoff
-    return DeliveryJob(**{**handoff.model_dump(), "reply": handoff.reply})

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from runtime import metrics
+from runtime.delivery import DeliveryJob
 from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, ToolResultMessage, UserMessage
 from runtime.reply.segments import Reply
 from runtime.session.turn import (
@@ -37,7 +38,6 @@ from runtime.session.turn import (
     INBOUND_MARKER,
     REPLY_MARKER,
     DeliverFn,
-    HandoffRequest,
     SessionSetup,
     SessionWriter,
     TurnInput,
@@ -274,7 +274,7 @@ class SessionCore:
         preview = reply.preview_text()
         if not reply.is_empty():
             await self.deliver(
-                HandoffRequest(
+                DeliveryJob(
                     reply_id=reply_id,
                     session_key=self.session_key,
                     platform=turn.platform,
@@ -325,7 +325,7 @@ class SessionCore:
             await asyncio.shield(prev)  # after the reply of the turn that started it (chat order)
         try:
             await self.deliver(
-                HandoffRequest(
+                DeliveryJob(
                     reply_id=f"{self.session_id}/deferred/{call_id}",
                     session_key=self.session_key,
                     platform=key.platform,

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from runtime.delivery import DeliveryJob
 from runtime.llm.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.session.core import SessionCore
-from runtime.session.turn import INTERRUPTED_TEXT, HandoffRequest, TurnInput
+from runtime.session.turn import INTERRUPTED_TEXT, TurnInput
 from tests.actors.session_scripts import ScriptedSetup
 
 KEY = "onebot11:10001:private:20002"
@@ -38,9 +39,9 @@ def turn(seq: int, text: str, *, attempt: int = 0, message_id: str | None = None
 
 class Recorder:
     def __init__(self) -> None:
-        self.jobs: list[HandoffRequest] = []
+        self.jobs: list[DeliveryJob] = []
 
-    async def __call__(self, job: HandoffRequest) -> None:
+    async def __call__(self, job: DeliveryJob) -> None:
         self.jobs.append(job)
 
     def texts(self) -> list[str]:

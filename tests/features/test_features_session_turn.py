@@ -14,13 +14,14 @@ from pydantic import BaseModel
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
 from runtime.agent.tool_policy import ToolPermissions, set_permissions
 from runtime.agent.tools import AgentTool, AgentToolResult
+from runtime.delivery import DeliveryJob
 from runtime.llm.types import Model, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.reply.segments import Reply
 from runtime.session.core import SessionCore
 from runtime.session.features import AgentFeatures
-from runtime.session.turn import HandoffRequest, SessionSetup, TurnInput
+from runtime.session.turn import SessionSetup, TurnInput
 
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 FAIL = "Sorry, something went wrong while answering. Please try again."
@@ -59,9 +60,9 @@ def turn(
 
 class Recorder:
     def __init__(self) -> None:
-        self.jobs: list[HandoffRequest] = []
+        self.jobs: list[DeliveryJob] = []
 
-    async def __call__(self, job: HandoffRequest) -> None:
+    async def __call__(self, job: DeliveryJob) -> None:
         self.jobs.append(job)
 
 
