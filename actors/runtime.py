@@ -143,14 +143,7 @@ class SessionRuntime:
         factory = setup_factory or ConfigSetupFactory(config)
         self.pool = PoolSupervisor.options(  # type: ignore[attr-defined]
             name=self.pool_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
-        ).remote(
-            config,
-            factory,
-            delivery,
-            size=rt.warm_pool,
-            recycle_after_sessions=rt.recycle_after_sessions,
-            recycle_memory_mib=rt.recycle_memory_mib,
-        )
+        ).remote(config, factory, delivery)
         self.routers = [
             RouterActor.options(  # type: ignore[attr-defined]
                 name=self.router_name(i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True

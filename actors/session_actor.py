@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import ray
 
 from actors.ray_compat import install_group_loop_fix
+from runtime.config import Config
 from runtime.delivery import DeliveryJob
 from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
 
@@ -119,13 +120,14 @@ class SessionActor:
     """Hosts one live :class:`~runtime.session.core.SessionCore` at a time.
 
     Args:
-        config: The loaded ``runtime.config.Config`` (database URL, runtime knobs).
+        config: The loaded ``runtime.config.Config`` (``database.url``;
+            ``runtime.max_concurrent_turns``).
         setup_factory: ``(session_key) -> SessionSetup`` called at each activation.
         delivery: An object with ``pick(session_key) -> actor handle`` whose ``deliver`` method
             takes a ``DeliveryJob`` (EDGE's ``actors.delivery.DeliveryPool``).
     """
 
-    def __init__(self, config: Any, setup_factory: SetupFactory, delivery: Any) -> None:
+    def __init__(self, config: Config, setup_factory: SetupFactory, delivery: Any) -> None:
         _skip_httpx_cli()
         with contextlib.suppress(Exception):
             from actors.ray_metrics import install_ray_metrics
@@ -240,7 +242,7 @@ class SessionActor:
             setup,
             self._deliver,
             next_seq=next_seq,
-            max_concurrent_turns=int(_knob(self._config, "max_concurrent_turns", 4)),
+            max_concurrent_turns=self._config.runtime.max_concurrent_turns,
             spawn=_spawn_ray_task,
         )
         return {"session_id": self._core.session_id, "messages": len(self._core.writer), "pid": os.getpid()}
@@ -381,11 +383,6 @@ def _deferred_task(fn: Any, args: dict[str, Any]) -> str:
 async def _spawn_ray_task(fn: Any, args: dict[str, Any]) -> str:
     """``SpawnFn`` of session actors: delegate the work to a Ray task, await its text."""
     return str(await _deferred_task.remote(fn, args))
-
-
-def _knob(config: Any, name: str, default: Any) -> Any:
-    runtime = getattr(config, "runtime", None)
-    return getattr(runtime, name, default) if runtime is not None else default
 
 
 def _open_repository(config: Any) -> Any:

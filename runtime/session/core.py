@@ -75,7 +75,8 @@ class SessionCore:
         deliver: Hands a reply to delivery (returns once accepted).
         next_seq: The first ``seq`` the inbox expects (1 for a fresh session; the lowest pending
             seq when the router re-activates after a crash).
-        max_concurrent_turns: Turns of this session that may run at once (≥ 1).
+        max_concurrent_turns: Turns of this session that may run at once (≥ 1; the session actor
+            passes ``runtime.max_concurrent_turns``, whose default lives in the config model).
         run_agent_fn: The agent part of a turn (default :func:`runtime.session.turn_agent.run_agent`).
         spawn: Runs a deferred task's function (default: a thread; the actor passes a Ray task).
     """
@@ -89,8 +90,8 @@ class SessionCore:
         writer: SessionWriter,
         deliver: DeliverFn,
         *,
+        max_concurrent_turns: int,
         next_seq: int = 1,
-        max_concurrent_turns: int = 4,
         run_agent_fn: AgentRunner = run_agent,
         spawn: SpawnFn = spawn_in_thread,
     ) -> None:
@@ -128,8 +129,8 @@ class SessionCore:
         setup: SessionSetup,
         deliver: DeliverFn,
         *,
+        max_concurrent_turns: int,
         next_seq: int = 1,
-        max_concurrent_turns: int = 4,
         run_agent_fn: AgentRunner = run_agent,
         spawn: SpawnFn = spawn_in_thread,
     ) -> SessionCore:

@@ -215,7 +215,7 @@ async def test_pre_executable_tools_run_before_the_turn_and_are_recorded(repo: A
         raise OSError("service down")
 
     setup.pre_tools = [PreTool("weather", weather), PreTool("news", broken)]
-    core = await SessionCore.open(KEY, repo, setup, rec)
+    core = await SessionCore.open(KEY, repo, setup, rec, max_concurrent_turns=4)
     await core.submit(turn(1, "hi"))
     msgs = (await repo.load_context(core.session_id)).messages
     pre = [m for m in msgs if isinstance(m, CustomMessage) and m.custom_type == "pre_tool_results"]

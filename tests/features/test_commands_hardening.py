@@ -139,7 +139,7 @@ async def test_group_new_is_masters_only_private_new_is_anyones(
     setup = SessionSetup(model=model.get_model(), features=AgentFeatures(commands=CommandHandler()))
     rec = Recorder()
     chat = onebot_group([at("10001"), text(" hello")], message_id=1)
-    core = await SessionCore.open(chat.session_key, repo, setup, rec)
+    core = await SessionCore.open(chat.session_key, repo, setup, rec, max_concurrent_turns=4)
     assert (await core.submit(chat)).outcome == "ok"
     epoch = parse_session_id(core.session_id).epoch
 

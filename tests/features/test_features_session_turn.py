@@ -76,7 +76,7 @@ def repo(tmp_path: Path) -> Any:
 
 async def run_turn(repo: Any, setup: SessionSetup, t: TurnInput) -> tuple[Recorder, SessionCore]:
     rec = Recorder()
-    core = await SessionCore.open(t.session_key, repo, setup, rec)
+    core = await SessionCore.open(t.session_key, repo, setup, rec, max_concurrent_turns=4)
     result = await core.submit(t)
     assert result.outcome == "ok", result
     return rec, core
@@ -234,7 +234,7 @@ async def test_mcp_tools_in_session_turns_connect_once_and_close_on_passivation(
     setup = SessionSetup(model=model.get_model(), features=AgentFeatures(mcp=toolset))
     key = "onebot11:10001:private:47"
     rec = Recorder()
-    core = await SessionCore.open(key, repo, setup, rec)
+    core = await SessionCore.open(key, repo, setup, rec, max_concurrent_turns=4)
     first = turn(key, "add")
     second = first.model_copy(update={"seq": 2, "message_id": "m2", "text": "echo"})
     assert [(await core.submit(t)).outcome for t in (first, second)] == ["ok", "ok"]
