@@ -28,9 +28,10 @@ so every process agrees). Each shard, a named async actor ``sessionray-router-{i
   failure of the same message is counted as an error and the message is dropped with a log line.
   A *hung* actor (a turn pending ``runtime.hung_turn_s`` and no ``ping_turn`` answer within
   ``runtime.hung_ping_timeout_s``) is killed, which sends its turns down the same path;
-* routing of ``steer`` / ``follow_up`` (masters only, seed 002 #7: refusals are counted),
-  ``abort`` and ``archive`` (``archive_stored``: also of a passivated session, in SQL while the
-  shard holds the key); listing of live sessions (both in :mod:`actors.router_admin`).
+* routing of a :class:`~runtime.session.control.ControlRequest` — ``steer`` / ``follow_up``
+  (masters only, seed 002 #7: refusals are counted), ``abort``, ``archive`` (``archive_stored``:
+  also of a passivated session, in SQL while the shard holds the key) — to the session actor's
+  one ``control`` method; listing of live sessions (both in :mod:`actors.router_admin`).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def shard_of(session_key: str, shards: int) -> int:
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
 class RouterActor(RouterAdminMixin):
-    """One router shard (``steer``/``follow_up``/``abort``/``archive`` routing and the
-    introspection methods come from :class:`actors.router_admin.RouterAdminMixin`).
+    """One router shard (``control`` / ``archive_stored`` routing and the introspection methods
+    come from :class:`actors.router_admin.RouterAdminMixin`).
 
     Args:
         config: ``runtime.config.Config``; its ``runtime`` section (a

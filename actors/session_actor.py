@@ -8,9 +8,10 @@ class only hosts it.
 Threads and loops (why it looks like this):
 
 * Two Ray concurrency groups: ``turn`` (``submit``, one pending call per inbox entry) and
-  ``control`` (``activate``, ``passivate``, ``steer``, ``follow_up``, ``abort``, ``archive``,
-  ``status``, ``ping``). Each group has its own Ray thread, so a control call is never queued
-  behind turns (DESIGN consequence 3; measured 2.5–9 ms while a 3 s turn runs).
+  ``control`` (``activate``, ``passivate``, ``control`` — steer, follow-up, abort, archive as one
+  :class:`~runtime.session.control.ControlRequest` — ``status``, ``context_messages``, ``ping``).
+  Each group has its own Ray thread, so a control call is never queued behind turns (DESIGN
+  consequence 3; measured 2.5–9 ms while a 3 s turn runs).
 * The :class:`SessionCore` itself lives on **one** private asyncio loop thread (uvloop when
   available) started in ``__init__``; both groups forward to it with
   ``run_coroutine_threadsafe``. One loop means one writer and no cross-loop asyncio objects.
@@ -45,7 +46,8 @@ import ray
 
 from actors.ray_compat import install_group_loop_fix
 from runtime.config import Config
-from runtime.delivery import DeliveryJob
+from runtime.delivery.job import DeliveryJob
+from runtime.session.control import ControlReply, ControlRequest, run_control
 from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
 
 __all__ = ["SessionActor", "SessionNotBoundError", "process_uss_mib"]
@@ -315,34 +317,16 @@ class SessionActor:
     # ------------------------------------------------------------------ control (control group)
 
     @ray.method(concurrency_group="control")
-    async def steer(self, session_key: str, text: str, sender_id: str) -> str:
-        """Steer the latest active turn; see :meth:`SessionCore.steer`. Returns the outcome."""
-        return await self._on_loop(self._control(session_key, "steer", text, sender_id))
+    async def control(self, request: ControlRequest) -> ControlReply:
+        """Carry out a control request on the bound session (:func:`runtime.session.control.run_control`:
+        steer, follow-up, abort, archive). The router checked the sender of the master-only kinds.
 
-    @ray.method(concurrency_group="control")
-    async def follow_up(self, session_key: str, text: str, sender_id: str) -> str:
-        """Queue a follow-up; see :meth:`SessionCore.follow_up`. Returns the outcome."""
-        return await self._on_loop(self._control(session_key, "follow_up", text, sender_id))
+        Raises:
+            SessionNotBoundError: the actor is not bound to ``request.session_key``.
+        """
 
-    async def _control(self, session_key: str, kind: str, text: str, sender_id: str) -> str:
-        core = self._require(session_key)
-        return str(core.steer(text, sender_id) if kind == "steer" else core.follow_up(text, sender_id))
-
-    @ray.method(concurrency_group="control")
-    async def abort(self, session_key: str) -> int:
-        """Abort the running turns; returns how many."""
-
-        async def run() -> int:
-            return int(self._require(session_key).abort())
-
-        return await self._on_loop(run())
-
-    @ray.method(concurrency_group="control")
-    async def archive(self, session_key: str) -> str:
-        """Archive the active epoch and continue in a new one; returns the new ``session_id``."""
-
-        async def run() -> str:
-            return str(await self._require(session_key).archive())
+        async def run() -> ControlReply:
+            return await run_control(self._require(request.session_key), request)
 
         return await self._on_loop(run())
 
@@ -465,4 +449,3 @@ def _release_free_heap() -> None:
     figure ``recycle_memory_mib`` and the benchmark read). A no-op without glibc."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from runtime import metrics
-from runtime.delivery import DeliveryJob
+from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, ToolResultMessage, UserMessage
 from runtime.reply.segments import Reply
 from runtime.session.turn import (

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeAlias
 from pydantic import BaseModel, Field
 
 from runtime.agent.tools import AgentTool
-from runtime.delivery import DeliveryJob
+from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime.delivery import DeliveryJob
+from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository

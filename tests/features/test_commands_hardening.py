@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from providers.faux import faux_assistant_message, faux_text, register_faux_provider
-from runtime.delivery import DeliveryJob
+from runtime.delivery.job import DeliveryJob
 from runtime.keys import parse_session_id
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
 from runtime.agent.tool_policy import ToolPermissions, set_permissions
 from runtime.agent.tools import AgentTool, AgentToolResult
-from runtime.delivery import DeliveryJob
+from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import Model, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
