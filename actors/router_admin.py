@@ -1,10 +1,11 @@
-"""The admin face of a router shard (issue 8, items 3 and 5): routing of a
-:class:`~runtime.session.control.ControlRequest` (``steer`` / ``follow_up``, masters only, seed
-002 #7; ``abort``; ``archive``) to a live session's actor, with refusals raised as
-:class:`~runtime.session.control.ControlError` subclasses; the archive of a session that is not
-live (:meth:`RouterAdminMixin.archive_stored`: in SQL, while the shard holds the key so no
-activation can start meanwhile); and the introspection the admin API and CLI read
-(``sessions``, ``session``, ``context``, ``status``).
+"""The admin face of a router shard: routing of a
+:class:`~runtime.session.control.ControlRequest` (``steer`` / ``follow_up``, masters only,
+docs/decisions.md#steer-masters-only; ``abort``; ``archive``) to a live session's actor, with
+refusals raised as :class:`~runtime.session.control.ControlError` subclasses
+(docs/decisions.md#typed-control-request); the archive of a session that is not live
+(:meth:`RouterAdminMixin.archive_stored`: in SQL, while the shard holds the key so no activation
+can start meanwhile); and the introspection the admin API and CLI read (``sessions``,
+``session``, ``context``, ``status``).
 
 :class:`RouterAdminMixin` is a base class of :class:`actors.router.RouterActor` (Ray exposes the
 inherited methods as actor methods); it only reads the shard's directory, and drops an entry
@@ -88,8 +89,9 @@ class RouterAdminMixin:
     async def control(self, request: ControlRequest) -> ControlReply:
         """Forward ``request`` (steer, follow-up, abort, archive) to the session's actor.
 
-        ``steer`` and ``follow_up`` are for the bot's masters only (seed 002 #7); a refusal is
-        counted in ``sessionray_control_total{kind, outcome="refused"}``.
+        ``steer`` and ``follow_up`` are for the bot's masters only
+        (docs/decisions.md#steer-masters-only); a refusal is counted in
+        ``sessionray_control_total{kind, outcome="refused"}``.
 
         Raises:
             NotMasterError: a master-only kind from a sender who is not a master of the bot.
@@ -134,7 +136,7 @@ class RouterAdminMixin:
 
     async def archive_stored(self, session_key: str) -> ControlReply:
         """Archive the epoch of ``session_key`` whether it is live or not (admin ``archive`` of a
-        passivated session, review S3 #2).
+        passivated session).
 
         The key's ordering ticket is taken before the first ``await`` and held to the end, and any
         passivation of the key in flight is awaited (``_settled``): no ``submit`` of the key can

@@ -2,7 +2,7 @@
 call) and the delivery core that renders a reply through a platform codec, runs the media and
 leak checks and sends each step exactly once and in chat order. ``actors/delivery.py`` is only
 the Ray shell around :class:`~runtime.delivery.core.DeliverySender`
-(`docs/decisions.md#delivery-exactly-once`).
+(`docs/decisions.md#delivery-ledger`).
 
 Only :class:`DeliveryJob` (:mod:`runtime.delivery.job`, what the session wing hands over) is
 re-exported here: the sender, its settings and results (:mod:`runtime.delivery.core`) and the

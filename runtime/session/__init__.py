@@ -4,7 +4,7 @@ writer, steer / follow_up / abort), the typed control request that reaches it
 turn records that make crash recovery possible, the agent part of a turn, chat commands, model
 routing (vision, fallback chain), and the extra tools a session offers (deferred tasks,
 sub-agents, MCP servers, ``*.tool.md`` files). ``actors/`` hosts these cores; they never import
-Ray (`docs/decisions.md#session-single-writer`).
+Ray (`docs/decisions.md#session-ray-free-core`).
 """
 
 from runtime.session.control import (

@@ -7,11 +7,11 @@ hands it to :func:`run_control`: the one place that dispatches on :class:`Contro
 :class:`~runtime.session.core.SessionCore` methods. The answer is a :class:`ControlReply`.
 
 Refusals are exceptions, never error dicts: :class:`NotMasterError` (``steer`` / ``follow_up``
-from a user who is not a master of the bot, seed 002 #7), :class:`UnknownSessionError` (no live
-session with that key, or a malformed key) and :class:`BadControlRequest` (a ``steer`` /
-``follow_up`` without text or sender). They share the base :class:`ControlError`; the admin API
-maps them to HTTP status codes in one table (``actors.admin.error_status``). Nothing here imports
-Ray.
+from a user who is not a master of the bot, docs/decisions.md#steer-masters-only),
+:class:`UnknownSessionError` (no live session with that key, or a malformed key) and
+:class:`BadControlRequest` (a ``steer`` / ``follow_up`` without text or sender). They share the
+base :class:`ControlError`; the admin API maps them to HTTP status codes in one table
+(``actors.admin.ERROR_STATUS``). Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ class ControlError(Exception):
 
 
 class NotMasterError(ControlError, PermissionError):
-    """``steer`` / ``follow_up`` from a user who is not a master of the bot (seed 002 #7)."""
+    """``steer`` / ``follow_up`` from a user who is not a master of the bot
+    (docs/decisions.md#steer-masters-only)."""
 
 
 class UnknownSessionError(ControlError, LookupError):
