@@ -183,12 +183,7 @@ def crash_handler(model: Model) -> Callable[[BaseException], AssistantMessage]:
     naming the exception (``stop_reason="error"``; run_stream turns cancellation into aborted)."""
 
     def on_crash(exc: BaseException) -> AssistantMessage:
-        return AssistantMessage(
-            api=model.api,
-            provider=model.provider,
-            model=model.id,
-            stop_reason="error",
-            error_message=str(exc) if isinstance(exc, ApiKeyError) else f"{type(exc).__name__}: {exc}",
-        )
+        text = str(exc) if isinstance(exc, ApiKeyError) else f"{type(exc).__name__}: {exc}"
+        return AssistantMessage.error_for(model, text)
 
     return on_crash
