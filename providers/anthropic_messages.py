@@ -31,6 +31,7 @@ import json
 from typing import Any
 
 from providers.common import (
+    ProviderConfigs,
     finalize_usage,
     join_url,
     loads,
@@ -335,8 +336,14 @@ class AnthropicMessagesParser:
 # --------------------------------------------------------------------------- entry points
 
 
-def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
-    key = resolve_api_key(model, options)
+def _request(
+    model: Model,
+    context: Context,
+    options: StreamOptions,
+    reasoning: str,
+    provider_configs: ProviderConfigs | None,
+) -> HttpRequest:
+    key = resolve_api_key(model, options, provider_configs)
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -353,20 +360,32 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
 
 
 def stream_anthropic_messages(
-    model: Model, context: Context, options: StreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: StreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
-    """Stream one Messages-API call; returns at once, failures arrive as the ``error`` event."""
+    """Stream one Messages-API call; returns at once, failures arrive as the ``error`` event.
+    ``provider_configs`` (``ai.providers``) is where the API key is looked up
+    (:func:`providers.common.resolve_api_key`)."""
     return stream_sse_call(
         API,
         model,
         options,
-        lambda opts, reasoning: _request(model, context, opts, reasoning),
+        lambda opts, reasoning: _request(model, context, opts, reasoning, provider_configs),
         lambda builder: AnthropicMessagesParser(builder, model),
     )
 
 
 def stream_simple(
-    model: Model, context: Context, options: SimpleStreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: SimpleStreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """:func:`stream_anthropic_messages` with the unified reasoning level mapped to ``thinking``."""
-    return stream_anthropic_messages(model, context, options or SimpleStreamOptions())
+    return stream_anthropic_messages(
+        model, context, options or SimpleStreamOptions(), provider_configs=provider_configs
+    )

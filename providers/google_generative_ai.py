@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from providers.common import (
+    ProviderConfigs,
     finalize_usage,
     join_url,
     loads,
@@ -274,8 +275,14 @@ class GoogleParser:
 # --------------------------------------------------------------------------- entry points
 
 
-def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
-    key = resolve_api_key(model, options)
+def _request(
+    model: Model,
+    context: Context,
+    options: StreamOptions,
+    reasoning: str,
+    provider_configs: ProviderConfigs | None,
+) -> HttpRequest:
+    key = resolve_api_key(model, options, provider_configs)
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -291,20 +298,32 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
 
 
 def stream_google_generative_ai(
-    model: Model, context: Context, options: StreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: StreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
-    """Stream one Gemini call; returns at once, failures arrive as the ``error`` event."""
+    """Stream one Gemini call; returns at once, failures arrive as the ``error`` event.
+    ``provider_configs`` (``ai.providers``) is where the API key is looked up
+    (:func:`providers.common.resolve_api_key`)."""
     return stream_sse_call(
         API,
         model,
         options,
-        lambda opts, reasoning: _request(model, context, opts, reasoning),
+        lambda opts, reasoning: _request(model, context, opts, reasoning, provider_configs),
         lambda builder: GoogleParser(builder, model),
     )
 
 
 def stream_simple(
-    model: Model, context: Context, options: SimpleStreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: SimpleStreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """:func:`stream_google_generative_ai` with the unified reasoning level as a thinking budget."""
-    return stream_google_generative_ai(model, context, options or SimpleStreamOptions())
+    return stream_google_generative_ai(
+        model, context, options or SimpleStreamOptions(), provider_configs=provider_configs
+    )

@@ -28,6 +28,7 @@ import json
 from typing import Any
 
 from providers.common import (
+    ProviderConfigs,
     finalize_usage,
     join_url,
     loads,
@@ -413,8 +414,14 @@ class OpenAICompletionsParser:
 # --------------------------------------------------------------------------- entry points
 
 
-def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
-    key = resolve_api_key(model, options)
+def _request(
+    model: Model,
+    context: Context,
+    options: StreamOptions,
+    reasoning: str,
+    provider_configs: ProviderConfigs | None,
+) -> HttpRequest:
+    key = resolve_api_key(model, options, provider_configs)
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -430,24 +437,36 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
 
 
 def stream_openai_completions(
-    model: Model, context: Context, options: StreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: StreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """Stream one Chat Completions call (``POST {base_url}/chat/completions``, ``stream: true``).
 
     Returns at once; failures (HTTP errors, timeouts, aborts, malformed chunks) arrive as the
-    terminal ``error`` event with the provider's message. ``options`` as in :class:`StreamOptions`.
+    terminal ``error`` event with the provider's message. ``options`` as in :class:`StreamOptions`;
+    ``provider_configs`` (``ai.providers``) is where the API key is looked up
+    (:func:`providers.common.resolve_api_key`).
     """
     return stream_sse_call(
         API,
         model,
         options,
-        lambda opts, reasoning: _request(model, context, opts, reasoning),
+        lambda opts, reasoning: _request(model, context, opts, reasoning, provider_configs),
         lambda builder: OpenAICompletionsParser(builder, model),
     )
 
 
 def stream_simple(
-    model: Model, context: Context, options: SimpleStreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: SimpleStreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """:func:`stream_openai_completions` with the unified reasoning level mapped per ``compat``."""
-    return stream_openai_completions(model, context, options or SimpleStreamOptions())
+    return stream_openai_completions(
+        model, context, options or SimpleStreamOptions(), provider_configs=provider_configs
+    )
