@@ -36,7 +36,6 @@ from providers.common import (
     join_url,
     loads,
     request_secrets,
-    resolve_api_key,
 )
 from providers.handoff import anthropic_tool_id, transform_messages
 from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
@@ -336,14 +335,8 @@ class AnthropicMessagesParser:
 # --------------------------------------------------------------------------- entry points
 
 
-def _request(
-    model: Model,
-    context: Context,
-    options: StreamOptions,
-    reasoning: str,
-    provider_configs: ProviderConfigs | None,
-) -> HttpRequest:
-    key = resolve_api_key(model, options, provider_configs)
+def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
+    key = options.api_key  # resolved by stream_sse_call
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -373,8 +366,9 @@ def stream_anthropic_messages(
         API,
         model,
         options,
-        lambda opts, reasoning: _request(model, context, opts, reasoning, provider_configs),
+        lambda opts, reasoning: _request(model, context, opts, reasoning),
         lambda builder: AnthropicMessagesParser(builder, model),
+        provider_configs,
     )
 
 

@@ -31,7 +31,6 @@ from providers.common import (
     loads,
     mint_tool_call_id,
     request_secrets,
-    resolve_api_key,
 )
 from providers.handoff import transform_messages
 from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
@@ -275,14 +274,8 @@ class GoogleParser:
 # --------------------------------------------------------------------------- entry points
 
 
-def _request(
-    model: Model,
-    context: Context,
-    options: StreamOptions,
-    reasoning: str,
-    provider_configs: ProviderConfigs | None,
-) -> HttpRequest:
-    key = resolve_api_key(model, options, provider_configs)
+def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
+    key = options.api_key  # resolved by stream_sse_call
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -311,8 +304,9 @@ def stream_google_generative_ai(
         API,
         model,
         options,
-        lambda opts, reasoning: _request(model, context, opts, reasoning, provider_configs),
+        lambda opts, reasoning: _request(model, context, opts, reasoning),
         lambda builder: GoogleParser(builder, model),
+        provider_configs,
     )
 
 

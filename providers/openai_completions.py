@@ -34,7 +34,6 @@ from providers.common import (
     loads,
     mint_tool_call_id,
     request_secrets,
-    resolve_api_key,
 )
 from providers.handoff import openai_tool_id, transform_messages
 from providers.profiles import OpenAICompat, openai_compat
@@ -414,14 +413,8 @@ class OpenAICompletionsParser:
 # --------------------------------------------------------------------------- entry points
 
 
-def _request(
-    model: Model,
-    context: Context,
-    options: StreamOptions,
-    reasoning: str,
-    provider_configs: ProviderConfigs | None,
-) -> HttpRequest:
-    key = resolve_api_key(model, options, provider_configs)
+def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
+    key = options.api_key  # resolved by stream_sse_call
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -454,8 +447,9 @@ def stream_openai_completions(
         API,
         model,
         options,
-        lambda opts, reasoning: _request(model, context, opts, reasoning, provider_configs),
+        lambda opts, reasoning: _request(model, context, opts, reasoning),
         lambda builder: OpenAICompletionsParser(builder, model),
+        provider_configs,
     )
 
 
