@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from runtime.agent.agent import QueueMode
 from runtime.llm.types import InputKind, ModelCost
 
 KNOWN_APIS = ("openai-completions", "anthropic-messages", "google-generative-ai", "faux")
@@ -129,8 +130,8 @@ class AgentConfig(_Closed):
 
     output_schema: Literal["segments", False] | dict[str, Any] = "segments"
     """``segments`` (seed 000 reply contract), ``false`` (plain text) or a JSON Schema object."""
-    steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
-    follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    steering_mode: QueueMode = "one-at-a-time"
+    follow_up_mode: QueueMode = "one-at-a-time"
     compaction_threshold: float | None = Field(default=0.8, gt=0, le=1)
     """Share of the model's ``context_window`` above which older messages are summarized into
     ``agent_summaries`` before an LLM call (seed 002 #14); ``null`` turns compaction off."""

@@ -197,7 +197,7 @@ class SessionCore:
         if self.setup.compaction_threshold is not None:  # seed 002 #14: compaction as transform_context
             from runtime.memory.compaction import make_compaction_hook
 
-            ctl.transform_context = make_compaction_hook(
+            ctl.agent.transform_context = make_compaction_hook(
                 self.repo, self.session_id, self.setup.model, threshold=self.setup.compaction_threshold
             )
         self._active.append(ctl)
@@ -361,7 +361,7 @@ class SessionCore:
         msg = control_message(text, sender_id)
         for ctl in reversed(self._active):
             if not ctl.closed:
-                ctl.steering.append(msg)
+                ctl.steer(msg)
                 return "steered"
         self._start_control_turn("steer", msg)
         return "started"
@@ -372,7 +372,7 @@ class SessionCore:
         msg = control_message(text, sender_id)
         for ctl in reversed(self._active):
             if not ctl.closed:
-                ctl.follow_ups.append(msg)
+                ctl.follow_up(msg)
                 return "queued"
         self._start_control_turn("follow_up", msg)
         return "started"

@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, Field
 
+from runtime.agent.agent import QueueMode
 from runtime.agent.tools import AgentTool
 from runtime.llm.types import (
     AgentMessage,
@@ -49,7 +50,6 @@ __all__ = [
     "DeliverFn",
     "HandoffRequest",
     "PreTool",
-    "QueueMode",
     "SessionSetup",
     "SessionWriter",
     "SetupFactory",
@@ -69,8 +69,6 @@ PRE_TOOLS_MARKER = "pre_tool_results"
 """``CustomMessage.custom_type`` holding the results of pre-executable tools (shown to the LLM)."""
 INTERRUPTED_TEXT = "interrupted: the session restarted while this tool call was running; it was not re-run"
 """Text of the synthetic error result that closes a tool call cut off by a crash (issue 8, item 8)."""
-
-QueueMode: TypeAlias = Literal["one-at-a-time", "all"]
 
 
 class TurnInput(BaseModel):

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from runtime.agent.agent import Agent
 from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
 from runtime.llm.abort import AbortSignal
 from runtime.llm.types import AssistantMessage, Model, UserMessage
@@ -104,16 +105,9 @@ async def run_subagent(
     Raises:
         RuntimeError: the sub-agent's last answer ended in ``error``/``aborted`` (message included).
     """
-    from runtime.agent.config import AgentContext, AgentLoopConfig
-    from runtime.agent.events import MessageEndEvent
-    from runtime.agent.loop import agent_loop
-
-    context = AgentContext(system_prompt=system_prompt, messages=[], tools=list(tools))
-    config = AgentLoopConfig(model=model, max_iterations=max_iterations)
-    final: AssistantMessage | None = None
-    async for event in agent_loop([UserMessage(content=task)], context, config, signal):
-        if isinstance(event, MessageEndEvent) and isinstance(event.message, AssistantMessage):
-            final = event.message
+    agent = Agent(model=model, system_prompt=system_prompt, tools=tools, max_iterations=max_iterations)
+    await agent.prompt(UserMessage(content=task), signal=signal)
+    final = next((m for m in reversed(agent.state.messages) if isinstance(m, AssistantMessage)), None)
     if final is not None and final.stop_reason in ("error", "aborted"):
         raise RuntimeError(f"sub-agent {final.stop_reason}: {final.error_message}")
     return final.text() if final is not None else ""
