@@ -1,16 +1,17 @@
 """The stateful :class:`Agent`: queues plus a small state reducer over the loop's events.
 
-Issue 2 item 8; seed 002 D6 (``prompt``/``continue``/``subscribe``/``abort``/``waitForIdle``/
-``steer``/``followUp``/``clear*Queue``). The loop itself is :mod:`runtime.agent.loop`; the agent
-feeds it its own steering and follow-up queues through ``get_steering_messages`` /
-``get_follow_up_messages`` and keeps ``state.messages`` in step with ``message_end`` events.
+``prompt`` / ``continue_`` / ``subscribe`` / ``abort`` / ``wait_for_idle`` / ``steer`` /
+``follow_up`` / ``clear_*_queue`` (docs/decisions.md#agent-loop-hooks). The loop itself is
+:mod:`runtime.agent.loop`; the agent feeds it its own steering and follow-up queues through
+``get_steering_messages`` / ``get_follow_up_messages`` and keeps ``state.messages`` in step with
+``message_end`` events.
 
-Queue modes (``ai.agent.steering_mode`` / ``follow_up_mode``): ``one-at-a-time`` (default)
-hands the loop one queued message per poll; ``all`` hands over the whole queue. This is the one
-queue implementation: ``sessionray chat``, the README tour, sub-agents and every turn of a live
-IM session run on :class:`Agent` (`docs/decisions.md#agent-one-engine`). A live IM turn keeps its
-follow-ups out of the loop (``drain_follow_ups=False``) because each follow-up gets its own IM
-reply; it takes them with :meth:`Agent.take_queued` when the run ends.
+Queue modes (``ai.agent.steering_mode`` / ``follow_up_mode``, `docs/decisions.md#queue-modes`):
+``one-at-a-time`` (default) hands the loop one queued message per poll; ``all`` hands over the
+whole queue. This is the one queue implementation: ``sessionray chat``, the README tour, sub-agents
+and every turn of a live IM session run on :class:`Agent` (`docs/decisions.md#agent-one-engine`).
+A live IM turn keeps its follow-ups out of the loop (``drain_follow_ups=False``) because each
+follow-up gets its own IM reply; it takes them with :meth:`Agent.take_queued` when the run ends.
 
 Example:
     >>> import asyncio

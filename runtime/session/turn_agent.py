@@ -1,4 +1,4 @@
-"""The agent part of one IM turn, without Ray (issue 8, item 1; seed 000; seed 002 #11, #13).
+"""The agent part of one IM turn, without Ray (docs/decisions.md#session-turn-records).
 
 :func:`run_agent` runs the agent loop for a turn whose user message is already recorded, records
 every message the loop ends through the session's single writer, and turns the final answer into
@@ -47,7 +47,8 @@ log = logging.getLogger("sessionray.turn")
 
 def emit_event(setup: SessionSetup, event: Any) -> None:
     """Hand ``event`` to ``setup.on_event`` when set; an exception it raises is logged at debug
-    level and dropped (issue #6: live events never break a turn)."""
+    level and dropped (live events never break a turn:
+    docs/decisions.md#live-events-never-break-turns)."""
     if setup.on_event is None:
         return
     try:
@@ -69,7 +70,7 @@ class TurnControl:
     of their own, so each gets its own IM reply (an IM turn has exactly one reply; joining the
     loop would swallow the first answer). Steering that arrived after the last LLM call is
     returned by :meth:`leftovers` and also runs as a turn: nothing is lost
-    (`docs/decisions.md#steer-follow-up-queues`).
+    (`docs/decisions.md#steer-latest-turn`).
 
     The abort switch covers the whole turn (pre-tools, the agent run, the reply's validation);
     the agent's run is linked to it.
@@ -168,7 +169,8 @@ RecordFn: TypeAlias = Callable[[Sequence[AgentMessage]], Awaitable[Any]]
 
 
 def reply_contract(setup: SessionSetup) -> Any:
-    """The seed 000 :class:`runtime.reply.im_reply.ImReplyContract` of a session's turns."""
+    """The :class:`runtime.reply.im_reply.ImReplyContract` of a session's turns
+    (docs/decisions.md#reply-segments)."""
     return ImReplyContract(
         setup.model, setup.output_schema, config=ImReplyConfig(failure_text=setup.failure_text)
     )
@@ -184,13 +186,14 @@ async def finalize_reply(
     contract: Any = None,
     budget_spent: bool = False,
 ) -> Reply:
-    """Validate the turn's final answer into a :class:`Reply` (seed 000: strict validation, at
-    most one format-correction call, then the fixed failure message; mention targets must be known
-    ids). ``budget_spent``: the loop stopped on ``max_iterations`` — ask once more for a summary in
-    the same schema. A cancelled turn gives an empty reply (nothing is sent)."""
+    """Validate the turn's final answer into a :class:`Reply` (strict validation, at most
+    one format-correction call (docs/decisions.md#reply-one-correction), then the fixed failure
+    message; mention targets must be known ids). ``budget_spent``: the loop stopped on
+    ``max_iterations`` — ask once more for a summary in the same schema. A cancelled turn gives an
+    empty reply (nothing is sent)."""
     contract = contract or reply_contract(setup)
     identity = (
-        setup.features.identity(sender_id, messages)  # issue 9: + media provenance
+        setup.features.identity(sender_id, messages)  # + media provenance
         if setup.features is not None
         else MentionIdentity.from_messages(sender_id, messages)
     )
@@ -215,8 +218,8 @@ async def run_agent(
     Every message the loop ends — assistant messages, tool results, steering user messages — is
     recorded through ``record`` as soon as it ends (the agent awaits its listeners), so an
     executed tool's result is in SQL before the next LLM call
-    (`docs/decisions.md#session-record-before-next-call`). LLM/tool failures travel as stop
-    reasons and end in the fixed failure message, never as exceptions.
+    (`docs/decisions.md#session-turn-records`). LLM/tool failures travel as stop reasons and end
+    in the fixed failure message (`docs/decisions.md#reply-fixed-failure`), never as exceptions.
 
     Raises:
         Exception: whatever ``record`` (or an event hook) raised; the turn then ends in error.

@@ -1,5 +1,6 @@
-"""Tools a session offers beyond the business tools (issue 8, item 1): ``run_deferred_task`` and a
-sub-agent (``delegate``). Ray-free; the session actor supplies how deferred work runs.
+"""Tools a session offers beyond the business tools (docs/decisions.md#session-extra-tools):
+``run_deferred_task`` and a sub-agent (``delegate``). Ray-free; the session actor supplies how
+deferred work runs.
 
 * ``run_deferred_task(task, args)``: the model hands long work to a named function from
   ``SessionSetup.deferred_tasks``. The tool answers at once ("started"); the session runs the
@@ -7,8 +8,9 @@ sub-agent (``delegate``). Ray-free; the session actor supplies how deferred work
   a **separate outbound message**, recorded in the context as a ``deferred_result`` custom message
   so later turns know about it.
 * ``delegate(task)``: a sub-agent turn — a fresh agent loop on the session's model with the given
-  tools, **without the IM preset** (no reply contract, no IM system prompt, no sender prefix,
-  seed 000 / issue 4: sub-agents do not inherit it); its plain final text is the tool result.
+  tools, **without the IM preset** (no reply contract, no IM system prompt, no sender prefix:
+  sub-agents do not inherit it, docs/decisions.md#reply-preset-scope); its plain final text is the
+  tool result.
 """
 
 from __future__ import annotations
