@@ -27,6 +27,8 @@ def register_builtin_providers(provider_configs: ProviderConfigs | None = None) 
             registered stream functions look API keys up in it
             (:func:`providers.common.resolve_api_key`). ``None``: no configured providers (keys
             come from the call's options or, on the api's own host, its conventional variable).
+            Providers never read the process-wide configuration
+            (`docs/decisions.md#providers-take-config`).
 
     Returns:
         The api ids registered by this call, sorted.
