@@ -29,6 +29,7 @@ from runtime.session.control import (
     ControlKind,
     ControlReply,
     ControlRequest,
+    MalformedKeyError,
     NotMasterError,
     UnknownSessionError,
 )
@@ -95,8 +96,9 @@ class RouterAdminMixin:
 
         Raises:
             NotMasterError: a master-only kind from a sender who is not a master of the bot.
-            UnknownSessionError: a malformed key, no live session, or its actor was lost (the next
-                message re-activates the session).
+            MalformedKeyError: a malformed key.
+            UnknownSessionError: no live session, or its actor was lost (the next message
+                re-activates the session).
         """
         from runtime.keys import SessionKeyError, parse_session_key
 
@@ -105,7 +107,7 @@ class RouterAdminMixin:
         try:
             key = parse_session_key(session_key)
         except SessionKeyError as exc:
-            raise UnknownSessionError(str(exc)) from None
+            raise MalformedKeyError(str(exc)) from None
         if kind.master_only and not _is_master(self.config, key.platform, key.bot_id, request.sender_id):
             metrics.CONTROL.inc(kind=label, outcome="refused")
             self.counts["refused"] += 1
@@ -151,15 +153,15 @@ class RouterAdminMixin:
             The ``archive`` reply (``result``: the new ``session_id``).
 
         Raises:
-            UnknownSessionError: a malformed key, or not live and no active stored epoch (nothing
-                is written then).
+            MalformedKeyError: a malformed key (nothing is written).
+            UnknownSessionError: not live and no active stored epoch (nothing is written then).
         """
         from runtime.keys import SessionKeyError, parse_session_key
 
         try:
             parse_session_key(session_key)
         except SessionKeyError as exc:
-            raise UnknownSessionError(str(exc)) from None
+            raise MalformedKeyError(str(exc)) from None
         request = ControlRequest(kind=ControlKind.ARCHIVE, session_key=session_key)
         async with self._order.turn(session_key):
             if await self._settled(session_key) is not None:

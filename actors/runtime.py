@@ -232,7 +232,8 @@ class SessionRuntime:
         Raises:
             NotMasterError: a ``steer`` / ``follow_up`` whose sender is not a master of the
                 session's bot (counted).
-            UnknownSessionError: no live session ``request.session_key``, or a malformed key.
+            UnknownSessionError: no live session ``request.session_key``.
+            MalformedKeyError: a malformed key.
         """
         with _unwrapped():
             reply: ControlReply = await self._router(request.session_key).control.remote(request)
@@ -273,7 +274,8 @@ class SessionRuntime:
         new ``session_id``.
 
         Raises:
-            UnknownSessionError: not live and no active stored epoch, or a malformed key.
+            UnknownSessionError: not live and no active stored epoch.
+            MalformedKeyError: a malformed key.
         """
         with _unwrapped():
             reply: ControlReply = await self._router(session_key).archive_stored.remote(session_key)
