@@ -63,6 +63,11 @@ async def archive_active_epoch(repo: ContextRepository, session_key: str) -> str
     return await repo.archive_session(session_key)
 
 
+def _actor_id(actor: Any) -> str | None:
+    """The hex Ray actor id of a session actor handle (None: no actor bound yet)."""
+    return None if actor is None else str(actor._actor_id.hex())
+
+
 class RouterAdminMixin:
     """Control routing and introspection of one router shard (see the module docstring)."""
 
@@ -133,6 +138,10 @@ class RouterAdminMixin:
             raise UnknownSessionError(f"session {session_key!r} was lost: {exc}") from None
         if kind == ControlKind.ARCHIVE:
             live.session_id = str(reply.result)
+        if kind.master_only and reply.result == "started":
+            # a steer / follow-up with no active turn ran as a turn of its own (not via submit)
+            live.turns += 1
+            self.counts["turns"] += 1
         metrics.CONTROL.inc(kind=label, outcome=str(reply.result) if kind.master_only else "ok")
         return reply
 
@@ -189,14 +198,16 @@ class RouterAdminMixin:
     # ------------------------------------------------------------------ introspection
 
     async def sessions(self) -> list[dict[str, Any]]:
-        """Live sessions of this shard: ``session_key``, ``session_id``, ``shard``, ``pending``,
-        ``turns``, ``idle_s``."""
+        """Live sessions of this shard: ``session_key``, ``session_id``, ``shard``, ``actor_id`` (the
+        hex Ray actor id of its session actor; None while activating), ``pending``, ``turns`` (every
+        turn run: messages and the steers / follow-ups that ran as a turn of their own), ``idle_s``."""
         now = time.monotonic()
         return [
             {
                 "session_key": s.key,
                 "session_id": s.session_id,
                 "shard": self.shard,
+                "actor_id": _actor_id(s.actor),
                 "pending": len(s.pending),
                 "turns": s.turns,
                 "idle_s": round(now - s.last_used, 3),

@@ -82,7 +82,10 @@ class SessionInfo(BaseModel):
     shard: int
     pending: int
     turns: int
+    """Turns run, the steers / follow-ups that ran as a turn of their own included."""
     idle_s: float
+    actor_id: str | None = None
+    """Hex Ray actor id of the session actor (None while activating)."""
     actor: dict[str, Any] | None = None
     """The session actor's ``status()`` (only from :meth:`SessionRuntime.session`)."""
 
