@@ -109,7 +109,9 @@ class ConfigSetupFactory:
             output_schema=output_schema,
             steering_mode=agent.steering_mode,
             follow_up_mode=agent.follow_up_mode,
-            features=AgentFeatures.from_config(self.config),
+            features=AgentFeatures.from_config(
+                self.config, builtin_model=None if self.config.ai.default_model else model
+            ),
             on_event=console_event_hook(self.config, session_key),  # console live events
             compaction_threshold=agent.compaction_threshold,
         )

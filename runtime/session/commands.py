@@ -116,6 +116,9 @@ class CommandHandler:
         names: ``command → typed name`` overrides (``ai.commands.names``).
         texts: Template overrides (``ai.commands.texts``).
         models: The configured models for ``/models`` (in config order).
+        builtin_model: The model sessions run on when none is configured (the offline built-in one,
+            ``providers.builtin``); when ``models`` is empty ``/models`` lists it, marked
+            ``(default, built-in offline model, not an LLM)``, so it agrees with ``/status``.
         capabilities: A capability cache with ``get(model) -> tier | None`` (default: the
             process-wide one of :mod:`runtime.reply.structured`).
         enabled: ``False`` turns every command into an ordinary message.
@@ -133,6 +136,7 @@ class CommandHandler:
         capabilities: Any = None,
         default_model: str | None = None,
         vision_model: str | None = None,
+        builtin_model: Model | None = None,
         enabled: bool = True,
     ) -> None:
         names = dict(names or {})
@@ -153,15 +157,17 @@ class CommandHandler:
             self.by_name[typed] = command
         self.texts = {**DEFAULT_TEXTS, **texts}
         self.models = list(models)
+        self.builtin_model = builtin_model
         self.capabilities = capabilities
         self.default_model = default_model
         self.vision_model = vision_model
         self.enabled = enabled
 
     @classmethod
-    def from_config(cls, config: Any) -> CommandHandler:
+    def from_config(cls, config: Any, *, builtin_model: Model | None = None) -> CommandHandler:
         """Build from a :class:`runtime.config.Config`: ``ai.commands``; for ``/models`` every model
-        listed under ``ai.providers`` plus the default/vision/fallback models not listed there."""
+        listed under ``ai.providers`` plus the default/vision/fallback models not listed there
+        (``builtin_model``: see the class)."""
         from runtime.config import get_model, resolve_model_ref
 
         ai = config.ai
@@ -175,6 +181,7 @@ class CommandHandler:
             models,
             default_model=ai.default_model,
             vision_model=ai.vision_model,
+            builtin_model=builtin_model,
             enabled=ai.commands.enabled,
         )
 
@@ -231,7 +238,9 @@ class CommandHandler:
         return Reply.of_text(text)
 
     def _models(self) -> str:
-        if not self.models:
+        builtin = [self.builtin_model] if self.builtin_model is not None and not self.models else []
+        models = self.models or builtin
+        if not models:
             return self._text("models_none")
         cache = self.capabilities
         if cache is None:
@@ -239,12 +248,12 @@ class CommandHandler:
 
             cache = CAPABILITIES
         lines = [self._text("models_header")]
-        for m in self.models:
+        for m in models:
             marks = "".join(
                 f" ({label})"
                 for label, ref in (("default", self.default_model), ("vision", self.vision_model))
                 if ref == m.ref()
-            )
+            ) + (" (default, built-in offline model, not an LLM)" if m in builtin else "")
             lines.append(
                 self._text(
                     "models_line",
