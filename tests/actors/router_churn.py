@@ -101,7 +101,7 @@ def _main() -> None:  # pragma: no cover - manual measurement
         logging_level="warning",
         runtime_env={"env_vars": {"PYTHONPATH": str(root)}},
     )
-    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", root.parent / "shared" / "fixtures"))
+    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", root / "tests" / "fixtures"))
     try:
         with (
             tempfile.TemporaryDirectory() as tmp,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT / "tests" / "fixtures"))
 REPEAT = int(os.environ.get("BENCH_PROVIDERS_REPEAT", "1000"))
 SDK_BUDGET_S = float(os.environ.get("BENCH_PROVIDERS_SDK_BUDGET_S", "20"))
 """Cap on the SDK side's time per api: its chat accumulator re-copies the growing snapshot on every

@@ -250,7 +250,7 @@ def run() -> dict[str, Any]:
 
     quick = bool(os.environ.get("SESSIONRAY_BENCH_QUICK"))
     per_session = {1: 20, 20: 3, 100: 1} if quick else {1: 100, 20: 10, 100: 3}
-    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT / "tests" / "fixtures"))
     os.environ.setdefault("RAY_metrics_report_interval_ms", "10000")
     started_ray = not ray.is_initialized()
     if started_ray:
