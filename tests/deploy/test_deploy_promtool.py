@@ -1,4 +1,4 @@
-"""deploy/prometheus and deploy/grafana checked with Debian's promtool (installed by .ci/run) and
+"""deploy/prometheus and deploy/grafana checked with Debian's promtool (installed by `make test`) and
 against the metric catalogue in runtime/metrics.py."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run promtool; fail the test with its output when it exits non-zero."""
-    assert Path(PROMTOOL).exists(), "promtool not found: `apt-get install prometheus` (see .ci/run)"
+    assert Path(PROMTOOL).exists(), "promtool not found: `apt-get install prometheus` (or run `make test`)"
     proc = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
     assert proc.returncode == 0, f"promtool {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
