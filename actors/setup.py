@@ -75,7 +75,7 @@ class ConfigSetupFactory:
         if not self.config.ai.default_model:
             from providers.builtin import builtin_tools
 
-            tools += builtin_tools()  # the offline model's demo tools (clock, echo)
+            tools += builtin_tools()  # the offline model's demo tools (clock, echo, count_slowly)
         self._shared = (model, tools)
 
     def __call__(self, session_key: str) -> SessionSetup:

@@ -192,6 +192,7 @@ def test_get_shows_a_stored_session_from_sql(served: Served) -> None:
         "pending": 0,
         "turns": 3,
         "idle_s": 1.5,
+        "actor_id": None,
         "actor": None,
     }
 
