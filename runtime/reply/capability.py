@@ -321,13 +321,15 @@ class CapabilityCache:
             return True
         provider, model_id = self.key(model)
         base = current or CapabilityRecord(provider, model_id, tier, "probe", self._now_ms(), "default tier")
-        await self._save(replace(base, failures=failures, evidence=_cut(raw), reason=reason))
+        await self._save(replace(base, failures=failures))  # how the tier was established stays
         log.info(
-            "structured output: %s answered off-schema at %s (%d/%d)",
+            "structured output: %s answered off-schema at %s (%d/%d): %s; raw output: %r",
             model.ref(),
             tier,
             failures,
             self.downgrade_after,
+            reason,
+            _cut(raw),
         )
         return False
 
