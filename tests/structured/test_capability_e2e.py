@@ -18,12 +18,13 @@ from prometheus_client import REGISTRY
 
 from actors.setup import ConfigSetupFactory
 from runtime.config import parse_config
+from runtime.delivery.job import DeliveryJob
 from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.reply.segments import Reply
 from runtime.session.core import SessionCore
-from runtime.session.turn import HandoffRequest, TurnInput
+from runtime.session.turn import TurnInput
 from tests.structured.openai_stub import PROMPT_TEXT, PROSE, TOOL_TEXT, OpenAIStub, is_probe, tool_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ class Sent:
     def __init__(self) -> None:
         self.replies: list[Reply] = []
 
-    async def __call__(self, job: HandoffRequest) -> None:
+    async def __call__(self, job: DeliveryJob) -> None:
         self.replies.append(job.reply)
 
 
