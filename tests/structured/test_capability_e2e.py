@@ -92,7 +92,7 @@ async def session(cfg: Any) -> tuple[SessionCore, Sent, Database]:
     factory = ConfigSetupFactory(cfg)
     factory.prepare(database=db)
     sent = Sent()
-    core = await SessionCore.open(KEY, ContextRepository(db), factory(KEY), sent)
+    core = await SessionCore.open(KEY, ContextRepository(db), factory(KEY), sent, max_concurrent_turns=1)
     return core, sent, db
 
 
