@@ -24,6 +24,7 @@ EXPECTED = {
     "archive": ["SESSION_KEY", "--url URL", "--json"],
     "sessions": ["--url URL"],
     "status": ["--url URL"],
+    "models": ["--url URL"],
 }
 
 
