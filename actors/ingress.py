@@ -121,11 +121,11 @@ class _RouteMetrics:
             metrics.HTTP_LATENCY.observe(time.perf_counter() - started, route=route)
 
 
-def console_routes(runtime: Any, config: Any) -> list[BaseRoute]:
+def console_routes(runtime: Any, config: Any, transcripts: TranscriptStore | None = None) -> list[BaseRoute]:
     """The console's routes from ``actors/console.py`` (PLATFORMS), or ``[]`` when it is absent.
 
-    The module is expected to expose ``console_routes(runtime, config) -> list[BaseRoute]``
-    (or ``routes(runtime, config)``).
+    The module is expected to expose ``console_routes(runtime, config, *, transcripts) ->
+    list[BaseRoute]`` (or ``routes(...)``); ``transcripts`` is where its history endpoint reads.
     """
     try:
         module = importlib.import_module("actors.console")
@@ -137,7 +137,7 @@ def console_routes(runtime: Any, config: Any) -> list[BaseRoute]:
     if factory is None:
         log.warning("actors/console.py has no console_routes(runtime, config): console not mounted")
         return []
-    return list(factory(runtime, config))
+    return list(factory(runtime, config, transcripts=transcripts))
 
 
 class Ingress:
@@ -352,7 +352,7 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
         Route("/healthz", ingress.healthz, methods=["GET"]),
         Route("/metrics", ingress.metrics_endpoint, methods=["GET"]),
         *admin_routes(runtime, token_env, repository=stored),
-        *console_routes(runtime, config),
+        *console_routes(runtime, config, ingress.transcripts),
     ]
     app = Starlette(routes=routes)
     app.state.ingress = ingress
