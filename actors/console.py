@@ -25,13 +25,13 @@ private scene to that user's tabs; a group scene to every member watching the gr
 Steer and follow-up are sent with the console user's name as ``sender_id``; the runtime allows
 them only to the bot's masters (default config: the console user ``admin``) and answers 403
 otherwise. The console trusts the name a browser picks, so it may act on **console sessions only**
-(``console:*`` keys; attack report #1): any other platform's session key answers 403 and points to
-the admin API (bearer token). ``/console/api/sessions`` answers only a master (403 otherwise) and
-lists the console sessions of the bots that user is a master of; the page shows the live-session
-list and the master controls only when ``/console/api/me`` says ``master``
-(``docs/decisions.md#console-master-panel``). With
-``secret_env`` set on the console bot, every browser-facing ``/console/api`` call (and the
-webhook) needs ``X-Console-Token``; without it the console is meant for 127.0.0.1 only.
+(``console:*`` keys; docs/decisions.md#security-console-scope): any other platform's session key
+answers 403 and points to the admin API (bearer token). ``/console/api/sessions`` answers only a
+master (403 otherwise) and lists the console sessions of the bots that user is a master of; the
+page shows the live-session list and the master controls only when ``/console/api/me`` says
+``master`` (docs/decisions.md#security-console-masters). With ``secret_env`` set on the console bot,
+every browser-facing ``/console/api`` call (and the webhook) needs ``X-Console-Token``; without it
+the console is meant for 127.0.0.1 only.
 
 ``/console/api/deliver`` and ``/console/api/events`` are not for browsers: they need
 ``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN``, else 401 (the one check
@@ -42,10 +42,10 @@ without it (:func:`runtime.platforms.console.require_console_api_token`): a toke
 process never reaches the delivery actors, and every console reply would be refused.
 
 ``/console/api/history`` returns the caller's own scene only — the private chat of ``user`` with
-``bot``, or the group the browser's stream follows — read from ``im_transcripts``
-(:mod:`actors.console_history`: the last ``limit`` messages, default 50, at most 200). Everything
-it returns, and every live agent event (tool arguments and results), passes the leak check
-(``docs/decisions.md#console-text-passes-the-leak-check``).
+``bot``, or the group the browser's stream follows (docs/decisions.md#security-console-own-scene)
+— read from ``im_transcripts`` (:mod:`actors.console_history`: the last ``limit`` messages,
+default 50, at most 200). Everything it returns, and every live agent event (tool arguments and
+results), passes the leak check (docs/decisions.md#security-console-leak-check).
 
 Bad input answers 400 naming the field: a body nested too deeply to parse, names that do not match
 ``NAME_RULE`` in full, steer/follow-up/echo text that is not valid Unicode; text longer than

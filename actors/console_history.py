@@ -1,6 +1,6 @@
 """What the web console sends a browser from the server's own stores: the conversation of a scene
 read back from ``im_transcripts`` (``GET /console/api/history``, so a reload shows it again), and
-the leak check every such text passes (``docs/decisions.md#console-text-passes-the-leak-check``).
+the leak check every such text passes (docs/decisions.md#security-console-leak-check).
 
 A history message (oldest first)::
 

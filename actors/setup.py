@@ -7,7 +7,7 @@ picklable: :class:`ConfigSetupFactory` holds only the ``Config``.
 Tests script the model the same way: they pass their own picklable factory to
 ``SessionRuntime.start(config, setup_factory=...)`` — a top-level class whose ``__call__``
 registers a faux provider in the actor process with replies computed from the context (see
-``tests/actors/scripts.py``).
+``tests/actors/session_scripts.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class ConfigSetupFactory:
         """Build, once per process, everything that does not depend on the session key: provider
         registration, the model, the ``*.tool.md`` and built-in tools, the chat-history database,
         and the imports of an activation. The session actor calls it while it waits in the warm
-        pool (issue 8 benchmark: warm activation); :meth:`__call__` calls it too (a no-op then).
+        pool (docs/decisions.md#session-warm-pool); :meth:`__call__` calls it too (a no-op then).
 
         Args:
             database: A :class:`runtime.memory.db.Database` of ``database.url`` to share for the
@@ -67,7 +67,7 @@ class ConfigSetupFactory:
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
         tools: list[Any] = []
-        if self.config.ai.tools_dir:  # issue 9: *.tool.md tools (validated at start-up, SessionRuntime.start)
+        if self.config.ai.tools_dir:  # *.tool.md tools (validated at start-up, SessionRuntime.start)
             from runtime.session.tool_md import load_tool_dir
 
             tools += load_tool_dir(self.config.ai.tools_dir)
@@ -109,9 +109,9 @@ class ConfigSetupFactory:
             output_schema=output_schema,
             steering_mode=agent.steering_mode,
             follow_up_mode=agent.follow_up_mode,
-            features=AgentFeatures.from_config(self.config),  # issue 9
-            on_event=console_event_hook(self.config, session_key),  # issue 6: console live events
-            compaction_threshold=agent.compaction_threshold,  # issue 5: compaction (seed 002 #14)
+            features=AgentFeatures.from_config(self.config),
+            on_event=console_event_hook(self.config, session_key),  # console live events
+            compaction_threshold=agent.compaction_threshold,
         )
 
     def _model(self) -> Any:
@@ -120,7 +120,7 @@ class ConfigSetupFactory:
             from runtime.config import resolve_model_ref
 
             return resolve_model_ref(ref, self.config)
-        from providers.builtin import builtin_model  # the offline built-in model (issue 2, item 5)
+        from providers.builtin import builtin_model  # the offline built-in model
 
         return builtin_model()
 

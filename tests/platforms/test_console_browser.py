@@ -1,6 +1,6 @@
-"""The web console in real Chromium at 390, 768 and 1280 px (issue 19, item 1): login first, then
-the chat; the ``hidden`` attribute respected; long words and URLs wrap (no horizontal scrolling);
-list markers not cut off; a new login starts a new view; the conversation comes back from SQL on
+"""The web console in real Chromium at 390, 768 and 1280 px: login first, then the chat; the
+``hidden`` attribute respected; long words and URLs wrap (no horizontal scrolling); list markers
+not cut off; a new login starts a new view; the conversation comes back from SQL on
 reload (own scene only, leak-checked); tool calls show their arguments and results; live sessions
 and master controls for masters only; a favicon.
 
