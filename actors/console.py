@@ -197,7 +197,7 @@ def console_routes(
     hub = hub or ConsoleHub()
     token = read_env(getattr(bots[0], "secret_env", None), what="console token")
     bot_ids = [str(b.self_id) for b in bots]
-    masters = {str(b.self_id): {str(m) for m in b.masters or ()} for b in bots}
+    masters = {str(b.self_id): {str(m) for m in getattr(b, "masters", None) or ()} for b in bots}
     text_limit = max_text_chars(config)
     leak_policy = LeakPolicy.from_config(config)
 
@@ -287,14 +287,18 @@ def console_routes(
             return bad(f"`limit` must be a whole number from 1 to {HISTORY_MAX}")
         if transcripts is None:
             return JSONResponse({"error": "no transcript store: history unavailable"}, status_code=503)
-        messages = await read_history(
-            transcripts,
-            bot_id=bot,
-            scene_type=scene,
-            scene_id=user if scene == "private" else group,
-            limit=int(raw),
-            policy=leak_policy,
-        )
+        try:
+            messages = await read_history(
+                transcripts,
+                bot_id=bot,
+                scene_type=scene,
+                scene_id=user if scene == "private" else group,
+                limit=int(raw),
+                policy=leak_policy,
+            )
+        except Exception:  # the database is down or busy: the page says so and keeps working
+            log.exception("console history of %s/%s unavailable", bot, user)
+            return JSONResponse({"error": "history unavailable, try again"}, status_code=503)
         return JSONResponse({"messages": messages})
 
     async def stream(request: Request) -> Response:

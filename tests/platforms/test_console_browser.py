@@ -12,17 +12,25 @@ loopback, SQLite transcripts, replies sent by the real delivery core through the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 
-from actors.console import ConsoleHub
+from actors.console import ConsoleHub, console_routes
 from actors.console_history import HISTORY_LIMIT
+from runtime.config import Config
+from runtime.memory.db import Database
+from runtime.memory.transcripts import TranscriptStore
+from tests.actors.edge_support import serve_in_thread
 from tests.platforms.console_browser_support import (
     API_TOKEN,
     HEIGHT,
     WIDTHS,
     Console,
+    EchoRuntime,
     box,
     chromium,
     clipped_lists,
@@ -361,3 +369,15 @@ def test_reply_ids_stay_unique_across_restarts() -> None:
     first = [before.next_message_id() for _ in range(3)]
     assert len(set(first)) == 3
     assert after.next_message_id() not in first
+
+
+def test_history_answers_503_when_the_store_fails(console: Console, tmp_path: Path) -> None:
+    """A database that cannot be read makes the history a 503 the page reports, never a 500."""
+    db = Database(f"sqlite:///{tmp_path / 'empty.db'}")  # no tables: every read fails
+    app = Starlette(routes=console_routes(EchoRuntime(), Config(), transcripts=TranscriptStore(db)))
+    try:
+        with serve_in_thread(app) as url:
+            resp = httpx.get(url + "/console/api/history", params={"user": "admin"}, timeout=30)
+    finally:
+        db.dispose()
+    assert (resp.status_code, resp.json()) == (503, {"error": "history unavailable, try again"})
