@@ -63,7 +63,7 @@ class ConfigSetupFactory:
         from runtime.platforms.console_events import console_event_hook  # noqa: F401
         from runtime.session.features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
 
-        register_builtin_providers()
+        register_builtin_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
         tools: list[Any] = []

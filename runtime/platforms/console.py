@@ -74,6 +74,7 @@ from runtime.platforms.common import (
     setting,
     trigger_settings,
     valid_unicode,
+    with_master_role,
 )
 from runtime.reply.leak import CONSOLE_API_TOKEN_ENV
 from runtime.reply.segments import SEGMENT_TYPES, MediaSegment, Reply
@@ -284,14 +285,13 @@ class ConsoleCodec:
             body_text = text
         segments.append({"type": "text", "data": {"text": body_text}})
         triggered = is_triggered(scene, self.trigger, mentioned, text, self.keywords)
-        roles = ["master"] if user in self.masters else []
         return InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
             message_id=message_id,
             scene_type=scene,
             scene_id=scene_id,
-            sender=Sender(id=user, name=user, roles=roles),
+            sender=Sender(id=user, name=user, roles=with_master_role([], user, self.masters)),
             text=text,
             segments=segments,
             reply_to=None,

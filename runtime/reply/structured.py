@@ -233,10 +233,9 @@ async def bounded_call(
     why = "aborted" if any(waiters[f] == "aborted" for f in done) else "timeout"
     own.abort(why)
     result.cancel()
-    stub = AssistantMessage(api=model.api, provider=model.provider, model=model.id)
     if why == "aborted":
-        return stub.model_copy(update={"stop_reason": "aborted", "error_message": "aborted"})
-    return stub.model_copy(update={"stop_reason": "error", "error_message": f"timeout after {timeout} s"})
+        return AssistantMessage.error_for(model, "aborted", aborted=True)
+    return AssistantMessage.error_for(model, f"timeout after {timeout} s")
 
 
 def record_outcome(
