@@ -165,7 +165,7 @@ def chromium() -> Iterator[Any]:
     if not CHROMIUM.exists():
         pytest.fail(
             f"{CHROMIUM} not found: the console tests drive Debian's Chromium "
-            "(`apt-get install chromium`; .ci/run installs it)"
+            "(`make test-deps` installs it: scripts/test-deps.sh)"
         )
     try:
         from playwright.sync_api import sync_playwright
