@@ -62,8 +62,7 @@ def tool_call_line(name: str, args: Any) -> str:
 
 def tool_result_line(name: str, text: str, *, is_error: bool = False) -> str:
     """How a terminal shows a tool call's end: ``[tool NAME -> TEXT]`` (``error: `` before
-    ``TEXT`` when it failed; ``TEXT`` empty when the result is not known, as on the console's
-    stream, which carries no result text)."""
+    ``TEXT`` when it failed; ``[tool NAME done]`` when there is no text)."""
     shown = ("error: " if is_error else "") + text
     return f"[tool {name} -> {shown}]" if shown else f"[tool {name} done]"
 

@@ -112,7 +112,8 @@ def describe_event(event: dict[str, Any]) -> str | None:
     if kind == "tool_call":
         return chat_cli.tool_call_line(name, inner.get("args"))
     if kind == "tool_result":
-        return chat_cli.tool_result_line(name, "", is_error=bool(inner.get("is_error")))
+        result = inner.get("result")
+        return chat_cli.tool_result_line(name, str(result or ""), is_error=bool(inner.get("is_error")))
     if kind in ("status", "notice"):
         return f"[{inner.get('text', '')}]"
     return f"[{kind}]" if isinstance(kind, str) else None

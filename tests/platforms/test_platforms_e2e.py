@@ -525,7 +525,7 @@ async def test_terminal_chat_piped_input_waits_for_replies_and_answers_help_itse
         "bot> re: hello pipe",
     ]
     assert tool_call_line("sleep", {"seconds": 0.0}) in out
-    assert tool_result_line("sleep", "") in out
+    assert tool_result_line("sleep", "slept 0") in out
     assert not any(line.startswith("[agent ") for line in out)
 
 
