@@ -336,7 +336,7 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
         Route("/healthz", ingress.healthz, methods=["GET"]),
         Route("/metrics", ingress.metrics_endpoint, methods=["GET"]),
         *admin_routes(runtime, token_env, repository=stored),
-        *console_routes(runtime, config),
+        *console_routes(runtime, config, transcripts=ingress.transcripts),
     ]
     app = Starlette(routes=routes)
     app.state.ingress = ingress

@@ -82,7 +82,10 @@ class SessionInfo(BaseModel):
     shard: int
     pending: int
     turns: int
+    """Turns run, the steers / follow-ups that ran as a turn of their own included."""
     idle_s: float
+    actor_id: str | None = None
+    """Hex Ray actor id of the session actor (None while activating)."""
     actor: dict[str, Any] | None = None
     """The session actor's ``status()`` (only from :meth:`SessionRuntime.session`)."""
 
@@ -130,6 +133,9 @@ class SessionRuntime:
                 ``runtime.delivery_actors`` actors.
             wait_warm: Return only once the warm pool is full (benchmarks, tests).
 
+        With ``ai.probe_on_start`` the configured models' structured-output tiers are probed here,
+        before the pool starts.
+
         Raises:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
             runtime.session.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
@@ -148,6 +154,8 @@ class SessionRuntime:
         try:
             await asyncio.to_thread(db.create_tables)
             await asyncio.to_thread(warn_if_over_connection_budget, db, config.runtime)
+            if config.ai.probe_on_start:  # docs/decisions.md#structured-capability-cache
+                await _probe_on_start(config, db)
         finally:
             db.dispose()
         self.config = config
@@ -232,7 +240,8 @@ class SessionRuntime:
         Raises:
             NotMasterError: a ``steer`` / ``follow_up`` whose sender is not a master of the
                 session's bot (counted).
-            UnknownSessionError: no live session ``request.session_key``, or a malformed key.
+            UnknownSessionError: no live session ``request.session_key``.
+            MalformedKeyError: a malformed key.
         """
         with _unwrapped():
             reply: ControlReply = await self._router(request.session_key).control.remote(request)
@@ -273,7 +282,8 @@ class SessionRuntime:
         new ``session_id``.
 
         Raises:
-            UnknownSessionError: not live and no active stored epoch, or a malformed key.
+            UnknownSessionError: not live and no active stored epoch.
+            MalformedKeyError: a malformed key.
         """
         with _unwrapped():
             reply: ControlReply = await self._router(session_key).archive_stored.remote(session_key)
@@ -313,3 +323,14 @@ class SessionRuntime:
             "pool": pool,
             "shards": list(shards),
         }
+
+
+async def _probe_on_start(config: Any, db: Any) -> None:
+    """``ai.probe_on_start``: probe every configured model's structured-output tier now (each one
+    unknown or older than ``ai.capability_ttl_s``) and store it for every process
+    (docs/decisions.md#structured-capability-cache). A failed probe is logged, never fatal."""
+    from providers import register_builtin_providers
+    from runtime.session.capabilities import capability_cache, probe_configured
+
+    register_builtin_providers()
+    await probe_configured(config, capability_cache(config, db))

@@ -28,8 +28,9 @@ IM_SYSTEM_PROMPT = (
 class ConfigSetupFactory:
     """``(session_key) -> SessionSetup`` from ``config``: the model ``ai.default_model`` (the built-in
     offline model when unset), the ``chat_history`` tool bound to the session's scene, the IM
-    preset prompt, ``ai.agent`` output schema and queue modes, and — for console sessions only —
-    the live-events hook (``runtime.platforms.console_events``).
+    preset prompt, ``ai.agent`` output schema and queue modes, the structured-output capability
+    cache on the SQL store with the probe at first use (``runtime.session.capabilities``), and —
+    for console sessions only — the live-events hook (``runtime.platforms.console_events``).
 
     Args:
         config: ``runtime.config.Config``.
@@ -39,6 +40,7 @@ class ConfigSetupFactory:
         self.config = config
         self._db: Any = None
         self._shared: tuple[Any, list[Any]] | None = None
+        self._capabilities: Any = None
 
     def prepare(self, *, database: Any = None) -> None:
         """Build, once per process, everything that does not depend on the session key: provider
@@ -66,6 +68,10 @@ class ConfigSetupFactory:
         register_builtin_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
+        if self._capabilities is None:  # one per process, on the shared SQL store
+            from runtime.session.capabilities import capability_cache
+
+            self._capabilities = capability_cache(self.config, self._db)
         tools: list[Any] = []
         if self.config.ai.tools_dir:  # *.tool.md tools (validated at start-up, SessionRuntime.start)
             from runtime.session.tool_md import load_tool_dir
@@ -75,7 +81,7 @@ class ConfigSetupFactory:
         if not self.config.ai.default_model:
             from providers.builtin import builtin_tools
 
-            tools += builtin_tools()  # the offline model's demo tools (clock, echo)
+            tools += builtin_tools()  # the offline model's demo tools (clock, echo, count_slowly)
         self._shared = (model, tools)
 
     def __call__(self, session_key: str) -> SessionSetup:
@@ -102,6 +108,13 @@ class ConfigSetupFactory:
         output_schema: Literal["segments"] | Literal[False] = (
             False if agent.output_schema is False else "segments"
         )
+        from runtime.session.capabilities import default_probe
+
+        features = AgentFeatures.from_config(
+            self.config, builtin_model=None if self.config.ai.default_model else model
+        )
+        if features.commands is not None:  # /models reads the same store
+            features.commands.capabilities = self._capabilities
         return SessionSetup(
             model=model,
             tools=tools,
@@ -109,9 +122,12 @@ class ConfigSetupFactory:
             output_schema=output_schema,
             steering_mode=agent.steering_mode,
             follow_up_mode=agent.follow_up_mode,
-            features=AgentFeatures.from_config(self.config),
+            features=features,
             on_event=console_event_hook(self.config, session_key),  # console live events
             compaction_threshold=agent.compaction_threshold,
+            capabilities=self._capabilities,  # docs/decisions.md#structured-capability-cache
+            # the built-in offline model answers every tier: nothing to probe
+            probe=default_probe if self.config.ai.default_model else None,
         )
 
     def _model(self) -> Any:
@@ -125,4 +141,5 @@ class ConfigSetupFactory:
         return builtin_model()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "_db": None, "_shared": None}  # process-local parts
+        # process-local parts
+        return {"config": self.config, "_db": None, "_shared": None, "_capabilities": None}

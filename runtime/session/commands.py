@@ -11,7 +11,9 @@ follow leading mentions of the bot — ``@bot /new`` — see :func:`command_text
   docs/decisions.md#steer-masters-only); others get the ``not_master`` refusal and nothing is
   archived;
 * ``/models`` — the configured models: ``provider/id``, api, context window, input kinds and the
-  cached structured-output tier (``native``/``tool``/``prompt``, ``unknown`` before first use);
+  structured-output tier (``native``/``tool``/``prompt``, ``unknown`` before first use) with its
+  source (``probe``/``config``/``downgrade``) and age, read from the capability store
+  (docs/decisions.md#structured-capability-cache);
 * ``/status`` — the session's model, message count, epoch and whether a turn is running;
 * ``/steer <text>``, ``/followup <text>`` — masters only (docs/decisions.md#steer-masters-only);
   others get a refusal.
@@ -54,7 +56,8 @@ DEFAULT_TEXTS: dict[str, str] = {
     "new": "New conversation started (epoch {epoch}). Earlier messages are archived.",
     "models_header": "Configured models:",
     "models_line": (
-        "- {ref}{marks}: api {api}, context {context_window} tokens, input {input}, structured output {tier}"
+        "- {ref}{marks}: api {api}, context {context_window} tokens, input {input}, "
+        "structured output {tier}{detail}"
     ),
     "models_none": "No models are configured.",
     "status": "Model: {model}\nMessages: {messages}\nEpoch: {epoch}\nTurn running: {running}",
@@ -116,8 +119,11 @@ class CommandHandler:
         names: ``command → typed name`` overrides (``ai.commands.names``).
         texts: Template overrides (``ai.commands.texts``).
         models: The configured models for ``/models`` (in config order).
-        capabilities: A capability cache with ``get(model) -> tier | None`` (default: the
-            process-wide one of :mod:`runtime.reply.structured`).
+        builtin_model: The model sessions run on when none is configured (the offline built-in one,
+            ``providers.builtin``); when ``models`` is empty ``/models`` lists it, marked
+            ``(default, built-in offline model, not an LLM)``, so it agrees with ``/status``.
+        capabilities: A :class:`runtime.reply.capability.CapabilityCache` (the session setup
+            injects the store-backed one; default: the process-wide in-memory one).
         enabled: ``False`` turns every command into an ordinary message.
 
     Raises:
@@ -133,6 +139,7 @@ class CommandHandler:
         capabilities: Any = None,
         default_model: str | None = None,
         vision_model: str | None = None,
+        builtin_model: Model | None = None,
         enabled: bool = True,
     ) -> None:
         names = dict(names or {})
@@ -153,28 +160,28 @@ class CommandHandler:
             self.by_name[typed] = command
         self.texts = {**DEFAULT_TEXTS, **texts}
         self.models = list(models)
+        self.builtin_model = builtin_model
         self.capabilities = capabilities
         self.default_model = default_model
         self.vision_model = vision_model
         self.enabled = enabled
 
     @classmethod
-    def from_config(cls, config: Any) -> CommandHandler:
+    def from_config(cls, config: Any, *, builtin_model: Model | None = None) -> CommandHandler:
         """Build from a :class:`runtime.config.Config`: ``ai.commands``; for ``/models`` every model
-        listed under ``ai.providers`` plus the default/vision/fallback models not listed there."""
-        from runtime.config import get_model, resolve_model_ref
+        listed under ``ai.providers`` plus the default/vision/fallback models not listed there
+        (``builtin_model``: see the class)."""
+        from runtime.session.capabilities import configured_models
 
         ai = config.ai
-        models = [get_model(alias, m.id, config) for alias, p in ai.providers.items() for m in p.models]
-        for ref in [ai.default_model, ai.vision_model, *ai.fallback_models]:  # referenced but not listed
-            if ref and all(m.ref() != ref for m in models):
-                models.append(resolve_model_ref(ref, config))
+        models = configured_models(config)
         return cls(
             ai.commands.names,
             ai.commands.texts,
             models,
             default_model=ai.default_model,
             vision_model=ai.vision_model,
+            builtin_model=builtin_model,
             enabled=ai.commands.enabled,
         )
 
@@ -211,7 +218,7 @@ class CommandHandler:
         elif cmd.command in ("new", "clear"):
             text = self._text("new", epoch=await host.archive())
         elif cmd.command == "models":
-            text = self._models()
+            text = await self._models()
         elif cmd.command == "status":
             st = await host.status()
             running = self._text("yes" if st.running_turns else "no")
@@ -230,21 +237,31 @@ class CommandHandler:
         metrics.CHAT_COMMANDS.inc(command=cmd.command, outcome=outcome)
         return Reply.of_text(text)
 
-    def _models(self) -> str:
-        if not self.models:
+    async def _models(self) -> str:
+        builtin = [self.builtin_model] if self.builtin_model is not None and not self.models else []
+        models = self.models or builtin
+        if not models:
             return self._text("models_none")
+        from runtime.reply.capability import age_text
+        from runtime.session.capabilities import describe
+
         cache = self.capabilities
         if cache is None:
             from runtime.reply.capability import CAPABILITIES
 
             cache = CAPABILITIES
         lines = [self._text("models_header")]
-        for m in self.models:
+        for m, rec in await cache.snapshot(models):
+            row = describe(m, rec)
+            detail = ""
+            if row["source"] is not None:
+                age = f", {age_text(row['age_s'])} old" if row["age_s"] is not None else ""
+                detail = f" ({row['source']}{age})"
             marks = "".join(
                 f" ({label})"
                 for label, ref in (("default", self.default_model), ("vision", self.vision_model))
                 if ref == m.ref()
-            )
+            ) + (" (default, built-in offline model, not an LLM)" if m in builtin else "")
             lines.append(
                 self._text(
                     "models_line",
@@ -253,7 +270,8 @@ class CommandHandler:
                     api=m.api,
                     context_window=m.context_window,
                     input="+".join(m.input),
-                    tier=cache.get(m) or "unknown",
+                    tier=row["tier"] or "unknown",
+                    detail=detail,
                 )
             )
         return "\n".join(lines)
