@@ -378,3 +378,36 @@ def test_serve_replica_names_every_missing_variable(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("PF_R_TOKEN", "t")
     monkeypatch.setenv("PF_R_SECRET", "s")
     assert replica_class(str(config_file)).runtime is None
+
+
+def test_every_env_key_of_the_config_model_is_checked_or_deliberately_optional() -> None:
+    """A new ``*_env`` key must be added to :mod:`runtime.config.requirements` (or declared optional
+    here, like ``server.admin_token_env``: unset means the admin API is off)."""
+    from pydantic import BaseModel
+
+    from runtime.config import Config
+    from runtime.config.requirements import BOT_SECRET_KEYS
+
+    def env_keys(model: type[BaseModel], prefix: str, seen: set[type]) -> set[str]:
+        out: set[str] = set()
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            if name.endswith("_env"):
+                out.add(prefix + name)
+            for sub in _models_in(field.annotation):
+                if sub not in seen:
+                    out |= env_keys(sub, f"{prefix}{name}.", seen)
+        return out
+
+    checked = {f"bots.{k}" for k in BOT_SECRET_KEYS} | {"ai.providers.api_key_env"}
+    assert env_keys(Config, "", set()) == checked | {"server.admin_token_env"}
+
+
+def _models_in(annotation: object) -> list[type]:
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
