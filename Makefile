@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup run test test-deps pytest lint bench clean help
+.PHONY: setup run init test test-deps pytest lint bench clean help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv and install sessionray with its dev tools
 
-run: setup ## start the main job on the embedded defaults (local Ray, SQLite, console, built-in model)
-	$(VENV)/bin/sessionray serve
+run: setup ## start sessionray: ./sessionray.yaml if present, else the embedded defaults; prints an admin token for the CLI
+	$(VENV)/bin/sessionray serve --dev-admin-token
+
+init: setup ## write a commented ./sessionray.yaml (never overwrites one)
+	$(VENV)/bin/sessionray init
 
 test: test-deps setup lint pytest ## lint, type-check and run the whole test suite
 

@@ -18,6 +18,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "talk to an agent in this terminal; with --url, the console client of a running serve",
         "actors.console_client:main",
     ),
+    "init": (
+        "write a commented sessionray.yaml into the current directory (--force overwrites)",
+        "actors.init_cli:main",
+    ),
+    "check": (
+        "check the configuration, environment variables, database and ports without starting anything",
+        "actors.preflight:check_main",
+    ),
     "serve": (
         "run the runtime and its HTTP ingress (webhooks, console, admin API, metrics)",
         "actors.serve:main",

@@ -67,15 +67,23 @@ class SessionrayIngress:
 
     Raises:
         runtime.config.ConfigError: the configuration file is missing or invalid.
-        ValueError: a console bot is configured and ``$SESSIONRAY_CONSOLE_API_TOKEN`` is unset
-            (checked before anything starts).
+        ValueError: a console bot is configured and ``$SESSIONRAY_CONSOLE_API_TOKEN`` is unset, or
+            the environment lacks what the configuration names (every unset variable with its
+            config key, missing directories: :func:`actors.preflight.environment_problems`) —
+            checked before anything starts.
     """
 
     def __init__(self, config_path: str | None = None) -> None:
+        from actors.preflight import PreflightFailed, environment_problems
         from runtime.platforms.console import require_console_api_token
 
         self.config = replica_config(config_path)
         require_console_api_token(self.config)
+        problems = environment_problems(self.config)
+        if problems:
+            raise ValueError(
+                PreflightFailed(problems).report("sessionray ingress replica", when="", exit_line=False)
+            )
         self.runtime: Any = None
 
     async def __serve_build_asgi_app__(self) -> Any:

@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "sessionray"
 
 EXPECTED = {
-    "serve": ["--config FILE", "--address RAY_ADDRESS"],
+    "serve": ["--config FILE", "--address RAY_ADDRESS", "--dev-admin-token", "exit codes: 0 fine; 2"],
+    "check": ["--config FILE", "--port PORT", "--metrics-export-port", "exit codes: 0 fine; 2"],
+    "init": ["--force", "--path FILE"],
     "steer": ["SESSION_KEY", "TEXT", "--as USER_ID", "--url URL"],
     "follow-up": ["SESSION_KEY", "TEXT", "--as USER_ID", "--url URL"],
     "abort": ["SESSION_KEY", "--url URL"],

@@ -1,0 +1,127 @@
+"""What ``sessionray serve`` tells the operator before it starts Ray: where everything is, how the
+admin CLI reaches this server, and what Ray's token authentication means here.
+
+Ray 2.60 turns token authentication on for a new local cluster and warns about it on every
+start ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt
+out ..."). ``sessionray serve`` keeps that secure default but asks for it explicitly
+(:func:`quiet_ray_auth`: ``RAY_AUTH_MODE=token`` when the operator set nothing, which Ray
+respects without the warning) and explains it once in the banner instead
+(`docs/decisions.md#ops-ray-noise-explained-once`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import MutableMapping
+from typing import Any
+
+__all__ = ["RAY_AUTH_MODE_ENV", "admin_token_for_run", "banner", "quiet_ray_auth", "shown_host"]
+
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+"""Ray's switch for token authentication (``token`` | ``disabled``)."""
+
+DEFAULT_CONTROL_URL = "http://127.0.0.1:8000"
+DEFAULT_CONTROL_TOKEN_ENV = "SESSIONRAY_ADMIN_TOKEN"
+"""The ``--url`` / ``--token-env`` defaults of the admin CLI (``actors.control_cli``)."""
+
+
+def shown_host(host: str) -> str:
+    """The host to put in URLs a person opens: a wildcard bind address is shown as 127.0.0.1."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def quiet_ray_auth(environ: MutableMapping[str, str] | None = None) -> str:
+    """Before a *local* Ray starts: ask for token authentication explicitly when the operator set
+    no ``RAY_AUTH_MODE`` (Ray's default for a new local cluster, minus its start-up warning).
+
+    Returns:
+        The banner line explaining the mode in effect.
+    """
+    env = os.environ if environ is None else environ
+    mode = env.setdefault(RAY_AUTH_MODE_ENV, "token").lower()
+    if mode == "token":
+        return (
+            "sessionray: Ray            local; token authentication on (the token is in ~/.ray/auth_token, "
+            "created on first start; the `ray` CLI on this machine uses it)"
+        )
+    return f"sessionray: Ray            local; token authentication {mode} ({RAY_AUTH_MODE_ENV}={mode})"
+
+
+def admin_token_for_run(config: Any, environ: MutableMapping[str, str] | None = None) -> str | None:
+    """``sessionray serve --dev-admin-token`` (what ``make run`` passes): when the variable named by
+    ``server.admin_token_env`` is unset, set it to a fresh random token for this process (the
+    ingress and, through the environment Ray inherits, every worker) and return it.
+
+    Returns:
+        The generated token; ``None`` when the variable was already set (it is used as is) or
+        ``server.admin_token_env`` is null (admin API off by configuration).
+    """
+    env = os.environ if environ is None else environ
+    var = config.server.admin_token_env
+    if not var or env.get(var):
+        return None
+    env[var] = secrets.token_urlsafe(24)
+    return env[var]
+
+
+def _control_hint(token_env: str, base: str) -> str:
+    """The admin CLI command line for this server (options only where they differ from defaults)."""
+    opts = "" if base == DEFAULT_CONTROL_URL else f" --url {base}"
+    if token_env != DEFAULT_CONTROL_TOKEN_ENV:
+        opts += f" --token-env {token_env}"
+    return f"sessionray status{opts}"
+
+
+def banner(
+    config: Any,
+    source: str,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    *,
+    generated_token: str | None = None,
+    environ: MutableMapping[str, str] | None = None,
+) -> list[str]:
+    """The first lines ``sessionray serve`` prints: configuration source, console URL, webhook URLs,
+    metrics URLs and the admin API with the command that reaches it (with ``generated_token``, the
+    ``export`` line to paste into another shell)."""
+    env = os.environ if environ is None else environ
+    base = f"http://{shown_host(host)}:{port}"
+    lines = [f"sessionray: configuration from {source}"]
+    if source == "<defaults>":
+        lines.append(
+            "sessionray: no sessionray.yaml: embedded defaults (local Ray, SQLite ./data/sessionray.db, "
+            "console bot, built-in model); `sessionray init` writes a commented one"
+        )
+    if any(str(b.platform) == "console" for b in config.bots):
+        lines.append(f"sessionray: console        {base}/console")
+    for bot in config.bots:
+        lines.append(f"sessionray: webhook        {base}/webhooks/{bot.platform}/{bot.self_id}")
+    lines.append(f"sessionray: metrics        {base}/metrics  (ingress)")
+    if metrics_port:
+        lines.append(
+            f"sessionray: actor metrics  http://{shown_host(host)}:{metrics_port}/metrics  "
+            "(Ray node metrics agent)"
+        )
+    token_env = config.server.admin_token_env
+    if token_env and env.get(token_env):
+        lines.append(f"sessionray: admin API      {base}/admin/ (bearer token from ${token_env})")
+        if generated_token:
+            lines.append(
+                f"sessionray: admin token    generated for this run; admin CLI in another shell: "
+                f"export {token_env}={generated_token}; {_control_hint(token_env, base)}"
+            )
+        else:
+            lines.append(
+                f"sessionray: admin CLI      {_control_hint(token_env, base)}  (with ${token_env} set "
+                "to the same value in that shell)"
+            )
+    else:
+        how = (
+            f"set {token_env} before starting, or start with --dev-admin-token as `make run` does"
+            if token_env
+            else "server.admin_token_env is null"
+        )
+        lines.append(f"sessionray: admin API      disabled ({how})")
+    return lines
