@@ -32,6 +32,8 @@ __all__ = ["banner", "main", "serve"]
 log = logging.getLogger("sessionray.serve")
 
 DEFAULT_METRICS_EXPORT_PORT = 8090
+_ROOT = str(Path(__file__).resolve().parent.parent)
+"""The repository root: on the import path of this process and of every Ray worker."""
 
 
 def banner(config: Any, source: str, host: str, port: int, metrics_port: int | None) -> list[str]:
@@ -123,9 +125,14 @@ def _init_ray(address: str | None, metrics_port: int) -> None:
 
     from runtime.platforms.console import API_TOKEN_ENV, console_api_token
 
-    root = str(Path(__file__).resolve().parent.parent)
+    # Workers import from the repository root (and the caller's PYTHONPATH), and so does this
+    # process: Python tools named in ai.python_tools (e.g. examples.bot.bot_tools) are loaded
+    # here once at start-up to fail early, then in every session actor.
+    python_path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    if _ROOT not in sys.path:
+        sys.path.insert(0, _ROOT)
     # The console's internal endpoints need one shared token in the ingress and every Ray worker.
-    env = {"PYTHONPATH": root, API_TOKEN_ENV: console_api_token(create=True) or ""}
+    env = {"PYTHONPATH": python_path, API_TOKEN_ENV: console_api_token(create=True) or ""}
     kwargs: dict[str, Any] = {
         "namespace": "sessionray",
         "logging_level": "warning",

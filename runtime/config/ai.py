@@ -37,6 +37,10 @@ DRIVER_TO_API: dict[str, str] = {
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+ENTRY_POINT_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""The form of a Python ``module:attribute`` reference (``ai.python_tools``): a dotted module
+path, a colon, one attribute name."""
+
 
 class ConfigError(ValueError):
     """Invalid configuration; the message names the file and the dotted key path of each error."""
@@ -134,6 +138,9 @@ class AgentConfig(_Closed):
     compaction_threshold: float | None = Field(default=0.8, gt=0, le=1)
     """Share of the model's ``context_window`` above which older messages are summarized into
     ``agent_summaries`` before an LLM call (seed 002 #14); ``null`` turns compaction off."""
+    delegate: bool = False
+    """Offer the ``delegate`` tool: a sub-agent on the session's model, with the business tools
+    (``python_tools``, ``tools_dir``) and without the IM preset (``runtime.session.turn_tools``)."""
 
 
 class McpServerConfig(_Closed):
@@ -194,9 +201,21 @@ class AiConfig(_Closed):
     """MCP servers whose tools every session may use (issue 9, item 3)."""
     tools_dir: str | None = None
     """Folder of ``*.tool.md`` tools loaded at start-up (issue 9, item 4; hard fail on errors)."""
+    python_tools: list[str] = Field(default_factory=list)
+    """``module:attribute`` references of Python ``AgentTool`` s (a tool, a list of them, or a
+    function returning either), imported at start-up and in every session actor
+    (``runtime.session.python_tools``; hard fail on errors)."""
     media_url_allowlist: list[str] = Field(default_factory=list)
     """URL prefixes a reply may attach without them appearing in the context (issue 9, item 6)."""
     commands: CommandsConfig = Field(default_factory=CommandsConfig)
+
+    @field_validator("python_tools")
+    @classmethod
+    def _entry_points(cls, v: list[str]) -> list[str]:
+        for i, ref in enumerate(v):
+            if not ENTRY_POINT_RE.fullmatch(ref):
+                raise ValueError(f"[{i}] {ref!r} is not of the form 'package.module:attribute'")
+        return v
 
     @model_validator(mode="after")
     def _refs_exist(self) -> AiConfig:
