@@ -1,4 +1,5 @@
-"""The admin API: list and steer live sessions over HTTP, behind a bearer token (issue #8, item 5).
+"""The admin API: list and steer live sessions over HTTP, behind a bearer token
+(docs/decisions.md#security-admin-api).
 
 Routes (all under ``/admin``, JSON in and out)::
 
@@ -7,10 +8,10 @@ Routes (all under ``/admin``, JSON in and out)::
     GET  /admin/sessions/{session_key}                  SessionInfo (live), else the stored epoch
     POST /admin/sessions/{session_key}/steer            {"text", "sender_id"} → runtime.steer
     POST /admin/sessions/{session_key}/follow_up        {"text", "sender_id"} → runtime.follow_up
-    POST /admin/sessions/{session_key}/abort            runtime.llm.abort
+    POST /admin/sessions/{session_key}/abort            runtime.abort
     POST /admin/sessions/{session_key}/archive          runtime.archive, else archive in SQL
 
-A session that is not live (passivated) is read from SQL (attack report #11): ``GET`` answers its
+A session that is not live (passivated) is read from SQL: ``GET`` answers its
 latest epoch ``{"session_key", "live": false, "session_id", "status", "model", "created_at",
 "updated_at", "messages", "epochs"}`` (times in Unix ms), and ``archive`` archives its active
 epoch in SQL through the key's router shard (``runtime.archive_stored``: no message can activate
@@ -27,8 +28,9 @@ Errors: 400 malformed body (not JSON, nested too deeply to parse, missing/empty 
 ``sender_id``, a ``text`` that is not a string or a ``sender_id`` that is neither a string nor an
 integer (QQ numbers are often sent as JSON numbers), or not valid Unicode, e.g. a lone
 surrogate); 413 ``text`` longer than
-``server.max_text_chars`` (default 16000; attack report #7, #9);
-403 ``NotMasterError`` (seed 002 decision 7: only a bot's masters may steer / follow up);
+``server.max_text_chars`` (default 16000; docs/decisions.md#security-input-limits);
+403 ``NotMasterError`` (only a bot's masters may steer / follow up:
+docs/decisions.md#steer-masters-only);
 404 ``UnknownSessionError``; anything else 500 with the error's type and message (logged).
 Errors are matched by class name so they may live in ``actors.runtime`` or ``runtime.memory``.
 Session keys are never metric labels.
@@ -116,7 +118,7 @@ class _StoredSessions:
 
     async def repo(self) -> ContextRepository | None:
         """The repository; the first call without one builds it (engine + ``create_tables``) in a
-        worker thread, never on the event loop (review S3 #14)."""
+        worker thread, never on the event loop (docs/decisions.md#memory-sql-off-loop)."""
         if self._repo is not None:
             return self._repo
         url = getattr(getattr(getattr(self._runtime, "config", None), "database", None), "url", None)
@@ -154,7 +156,7 @@ class _StoredSessions:
 
         Through the runtime's ``archive_stored`` (``SessionRuntime``: the key's router shard
         archives while it holds the key, so no message activates the session on the old epoch
-        in between; review S3 #2).
+        in between).
         """
         try:
             return str(await self._runtime.archive_stored(session_key))

@@ -1,4 +1,5 @@
-"""Admission bookkeeping of a router shard (issue 8, item 2: the cap of live sessions).
+"""Admission bookkeeping of a router shard: the cap of live sessions
+(docs/decisions.md#session-lifecycle).
 
 Plain asyncio, no Ray: :class:`~actors.router.RouterActor` owns one of each and unit tests drive
 them directly.
@@ -166,9 +167,9 @@ class SlotQueue:
 
 
 class KeyOrder:
-    """Per-session-key tickets in arrival order (issue 8 item 1: the router stamps each message
-    with the session's next seq; Ray does not order calls to an async actor, so *arrival* at the
-    shard's event loop is the order a platform's redelivery-free stream gives).
+    """Per-session-key tickets in arrival order (docs/decisions.md#session-ordered-inbox: the router
+    stamps each message with the session's next seq; Ray does not order calls to an async actor, so
+    *arrival* at the shard's event loop is the order a platform's redelivery-free stream gives).
 
     ``async with order.turn(key):`` — the ticket is taken when :meth:`turn` is *called* (do it
     before the first ``await`` of the handler); the body runs once every earlier ticket of the key

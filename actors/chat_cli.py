@@ -1,4 +1,4 @@
-"""``sessionray chat``: talk to an :class:`~runtime.agent.agent.Agent` in the terminal (issue 2, item 1).
+"""``sessionray chat``: talk to an :class:`~runtime.agent.agent.Agent` in the terminal.
 
 Reads one line per prompt from stdin, streams the reply's text to stdout as it arrives, and
 shows tool calls as ``[tool name {args}]`` / ``[tool name -> result]`` lines. Commands:
@@ -7,8 +7,7 @@ conversation, ``/help`` lists the commands. Ctrl-C while a reply streams aborts 
 
 The model is ``ai.default_model`` from the configuration (``--config``, default
 ``sessionray.yaml`` when present) or, when none is configured or ``--builtin`` is given, the
-built-in offline model with its demo tools (``clock``, ``echo``). The event loop is uvloop
-(issue 2, item 9).
+built-in offline model with its demo tools (``clock``, ``echo``). The event loop is uvloop.
 
 This module is an entry point (a composition root): it is the one place in ``runtime/`` that
 imports ``providers`` (lazily, inside :func:`main`), to register the apis and build the built-in

@@ -2,9 +2,9 @@
 
 SQLite is a file on one machine. On a Ray cluster with more than one alive node, session actors
 (and delivery actors) are placed on any node, so each node would open its *own* SQLite file and
-sessions would silently lose their memory when they move. DESIGN.md ("Persistence", "Beyond one
-machine"): on a multi-node cluster the URL must be PostgreSQL, and the runtime refuses to start a
-multi-node cluster on SQLite with a clear error.
+sessions would silently lose their memory when they move. On a multi-node cluster
+(docs/decisions.md#memory-postgres-multinode) the URL must be PostgreSQL, and the runtime refuses to
+start a multi-node cluster on SQLite with a clear error.
 
 The check counts nodes at start-up. A cluster that is expected to *grow* later (an autoscaling
 KubeRay worker group that starts at zero replicas) must be configured with PostgreSQL from the
@@ -82,7 +82,8 @@ def alive_node_count() -> int:
 
 
 def ensure_database_fits_cluster(database_url: str | None) -> None:
-    """Check ``database_url`` against the connected Ray cluster (DESIGN.md "Persistence").
+    """Check ``database_url`` against the connected Ray cluster
+    (docs/decisions.md#memory-postgres-multinode).
 
     Call it from the runtime start, after ``ray.init``, before any actor opens the database.
 

@@ -22,10 +22,11 @@ private scene to that user's tabs; a group scene to every member watching the gr
 Steer and follow-up are sent with the console user's name as ``sender_id``; the runtime allows
 them only to the bot's masters (default config: the console user ``admin``) and answers 403
 otherwise. The console trusts the name a browser picks, so it may act on **console sessions only**
-(``console:*`` keys; attack report #1): any other platform's session key answers 403 and points to
-the admin API (bearer token). ``/console/api/sessions`` lists console sessions only. With
-``secret_env`` set on the console bot, every browser-facing ``/console/api`` call (and the
-webhook) needs ``X-Console-Token``; without it the console is meant for 127.0.0.1 only.
+(``console:*`` keys; docs/decisions.md#security-console-scope): any other platform's session key
+answers 403 and points to the admin API (bearer token). ``/console/api/sessions`` lists console
+sessions only. With ``secret_env`` set on the console bot, every browser-facing ``/console/api``
+call (and the webhook) needs ``X-Console-Token``; without it the console is meant for 127.0.0.1
+only.
 
 ``/console/api/deliver`` and ``/console/api/events`` are not for browsers: they need
 ``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN``, else 401 (the one check

@@ -1,4 +1,4 @@
-"""``sessionray chat``: the terminal client of the console platform (issue #6 item 4).
+"""``sessionray chat``: the terminal client of the console platform.
 
 With ``--url`` (e.g. ``sessionray chat --url http://127.0.0.1:8000``) the terminal talks to a
 running ``sessionray serve`` exactly like the web console does: each line is POSTed to
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def render_segments(segments: list[dict[str, Any]]) -> str:
-    """Plain-text rendering of canonical seed-000 segments for a terminal (images as ``[image …]``,
+    """Plain-text rendering of canonical segments for a terminal (images as ``[image …]``,
     mentions as ``@id``); unknown types are shown by name, never dropped."""
     out: list[str] = []
     for seg in segments:
@@ -198,7 +198,7 @@ async def _stdin_lines(stream: TextIO) -> AsyncIterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``sessionray chat`` (uvloop, issue 2 item 9); returns the exit code."""
+    """Entry point of ``sessionray chat`` (uvloop); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if not args.url:

@@ -1,4 +1,4 @@
-"""Control commands of the ``sessionray`` CLI: clients of the admin API (issue #8, item 6).
+"""Control commands of the ``sessionray`` CLI: clients of the admin API.
 
 They talk HTTP to a running ingress (``--url``, default ``$SESSIONRAY_URL`` or
 ``http://127.0.0.1:8000``) with the bearer token read from the environment variable

@@ -1,4 +1,5 @@
-"""The delivery pool: M ``DeliveryActor``s that send validated replies to the platforms (issue #8, item 4).
+"""The delivery pool: M ``DeliveryActor``s that send validated replies to the platforms
+(docs/decisions.md#delivery-partitioned).
 
 Flow of one :class:`DeliveryJob` (a SessionActor hands it to ``pool.pick(session_key)``)::
 
@@ -14,9 +15,9 @@ Flow of one :class:`DeliveryJob` (a SessionActor hands it to ``pool.pick(session
 
 Why M actors picked by a stable hash: one chat's replies always go through the same actor, so
 they leave in order; ``zlib.crc32`` is stable across processes (Python's ``hash()`` of a str is
-salted per process, so two ingress replicas would disagree).
+salted per process, so two ingress replicas would disagree; docs/decisions.md#delivery-partitioned).
 
-Crash safety (issue #8, item 8): delivery actors run with ``max_restarts=-1`` and
+Crash safety (docs/decisions.md#delivery-ledger): delivery actors run with ``max_restarts=-1`` and
 ``max_task_retries=0`` (a send is not idempotent by accident). The ledger holds each job, so the
 restarted incarnation of a dead actor resumes its partition's unfinished jobs at start-up, and any
 actor resumes a job whose lease expired; a step that was on the wire when its owner died is not

@@ -1,5 +1,5 @@
 """Checks of HTTP request input shared by the ingress webhook, the admin API and the console API
-(attack report #5, #7, #9; review S3 items 9-11: one rule each).
+(one rule each: docs/decisions.md#security-input-limits).
 
 The admin and console APIs hand user text to ``SessionRuntime.steer`` / ``follow_up``; whatever the
 runtime could not store (a lone surrogate cannot be encoded as UTF-8, so ``append_messages``

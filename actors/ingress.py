@@ -1,6 +1,6 @@
 """The ingress: one starlette ASGI app for webhooks, health, metrics, the admin API and the console.
 
-Routes (issue #8, item 5)::
+Routes::
 
     POST /webhooks/{platform}/{bot_id}   verify → parse → size + storability checks
                                          → (persist inbound transcript ‖ route) → 200
@@ -221,7 +221,8 @@ class Ingress:
         except (TypeError, AttributeError, KeyError, IndexError, OverflowError):
             # A codec bug, maybe on a legitimate payload: still 400 (a 5xx would make the platform
             # redeliver it forever and hold back the chat's later updates), but counted as
-            # `error` and logged with the traceback so the bug is seen (review S3 #3).
+            # `error` and logged with the traceback so the bug is seen
+            # (docs/decisions.md#security-input-limits).
             log.exception("webhook %s: the codec failed on the event (codec bug)", platform)
             return _malformed(platform, "malformed event: the body could not be decoded", outcome="error")
         if msg is None:
@@ -264,13 +265,15 @@ class Ingress:
 
     async def _decode(self, codec: PlatformCodec, headers: Any, body: bytes) -> InboundMessage | None:
         """``codec.parse``; in a worker thread for a body over :data:`DECODE_IN_THREAD_BYTES`, so a
-        large body (e.g. a 1 MB OneBot CQ-code string) does not stall the event loop (report #14)."""
+        large body (e.g. a 1 MB OneBot CQ-code string) does not stall the event loop
+        (docs/decisions.md#platform-linear-parsing)."""
         if len(body) > DECODE_IN_THREAD_BYTES:
             return await asyncio.to_thread(codec.parse, headers, body)
         return codec.parse(headers, body)
 
     async def _persist(self, msg: InboundMessage) -> None:
-        """Inbound transcript row (issue #5 rule 4: written when the event is accepted)."""
+        """Inbound transcript row, written when the event is accepted
+        (docs/decisions.md#memory-transcripts)."""
         await self.transcripts.record_inbound(
             message_id=msg.message_id,
             platform=msg.platform,

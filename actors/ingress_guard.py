@@ -1,6 +1,6 @@
 """Ingress guards: the request-body size limit and the "can this inbound message be stored?" check.
 
-Both run before anything is stored or routed (attack report #5-#7):
+Both run before anything is stored or routed (docs/decisions.md#security-input-limits):
 
 * :class:`BodySizeLimit` — ASGI middleware over the whole app (every route): a request whose
   ``Content-Length`` exceeds ``server.max_body_bytes`` is answered **413** at once, without reading

@@ -1,6 +1,7 @@
-"""The warm pool supervisor: blank ``SessionActor`` s ready to be bound (issue 8, item 2).
+"""The warm pool supervisor: blank ``SessionActor`` s ready to be bound
+(docs/decisions.md#session-warm-pool).
 
-Why (DESIGN, measured): creating an actor costs a process start (0.45–0.65 s); binding a
+Why (measured, docs/benchmarks.md): creating an actor costs a process start (0.45–0.65 s); binding a
 pre-created blank actor is one call (p50 ≈ 3 ms). So activation takes an actor from here and
 passivation gives it back; process churn happens only when the pool grows, shrinks or recycles.
 

@@ -4,7 +4,7 @@ Inside Ray actors the catalogue in :mod:`runtime.metrics` is recorded through Ra
 each node's metrics agent exports the series (one scrape target per node). Ray prefixes every name
 with ``ray_`` and adds a ``WorkerId`` label, so dashboards ``sum without (WorkerId)``.
 
-Facts this module is built around (measured, see DESIGN.md "Measured costs"):
+Facts this module is built around (measured; docs/decisions.md#ops-ray-pitfalls):
 
 * recording costs ≈ 2 µs; series appear after one report interval
   (``RAY_metrics_report_interval_ms``, 10 s by default);

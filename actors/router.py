@@ -1,15 +1,15 @@
-"""``RouterActor``: one shard of the session directory (issue 8, items 2, 3 and 8).
+"""``RouterActor``: one shard of the session directory (docs/decisions.md#session-lifecycle).
 
 ``shard = crc32(session_key) % N`` (:func:`shard_of`; a stable hash, never Python's ``hash()``,
-so every process agrees). Each shard, a named async actor ``sessionray-router-{i}`` in namespace
-``sessionray``, owns for its keys:
+so every process agrees: docs/decisions.md#session-topology). Each shard, a named async actor
+``sessionray-router-{i}`` in namespace ``sessionray``, owns for its keys:
 
 * the **directory** session_key → live ``SessionActor`` (bound through the warm pool);
 * **dedup** of redelivered events by ``(platform, bot_id, message_id)`` (a bounded LRU set;
   the ingress also stores each inbound transcript once in SQL);
 * a **per-session bounded mailbox**: an accepted message stays *pending* until its turn handed
   the reply to delivery; with ``runtime.mailbox_size`` pending, :meth:`RouterActor.submit` answers
-  ``busy`` (the ingress returns 503 + ``Retry-After``). An accepted message is never dropped;
+  ``busy`` (503 + ``Retry-After``); nothing accepted is dropped (docs/decisions.md#session-backpressure);
 * **sequence numbers**: each accepted message gets the session's next ``seq`` (Ray does not order
   calls to an async actor; the session's inbox does). Messages of one key pass the shard in
   arrival order (a per-key ticket, :class:`actors.admission.KeyOrder`), so a message that waits
@@ -28,7 +28,7 @@ so every process agrees). Each shard, a named async actor ``sessionray-router-{i
   failure of the same message is counted as an error and the message is dropped with a log line.
   A *hung* actor (a turn pending ``runtime.hung_turn_s`` and no ``ping_turn`` answer within
   ``runtime.hung_ping_timeout_s``) is killed, which sends its turns down the same path;
-* routing of ``steer`` / ``follow_up`` (masters only, seed 002 #7: refusals are counted),
+* routing of ``steer`` / ``follow_up`` (masters only: docs/decisions.md#steer-masters-only),
   ``abort`` and ``archive`` (``archive_stored``: also of a passivated session, in SQL while the
   shard holds the key); listing of live sessions (both in :mod:`actors.router_admin`).
 """

@@ -1,5 +1,5 @@
-"""The admin face of a router shard (issue 8, items 3 and 5): routing of ``steer`` /
-``follow_up`` (masters only, seed 002 #7) / ``abort`` / ``archive`` to a live session, the
+"""The admin face of a router shard: routing of ``steer`` / ``follow_up`` (masters only,
+docs/decisions.md#steer-masters-only) / ``abort`` / ``archive`` to a live session, the
 archive of a session that is not live (:meth:`RouterAdminMixin.archive_stored`: in SQL, while the
 shard holds the key so no activation can start meanwhile), and the introspection the admin API
 and CLI read (``sessions``, ``session``, ``context``, ``status``).
@@ -81,8 +81,9 @@ class RouterAdminMixin:
     ) -> dict[str, Any]:
         """Route ``steer`` / ``follow_up`` / ``abort`` / ``archive`` to the live session.
 
-        ``steer`` and ``follow_up`` are for the bot's masters only (seed 002 #7); a refusal is
-        counted in ``sessionray_control_total{kind, outcome="refused"}``.
+        ``steer`` and ``follow_up`` are for the bot's masters only
+        (docs/decisions.md#steer-masters-only); a refusal is counted in
+        ``sessionray_control_total{kind, outcome="refused"}``.
 
         Returns:
             ``{"ok": True, "outcome": ...}`` or ``{"ok": False, "error": "not_master" |
@@ -143,7 +144,7 @@ class RouterAdminMixin:
 
     async def archive_stored(self, session_key: str) -> dict[str, Any]:
         """Archive the epoch of ``session_key`` whether it is live or not (admin ``archive`` of a
-        passivated session, review S3 #2).
+        passivated session).
 
         The key's ordering ticket is taken before the first ``await`` and held to the end, and any
         passivation of the key in flight is awaited (``_settled``): no ``submit`` of the key can

@@ -36,7 +36,8 @@ __all__ = ["NotMasterError", "SessionInfo", "SessionRuntime", "SubmitResult", "U
 
 
 class NotMasterError(PermissionError):
-    """``steer`` / ``follow_up`` from a user who is not a master of the bot (seed 002 #7)."""
+    """``steer`` / ``follow_up`` from a user who is not a master of the bot
+    (docs/decisions.md#steer-masters-only)."""
 
 
 class UnknownSessionError(LookupError):
@@ -123,11 +124,12 @@ class SessionRuntime:
         from runtime.memory.db import Database
 
         ensure_database_fits_cluster(config.database.url)
-        business_tools(config)  # seed 002 #18: a bad *.tool.md or Python tool stops start-up
+        # a bad *.tool.md or Python tool stops start-up (docs/decisions.md#tool-md-hard-fail)
+        business_tools(config)
         db = Database(config.database.url, threads=1)
         try:
             await asyncio.to_thread(db.create_tables)
-            await asyncio.to_thread(warn_if_over_connection_budget, db, config.runtime)  # issue #8
+            await asyncio.to_thread(warn_if_over_connection_budget, db, config.runtime)
         finally:
             db.dispose()
         self.config = config
@@ -255,7 +257,7 @@ class SessionRuntime:
     async def archive_stored(self, session_key: str) -> str:
         """Archive the epoch of ``session_key`` through its router shard, live or not (the admin
         ``archive`` of a passivated session): the shard holds the key while it archives, so no
-        message can activate the session on the old epoch meanwhile (review S3 #2). Returns the
+        message can activate the session on the old epoch meanwhile. Returns the
         new ``session_id``.
 
         Raises:

@@ -1,5 +1,6 @@
 """``sessionray serve``: the whole runtime on one machine — local Ray, the actors, and the ingress
-(uvicorn on uvloop in the driver process; DESIGN.md "Ingress": 0.7 ms vs 4 ms for Ray Serve).
+(uvicorn on uvloop in the driver process: 0.7 ms vs 4 ms for Ray Serve,
+docs/decisions.md#ops-ingress-placement).
 
 Start-up order: read the configuration (``--config FILE``, else ``sessionray.yaml``, else the
 embedded defaults: console bot, built-in model, SQLite under ./data), print where everything is
@@ -8,8 +9,8 @@ embedded defaults: console bot, built-in model, SQLite under ./data), print wher
 until SIGINT/SIGTERM. Ctrl-C stops uvicorn, then the runtime, then Ray (``ray.shutdown``).
 
 Actor metrics (``ray.util.metrics``) are exported by Ray's per-node metrics agent on
-``--metrics-export-port`` (default 8090; DESIGN.md: it must lie outside 10002–19999); the
-ingress's own metrics are at ``/metrics`` on the HTTP port.
+``--metrics-export-port`` (default 8090; it must lie outside 10002–19999:
+docs/decisions.md#ops-ray-pitfalls); the ingress's own metrics are at ``/metrics`` on the HTTP port.
 """
 
 from __future__ import annotations

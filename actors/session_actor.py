@@ -1,4 +1,5 @@
-"""``SessionActor``: one Ray actor per *live* session (issue 8, items 1 and 8).
+"""``SessionActor``: one Ray actor per *live* session
+(docs/decisions.md#session-warm-pool).
 
 A blank actor waits in the warm pool (``actors/pool.py``); :meth:`SessionActor.activate` binds
 it to a session key (loads the context from SQL), :meth:`SessionActor.passivate` resets it for
@@ -10,7 +11,7 @@ Threads and loops (why it looks like this):
 * Two Ray concurrency groups: ``turn`` (``submit``, one pending call per inbox entry) and
   ``control`` (``activate``, ``passivate``, ``steer``, ``follow_up``, ``abort``, ``archive``,
   ``status``, ``ping``). Each group has its own Ray thread, so a control call is never queued
-  behind turns (DESIGN consequence 3; measured 2.5–9 ms while a 3 s turn runs).
+  behind turns (docs/decisions.md#control-never-waits; measured 2.5–9 ms while a 3 s turn runs).
 * The :class:`SessionCore` itself lives on **one** private asyncio loop thread (uvloop when
   available) started in ``__init__``; both groups forward to it with
   ``run_coroutine_threadsafe``. One loop means one writer and no cross-loop asyncio objects.
@@ -23,7 +24,7 @@ router sees the failed ``submit`` and re-activates the session on a fresh actor;
 Models inside actors: providers and faux scripts are process-local, so the actor builds its
 :class:`~runtime.session.turn.SessionSetup` itself by calling the picklable ``setup_factory`` it was
 created with (tests pass a factory that registers a faux model whose replies are functions of
-the context; see tests/actors/scripts.py).
+the context; see tests/actors/session_scripts.py).
 """
 
 from __future__ import annotations
@@ -61,12 +62,12 @@ CONTROL_GROUP_SIZE = 32
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 """SQLite only: how long a session's write waits for the file lock, in ms. Under load dozens of
 processes share one SQLite file and the default 5 s made turns fail with "database is locked"
-(issue 8 benchmark, 100 sessions); the ingress already waits 15 s."""
+(the runtime benchmark, 100 sessions); the ingress already waits 15 s."""
 SQL_THREADS = 1
 """SQL threads (and pooled connections) of a session actor's database. One is enough: a session's
 appends are serialized by its writer anyway, and each extra thread and connection is private
 memory (stack, SQLite page cache) in every live session — and a PostgreSQL connection each.
-The pool has no overflow (issue #8, PostgreSQL connection budget): every SQL call of the actor
+The pool has no overflow (docs/decisions.md#memory-connection-budget): every SQL call of the actor
 runs on this one thread and holds the connection only for its own transaction (none nests
 another), so a live session holds at most one connection and a blank (pooled) actor none."""
 WARM_UP_SESSION_KEY = "sessionray:0:private:warm-up"
@@ -142,7 +143,8 @@ class SessionActor:
         self._thread.start()
         # Warm-up while the actor waits in the pool: importing the SQL stack (sqlalchemy/sqlmodel,
         # ≈ 0.2–0.8 s on this machine) and opening the database must not be paid by the first
-        # activation (issue 8 benchmark: warm activation ≥ 50× faster than a cold actor).
+        # activation (warm activation ≥ 50× faster than a cold actor:
+        # docs/decisions.md#session-warm-pool).
         self._prepared: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._prepared.set_running_or_notify_cancel()  # an awaiting caller's cancellation never cancels it
         threading.Thread(target=self._prepare, name="session-prepare", daemon=True).start()
@@ -374,7 +376,8 @@ class SessionActor:
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _deferred_task(fn: Any, args: dict[str, Any]) -> str:
-    """A deferred task's function, run as a Ray task (issue 8, item 1: ``run_deferred_task``)."""
+    """A deferred task's function, run as a Ray task (``run_deferred_task``,
+    docs/decisions.md#session-extra-tools)."""
     return str(fn(args))
 
 
@@ -400,7 +403,8 @@ def _open_repository(config: Any) -> Any:
 
 def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
     """Do, before any session is bound, the work of an activation that does not depend on the
-    session key (issue 8 benchmark: warm activation ≥ 50× faster than a cold actor):
+    session key (warm activation ≥ 50× faster than a cold actor:
+    docs/decisions.md#session-warm-pool):
 
     * ``factory.prepare(database=repo.db)`` when the setup factory has it (optional hook of a
       :data:`~runtime.session.turn.SetupFactory`: imports, provider registration, model and tool building;
@@ -413,7 +417,7 @@ def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
       60–200 ms that would otherwise stall the first turn's loop).
 
     Afterwards (also when a step failed) a PostgreSQL connection the warm-up opened is closed:
-    a blank actor in the pool holds none (issue #8, PostgreSQL connection budget).
+    a blank actor in the pool holds none (docs/decisions.md#memory-connection-budget).
 
     Raises:
         Whatever ``factory.prepare`` or the repository raise; TimeoutError after
@@ -439,7 +443,8 @@ def _warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
 
 async def _release_sql_connections(repo: Any) -> None:
     """PostgreSQL: close the idle pooled connection of ``repo.db`` after the SQL already queued on
-    its thread (a passivated or blank session actor holds no PostgreSQL connection; issue #8). The
+    its thread (a passivated or blank session actor holds no PostgreSQL connection;
+    docs/decisions.md#memory-connection-budget). The
     next activation opens a new one (a few ms). SQLite keeps its connection (no server slot).
     A failure is logged, never raised: the session's state is all in SQL already."""
     db = getattr(repo, "db", None)

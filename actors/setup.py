@@ -7,7 +7,7 @@ picklable: :class:`ConfigSetupFactory` holds only the ``Config``.
 Tests script the model the same way: they pass their own picklable factory to
 ``SessionRuntime.start(config, setup_factory=...)`` — a top-level class whose ``__call__``
 registers a faux provider in the actor process with replies computed from the context (see
-``tests/actors/scripts.py``).
+``tests/actors/session_scripts.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def business_tools(config: Any) -> list[Any]:
     from runtime.session.python_tools import PythonToolError, load_python_tools
 
     tools = load_python_tools(config.ai.python_tools)
-    if config.ai.tools_dir:  # issue 9: *.tool.md tools
+    if config.ai.tools_dir:  # *.tool.md tools
         from runtime.session.tool_md import load_tool_dir
 
         python_names = {t.name for t in tools}
@@ -72,7 +72,7 @@ class ConfigSetupFactory:
         """Build, once per process, everything that does not depend on the session key: provider
         registration, the model, the business tools (:func:`business_tools`) and built-in tools,
         the chat-history database, and the imports of an activation. The session actor calls it
-        while it waits in the warm pool (issue 8 benchmark: warm activation); :meth:`__call__`
+        while it waits in the warm pool (docs/decisions.md#session-warm-pool); :meth:`__call__`
         calls it too (a no-op then).
 
         Args:
@@ -139,9 +139,9 @@ class ConfigSetupFactory:
             output_schema=output_schema,
             steering_mode=agent.steering_mode,
             follow_up_mode=agent.follow_up_mode,
-            features=AgentFeatures.from_config(self.config),  # issue 9
-            on_event=console_event_hook(self.config, session_key),  # issue 6: console live events
-            compaction_threshold=agent.compaction_threshold,  # issue 5: compaction (seed 002 #14)
+            features=AgentFeatures.from_config(self.config),
+            on_event=console_event_hook(self.config, session_key),  # console live events
+            compaction_threshold=agent.compaction_threshold,
         )
 
     def _model(self) -> Any:
@@ -150,7 +150,7 @@ class ConfigSetupFactory:
             from runtime.config import resolve_model_ref
 
             return resolve_model_ref(ref, self.config)
-        from providers.builtin import builtin_model  # the offline built-in model (issue 2, item 5)
+        from providers.builtin import builtin_model  # the offline built-in model
 
         return builtin_model()
 

@@ -1,9 +1,9 @@
-"""Example contracts from seed 003: ``IntentResult`` and ``ActionDecision`` through
-:func:`runtime.reply.structured.complete_structured`, driven by the scripted faux model.
+"""Example contracts ``IntentResult`` and ``ActionDecision`` (docs/decisions.md#structured-tiers)
+through :func:`runtime.reply.structured.complete_structured`, driven by the scripted faux model.
 
 Run it: ``.venv/bin/python examples/contracts.py`` (offline; prints one line per scenario).
 
-The scenarios mirror seed 003's digital-human customer service ("I want to return the shoes I
+The scenarios are a digital-human customer service ("I want to return the shoes I
 bought yesterday, I can't remember the order number"):
 
 1. ``IntentResult`` at the native tier, valid on the first try.
@@ -44,7 +44,7 @@ __all__ = ["SAFE_INTENT", "Action", "ActionDecision", "Intent", "IntentResult", 
 
 
 class Intent(StrEnum):
-    """Allowed intents (seed 003 ``ALLOWED_INTENTS``)."""
+    """Allowed intents."""
 
     REFUND_REQUEST = "REFUND_REQUEST"
     ORDER_QUERY = "ORDER_QUERY"
@@ -54,7 +54,7 @@ class Intent(StrEnum):
 
 
 class Action(StrEnum):
-    """Allowed actions: a whitelist enum, never a free verb (seed 003 ``ALLOWED_ACTIONS``)."""
+    """Allowed actions: a whitelist enum, never a free verb."""
 
     QUERY_ORDER = "QUERY_ORDER"
     CREATE_TICKET = "CREATE_TICKET"
@@ -76,7 +76,7 @@ class IntentResult(BaseModel):
 
 
 class ActionDecision(BaseModel):
-    """The next step of the agent as a state-machine jump (seed 003 §9.4)."""
+    """The next step of the agent as a state-machine jump."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -86,7 +86,7 @@ class ActionDecision(BaseModel):
 
 
 SAFE_INTENT = IntentResult(intent=Intent.UNKNOWN, confidence=0.0, slots={}, need_human=True)
-"""The safe default of seed 003 §07 change 4."""
+"""The safe default of an explicit fallback (docs/decisions.md#structured-one-retry)."""
 
 USER = "我昨天买的那双鞋要退，订单号记不清了"
 

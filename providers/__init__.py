@@ -1,7 +1,8 @@
-"""LLM wire protocols, one module per ``api`` id (DESIGN.md "Packages").
+"""LLM wire protocols, one module per ``api`` id
+(docs/decisions.md#provider-split-by-concern).
 
 Importing this package (or any provider module) registers nothing; entry points call
-:func:`register_builtin_providers` once (issue 3, item 8).
+:func:`register_builtin_providers` once (docs/decisions.md#llm-api-registry).
 """
 
 from __future__ import annotations

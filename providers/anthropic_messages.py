@@ -1,6 +1,6 @@
 """Api ``anthropic-messages``: Anthropic Messages API over SSE (``POST {base_url}/v1/messages``).
 
-Stream rules (issue 3, item 2):
+Stream rules (docs/decisions.md#llm-errors-as-events):
 
 * the event type is the ``event:`` line, falling back to the payload's ``type`` when it is missing;
 * ``content_block_start/delta/stop``: deltas are dispatched by *delta* type (``text_delta``,

@@ -1,8 +1,8 @@
 """The built-in offline model: a ``faux`` provider whose reply is a fixed function of the input.
 
 It is **not an LLM**. It lets ``make run`` (``sessionray chat``) and the runtime work with no
-provider configured (issue 2, item 5). Its behaviour, :func:`builtin_respond`, looks only at the
-last message of the context:
+provider configured (docs/decisions.md#llm-builtin-model). Its behaviour, :func:`builtin_respond`,
+looks only at the last message of the context:
 
 1. No messages: a greeting that says what it is.
 2. Last message is a tool result: ``"Tool <name> returned: <text>"`` for each trailing tool result
@@ -192,7 +192,7 @@ def builtin_model() -> Model:
     )
     # max_recorded_calls=0: the built-in model serves long-lived sessions; keep no context copies.
     # max_chunks: a reply streams in at most BUILTIN_MAX_CHUNKS deltas per block (a multi-MB echo
-    # in 4-character deltas kept a session busy for minutes: attack report #7).
+    # in 4-character deltas kept a session busy for minutes; docs/decisions.md#llm-builtin-model).
     handle = register_faux_provider(
         provider=BUILTIN_PROVIDER,
         models=[model],

@@ -68,13 +68,13 @@ def _clean_key(key: str, source: str) -> str:
 def resolve_api_key(model: Model, options: StreamOptions | None) -> str | None:
     """Return the API key for one call, or ``None`` (keyless local servers).
 
-    Order (issue 3, item 4): ``options.api_key``; ``options.extra["get_api_key"](provider_alias)``
-    (the agent loop's dynamic-key hook, seed 002 D3 ``getApiKey``); for a provider configured in
-    ``ai.providers``, the variable named by its ``api_key_env`` (no ``api_key_env``: keyless, and
-    no other vendor's key is ever sent to it); for an unconfigured provider alias, the api's
-    conventional variable (:data:`DEFAULT_KEY_ENV`), and only when the model's ``base_url`` is
-    empty or on the api's own host (:data:`OFFICIAL_HOSTS`). Surrounding whitespace (a trailing newline
-    from a ``.env`` file) is stripped. Keys are never logged.
+    Order (docs/decisions.md#llm-api-keys): ``options.api_key``;
+    ``options.extra["get_api_key"](provider_alias)`` (the agent loop's dynamic-key hook); for a
+    provider configured in ``ai.providers``, the variable named by its ``api_key_env`` (no
+    ``api_key_env``: keyless, and no other vendor's key is ever sent to it); for an unconfigured
+    provider alias, the api's conventional variable (:data:`DEFAULT_KEY_ENV`), and only when the
+    model's ``base_url`` is empty or on the api's own host (:data:`OFFICIAL_HOSTS`). Surrounding
+    whitespace (a trailing newline from a ``.env`` file) is stripped. Keys are never logged.
 
     Raises:
         ApiKeyError: the configured ``api_key_env`` variable is unset or empty (the message names

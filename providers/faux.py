@@ -1,4 +1,5 @@
-"""The ``faux`` api: a scripted model for tests and for the offline built-in model (issue 2, item 5).
+"""The ``faux`` api: a scripted model for tests and for the offline built-in model
+(docs/decisions.md#llm-builtin-model).
 
 A *script* is a queue of steps. Each LLM call pops one step and streams it:
 

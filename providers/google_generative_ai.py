@@ -1,6 +1,6 @@
 """Api ``google-generative-ai``: Gemini ``models/{id}:streamGenerateContent?alt=sse``.
 
-Stream rules (issue 3, item 3):
+Stream rules (docs/decisions.md#llm-errors-as-events):
 
 * each SSE ``data:`` is one ``GenerateContentResponse``; parts of ``candidates[0].content``:
   ``text`` (``thought: true`` → thinking), ``functionCall`` (complete in one part; an id is minted

@@ -1,7 +1,7 @@
 """Cross-provider handoff: make a context recorded with any model safe to send to ``target``.
 
-Applied by every wire adapter before it converts messages to its JSON (seed 002, D2: "convert /
-handoff before a cross-provider call"; issue 3, item 5). Rules:
+Applied by every wire adapter before it converts messages to its JSON
+(docs/decisions.md#llm-cross-provider-handoff). Rules:
 
 * Thinking produced by a *different* model (different api, provider or model id) becomes plain
   text; empty thinking is dropped; redacted thinking and signatures (thinking signatures, text

@@ -3,7 +3,7 @@
 Wire adapter only (request JSON ↔ context, stream chunks ↔ builder calls); HTTP lives in
 :mod:`providers.transport`, vendor differences in :mod:`providers.profiles` (``compat`` flags).
 
-Stream rules (issue 3, item 1):
+Stream rules (docs/decisions.md#llm-errors-as-events):
 
 * text from ``delta.content``; thinking from ``delta.reasoning_content`` (DeepSeek),
   ``delta.reasoning`` or ``delta.reasoning_text`` (vLLM, OpenRouter, Ollama);

@@ -1,4 +1,5 @@
-"""Image generation, separate from chat (seed 002, D7: ``getImageModel`` + ``generateImages``).
+"""Image generation, separate from chat
+(docs/decisions.md#llm-image-generation).
 
 Api ``openai-images``: the OpenAI Images API (``POST {base_url}/images/generations`` for a prompt,
 ``POST {base_url}/images/edits`` (multipart) when input images are given), reading ``b64_json``.
@@ -98,7 +99,7 @@ class ImageGenerationOptions:
 
 
 def get_image_model(provider_alias: str, model_id: str) -> ImageModel:
-    """Return the image model ``model_id`` of ``ai.providers.<provider_alias>`` (seed 002, D7).
+    """Return the image model ``model_id`` of ``ai.providers.<provider_alias>``.
 
     The provider's ``base_url`` and ``headers`` are used; its chat ``api`` does not matter (any
     OpenAI-compatible endpoint with an Images API works).

@@ -1,9 +1,9 @@
 """Capability profiles of OpenAI-compatible servers, kept apart from the wire adapter.
 
-STYLE.md (pydantic-ai note): adding an OpenAI-compatible vendor is a *profile*, not a new
-adapter. :func:`openai_compat` picks defaults from the model's ``base_url`` and overlays the
-``compat`` mapping from configuration (provider-level, then model-level), so every flag can be
-forced per model in ``sessionray.yaml``.
+Adding an OpenAI-compatible vendor is a *profile*, not a new adapter
+(docs/decisions.md#provider-split-by-concern). :func:`openai_compat` picks defaults from the model's
+``base_url`` and overlays the ``compat`` mapping from configuration (provider-level, then
+model-level), so every flag can be forced per model in ``sessionray.yaml``.
 
 Keys (all optional in ``compat``):
 

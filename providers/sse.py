@@ -1,4 +1,4 @@
-"""Incremental Server-Sent-Events decoding over raw bytes (issue 3, item 4).
+"""Incremental Server-Sent-Events decoding over raw bytes (docs/decisions.md#llm-transport).
 
 Whole lines are buffered before UTF-8 decoding, so a multi-byte character split across two reads
 comes out intact. Used by :mod:`providers.transport` (and re-exported there).

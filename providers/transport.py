@@ -1,10 +1,11 @@
 """The one HTTP transport of every provider: POST a JSON body, decode the SSE reply, retry, cancel.
 
-It moves bytes and knows nothing of models or messages (STYLE.md, httpx note): a wire adapter
-hands it a request and an :class:`SseParser` that turns ``(event, data)`` pairs into
+It moves bytes and knows nothing of models or messages
+(docs/decisions.md#provider-split-by-concern): a wire adapter hands it a request and an
+:class:`SseParser` that turns ``(event, data)`` pairs into
 :class:`~runtime.llm.builder.MessageBuilder` calls.
 
-Rules (issue 3, item 4):
+Rules (docs/decisions.md#llm-transport):
 
 * **Whole lines before decoding.** :class:`SSEDecoder` buffers raw bytes up to the last ``\\n``
   and only then decodes UTF-8, so a multi-byte character split across two reads comes out

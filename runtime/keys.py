@@ -1,4 +1,4 @@
-"""Session keys and session ids (seed 002, D4).
+"""Session keys and session ids (docs/decisions.md#memory-session-keys).
 
 * ``session_key = "{platform}:{bot_id}:{scope}:{scene_id}"`` names a conversation place:
   ``scope`` is ``private`` | ``group`` | ``channel``; for a private chat ``scene_id`` is the

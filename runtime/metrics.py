@@ -238,7 +238,7 @@ LLM_TOKENS = Counter(
 )
 LLM_ERRORS = Counter("sessionray_llm_errors_total", "LLM errors by api and reason.", ("api", "reason"))
 LLM_RETRIES = Counter("sessionray_llm_retries_total", "LLM transport retries before first content.", ("api",))
-# Structured replies (seed 003: every outcome counted)
+# Structured replies (every outcome counted: docs/decisions.md#structured-every-outcome-counted)
 STRUCTURED_REPLIES = Counter(
     "sessionray_structured_replies_total",
     "Structured outputs by mode (native, tool, prompt) and outcome (first_try, corrected, default, failed).",
@@ -274,7 +274,7 @@ DELIVERY_RETRIES = Counter("sessionray_delivery_retries_total", "Platform send r
 COMPACTIONS = Counter(
     "sessionray_compactions_total", "Context compactions by outcome (ok, failed).", ("outcome",)
 )
-# Agent features (issue 9)
+# Agent features
 TOOL_POLICY_BLOCKS = Counter(
     "sessionray_tool_policy_blocks_total",
     "Tool calls blocked by the turn's tool permissions, by reason (filtered, policy).",

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT / "tests" / "fixtures"))
 
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    """The read-only recorded payloads in ../shared/fixtures (never edited)."""
+    """The read-only recorded payloads in tests/fixtures (never edited; sources: SOURCES.md there)."""
     assert FIXTURES.is_dir(), f"fixtures not found at {FIXTURES} (set SESSIONRAY_FIXTURES)"
     return FIXTURES
 

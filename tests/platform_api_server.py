@@ -1,6 +1,6 @@
 """A small real HTTP server on 127.0.0.1 that plays the OneBot v11 HTTP API and the Telegram Bot API.
 
-It answers with the recorded fixture responses (``../shared/fixtures``, never edited):
+It answers with the recorded fixture responses (``tests/fixtures``, never edited):
 
 * ``POST /send_private_msg``, ``/send_group_msg``, ``/send_msg`` (OneBot v11) →
   HTTP 200 ``onebot11/api_response_ok_napcat.json``;

@@ -38,7 +38,7 @@ function addLine(cls, who, content, testid) {
 function note(text) { return addLine("note", "", text, "note"); }
 
 // Only http(s) URLs become links or media sources: never javascript:, data:, file: or anything
-// else a reply may carry (attack report #1/#15). Returns the URL or null.
+// else a reply may carry (docs/decisions.md#security-console-scope). Returns the URL or null.
 function safeUrl(value) {
   try {
     const url = new URL(String(value));
@@ -54,7 +54,7 @@ function mediaSrc(media) {
   return null;  // an opaque platform file reference cannot be shown
 }
 
-// Render one canonical seed-000 segment into DOM nodes.
+// Render one canonical segment (docs/decisions.md#reply-segments) into DOM nodes.
 function renderSegment(seg) {
   const d = seg.data || {};
   switch (seg.type) {

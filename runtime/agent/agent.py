@@ -1,12 +1,17 @@
 """The stateful :class:`Agent`: queues plus a small state reducer over the loop's events.
 
-Issue 2 item 8; seed 002 D6 (``prompt``/``continue``/``subscribe``/``abort``/``waitForIdle``/
-``steer``/``followUp``/``clear*Queue``). The loop itself is :mod:`runtime.agent.loop`; the agent
-feeds it its own steering and follow-up queues through ``get_steering_messages`` /
-``get_follow_up_messages`` and keeps ``state.messages`` in step with ``message_end`` events.
+``prompt`` / ``continue_`` / ``subscribe`` / ``abort`` / ``wait_for_idle`` / ``steer`` /
+``follow_up`` / ``clear_*_queue`` (docs/decisions.md#agent-loop-hooks). The loop itself is
+:mod:`runtime.agent.loop`; the agent feeds it its own steering and follow-up queues through
+``get_steering_messages`` / ``get_follow_up_messages`` and keeps ``state.messages`` in step with
+``message_end`` events.
 
-Queue modes (seed 002 #13, ``ai.agent.steeringMode`` / ``followUpMode``): ``one-at-a-time``
-(default) hands the loop one queued message per poll; ``all`` hands over the whole queue.
+Queue modes (``ai.agent.steering_mode`` / ``follow_up_mode``, `docs/decisions.md#queue-modes`):
+``one-at-a-time`` (default) hands the loop one queued message per poll; ``all`` hands over the
+whole queue. This is the one queue implementation: ``sessionray chat``, the README tour, sub-agents
+and every turn of a live IM session run on :class:`Agent` (`docs/decisions.md#agent-one-engine`).
+A live IM turn keeps its follow-ups out of the loop (``drain_follow_ups=False``) because each
+follow-up gets its own IM reply; it takes them with :meth:`Agent.take_queued` when the run ends.
 
 Example:
     >>> import asyncio
@@ -119,6 +124,14 @@ class Agent:
         max_iterations: LLM-call budget per run (see :class:`AgentLoopConfig`).
         convert_to_llm, transform_context, get_api_key, before_tool_call, after_tool_call,
         stream_options, stream_fn: Passed to :class:`AgentLoopConfig` unchanged.
+        drain_follow_ups: ``False``: the loop never polls the follow-up queue; queued follow-ups
+            stay for :meth:`take_queued` (an IM turn runs each as a turn of its own).
+        configure_loop: ``config -> config``, applied to each run's :class:`AgentLoopConfig` last
+            (an owner wraps ``stream_fn`` or adds hooks, e.g. the IM reply contract).
+
+    Attributes:
+        failure: The exception a listener or hook raised in the last run (recorded as an
+            ``error`` assistant message, see :meth:`prompt`), else ``None``.
     """
 
     def __init__(
@@ -139,6 +152,8 @@ class Agent:
         after_tool_call: Any = None,
         stream_options: StreamOptions | None = None,
         stream_fn: Any = None,
+        drain_follow_ups: bool = True,
+        configure_loop: Callable[[AgentLoopConfig], AgentLoopConfig] | None = None,
     ) -> None:
         self.state = AgentState(
             system_prompt=system_prompt, model=model, tools=list(tools), messages=list(messages)
@@ -154,6 +169,9 @@ class Agent:
         self.after_tool_call = after_tool_call
         self.stream_options = stream_options
         self.stream_fn = stream_fn or default_stream
+        self.drain_follow_ups = drain_follow_ups
+        self.configure_loop = configure_loop
+        self.failure: Exception | None = None
         self._listeners: list[AgentListener] = []
         self._steering: list[AgentMessage] = []
         self._follow_ups: list[AgentMessage] = []
@@ -243,6 +261,14 @@ class Agent:
         """True if a steering or follow-up message is waiting."""
         return bool(self._steering or self._follow_ups)
 
+    def take_queued(self) -> tuple[list[AgentMessage], list[AgentMessage]]:
+        """Empty both queues and return ``(steering, follow_ups)`` in arrival order (what a run
+        did not take: steering that came after the last LLM call, follow-ups the loop was told
+        not to drain)."""
+        steering, follow_ups = list(self._steering), list(self._follow_ups)
+        self.clear_all_queues()
+        return steering, follow_ups
+
     @staticmethod
     def _take(queue: list[AgentMessage], mode: QueueMode) -> list[AgentMessage]:
         if not queue:
@@ -288,6 +314,8 @@ class Agent:
         self,
         message: str | AgentMessage | Sequence[AgentMessage],
         images: Sequence[ImageContent] | None = None,
+        *,
+        signal: AbortSignal | None = None,
     ) -> None:
         """Run the agent on a new prompt and return when the run (follow-ups included) ends.
 
@@ -295,6 +323,7 @@ class Agent:
             message: Text (becomes a :class:`UserMessage`, with ``images`` appended as blocks),
                 one message, or several.
             images: Images for a text prompt.
+            signal: An outside abort signal; when it fires, the run aborts as by :meth:`abort`.
 
         Raises:
             AgentBusyError: a run is in progress; use :meth:`steer` or :meth:`follow_up`.
@@ -322,13 +351,13 @@ class Agent:
                 raise TypeError(
                     f"prompt takes text, an agent message or a list of them, got {type(message).__name__}"
                 )
-        await self._run(prompts)
+        await self._run(prompts, signal)
 
-    async def continue_(self) -> None:
+    async def continue_(self, *, signal: AbortSignal | None = None) -> None:
         """Resume from the current messages (after tool results, an error or queued messages).
 
         When the last message is an assistant message, queued steering (then follow-up) messages
-        are used as the prompt.
+        are used as the prompt. ``signal``: as for :meth:`prompt`.
 
         Raises:
             AgentBusyError: a run is in progress.
@@ -341,14 +370,14 @@ class Agent:
         if isinstance(msgs[-1], AssistantMessage):
             steering = self._take(self._steering, self.steering_mode)
             if steering:
-                await self._run(steering)
+                await self._run(steering, signal)
                 return
             follow = self._take(self._follow_ups, self.follow_up_mode)
             if follow:
-                await self._run(follow)
+                await self._run(follow, signal)
                 return
             raise ValueError("cannot continue from an assistant message: prompt, steer or follow_up first")
-        await self._run(None)
+        await self._run(None, signal)
 
     async def _record_failure(
         self, model: Model, controller: AbortController, exc: Exception, prompts: list[AgentMessage]
@@ -359,6 +388,7 @@ class Agent:
         queue, append an ``error`` assistant message and emit ``agent_end`` once. A failure in an
         ``agent_end`` listener only sets ``state.error`` (the run itself had finished)."""
         s = self.state
+        self.failure = exc
         text = f"{type(exc).__name__}: {exc}"
         was_aborted = controller.signal.aborted
         controller.abort(f"run failed: {text}")  # the provider stream and running tools stop
@@ -408,7 +438,7 @@ class Agent:
             self._taken.extend((m, self._follow_ups) for m in taken)
             return taken
 
-        return AgentLoopConfig(
+        config = AgentLoopConfig(
             model=model,
             convert_to_llm=self.convert_to_llm,
             transform_context=self.transform_context,
@@ -417,13 +447,14 @@ class Agent:
             after_tool_call=self.after_tool_call,
             tool_execution=self.tool_execution,
             get_steering_messages=steering,
-            get_follow_up_messages=follow_ups,
+            get_follow_up_messages=follow_ups if self.drain_follow_ups else None,
             max_iterations=self.max_iterations,
             stream_options=self.stream_options,
             stream_fn=self.stream_fn,
         )
+        return self.configure_loop(config) if self.configure_loop is not None else config
 
-    async def _run(self, prompts: list[AgentMessage] | None) -> None:
+    async def _run(self, prompts: list[AgentMessage] | None, outside: AbortSignal | None = None) -> None:
         model = self.state.model
         if model is None:
             raise ValueError("Agent has no model: pass model=... or set agent.state.model")
@@ -432,7 +463,11 @@ class Agent:
         )  # ValueError for a bad max_iterations/tool_execution, before any state change
         s = self.state
         s.is_streaming, s.error, s.streaming_message = True, None, None
+        self.failure = None
         self._controller = controller = AbortController()
+        unlink = (
+            outside.add_listener(lambda: controller.abort(outside.reason or "aborted")) if outside else None
+        )
         self._idle = asyncio.get_running_loop().create_future()
         context = AgentContext(s.system_prompt, list(s.messages), list(s.tools))
         self._unended, self._ended, self._taken = [], False, []
@@ -447,6 +482,8 @@ class Agent:
             controller.abort("cancelled")
             raise
         finally:
+            if unlink is not None:
+                unlink()
             s.is_streaming, s.streaming_message = False, None
             s.pending_tool_calls.clear()
             self._controller = None

@@ -1,7 +1,8 @@
 """Configuration of the agent loop: :class:`AgentContext`, :class:`AgentLoopConfig` and the hook types.
 
-The loop is a plain function parameterized entirely by these hooks (seed 002, D3; pi's
-``AgentLoopConfig``). Every hook may be a plain function or a coroutine function.
+The loop is a plain function parameterized entirely by these hooks (pi's
+``AgentLoopConfig``; docs/decisions.md#agent-loop-hooks). Every hook may be a plain function or a
+coroutine function.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ StreamFnT: TypeAlias = Callable[[Model, Context, StreamOptions | None], Assistan
 
 @dataclass
 class AgentLoopConfig:
-    """Everything that parameterizes :func:`runtime.agent.loop.agent_loop` (issue 2, item 7).
+    """Everything that parameterizes :func:`runtime.agent.loop.agent_loop`.
 
     Raises:
         ValueError: ``max_iterations`` below 1, or an unknown ``tool_execution`` mode.

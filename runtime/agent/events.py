@@ -1,4 +1,4 @@
-"""Events of the agent loop (issue 2, item 7; pi's ``AgentEvent``).
+"""Events of the agent loop (pi's ``AgentEvent``).
 
 One loop run emits, in order::
 

@@ -1,11 +1,13 @@
-"""The stateless agent loop: ``agent_loop`` and ``agent_loop_continue`` (issue 2, item 7; seed 002, D3).
+"""The stateless agent loop: ``agent_loop`` and ``agent_loop_continue``
+(docs/decisions.md#agent-loop-hooks).
 
 One run alternates LLM calls and tool batches until the model stops asking for tools, then
 drains follow-up messages; see :mod:`runtime.agent.events` for the event order. Rules:
 
 * Steering is polled at loop start and after each whole tool batch (never in the middle of a
   batch: its tools always all run); steering messages enter the context before the next LLM call.
-* Follow-ups are polled only when the loop would otherwise stop.
+* Follow-ups are polled only when the loop would otherwise stop
+  (docs/decisions.md#steer-between-batches).
 * Before every LLM call: ``transform_context`` (result used for that call only), then
   ``convert_to_llm``, then :func:`runtime.agent.replay.prepare_replay`, then ``get_api_key``.
 * A response with stop_reason ``error`` or ``aborted`` ends the run. Abort during a tool batch

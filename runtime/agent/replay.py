@@ -1,8 +1,9 @@
-"""Turning an agent's messages into a context a provider accepts (issue 2, item 7).
+"""Turning an agent's messages into a context a provider accepts
+(docs/decisions.md#agent-abort-valid-context).
 
 * :func:`default_convert_to_llm` — the default ``convert_to_llm`` hook: keeps user, assistant and
-  tool-result messages and drops host :class:`~runtime.llm.types.CustomMessage` s (seed 002, D3:
-  "convertToLlm — 默认过滤非 LLM 消息").
+  tool-result messages and drops host :class:`~runtime.llm.types.CustomMessage` s
+  (docs/decisions.md#llm-context-shape).
 * :func:`prepare_replay` — applied by the agent loop to every LLM call (after ``convert_to_llm``):
   drops assistant messages that ended in ``error``/``aborted`` together with their tool results,
   drops any other orphan or duplicate tool result, and gives every remaining tool call a result

@@ -1,5 +1,5 @@
-"""JSON Schema → pydantic model converter for tool parameters (issue 9, item 4; seed 002 D5 and
-decision 18: "unsupported schema feature → hard fail at start-up").
+"""JSON Schema → pydantic model converter for tool parameters: an unsupported
+schema feature is a hard fail at start-up (docs/decisions.md#tool-md-hard-fail).
 
 :func:`schema_to_model` turns a tool's ``parameters`` JSON Schema into a pydantic model class whose
 lax validation checks the model's arguments (:func:`runtime.agent.tools.validate_tool_call`) and whose
@@ -111,7 +111,8 @@ FORMATS = ("date-time", "date", "time", "email", "uri", "uuid", "ipv4", "ipv6")
 
 
 class SchemaFeatureError(ValueError):
-    """A JSON Schema feature the converter does not support (start-up hard fail, seed 002 #18).
+    """A JSON Schema feature the converter does not support (start-up hard fail,
+    docs/decisions.md#tool-md-hard-fail).
 
     Attributes:
         source: Where the schema came from (a file path, ``mcp:<server>/<tool>``).

@@ -1,4 +1,5 @@
-"""Runs one assistant message's tool calls for the agent loop (issue 2, item 7; seed 002, D3).
+"""Runs one assistant message's tool calls for the agent loop
+(docs/decisions.md#agent-tool-errors-contained).
 
 Rules:
 

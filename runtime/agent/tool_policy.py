@@ -1,5 +1,5 @@
-"""Tool permissions for IM turns (issue 9, item 5; seed 002 D5 "ImTool = AgentTool & { platforms?,
-scopes?, requiredAnyRole? }" and D6 "exec/file policy → beforeToolCall").
+"""Tool permissions for IM turns: who may use a tool where, enforced in ``before_tool_call``
+(docs/decisions.md#tool-permissions).
 
 A tool may declare *who may use it where* with a :class:`ToolPermissions` attached to it by
 :func:`set_permissions` (an extra attribute on the tool object, so :class:`~runtime.agent.tools.AgentTool`'s
@@ -67,7 +67,7 @@ SCOPES = ("private", "group", "channel")
 
 @dataclass(frozen=True)
 class ToolPermissions:
-    """Where and for whom a tool exists (seed 002 D5's ImTool fields).
+    """Where and for whom a tool exists (docs/decisions.md#tool-permissions).
 
     Attributes:
         platforms: Allowed platform ids; ``None`` = every platform.
@@ -172,8 +172,8 @@ def get_permissions(tool: AgentTool[Any]) -> ToolPermissions | None:
 
 
 def filter_tools(tools: Iterable[AgentTool[Any]], scope: TurnScope) -> list[AgentTool[Any]]:
-    """The tools ``scope`` may see, in their original order (issue 9, item 5: the model never
-    sees a tool it may not use)."""
+    """The tools ``scope`` may see, in their original order (the model never sees a tool it
+    may not use: docs/decisions.md#tool-permissions)."""
     out = []
     for tool in tools:
         perms = get_permissions(tool)
@@ -189,7 +189,8 @@ allowed paths); a returned text blocks the call and is what the model reads."""
 
 @dataclass
 class ToolGuard:
-    """A ``before_tool_call`` hook enforcing the turn's tool set and policies (seed 002 D6).
+    """A ``before_tool_call`` hook enforcing the turn's tool set and policies
+    (docs/decisions.md#tool-permissions).
 
     Attributes:
         all_tools: Every tool the session has (before filtering).

@@ -1,4 +1,5 @@
-"""Executable tools for the agent loop and their argument validation (issue 2 item 6; seed 002, D5).
+"""Executable tools for the agent loop and their argument validation
+(docs/decisions.md#agent-tool-validation).
 
 An :class:`AgentTool` pairs what the model sees (name, description, the JSON Schema of a pydantic
 model class) with an async ``execute``. :func:`validate_tool_call` checks a model's call against
@@ -7,7 +8,7 @@ learned that models send numbers as strings), and treats ``""``/``null`` argumen
 
 A validation failure raises :class:`ToolValidationError` whose text names the tool, every failing
 field and the received arguments; the agent loop turns it into an ``is_error`` tool result so the
-model can correct itself (seed 002, D5: "失败抛错，agentLoop 转为 isError: true 的 toolResult").
+model can correct itself (docs/decisions.md#agent-tool-validation).
 """
 
 from __future__ import annotations

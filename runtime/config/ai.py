@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from runtime.agent.agent import QueueMode
 from runtime.llm.types import InputKind, ModelCost
 
 KNOWN_APIS = ("openai-completions", "anthropic-messages", "google-generative-ai", "faux")
@@ -32,7 +33,8 @@ DRIVER_TO_API: dict[str, str] = {
     "gemini": "google-generative-ai",
     "google": "google-generative-ai",
 }
-"""The documented ``driver`` → ``api`` migration table (seed 002, D1; docs only, no runtime shim)."""
+"""The documented ``driver`` → ``api`` migration table (docs only, no runtime shim:
+docs/decisions.md#llm-api-required)."""
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -111,6 +113,7 @@ class ProviderConfig(_Closed):
     @classmethod
     def _env_name(cls, v: str | None) -> str | None:
         # the value is never echoed: a key pasted here by mistake must not reach logs
+        # (docs/decisions.md#config-secrets-by-name)
         if v is not None and (not _ENV_NAME.fullmatch(v) or v.startswith(("sk_", "AIza"))):
             raise ValueError(
                 "must be the NAME of an environment variable holding the key (letters, digits, "
@@ -132,19 +135,23 @@ class AgentConfig(_Closed):
     """``ai.agent``: structured-reply and queue modes."""
 
     output_schema: Literal["segments", False] | dict[str, Any] = "segments"
-    """``segments`` (seed 000 reply contract), ``false`` (plain text) or a JSON Schema object."""
-    steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
-    follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    """``segments`` (the IM reply contract, docs/decisions.md#reply-segments), ``false`` (plain
+    text) or a JSON Schema object."""
+    steering_mode: QueueMode = "one-at-a-time"
+    follow_up_mode: QueueMode = "one-at-a-time"
     compaction_threshold: float | None = Field(default=0.8, gt=0, le=1)
     """Share of the model's ``context_window`` above which older messages are summarized into
-    ``agent_summaries`` before an LLM call (seed 002 #14); ``null`` turns compaction off."""
+    ``agent_summaries`` before an LLM call (docs/decisions.md#memory-compaction); ``null`` turns
+    compaction off."""
     delegate: bool = False
     """Offer the ``delegate`` tool: a sub-agent on the session's model, with the business tools
-    (``python_tools``, ``tools_dir``) and without the IM preset (``runtime.session.turn_tools``)."""
+    (``python_tools``, ``tools_dir``) and without the IM preset
+    (docs/decisions.md#session-extra-tools)."""
 
 
 class McpServerConfig(_Closed):
-    """``ai.mcp_servers.<name>``: one MCP server (issue 9, item 3; ``runtime.session.mcp_tools``).
+    """``ai.mcp_servers.<name>``: one MCP server (``runtime.session.mcp_tools``;
+    docs/decisions.md#mcp-lazy-connect).
 
     Exactly one of ``command`` (stdio: the command is started as a subprocess) or ``url``
     (streamable HTTP endpoint, e.g. ``http://127.0.0.1:8001/mcp``).
@@ -193,20 +200,22 @@ class AiConfig(_Closed):
     default_model: str | None = None
     """``provider_alias/model_id``; ``None``: the built-in offline model."""
     vision_model: str | None = None
-    """Used instead of the default when a turn carries images (seed 002, D3)."""
+    """Used instead of the default when a turn carries images (docs/decisions.md#model-routing)."""
     fallback_models: list[str] = Field(default_factory=list)
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
-    """MCP servers whose tools every session may use (issue 9, item 3)."""
+    """MCP servers whose tools every session may use."""
     tools_dir: str | None = None
-    """Folder of ``*.tool.md`` tools loaded at start-up (issue 9, item 4; hard fail on errors)."""
+    """Folder of ``*.tool.md`` tools loaded at start-up (hard fail on errors:
+    docs/decisions.md#tool-md-hard-fail)."""
     python_tools: list[str] = Field(default_factory=list)
     """``module:attribute`` references of Python ``AgentTool`` s (a tool, a list of them, or a
     function returning either), imported at start-up and in every session actor
-    (``runtime.session.python_tools``; hard fail on errors)."""
+    (``runtime.session.python_tools``; hard fail on errors: docs/decisions.md#tool-md-hard-fail)."""
     media_url_allowlist: list[str] = Field(default_factory=list)
-    """URL prefixes a reply may attach without them appearing in the context (issue 9, item 6)."""
+    """URL prefixes a reply may attach without them appearing in the context
+    (docs/decisions.md#reply-media-provenance)."""
     commands: CommandsConfig = Field(default_factory=CommandsConfig)
 
     @field_validator("python_tools")

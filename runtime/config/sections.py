@@ -69,7 +69,8 @@ class BotConfig(_Closed):
 
 def default_bots() -> list[BotConfig]:
     """The embedded default ``bots:`` (no sessionray.yaml or no ``bots`` key): one console bot,
-    ``self_id: console``, whose master is the console user ``admin`` (issue #6)."""
+    ``self_id: console``, whose master is the console user ``admin``
+    (docs/decisions.md#platform-console-default)."""
     return [BotConfig(platform="console", self_id="console", masters=["admin"])]
 
 
@@ -93,7 +94,7 @@ class ServerConfig(_Closed):
 
 
 class RuntimeConfig(_Closed):
-    """``runtime``: actor topology and session lifecycle (DESIGN.md consequences 1-2)."""
+    """``runtime``: actor topology and session lifecycle (docs/decisions.md#session-warm-pool)."""
 
     router_shards: int = Field(1, ge=1)
     delivery_actors: int = Field(2, ge=1)
@@ -106,7 +107,8 @@ class RuntimeConfig(_Closed):
     busy_retry_after_s: float = Field(1.0, gt=0)
     """``Retry-After`` (seconds) suggested with a ``busy`` answer."""
     max_concurrent_turns: int = Field(4, ge=1)
-    """Turns of one session that may overlap (seed 002 #12); 1 = strictly one after another."""
+    """Turns of one session that may overlap (docs/decisions.md#session-concurrent-turns); 1 =
+    strictly one after another."""
     activation_wait_s: float = Field(10.0, ge=0)
     """How long a new session waits for a free slot over ``max_live_sessions`` before ``busy``."""
     recycle_after_sessions: int = Field(100, ge=1)

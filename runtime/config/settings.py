@@ -1,10 +1,11 @@
-"""The one configuration module: ``sessionray.yaml`` as a pydantic v2 model (DESIGN.md "Configuration").
+"""The one configuration module: ``sessionray.yaml`` as a pydantic v2 model
+(docs/decisions.md#config-closed-model).
 
 Every object is closed (``extra="forbid"``), so a typo is an error, not a silently ignored key.
 :func:`load_config` reads YAML and raises :class:`ConfigError` whose message names the file and
 the dotted key path of each problem (e.g. ``sessionray.yaml: ai.providers.local.api: Field
 required``). The removed ``driver`` key is rejected with the ``api`` value to use instead
-(seed 002, D1: "``api`` required, ``driver`` deleted; migration table in the docs only, no shim").
+(the migration table is in the docs only, no shim: docs/decisions.md#llm-api-required).
 
 How model lookup finds its configuration: :func:`load_config` stores the loaded
 :class:`Config` as the *current* one (so does :func:`set_config`); :func:`get_model`,
@@ -197,7 +198,7 @@ def get_config() -> Config:
 
 def get_model(provider_alias: str, model_id: str, config: Config | None = None) -> Model:
     """Return the :class:`~runtime.llm.types.Model` for ``ai.providers.<provider_alias>`` / ``model_id``
-    (seed 002, D1 ``getModel``).
+    (docs/decisions.md#llm-single-entry).
 
     Provider ``compat`` and ``headers`` are merged under the model's own. A model id that the
     provider does not list is still returned with default budgets (servers such as Ollama serve

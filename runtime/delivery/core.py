@@ -112,8 +112,9 @@ class DeliverySettings(BaseModel):
     """Media settings passed to ``runtime.reply.media`` (a ``MediaPolicy``; None: its defaults). A bot's
     own ``media_dir`` (``bots[].media_dir``) replaces its ``media_dir`` for that bot's replies."""
     leak: LeakPolicy = Field(default_factory=LeakPolicy)
-    """Outbound leak check (seed 000: outbound text, Markdown and nested strings pass the leak
-    check); :meth:`from_config` fills it with the values of every secret variable the config names."""
+    """Outbound leak check (outbound text, Markdown and nested strings pass the leak check:
+    docs/decisions.md#security-leak-check); :meth:`from_config` fills it with the values of every
+    secret variable the config names."""
 
     @classmethod
     def from_config(cls, config: Any) -> DeliverySettings:
@@ -143,8 +144,9 @@ def _bot_id_of(bot: Any) -> str:
 
 def bot_media_policy(base: Any, bot: Any) -> MediaPolicy:
     """The media policy of one bot's replies: ``base`` (a ``MediaPolicy``; anything else: the
-    defaults) with ``media_dir`` set to the bot's ``media_dir`` when it has one (issue #8 of the
-    attack report: ``bots[].media_dir`` confines that bot's ``path`` media, per bot)."""
+    defaults) with ``media_dir`` set to the bot's ``media_dir`` when it has one
+    (``bots[].media_dir`` confines that bot's ``path`` media, per bot:
+    docs/decisions.md#security-media-references)."""
     policy = base if isinstance(base, MediaPolicy) else MediaPolicy()
     media_dir = setting(bot, "media_dir", None)
     return replace(policy, media_dir=Path(media_dir)) if media_dir else policy
@@ -348,9 +350,10 @@ class DeliverySender:
     # ------------------------------------------------------------------ pieces
 
     async def _checked(self, reply: Reply, platform: str, bot_id: str) -> Reply:
-        """The leak check (issue #4 rule 8: a secret is redacted or the reply blocked, and counted),
-        then the media and link checks with the bot's media policy (rule 7: unusable attachments
-        and non-http(s) share links become a notice text segment). The leak check runs first so a
+        """The leak check (a secret is redacted or the reply blocked, and counted:
+        docs/decisions.md#security-leak-check), then the media and link checks with the bot's media
+        policy (unusable attachments and non-http(s) share links become a notice text segment:
+        docs/decisions.md#security-media-bytes). The leak check runs first so a
         URL carrying a secret is never fetched."""
         reply = scan_reply(reply, self.settings.leak).reply
         policy = self.media_policies.get(_bot_key(platform, bot_id)) or bot_media_policy(
@@ -359,8 +362,9 @@ class DeliverySender:
         return (await check_reply_media(reply, policy, platform)).reply
 
     async def _transcript(self, job: DeliveryJob, reply: Reply, ids: list[str | None]) -> None:
-        """Outbound transcript row after the platform confirmed (issue #5 rule 4): one row per
-        reply, keyed by the platform's first message id (else the reply id)."""
+        """Outbound transcript row after the platform confirmed
+        (docs/decisions.md#memory-transcripts): one row per reply, keyed by the platform's first
+        message id (else the reply id)."""
         message_id = next((i for i in ids if i), None) or job.reply_id
         try:
             await self.transcripts.record_outbound(
@@ -395,7 +399,8 @@ class DeliverySender:
             await asyncio.sleep(delay)
 
     def _backoff(self, attempt: int, retry_after_s: float | None) -> float:
-        """Retry-After when the platform gave one (capped), else base·2^(attempt-1) with jitter."""
+        """Retry-After when the platform gave one (capped), else base·2^(attempt-1) with jitter
+        (docs/decisions.md#delivery-retries)."""
         cap = self.settings.backoff_max_s
         if retry_after_s is not None and retry_after_s >= 0:
             return min(float(retry_after_s), cap)

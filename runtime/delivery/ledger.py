@@ -1,4 +1,5 @@
-"""The delivery idempotency ledger: one SQL row per reply, keyed by the reply's id (issue #8, item 4).
+"""The delivery idempotency ledger: one SQL row per reply, keyed by the reply's id
+(docs/decisions.md#delivery-ledger).
 
 A reply is rendered into N platform API calls ("steps"). The ledger records, per reply:
 
@@ -26,11 +27,13 @@ wire, marks step 0 in the same write), so the first send of a reply costs one le
 instead of two.
 
 The table shares ``SQLModel.metadata`` with the memory tables (runtime/memory/tables.py) and is
-created, if missing, by :func:`create_ledger_table` (never dropped or altered; seed 002 #9).
-The writes are SQLAlchemy Core statements built once (issue #8: a write transaction costs a few
-statements, not an ORM flush per object); each is one whole transaction, so a caller may re-run
-it on a transient error. Every function here is blocking: call the writers through
-:meth:`runtime.memory.db.Database.run_write`, the readers through :meth:`~runtime.memory.db.Database.run`.
+created, if missing, by :func:`create_ledger_table` (never dropped or altered;
+docs/decisions.md#memory-create-only). The writes are SQLAlchemy Core statements built once (a write
+transaction costs a few statements, not an ORM flush per object:
+docs/decisions.md#memory-write-path); each is one whole transaction, so a caller may re-run it on a
+transient error. Every function here is blocking: call the writers through
+:meth:`runtime.memory.db.Database.run_write`, the readers through
+:meth:`~runtime.memory.db.Database.run`.
 """
 
 from __future__ import annotations
@@ -138,7 +141,8 @@ class ClaimOutcome:
 
 
 def create_ledger_table(db: Database) -> None:
-    """Create ``delivery_ledger`` and the memory tables if missing (never drops or alters; seed 002 #9).
+    """Create ``delivery_ledger`` and the memory tables if missing (never drops or alters;
+    docs/decisions.md#memory-create-only).
 
     Runs in one writer transaction (SQLite: under the node-wide writer lock, ``BEGIN IMMEDIATE``),
     so several delivery actors starting at once on one SQLite file queue instead of failing with

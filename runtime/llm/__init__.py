@@ -2,7 +2,7 @@
 api registry, ``stream``/``complete`` and cancellation. It knows no agent, no session and no
 platform; provider adapters (``providers/``) register wire protocols here by ``api`` id, and
 everything above calls a model only through :func:`stream` / :func:`complete`
-(`docs/decisions.md#llm-one-entry-point`).
+(`docs/decisions.md#llm-single-entry`).
 """
 
 from runtime.llm.abort import (

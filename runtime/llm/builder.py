@@ -62,7 +62,7 @@ def parse_partial_json(text: str) -> dict[str, Any]:
 def parse_tool_arguments(text: str | None) -> dict[str, Any]:
     """Parse complete tool-call argument JSON.
 
-    ``None``, ``""``, whitespace and ``null`` mean ``{}`` (issue 2: "" / null → {}).
+    ``None``, ``""``, whitespace and ``null`` mean ``{}`` (docs/decisions.md#agent-tool-validation).
 
     Raises:
         ValueError: the text is not valid JSON or not a JSON object; the message quotes the text

@@ -1,4 +1,5 @@
-"""Assistant message events and the async stream that carries them (seed 002, D1).
+"""Assistant message events and the async stream that carries them
+(docs/decisions.md#llm-errors-as-events).
 
 A provider's ``stream`` returns an :class:`AssistantMessageEventStream` at once and fills it
 from a background task. Consumers ``async for event in s`` and/or ``await s.result()``.

@@ -1,4 +1,5 @@
-"""Options of one LLM call (seed 002, D1: ``stream(model, context, options)``).
+"""Options of one LLM call (``stream(model, context, options)``,
+docs/decisions.md#llm-single-entry).
 
 Dataclasses rather than pydantic models: they hold live objects (an :class:`AbortSignal`,
 callbacks) and are never serialized.

@@ -1,4 +1,5 @@
-"""The api registry: wire protocols registered by ``api`` id (seed 002, D1).
+"""The api registry: wire protocols registered by ``api`` id
+(docs/decisions.md#llm-api-registry).
 
 ``runtime`` never imports a provider module by name; providers call
 :func:`register_api_provider` and :func:`runtime.llm.stream.stream` looks the model's ``api`` up here.

@@ -1,4 +1,5 @@
-"""The only LLM entry points: ``stream`` / ``complete`` and their ``_simple`` forms (seed 002, D1)."""
+"""The only LLM entry points: ``stream`` / ``complete`` and their ``_simple`` forms
+(docs/decisions.md#llm-single-entry)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Core types of the agent engine (seed 002, D1-D2), as pydantic v2 models.
+"""Core types of the agent engine, as pydantic v2 models
+(docs/decisions.md#llm-context-shape).
 
 Everything an LLM call needs is plain, JSON-serializable data: a :class:`Model`
 says *where* and *how* to call (its ``api`` id picks the wire protocol from the
@@ -198,7 +199,8 @@ class UserMessage(_Base):
     """Unix ms."""
     sender: dict[str, Any] | None = None
     """IM sender metadata (``id``, ``name``, ``roles``) kept beside the clean text; the
-    ``[sender:…]`` prefix is rendered from it when converting for the LLM (seed 002 #11)."""
+    ``[sender:…]`` prefix is rendered from it when converting for the LLM
+    (docs/decisions.md#security-sender-prefix)."""
 
 
 class AssistantMessage(_Base):
@@ -281,7 +283,8 @@ class Tool(_Base):
 
 
 class Context(_Base):
-    """Everything sent to the model: the system prompt, the messages and the tools (seed 002, D2)."""
+    """Everything sent to the model: the system prompt, the messages and the tools
+    (docs/decisions.md#llm-context-shape)."""
 
     system_prompt: str = ""
     messages: list[AgentMessage] = Field(default_factory=list)
@@ -289,7 +292,8 @@ class Context(_Base):
 
 
 class Model(_Base):
-    """A callable model: identity, wire protocol (``api``) and budget (seed 002, D1).
+    """A callable model: identity, wire protocol (``api``) and budget
+    (docs/decisions.md#llm-single-entry).
 
     Raises nothing itself; ``stream`` raises ``UnknownApiError`` when ``api`` is not
     registered.

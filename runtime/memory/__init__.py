@@ -1,4 +1,5 @@
-"""Session memory in SQL (seed 002, D4; issue 5): the single source of truth of every session.
+"""Session memory in SQL: the single source of truth of every session
+(docs/decisions.md#memory-sql-truth).
 
 Public names (stable; the actor runtime, platforms and agent features import them from here):
 

@@ -1,4 +1,5 @@
-"""The ``chat_history`` tool: keyword search over the current scene's transcripts (seed 002, D4).
+"""The ``chat_history`` tool: keyword search over the current scene's transcripts
+(docs/decisions.md#memory-transcripts).
 
 The model calls ``chat_history(query, limit?, since_ms?, until_ms?)``; the tool searches
 ``im_transcripts.body`` of the scene it was made for (platform, bot, scene — both directions),
@@ -7,7 +8,7 @@ returns the newest ``limit`` matches in time order, one per line::
 
     [2026-11-30 11:40:05 UTC] Alice (20002): the matching text
 
-Times are shown in UTC. ``media_json`` is not exposed to the model (seed 002: "v1 可不暴露给模型").
+Times are shown in UTC. ``media_json`` is not exposed to the model.
 """
 
 from __future__ import annotations

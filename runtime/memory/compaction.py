@@ -1,4 +1,5 @@
-"""Context compaction as an agent-loop ``transform_context`` hook (seed 002, decision 14).
+"""Context compaction as an agent-loop ``transform_context`` hook
+(docs/decisions.md#memory-compaction).
 
 Before each LLM call the hook estimates the context's tokens (:func:`estimate_tokens`: about four
 characters per token, 1,200 per image). Above ``threshold`` × ``model.context_window`` it

@@ -1,4 +1,5 @@
-"""The PostgreSQL connection budget of a sessionray deployment (issue #8).
+"""The PostgreSQL connection budget of a sessionray deployment
+(docs/decisions.md#memory-connection-budget).
 
 Every process that talks SQL holds its own connection pool, so the server must accept, in the
 worst case::

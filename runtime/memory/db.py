@@ -1,4 +1,5 @@
-"""The SQL engine behind session memory: one :class:`Database` per process (seed 002, D4).
+"""The SQL engine behind session memory: one :class:`Database` per process
+(docs/decisions.md#memory-sql-truth).
 
 URLs (SQLAlchemy form):
 
@@ -11,12 +12,13 @@ URLs (SQLAlchemy form):
   ``postgresql://`` or ``postgres://`` URL is rewritten to the psycopg 3 driver.
 
 Start-up (:meth:`Database.create_tables`) only creates the memory tables that are missing; it
-never drops, alters or rewrites an existing table (seed 002, decision 9).
+never drops, alters or rewrites an existing table (docs/decisions.md#memory-create-only).
 
 All blocking SQL runs on the database's own thread pool through :meth:`Database.run`, so a
 session actor's event loop never waits on SQL.
 
-Writers (issue #8, SQL write path; the mechanics live in :mod:`runtime.memory.write_path`):
+Writers (docs/decisions.md#memory-write-path; the mechanics live in
+:mod:`runtime.memory.write_path`):
 
 * **Node-wide writer lock (SQLite)**: a write transaction (:meth:`Database.session` /
   :meth:`Database.connection` with ``write=True``) takes the process-wide re-entrant lock and the
@@ -29,7 +31,7 @@ Writers (issue #8, SQL write path; the mechanics live in :mod:`runtime.memory.wr
   with capped exponential back-off and jitter for up to ``write_retry_s`` seconds, so a busy
   database never turns an accepted message into a lost turn.
 
-Connections (issue #8, PostgreSQL connection budget): the pool holds at most ``threads`` +
+Connections (docs/decisions.md#memory-connection-budget): the pool holds at most ``threads`` +
 ``max_overflow`` connections (:attr:`Database.max_connections`); :meth:`Database.release_connections`
 closes the idle ones (a passivated session actor keeps no PostgreSQL connection).
 
@@ -186,7 +188,8 @@ class Database:
         return self.dialect == "sqlite"
 
     def create_tables(self) -> None:
-        """Create the memory tables that do not exist yet; never drop or alter (seed 002 #9).
+        """Create the memory tables that do not exist yet; never drop or alter
+        (docs/decisions.md#memory-create-only).
 
         Raises:
             sqlalchemy.exc.OperationalError: the database is unreachable.
@@ -285,8 +288,9 @@ class Database:
         """Close every idle pooled connection now (blocking); the next SQL call opens a new one
         (PostgreSQL: a few ms). A connection in use at that moment is not closed (it stays with
         the discarded pool until that is garbage-collected), so call it through :meth:`run`: the
-        SQL already queued on the pool runs first and every connection is back. Issue #8: a
-        passivated session actor holds no PostgreSQL connection."""
+        SQL already queued on the pool runs first and every connection is back. A passivated
+        session actor holds no PostgreSQL connection
+        (docs/decisions.md#memory-connection-budget)."""
         self.engine.dispose(close=True)
 
     def dispose(self) -> None:

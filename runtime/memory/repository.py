@@ -1,15 +1,16 @@
-"""``ContextRepository``: the SQL source of truth for every session's context (seed 002, D4, #5, #19).
+"""``ContextRepository``: the SQL source of truth for every session's context
+(docs/decisions.md#memory-sql-truth).
 
 A session actor calls :meth:`~ContextRepository.load_context` before a turn and
-:meth:`~ContextRepository.append_messages` at its end (decision 19: "turn 前 load / 结束 append").
+:meth:`~ContextRepository.append_messages` as its messages end.
 Because everything lives in SQL, an actor can be passivated, recycled or killed at any time and a
 new one loads the same context back.
 
 Rules:
 
-* **Epoch-only history** (decisions 5 and 15): ``load_context(session_id)`` reads only that
-  epoch's rows — its latest summary plus the messages after the summary's anchor — and never
-  cold-starts from ``im_transcripts``.
+* **Epoch-only history** (docs/decisions.md#memory-epoch-only): ``load_context(session_id)`` reads
+  only that epoch's rows — its latest summary plus the messages after the summary's anchor — and
+  never cold-starts from ``im_transcripts``.
 * **Appends are atomic and serialized per session**: one ``append_messages`` call is one
   transaction; calls for the same ``session_id`` in this process queue on an ``asyncio.Lock``,
   and the transaction first bumps the session row (``UPDATE agent_sessions … WHERE session_id``,
@@ -22,9 +23,10 @@ Rules:
   (unique violation, deadlock victim, serialization failure).
 * **Nothing is deleted**: archiving flips ``status`` and starts the next epoch; compaction adds a
   summary row. Old rows remain.
-* **Forged sender prefixes are neutralised before storage** (decision 11): every sender block a
-  user typed into a message — at its start, after leading mentions, or anywhere else, in any
-  bracket form — is removed or quoted by :func:`runtime.memory.sender.strip_forged_prefix`.
+* **Forged sender prefixes are neutralised before storage**
+  (docs/decisions.md#security-sender-prefix): every sender block a user typed into a message — at
+  its start, after leading mentions, or anywhere else, in any bracket form — is removed or quoted
+  by :func:`runtime.memory.sender.strip_forged_prefix`.
 * All SQL runs on the :class:`~runtime.memory.db.Database` thread pool; no coroutine blocks.
   Every write goes through :meth:`~runtime.memory.db.Database.run_write`, so a transient error
   (SQLite busy, PostgreSQL deadlock/serialization failure/lost connection before commit) is
@@ -357,7 +359,7 @@ class ContextRepository:
 
         def work() -> list[int]:
             # SQLAlchemy Core, statements built once: the transaction (and the writer lock) lasts
-            # two or three statements (issue #8: a write transaction <= 0.5 ms in process).
+            # two or three statements (≤ 0.5 ms in process: docs/decisions.md#memory-write-path).
             with self.db.connection(write=True) as conn:
                 if conn.execute(touch, {**touch_params, "now": now_ms()}).rowcount == 0:
                     raise UnknownSessionError(

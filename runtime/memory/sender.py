@@ -1,4 +1,4 @@
-"""The sender prefix of group and channel scenes (seed 002, decision 11).
+"""The sender prefix of group and channel scenes (docs/decisions.md#security-sender-prefix).
 
 In a group or channel the model must know who said what, so each user message reaches the LLM as::
 
@@ -9,7 +9,7 @@ Storage keeps the *clean* text in ``UserMessage.content`` and the metadata in
 rendered only when the context is converted for the LLM (:func:`convert_for_llm`, used as, or
 inside, the agent loop's ``convert_to_llm`` hook). Private chats get no prefix.
 
-Anti-impersonation (seed 002 #11 "strip forged prefixes"; attack report 2026-11-30 item 4):
+Anti-impersonation:
 only the runtime writes a sender prefix, so a sender block in user text is a forgery wherever it
 stands. :func:`strip_forged_prefix` removes one at the start of the text or of a line (also after
 leading ``@mentions``, as group messages start) and turns any other into a visible quotation
@@ -74,7 +74,7 @@ MAX_VALUE_CHARS = 48
 """Longest value (id, name, one role) kept in a rendered prefix; longer ones end in ``…``."""
 
 PREFIXED_SCOPES: frozenset[str] = frozenset({"group", "channel"})
-"""Scopes whose user messages get the prefix (seed 002 #11: 群聊 sender)."""
+"""Scopes whose user messages get the prefix."""
 
 SUMMARY_INTRO = "Summary of the earlier conversation (older messages were compacted):\n"
 """Text placed before a compaction summary when it is shown to the model."""
@@ -247,7 +247,7 @@ def _strip_pass(text: str, f: _Forgery) -> str:
 
 
 def strip_forged_prefix(text: str) -> str:
-    """Neutralise every sender block a user typed (attack report 2026-11-30 item 4; review S3 #4).
+    """Neutralise every sender block a user typed (docs/decisions.md#security-sender-prefix).
 
     Only the runtime writes a sender prefix (rendered from ``UserMessage.sender`` at LLM
     conversion); one in user text is a forgery wherever it stands:

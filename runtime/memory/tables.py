@@ -1,4 +1,4 @@
-"""The four memory tables of seed 002 D4, as sqlmodel classes.
+"""The four memory tables, as sqlmodel classes (docs/decisions.md#memory-tables).
 
 * ``im_transcripts`` — what was said in a scene (audit and ``chat_history`` search). One row per
   platform message and direction; ``UNIQUE (platform, bot_id, message_id, direction)`` makes a

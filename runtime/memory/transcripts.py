@@ -1,6 +1,6 @@
-"""IM transcripts: what was said in each scene, for audit and ``chat_history`` (seed 002, D4, #1, #6).
+"""IM transcripts: what was said in each scene, for audit and ``chat_history``.
 
-Write rules (seed 002 D4 "写入规则"):
+Write rules (docs/decisions.md#memory-transcripts):
 
 * an **inbound** row is written when the router accepts an event; an **outbound** row after the
   platform confirmed a send (so a failed send leaves no row);

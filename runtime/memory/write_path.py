@@ -1,5 +1,5 @@
-"""The SQL write path of :class:`runtime.memory.db.Database` (issue #8): who may write, and what
-happens when a write fails for a reason that goes away by itself.
+"""The SQL write path of :class:`runtime.memory.db.Database` (docs/decisions.md#memory-write-path):
+who may write, and what happens when a write fails for a reason that goes away by itself.
 
 * **Node-wide writer lock (SQLite)** — :func:`writer_lock_for` gives the one :class:`WriterLock` of
   this process for a SQLite file: a process-wide re-entrant lock plus ``fcntl.flock(LOCK_EX)`` on

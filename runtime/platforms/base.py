@@ -6,7 +6,7 @@ DeliveryActor hands it a validated :class:`~runtime.reply.segments.Reply` and pe
 :class:`ApiCall` list itself, in order, then asks the codec to read each HTTP answer with
 :meth:`PlatformCodec.parse_send_result`.
 
-Flow (issue #6)::
+Flow::
 
     ingress:   codec.verify(headers, body)            # SignatureError → HTTP 401, nothing stored
                msg = codec.parse(headers, body)       # MalformedEvent → HTTP 400, nothing stored
@@ -16,14 +16,15 @@ Flow (issue #6)::
                    status, headers, body = <HTTP call.method base_url+call.path>
                    result = codec.parse_send_result(status, headers, body)
 
-Segments are the canonical seed-000 dicts ``{"type": ..., "data": {...}}``. Inbound media is
-expressed with the same ``media: {kind, value}`` shape (``url`` for downloadable links, ``file``
-for an opaque platform reference such as a Telegram ``file_id``).
+Segments are the canonical dicts ``{"type": ..., "data": {...}}``
+(docs/decisions.md#reply-segments). Inbound media is expressed with the same
+``media: {kind, value}`` shape (``url`` for downloadable links, ``file`` for an opaque platform
+reference such as a Telegram ``file_id``).
 
 Every codec declares :attr:`PlatformCodec.supported_segments`; a segment type outside that set is
 degraded to text **explicitly** by the codec and counted in
-``metrics.SEGMENTS_DEGRADED{platform, type}`` (issue #6: "never dropped silently"); see
-:func:`count_degraded`.
+``metrics.SEGMENTS_DEGRADED{platform, type}`` (never dropped silently:
+docs/decisions.md#platform-degrade-explicitly); see :func:`count_degraded`.
 
 The codec registry maps ``bot_config.platform`` to a factory: :func:`register_codec` /
 :func:`get_codec`. The three built-in codecs (``onebot11``, ``telegram``, ``console``) are
@@ -98,7 +99,7 @@ class Sender(BaseModel):
 
 
 class InboundMessage(BaseModel):
-    """One inbound platform message, normalized (issue #6, contract 1 of the actor interfaces).
+    """One inbound platform message, normalized (docs/decisions.md#platform-codecs).
 
     Times are Unix epoch **milliseconds**. Ids are strings even where the platform sends numbers.
     """
@@ -121,7 +122,7 @@ class InboundMessage(BaseModel):
     text: str
     """Plain text of the message: text segments concatenated, mentions as ``@<id>``, no media."""
     segments: list[dict[str, Any]] = Field(default_factory=list)
-    """Canonical seed-000 segments, in order, including inbound media (``media: {kind, value}``)."""
+    """Canonical segments, in order, including inbound media (``media: {kind, value}``)."""
     reply_to: str | None = None
     """Id of the message this one quotes/replies to, if any."""
     mentioned_bot: bool = False
@@ -287,7 +288,8 @@ def read_env(var: str | None, *, what: str) -> str | None:
 
 def count_degraded(platform: str, segment_type: str) -> None:
     """Count one segment a platform cannot send natively and degraded to text
-    (``sessionray_segments_degraded_total{platform, type}``; issue #6: never a silent drop)."""
+    (``sessionray_segments_degraded_total{platform, type}``; never a silent drop:
+    docs/decisions.md#platform-degrade-explicitly)."""
     metrics.SEGMENTS_DEGRADED.inc(platform=platform, type=segment_type)
 
 

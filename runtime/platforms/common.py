@@ -51,8 +51,9 @@ __all__ = [
 ]
 
 TRIGGER_MODES = ("always", "mention", "keyword")
-"""When a group message starts a turn (issue #6): every message, only when the bot is
-mentioned, or when a configured keyword (or a mention) appears. Private messages always do."""
+"""When a group message starts a turn (docs/decisions.md#platform-triggers): every message, only
+when the bot is mentioned, or when a configured keyword (or a mention) appears. Private messages
+always do."""
 
 
 def check_trigger(platform: str, trigger: str) -> str:
@@ -69,7 +70,7 @@ def check_trigger(platform: str, trigger: str) -> str:
 def is_triggered(
     scene_type: str, trigger: str, addressed: bool, text: str, keywords: tuple[str, ...] | list[str]
 ) -> bool:
-    """Whether an inbound message starts a turn (issue #6, see :data:`TRIGGER_MODES`).
+    """Whether an inbound message starts a turn (see :data:`TRIGGER_MODES`).
 
     Private scenes and ``always`` → True; ``keyword`` → ``addressed`` or a keyword in ``text``
     (:func:`keyword_hit`); ``mention`` → ``addressed`` (the bot is mentioned, or a platform's
@@ -118,7 +119,8 @@ def read_media_path(value: str, media_dir: Path | None) -> bytes:
 
 def media_unavailable(platform: str, segment_type: str, exc: MediaPathError) -> str:
     """Count and log an attachment the codec cannot send, and return the notice text that replaces
-    it (the same text as ``runtime.reply.media``; issue #4 rule 7: replaced and counted, never dropped).
+    it (the same text as ``runtime.reply.media``; replaced and counted, never dropped:
+    docs/decisions.md#security-media-bytes).
 
     Normally ``runtime.reply.media.check_reply_media`` has already replaced unusable media before a
     codec renders; this covers a media directory configured for the check but not for the bot.
@@ -155,7 +157,7 @@ def resolve_media_path(value: str, media_dir: Path | None) -> Path:
     """Resolve a ``path`` medium to an absolute path confined to ``media_dir``.
 
     Relative values are taken relative to ``media_dir``; ``..`` and symlinks that leave the
-    directory are refused (DESIGN "Security": media ``path`` is confined to a configured directory).
+    directory are refused (docs/decisions.md#security-media-references).
 
     Raises:
         MediaPathError: no ``media_dir`` configured, or the path resolves outside it.
@@ -372,7 +374,8 @@ def load_event(
     *,
     replace_lone_surrogates: bool = True,
 ) -> Any:
-    """Decode a webhook body as JSON, the one way every codec does (issue #6 parse step).
+    """Decode a webhook body as JSON, the one way every codec does
+    (docs/decisions.md#platform-strict-boundary).
 
     * A ``Content-Type`` header, when present, must be JSON (:func:`is_json_content_type`); a
       missing one is accepted (a browser-facing codec, the console, has the ingress require it:

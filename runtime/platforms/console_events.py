@@ -1,4 +1,5 @@
-"""Live agent events of console sessions: the ``SessionSetup.on_event`` hook (issue #6, item 4).
+"""Live agent events of console sessions: the ``SessionSetup.on_event`` hook
+(docs/decisions.md#live-events-never-break-turns).
 
 A session whose platform is ``console`` gets a :class:`ConsoleEventSink` as its ``on_event``
 (built by :func:`console_event_hook`; ``actors/setup.py`` wires it). The turn path calls it with
@@ -42,8 +43,9 @@ def console_payload(event: Any, *, thinking: bool = False) -> dict[str, Any] | N
       ``{"type": "thinking", "text": <first 200 characters>}``;
     * a ``ReplyOutcome`` (duck-typed: ``outcome``, ``tier``, ``reason``) whose outcome is
       ``corrected``/``failed``/``default`` → ``{"type": "notice", "text", "outcome", "tier"}``
-      (seed 000: the format-correction call and the fixed failure message); ``first_try``,
-      ``plain`` and ``aborted`` show nothing.
+      (the format-correction call and the fixed failure message:
+      docs/decisions.md#reply-one-correction); ``first_try``, ``plain`` and ``aborted`` show
+      nothing.
     """
     etype = getattr(event, "type", None)
     if etype in ("tool_execution_start", "tool_execution_end"):

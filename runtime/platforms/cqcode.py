@@ -59,8 +59,8 @@ def parse_cq(message: str) -> list[dict[str, Any]]:
     """Parse a CQ-code string into OneBot segments ``[{"type", "data"}]`` (values are strings).
 
     Adjacent plain text becomes one ``text`` segment; empty text between codes is omitted.
-    Linear in the length of ``message`` (issue #14: one ``re.split`` pass, then one step per
-    code; a repeated parameter string is parsed once), about 2 µs per code.
+    Linear in the length of ``message`` (docs/decisions.md#platform-linear-parsing: one ``re.split``
+    pass, then one step per code; a repeated parameter string is parsed once), about 2 µs per code.
 
     Raises:
         CQCodeError: a code parameter lacks ``=``.

@@ -101,21 +101,22 @@ _MEDIA_TYPES = {"image": "image", "audio": "record", "video": "video", "file": "
 _MEDIA_TYPES_IN = {"image": "image", "record": "audio", "video": "video", "file": "file"}
 MAX_SEGMENTS = 5_000
 """Most segments one inbound message may have (array items, or CQ codes plus the text between
-them); more is a malformed event (issue #14: a ~1 MB body of 80,000 codes took seconds of the
-event loop). Real QQ messages stay far below (a text, a few mentions, faces and images); a
-message at the limit parses in a few tens of ms."""
+them); more is a malformed event (docs/decisions.md#platform-linear-parsing: a ~1 MB body of 80,000
+codes took seconds of the event loop). Real QQ messages stay far below (a text, a few mentions,
+faces and images); a message at the limit parses in a few tens of ms."""
 
 
 def from_onebot_segments(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Map OneBot v11 segments to canonical seed-000 segments.
+    """Map OneBot v11 segments to canonical segments.
 
     ``at`` → ``mention``; ``image``/``record``/``video``/``file`` → ``image``/``audio``/``video``/
     ``file`` with ``media: {kind: "url", value: url}`` when an http(s) URL is known, else
     ``{kind: "file", value: file}`` (an opaque platform reference); ``reply {id}`` →
     ``reply {message_id}``; ``forward {id}`` → ``forward {forward_id}``; ``face`` id as string;
     ``dice``/``rps`` → empty data; ``share`` keeps url/title. Any other type (``json``, ``xml``,
-    ``poke``…) becomes a ``text`` segment ``[<type>]`` (a placeholder, decided in issue #16: the
-    transcript and the model see that something was sent; its payload is not interpreted).
+    ``poke``…) becomes a ``text`` segment ``[<type>]`` (a placeholder,
+    docs/decisions.md#platform-degrade-explicitly: the transcript and the model see that something
+    was sent; its payload is not interpreted).
 
     Raises:
         MalformedEvent: a segment is not ``{"type": str, "data": object}`` (``data: null`` or a
@@ -302,7 +303,8 @@ class OneBot11Codec:
     # ------------------------------------------------------------------ inbound
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
-        """Check ``X-Signature: sha1=<hex>`` = HMAC-SHA1(secret, body) (OneBot v11 HTTP POST).
+        """Check ``X-Signature: sha1=<hex>`` = HMAC-SHA1(secret, body) (OneBot v11 HTTP POST;
+        docs/decisions.md#security-webhook-auth).
 
         The comparison is of bytes, so a header with non-ASCII characters is a mismatch (401),
         not a ``TypeError``.

@@ -175,7 +175,8 @@ class TelegramCodec:
     # ------------------------------------------------------------------ inbound
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
-        """Compare ``X-Telegram-Bot-Api-Secret-Token`` with the configured secret.
+        """Compare ``X-Telegram-Bot-Api-Secret-Token`` with the configured secret
+        (docs/decisions.md#security-webhook-auth).
 
         Raises:
             SignatureError: a secret is configured and the header is missing or different.

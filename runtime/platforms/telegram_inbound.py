@@ -7,9 +7,9 @@
 * Text or caption with entities (offsets in UTF-16 code units) → canonical segments:
   ``text_mention`` → ``mention {target: user.id}``; a ``mention`` entity of the bot's own
   ``@username`` → ``mention {target: bot_id}`` (other ``@username`` mentions carry no id and stay
-  text — seed 000: never guess an id); photo (largest size) / video / animation / audio / voice /
-  document / sticker → media ``{kind: "file", value: file_id}``; dice → ``dice``;
-  ``reply_to_message`` → a leading ``reply {message_id}`` segment and ``reply_to``.
+  text — never guess an id: docs/decisions.md#reply-mention-identity); photo (largest size) / video
+  / animation / audio / voice / document / sticker → media ``{kind: "file", value: file_id}``; dice
+  → ``dice``; ``reply_to_message`` → a leading ``reply {message_id}`` segment and ``reply_to``.
 * Groups trigger per ``trigger`` (``mention`` by default): the bot is *mentioned* by a
   ``mention`` entity of its username, a ``text_mention`` of its id, or a reply to one of its
   messages; a ``bot_command`` (``/cmd`` or ``/cmd@<this bot>``) also triggers.

@@ -13,8 +13,9 @@ and closes its runs' tags. The limit counts visible characters (Python code poin
 Markdown support (a deliberate subset; anything else stays literal text): ATX headings (bold),
 ``**bold**`` / ``__bold__``, ``*italic*`` / ``_italic_``, ``~~strike~~``, ``||spoiler||``,
 inline ``code``, fenced code blocks (``<pre><code class="language-x">``), ``[text](url)`` links,
-``![alt](url)`` images (a link: seed 000 — Markdown images never replace ``image`` segments),
-``- item`` / ``* item`` bullets (``•``), and ``> quote`` lines (``<blockquote>``).
+``![alt](url)`` images (a link: Markdown images never replace ``image`` segments,
+docs/decisions.md#reply-segments), ``- item`` / ``* item`` bullets (``•``), and ``> quote`` lines
+(``<blockquote>``).
 """
 
 from __future__ import annotations

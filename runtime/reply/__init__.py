@@ -2,7 +2,7 @@
 correction call, then the fixed failure text), generic structured output with capability tiers
 (native → tool → prompt), strict JSON, mention identity, media provenance, the outbound leak
 check, look-alike text folding, and the outbound media checks and guarded fetch. Nothing here
-knows a platform's wire format (`docs/decisions.md#reply-contract`).
+knows a platform's wire format (`docs/decisions.md#reply-segments`).
 """
 
 from runtime.reply.capability import (

@@ -1,6 +1,6 @@
 """The structured-output capability of each model: a cache of the strongest working tier per
-``(provider, model id)``, seedable from ``Model.compat["structured_output"]`` (seed 003 §07
-change 2: "probe once, cache the capability bits").
+``(provider, model id)``, seedable from ``Model.compat["structured_output"]`` (probe once,
+cache the tier: docs/decisions.md#structured-capability-cache).
 
 Used by :mod:`runtime.reply.structured` (generic structured output) and :mod:`runtime.reply.im_reply` (the
 IM reply contract), which record downgrades here.
@@ -23,7 +23,8 @@ TIERS: tuple[Tier, ...] = ("native", "tool", "prompt")
 
 
 class CapabilityCache:
-    """Strongest working tier per ``(provider, model id)`` (seed 003 §07: "probe once, cache").
+    """Strongest working tier per ``(provider, model id)``
+    (docs/decisions.md#structured-capability-cache).
 
     The provider part is ``Model.provider`` or, without one, ``Model.api``. Thread-safe.
     """

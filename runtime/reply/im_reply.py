@@ -1,4 +1,4 @@
-"""The IM reply contract for an agent turn (seed 000; issue #4 items 4-6).
+"""The IM reply contract for an agent turn (docs/decisions.md#reply-segments).
 
 Entry point for the turn runner — three steps around the ordinary agent loop::
 
@@ -13,7 +13,7 @@ Entry point for the turn runner — three steps around the ordinary agent loop::
 If the loop ended because its LLM-call budget was spent (``agent_end.reason == "max_iterations"``,
 the last message still asks for tools), call ``await contract.summarize(messages, identity,
 signal=…)`` instead of ``finalize``: one more call with the history and no business tools whose
-answer uses the same schema (seed 000: "the summary after tool steps run out keeps the schema").
+answer uses the same schema (docs/decisions.md#reply-final-output).
 
 How the final answer is requested per tier (the tier comes from the capability cache shared with
 :mod:`runtime.reply.structured`; ``Model.compat["structured_output"]`` seeds it; default ``native``):
@@ -26,16 +26,16 @@ How the final answer is requested per tier (the tier comes from the capability c
   never "executes" it.
 * ``prompt``: the schema is appended to the system prompt.
 
-Every tier also gets :data:`IM_INSTRUCTIONS` (seed 000: mention by id only, never guess).
+Every tier also gets :data:`IM_INSTRUCTIONS` (docs/decisions.md#reply-mention-identity).
 
-``finalize`` validates strictly (``Reply.model_validate_json`` + mention identity, item 6). On
-failure it makes exactly one **format-correction call** (seed 000): the invalid output and the
-error, no session history, no business tools, bounded by ``correction_timeout_s`` (30 s), aborted
-with the turn's signal, never re-running tools, never truncating (the whole raw output is sent
-and the output budget is raised to fit it). If that is still invalid — or the provider failed, or
-the summary call failed — the user gets the host's fixed ``failure_text``; never a valid part,
-never raw JSON. A cancelled turn sends nothing. Each outcome writes one log record and counts
-``sessionray_structured_replies_total{mode=tier, outcome}`` (``first_try``, ``corrected``,
+``finalize`` validates strictly (``Reply.model_validate_json`` + mention identity). On failure it
+makes exactly one **format-correction call** (docs/decisions.md#reply-one-correction): the invalid
+output and the error, no session history, no business tools, bounded by ``correction_timeout_s``
+(30 s), aborted with the turn's signal, never re-running tools, never truncating (the whole raw
+output is sent and the output budget is raised to fit it). If that is still invalid — or the
+provider failed, or the summary call failed — the user gets the host's fixed ``failure_text``; never
+a valid part, never raw JSON. A cancelled turn sends nothing. Each outcome writes one log record and
+counts ``sessionray_structured_replies_total{mode=tier, outcome}`` (``first_try``, ``corrected``,
 ``failed``); the fixed failure message is counted as ``failed``.
 
 ``output_schema=False`` is plain-text mode: the final text is one ``text`` segment and ``@name``
@@ -123,7 +123,7 @@ CORRECTION_SYSTEM_PROMPT = (
     "anything, do not call any tool other than the reply tool when one is offered. If a mention "
     "target is not a known user id, turn that mention into plain text."
 )
-"""System prompt of the seed 000 format-correction call."""
+"""System prompt of the format-correction call (docs/decisions.md#reply-one-correction)."""
 
 
 @dataclass
@@ -131,8 +131,8 @@ class ImReplyConfig:
     """Knobs of the IM reply contract.
 
     Attributes:
-        failure_text: The host's fixed failure message (seed 000); configurable text.
-        correction_timeout_s: Bound of the format-correction call in seconds (seed 000: 30 s).
+        failure_text: The host's fixed failure message (docs/decisions.md#reply-fixed-failure).
+        correction_timeout_s: Bound of the format-correction call in seconds (30 s).
         sleep: Timer for that bound (injectable clock for tests).
         add_instructions: Append :data:`IM_INSTRUCTIONS` to the system prompt of every call.
     """
@@ -166,9 +166,9 @@ class ReplyOutcome:
 
 
 class ReplyPreview:
-    """Publishes a human-readable preview of the reply only after validation (seed 000: no half JSON
-    while streaming). Feed it agent events with :meth:`on_event` (text deltas are held back), then
-    call :meth:`release` once with the :class:`ReplyOutcome`.
+    """Publishes a human-readable preview of the reply only after validation (no half JSON while
+    streaming: docs/decisions.md#reply-final-output). Feed it agent events with :meth:`on_event`
+    (text deltas are held back), then call :meth:`release` once with the :class:`ReplyOutcome`.
 
     Args:
         publish: ``(preview_text) -> None | Awaitable[None]``; called at most once.
@@ -363,7 +363,7 @@ class ImReplyContract:
         """The final answer after the tool budget ran out: one call with the history (converted
         messages: user, assistant, tool results) and no business tools, answering in the same
         schema; then :meth:`finalize` (with its correction call). A failed summary call gives the
-        fixed failure message (seed 000).
+        fixed failure message (docs/decisions.md#reply-fixed-failure).
 
         ``convert_to_llm`` is the session's converter (sync or async, e.g. the one that renders the
         sender prefix); default :func:`runtime.agent.replay.default_convert_to_llm`."""

@@ -3,7 +3,7 @@
 :func:`strict_json_schema` is what every tier sends (OpenAI strict ``json_schema``, a forced
 tool's parameters, the prompt tier's instructions): every property required, no defaults, no
 ``discriminator``, one-value literals as ``enum``. :func:`inline_json_schema_refs` removes ``$ref``
-for providers whose dialect has none (`docs/decisions.md#reply-strict-validation`).
+for providers whose dialect has none (`docs/decisions.md#reply-schema-from-types`).
 """
 
 from __future__ import annotations

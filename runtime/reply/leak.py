@@ -1,5 +1,5 @@
 """Outbound leak check: no configured secret and no common key format leaves in a reply
-(seed 000 "outbound text, Markdown and nested strings still pass the leak check"; issue #4 item 8).
+(docs/decisions.md#security-leak-check).
 
 Entry point: ``scan_reply(reply, policy)`` → :class:`LeakResult`. Every string anywhere in the
 reply is scanned — text, Markdown content, mention targets, media values, share titles and URLs,
@@ -14,7 +14,7 @@ any nested string — for
 
 Literal secrets match case-insensitively and also in their URL-encoded spellings
 (``quote``/``quote_plus``), so ``?t=TG%2DSECRET`` is caught. Text is also read the way a client
-shows it (:func:`runtime.reply.textnorm.normalized_view`, attack report 2026-11-30 item 13): HTML numeric
+shows it (:func:`runtime.reply.textnorm.normalized_view`): HTML numeric
 and named entities decoded (``&#65;&#68;…``), NFKC applied (full-width ``ＡＤＭＩＮ…``), invisible
 format/combining characters dropped; key formats are matched on that view. A literal secret of at
 least :data:`NORMALIZED_MIN_CHARS` characters is further matched with whitespace removed (spaced
@@ -75,7 +75,7 @@ match only literally: a short value spread over words would redact ordinary text
 
 SECRET_PART_MIN_CHARS = 16
 """Shortest ``:``-separated part of a secret value that is also a secret on its own (the
-``<secret>`` half of a Telegram ``<bot id>:<secret>`` token; attack re-test #13)."""
+``<secret>`` half of a Telegram ``<bot id>:<secret>`` token)."""
 
 
 @dataclass
@@ -130,7 +130,8 @@ class LeakPolicy:
         ``secret_env`` / ``token_env`` and ``server.admin_token_env`` — plus
         ``$SESSIONRAY_CONSOLE_API_TOKEN`` (:data:`CONSOLE_API_TOKEN_ENV`, the
         console's internal-endpoint token, which every worker has in its environment whether or
-        not a console bot is configured; review S3 #6). Unset or empty variables are skipped.
+        not a console bot is configured; docs/decisions.md#security-leak-check). Unset or empty
+        variables are skipped.
 
         Args:
             config: The configuration (only the attributes above are read).

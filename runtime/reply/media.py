@@ -1,4 +1,5 @@
-"""Outbound media checks for a validated :class:`~runtime.reply.segments.Reply` (seed 000; issue #4 item 7).
+"""Outbound media checks for a validated :class:`~runtime.reply.segments.Reply`
+(docs/decisions.md#security-media-bytes).
 
 Entry point: ``await check_reply_media(reply, policy, platform)`` → :class:`MediaCheckResult`
 (the reply to send, plus the resolved bytes of every usable attachment, keyed by segment index).
@@ -8,9 +9,10 @@ Per ``media.kind``:
 * ``url`` — fetched by :func:`runtime.reply.media_fetch.fetch_url`: only globally routable addresses
   (checked before each hop and again at connect time, so decimal/octal IPv4 spellings, IPv4
   inside IPv6, redirects and DNS rebinding cannot reach loopback/private/link-local hosts) unless
-  ``MediaPolicy.allow_private_urls`` / ``allowed_hosts`` (DESIGN "Security"); the body is read raw
-  (a compressed body is refused: no decompression bomb) and abandoned past the size limit; the
-  whole fetch is bounded by ``fetch_timeout_s``.
+  ``MediaPolicy.allow_private_urls`` / ``allowed_hosts``
+  (docs/decisions.md#security-media-fetch-guard); the body is read raw (a compressed body is
+  refused: no decompression bomb) and abandoned past the size limit; the whole fetch is bounded by
+  ``fetch_timeout_s``.
 * ``path`` — confined to ``MediaPolicy.media_dir``: a ``..`` part or a NUL is refused outright, an
   absolute path outside the directory is refused without touching the file system (no existence
   oracle), and the resolved path (symlinks followed) must stay inside the resolved media
@@ -18,12 +20,13 @@ Per ``media.kind``:
   file (a FIFO or device never blocks the reader); at most ``limit + 1`` bytes are read.
 * ``base64`` — strictly decoded (no ``data:`` prefix, no stray characters).
 * ``file`` — an opaque platform reference (a Telegram ``file_id``, a OneBot cached file name): its
-  bytes live on the platform, the host cannot check them (seed 000), so it passes through
-  unchanged — but only if it *is* a platform file id (:func:`file_ref_problem`): a value with a URI
-  scheme (``file:``, ``http:``, ``base64:``, ``C:``…) or a file-system path (a ``/`` or ``\\``
-  anywhere, a leading ``~``, ``.``/``..``) or a control character is refused (``bad_file_ref``):
-  OneBot implementations and a local Telegram Bot API server would read such a value from the
-  host's disk or the network, bypassing ``media_dir`` and the address rule.
+  bytes live on the platform, the host cannot check them
+  (docs/decisions.md#security-media-references), so it passes through unchanged — but only if it
+  *is* a platform file id (:func:`file_ref_problem`): a value with a URI scheme (``file:``,
+  ``http:``, ``base64:``, ``C:``…) or a file-system path (a ``/`` or ``\\`` anywhere, a leading
+  ``~``, ``.``/``..``) or a control character is refused (``bad_file_ref``): OneBot implementations
+  and a local Telegram Bot API server would read such a value from the host's disk or the network,
+  bypassing ``media_dir`` and the address rule.
 
 ``share`` segments (link cards) are checked here too (the other URL rules live at this stage, and
 the URL is never fetched by the host): only ``http``/``https`` URLs with a host pass
@@ -238,12 +241,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def file_ref_problem(value: str) -> str | None:
     """Why ``value`` is not usable as a ``file``-kind media reference, or ``None`` if it is.
 
-    A ``file`` reference must be an opaque platform file id (seed 000: "平台不透明文件引用"), e.g.
-    a Telegram ``file_id`` or a OneBot cached file name such as ``123.jpg``. Refused: an empty
-    value, a control character (NUL included), leading/trailing whitespace, a URI scheme
-    (``file:``, ``http:``, ``base64:``, a drive letter ``C:``…), and anything path-like (a ``/`` or
-    ``\\`` anywhere, a leading ``~``, ``.`` or ``..``). A bare name without a separator cannot be
-    told apart from a platform file name and passes.
+    A ``file`` reference must be an opaque platform file id
+    (docs/decisions.md#security-media-references), e.g. a Telegram ``file_id`` or a OneBot cached
+    file name such as ``123.jpg``. Refused: an empty value, a control character (NUL included),
+    leading/trailing whitespace, a URI scheme (``file:``, ``http:``, ``base64:``, a drive letter
+    ``C:``…), and anything path-like (a ``/`` or ``\\`` anywhere, a leading ``~``, ``.`` or ``..``).
+    A bare name without a separator cannot be told apart from a platform file name and passes.
     """
     if not value.strip():
         return "empty file reference"
@@ -262,7 +265,8 @@ def share_url_problem(url: str) -> str | None:
     """Why ``url`` is not usable as a ``share`` link, or ``None`` if it is.
 
     Only ``http``/``https`` URLs with a host and without control characters or spaces pass
-    (issue #15: ``javascript:``, ``data:``, ``file:``… reach a client as a clickable link). The host
+    (``javascript:``, ``data:``, ``file:``… would reach a client as a clickable link;
+    docs/decisions.md#security-media-bytes). The host
     never fetches a share URL, so no address rule applies.
     """
     if _CONTROL.search(url) or " " in url:

@@ -1,4 +1,5 @@
-"""Guarded HTTP(S) fetch of outbound media URLs (issue #4 rule 7; DESIGN "Security").
+"""Guarded HTTP(S) fetch of outbound media URLs
+(docs/decisions.md#security-media-fetch-guard).
 
 Entry point: ``await fetch_url(url, limit, allow_private=…, allowed_hosts=…)`` → the body bytes,
 or :class:`MediaRejected` with a bounded reason (:data:`REJECT_REASONS`, shared with

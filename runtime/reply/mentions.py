@@ -1,4 +1,4 @@
-"""Mention identity for IM replies (seed 000 "where identity comes from"; issue #4 item 6).
+"""Mention identity for IM replies (docs/decisions.md#reply-mention-identity).
 
 A ``mention`` segment must target the current sender, an id already present in the session, or an
 id returned by a member-lookup tool this turn. An unknown target is a contract violation, handled
@@ -21,7 +21,8 @@ __all__ = ["MentionIdentity"]
 
 @dataclass(frozen=True)
 class MentionIdentity:
-    """Who may be mentioned in this turn (issue #4 item 6; seed 000 "where identity comes from").
+    """Who may be mentioned in this turn
+    (docs/decisions.md#reply-mention-identity).
 
     Attributes:
         sender_id: The current turn's sender platform id.

@@ -2,7 +2,7 @@
 
 :func:`probe_capability` sends a one-field schema (``{"ok": true}``) at each tier, strongest
 first, and records the first tier that returns a valid object in the capability cache
-(`docs/decisions.md#structured-probe`).
+(`docs/decisions.md#structured-capability-cache`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Media provenance of IM replies (issue 9, item 6; seed 000: "use references that exist in the
-context or came from tools; never invent attachment addresses").
+"""Media provenance of IM replies: use references that exist in the context or came from tools;
+never invent attachment addresses (docs/decisions.md#reply-media-provenance).
 
 A reply's ``url``, ``path`` or ``file`` media value must appear in the session's context — the
 inbound messages (their media references are written into the user message by

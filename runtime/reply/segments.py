@@ -1,4 +1,5 @@
-"""The IM reply contract: :class:`Reply` and its 13 segment types (seed 000).
+"""The IM reply contract: :class:`Reply` and its 13 segment types
+(docs/decisions.md#reply-segments).
 
 An IM agent's final answer is an ordered list of platform message segments::
 
@@ -10,19 +11,20 @@ An IM agent's final answer is an ordered list of platform message segments::
     ]}
 
 These pydantic models are the single source of truth: the JSON Schema sent to providers is
-generated from them (:meth:`Reply.model_json_schema`), never hand-written (seed 003: "Schema
-is derived from the type"). Every object is closed (``additionalProperties: false``) and lists
-every field as required, so strict structured-output providers accept it (OpenAI strict
-``json_schema``, Anthropic tool ``input_schema``, Gemini ``responseSchema``; the discriminated
-union is emitted as ``anyOf`` without OpenAPI ``discriminator``, defaults are not emitted).
+generated from them (:meth:`Reply.model_json_schema`), never hand-written
+(docs/decisions.md#reply-schema-from-types). Every object is closed
+(``additionalProperties: false``) and lists every field as required, so strict structured-output
+providers accept it (OpenAI strict ``json_schema``, Anthropic tool ``input_schema``, Gemini
+``responseSchema``; the discriminated union is emitted as ``anyOf`` without OpenAPI
+``discriminator``, defaults are not emitted).
 
-Validation is strict (issue #4 rule 2): no type coercion (a numeric ``mention.target`` is
-invalid; ``face.id`` may be a string or an integer), no stripping of Markdown fences, no
-extraction of JSON from prose, and a whole-reply verdict: one invalid segment invalidates the
-reply. :meth:`Reply.model_validate_json` is the strict validation entry point and raises
+Validation is strict (docs/decisions.md#reply-strict-validation): no type coercion (a numeric
+``mention.target`` is invalid; ``face.id`` may be a string or an integer), no stripping of Markdown
+fences, no extraction of JSON from prose, and a whole-reply verdict: one invalid segment invalidates
+the reply. :meth:`Reply.model_validate_json` is the strict validation entry point and raises
 ``pydantic.ValidationError``. ``{"segments": []}`` means "no reply this turn".
 
-Segment table (seed 000):
+Segment table:
 
 =========================== ====================================== ==========================
 type                        data (all fields required)             use
@@ -214,7 +216,8 @@ class MarkdownSegment(_Closed):
 
 
 class MentionSegment(_Closed):
-    """@ a platform user by id (seed 000: never guessed from a nickname)."""
+    """@ a platform user by id (never guessed from a nickname:
+    docs/decisions.md#reply-mention-identity)."""
 
     type: Literal["mention"] = "mention"
     data: MentionData
@@ -331,17 +334,17 @@ Segment: TypeAlias = Annotated[
     | ShareSegment,
     Field(discriminator="type"),
 ]
-"""One message segment: a discriminated union on ``type`` (13 types, seed 000)."""
+"""One message segment: a discriminated union on ``type`` (13 types)."""
 
 SEGMENT_TYPES: tuple[str, ...] = (
     "text", "markdown", "mention", "image", "audio", "video", "file",
     "reply", "forward", "face", "dice", "rps", "share",
 )  # fmt: skip
-"""The 13 segment type names, in seed 000's order."""
+"""The 13 segment type names, in the order of docs/decisions.md#reply-segments."""
 
 
 class Reply(_Closed):
-    """An IM agent's final answer: an ordered list of segments (seed 000).
+    """An IM agent's final answer: an ordered list of segments (docs/decisions.md#reply-segments).
 
     ``Reply.model_validate_json(raw)`` is the strict validation entry point (raises
     ``pydantic.ValidationError``); ``Reply.model_json_schema()`` is the schema sent to
@@ -363,9 +366,11 @@ class Reply(_Closed):
         by_alias: bool | None = None,
         by_name: bool | None = None,
     ) -> Reply:
-        """Strictly validate a raw model answer (issue #4 rule 2): pydantic's strict JSON validation
-        plus :func:`runtime.reply.strict_json.json_contract_problem` (duplicate keys, ``NaN``/``Infinity``,
-        overflowing numbers are rejected; pydantic alone would let the last duplicate win).
+        """Strictly validate a raw model answer (docs/decisions.md#reply-strict-validation):
+        pydantic's strict JSON validation plus
+        :func:`runtime.reply.strict_json.json_contract_problem` (duplicate keys,
+        ``NaN``/``Infinity``, overflowing numbers are rejected; pydantic alone would let the last
+        duplicate win).
 
         Raises:
             pydantic.ValidationError: anything invalid; a pre-check failure is one ``json_invalid``

@@ -1,4 +1,5 @@
-"""Strict JSON pre-check for structured output (seed 000/003 strictness; issue #4 rule 2).
+"""Strict JSON pre-check for structured output
+(docs/decisions.md#reply-strict-validation).
 
 pydantic's JSON parser accepts a few things a *contract* must not: a duplicated object key (the
 last one silently wins, so ``{"type": "text", "type": "mention", ...}`` means whatever the parser

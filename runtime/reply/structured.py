@@ -1,7 +1,8 @@
 """Generic structured output: ``complete_structured`` with three tiers, a cached capability probe,
-one retry carrying the validation error, and explicit fallbacks (seed 003; issue #4 items 3-4).
+one retry carrying the validation error, and explicit fallbacks
+(docs/decisions.md#structured-one-retry).
 
-Tiers, strongest first (seed 003 §03 "structured output has strengths"):
+Tiers, strongest first (docs/decisions.md#structured-tiers):
 
 * ``native`` — the provider's JSON-schema output: ``StreamOptions.output_schema`` (OpenAI strict
   ``json_schema``, Gemini ``responseSchema``); the answer is the message text.
@@ -21,8 +22,8 @@ output there is exactly one retry that carries the validation error; then an exp
 caller's safe ``default`` or :class:`StructuredOutputError` (raw output, reason, tier). Every
 outcome writes one log record on the ``runtime.reply.structured`` logger (``extra={"structured": {...}}``
 with raw output, reason, tier, outcome) and increments ``sessionray_structured_replies_total``
-(``mode`` = tier, ``outcome`` ∈ first_try / corrected / default / failed) — seed 003 §07: "every
-fallback leaves a structured log and a metric".
+(``mode`` = tier, ``outcome`` ∈ first_try / corrected / default / failed) — every
+fallback leaves a structured log and a metric (docs/decisions.md#structured-every-outcome-counted).
 
 The building blocks (:func:`prepare_request`, :func:`extract_raw`, :func:`validate_raw`,
 :func:`bounded_call`, :func:`record_outcome`) are public so the IM reply contract
@@ -83,8 +84,8 @@ T = TypeVar("T", bound=BaseModel)
 
 
 class StructuredOutputError(Exception):
-    """Structured output failed after the retry and no default was configured (seed 003: a domain
-    exception with context, never a silent ``None``).
+    """Structured output failed after the retry and no default was configured (a domain
+    exception with context, never a silent ``None``: docs/decisions.md#structured-one-retry).
 
     Attributes:
         reason: Why the last attempt failed (validation error text, ``provider error: …``,
@@ -177,9 +178,10 @@ def _error_text(err: ValidationError) -> str:
 def validate_raw(output_type: type[T], raw: str, check: Check | None = None) -> tuple[T | None, str | None]:
     """Strictly validate ``raw`` JSON text as ``output_type``; return ``(value, None)`` or ``(None, error)``.
 
-    Strict JSON mode: no coercion, no fence stripping, no extraction from prose (seed 000/003), and
-    no duplicate keys, ``NaN``/``Infinity`` or overflowing numbers (:mod:`runtime.reply.strict_json`).
-    ``check`` runs on a schema-valid value for rules a schema cannot express (mention identity).
+    Strict JSON mode: no coercion, no fence stripping, no extraction from prose
+    (docs/decisions.md#reply-strict-validation), and no duplicate keys, ``NaN``/``Infinity`` or
+    overflowing numbers (:mod:`runtime.reply.strict_json`). ``check`` runs on a schema-valid value
+    for rules a schema cannot express (mention identity).
     """
     problem = json_contract_problem(raw)
     if problem is not None:
@@ -246,8 +248,9 @@ def record_outcome(
     output_type: str,
     **extra: Any,
 ) -> None:
-    """Write the one structured log record of a structured call and count it (seed 003 §09.3:
-    raw output, failure reason and fallback tier — all three, every time).
+    """Write the one structured log record of a structured call and count it (raw output,
+    failure reason and fallback tier — all three, every time:
+    docs/decisions.md#structured-every-outcome-counted).
 
     Log level: INFO for ``first_try``/``corrected``, WARNING for ``default``/``failed``.
     Counter: ``STRUCTURED_REPLIES(mode=tier, outcome=outcome)``.
@@ -378,7 +381,7 @@ async def run_structured(
         if tier == "native" and has_next:  # a 200 that does not follow the schema
             downgrade(tier, tiers[i + 1])
             continue
-        # seed 003: exactly one retry carrying the validation error
+        # exactly one retry carrying the validation error (docs/decisions.md#structured-one-retry)
         retry = await bounded_call(
             model,
             _retry_context(ctx, tier, raw, error or "invalid"),
@@ -416,7 +419,8 @@ async def complete_structured(
     stream_fn: StreamFn | None = None,
     schema_name: str | None = None,
 ) -> T:
-    """Ask ``model`` for an instance of the pydantic type ``output_type`` (seed 003).
+    """Ask ``model`` for an instance of the pydantic type ``output_type``
+    (docs/decisions.md#structured-tiers).
 
     Args:
         model: The model to call.

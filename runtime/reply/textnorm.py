@@ -1,6 +1,7 @@
 """Unicode look-alike folding shared by the checks that read text the way a person (or a model)
 does: the forged ``[sender:…]`` check (:mod:`runtime.memory.sender`) and the outbound leak check
-(:mod:`runtime.reply.leak`) (attack report 2026-11-30, items 4 and 13).
+(:mod:`runtime.reply.leak`) (docs/decisions.md#security-sender-prefix,
+docs/decisions.md#security-leak-check).
 
 A reader does not see characters, it sees shapes. ``［ｓｅｎｄｅｒ：`` reads as ``[sender:``, a
 zero-width space or U+034F (combining grapheme joiner) between two letters reads as nothing,

@@ -2,7 +2,7 @@
 writer, steer / follow_up / abort), the turn records that make crash recovery possible, the
 agent part of a turn, chat commands, model routing (vision, fallback chain), and the extra tools
 a session offers (deferred tasks, sub-agents, MCP servers, ``*.tool.md`` files). ``actors/``
-hosts these cores; they never import Ray (`docs/decisions.md#session-single-writer`).
+hosts these cores; they never import Ray (`docs/decisions.md#session-ray-free-core`).
 """
 
 from runtime.session.core import (

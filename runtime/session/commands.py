@@ -1,5 +1,5 @@
-"""Chat commands handled before the agent, never sent to the model (issue 9, item 7; seed 002
-decision 7 "steer permission: master only", D4 ``archiveSession`` "/new, /clear").
+"""Chat commands handled before the agent, never sent to the model
+(docs/decisions.md#chat-commands).
 
 Commands (names configurable in ``ai.commands.names``; the text must start with ``/<name>``,
 optionally ``/<name>@<bot username>`` as Telegram groups send it; in a group the command may
@@ -7,12 +7,14 @@ follow leading mentions of the bot — ``@bot /new`` — see :func:`command_text
 
 * ``/new``, ``/clear`` — archive the session and start a new epoch (``ContextRepository.archive_session``);
   in a private chat anyone (it is their own conversation); in a group or channel masters only,
-  since the context is shared by every member (seed 002 decision 7 keeps state-changing control
-  with masters); others get the ``not_master`` refusal and nothing is archived;
+  since the context is shared by every member (state-changing control stays with masters:
+  docs/decisions.md#steer-masters-only); others get the ``not_master`` refusal and nothing is
+  archived;
 * ``/models`` — the configured models: ``provider/id``, api, context window, input kinds and the
   cached structured-output tier (``native``/``tool``/``prompt``, ``unknown`` before first use);
 * ``/status`` — the session's model, message count, epoch and whether a turn is running;
-* ``/steer <text>``, ``/followup <text>`` — masters only (decision 7); others get a refusal.
+* ``/steer <text>``, ``/followup <text>`` — masters only (docs/decisions.md#steer-masters-only);
+  others get a refusal.
 
 A command's answer is a :class:`~runtime.reply.segments.Reply` (one text segment) that the session
 delivers through the same segments path and delivery as an agent reply. Reply texts are
@@ -214,7 +216,7 @@ class CommandHandler:
             st = await host.status()
             running = self._text("yes" if st.running_turns else "no")
             text = self._text("status", model=st.model, messages=st.messages, epoch=st.epoch, running=running)
-        else:  # steer / followup: masters only (seed 002 decision 7)
+        else:  # steer / followup: masters only (docs/decisions.md#steer-masters-only)
             if "master" not in roles:
                 outcome, text = "refused", self._text("not_master", name=cmd.name)
             elif not cmd.args:
@@ -259,7 +261,7 @@ class CommandHandler:
 
 def command_text(text: str, segments: Sequence[dict[str, Any]], bot_id: str) -> str:
     """The text a command is looked for in: ``text`` without the mentions of the bot it starts
-    with (a group's ``@bot /new``; attack report 2026-11-30 item 12).
+    with (a group's ``@bot /new``; docs/decisions.md#chat-commands).
 
     Only real mentions count: the message's first segments (after a ``reply`` quote and blank
     text) must be ``mention`` segments targeting ``bot_id``; that many leading ``@<bot_id>``

@@ -3,16 +3,18 @@
 ``actors.session_actor.SessionActor`` hosts exactly one :class:`SessionCore` per activation; the
 core runs on one event loop and never imports Ray, so it is unit-testable on its own.
 
-Rules (issue 8, item 1; seed 002 decisions 7, 12, 13; DESIGN consequence 4):
+Rules:
 
 * **Ordered inbox, single consumer.** :meth:`SessionCore.submit` puts an entry keyed by its
   router-assigned ``seq`` into the inbox; one consumer task starts turns strictly in ``seq`` order
-  (Ray does not order calls to an async actor, so arrival order means nothing).
+  (Ray does not order calls to an async actor, so arrival order means nothing;
+  docs/decisions.md#session-ordered-inbox).
 * **Overlapping turns.** Up to ``max_concurrent_turns`` turns of the session run at once
-  (seed 002 #12). Each sees the context as it was when it started. Every append goes through the
-  session's :class:`~runtime.session.turn.SessionWriter`.
+  (docs/decisions.md#session-concurrent-turns). Each sees the context as it was when it started.
+  Every append goes through the session's :class:`~runtime.session.turn.SessionWriter`.
 * **Replies keep chat order.** Turn *k* hands its reply to delivery only after turn *k-1* handed
-  its own (or ended): the user sees answers in the order they asked.
+  its own (or ended): the user sees answers in the order they asked
+  (docs/decisions.md#session-reply-order).
 * **Control.** ``steer`` goes to the latest active turn (reaches its next LLM call);
   ``follow_up`` queues on it (drained when it would stop). With no active turn, or when the text
   was still queued as the turn ended, the text runs as a turn of its own — nothing is dropped.
@@ -194,10 +196,11 @@ class SessionCore:
         self, turn: TurnInput, fut: asyncio.Future[TurnResult] | None, *, release: bool
     ) -> None:
         ctl = TurnControl(turn, self.setup.steering_mode, self.setup.follow_up_mode)
-        if self.setup.compaction_threshold is not None:  # seed 002 #14: compaction as transform_context
+        # compaction as transform_context (docs/decisions.md#memory-compaction)
+        if self.setup.compaction_threshold is not None:
             from runtime.memory.compaction import make_compaction_hook
 
-            ctl.transform_context = make_compaction_hook(
+            ctl.agent.transform_context = make_compaction_hook(
                 self.repo, self.session_id, self.setup.model, threshold=self.setup.compaction_threshold
             )
         self._active.append(ctl)
@@ -237,10 +240,11 @@ class SessionCore:
         messages = self.writer.snapshot()
         start = find_marker(messages, INBOUND_MARKER, turn.message_id) if turn.attempt > 0 else None
         reply: Reply | None = None
-        features = self.setup.features  # issue 9 (runtime.session.features)
+        features = self.setup.features  # runtime.session.features
         command = features.command(turn) if features is not None and start is None else None
         if start is not None:
-            # Crash retry (issue 8, item 8): the entry was recorded before the crash.
+            # Crash retry (docs/decisions.md#session-crash-recovery): the entry was recorded before
+            # the crash.
             if find_marker(messages, REPLY_MARKER, turn.message_id) is not None:
                 return done
             messages = await self.writer.append(close_orphan_tool_calls(messages))
@@ -251,7 +255,8 @@ class SessionCore:
                     self.setup, final, messages, str(sender) if sender else None, ctl
                 )
         elif command is not None:
-            # issue 9: a chat command is answered before (and never shown to) the agent
+            # a chat command is answered before (and never shown to) the agent
+            # (docs/decisions.md#chat-commands)
             reply = await features.run_command(command, turn, self, ctl)
         else:
             pre = await run_pre_tools(self.setup.pre_tools, turn)
@@ -353,7 +358,8 @@ class SessionCore:
             self._execute(control_turn(self.session_key, kind, text, str(sender)), None, release=False)
         )
 
-    # ------------------------------------------------------------------ control (seed 002 #2, #7, #13)
+    # ------------------------------------------------------------------ control
+    # (docs/decisions.md#steer-latest-turn)
 
     def steer(self, text: str, sender_id: str) -> ControlOutcome:
         """Inject ``text`` into the latest active turn (it enters the context before that turn's
@@ -361,7 +367,7 @@ class SessionCore:
         msg = control_message(text, sender_id)
         for ctl in reversed(self._active):
             if not ctl.closed:
-                ctl.steering.append(msg)
+                ctl.steer(msg)
                 return "steered"
         self._start_control_turn("steer", msg)
         return "started"
@@ -372,7 +378,7 @@ class SessionCore:
         msg = control_message(text, sender_id)
         for ctl in reversed(self._active):
             if not ctl.closed:
-                ctl.follow_ups.append(msg)
+                ctl.follow_up(msg)
                 return "queued"
         self._start_control_turn("follow_up", msg)
         return "started"
@@ -424,6 +430,6 @@ class SessionCore:
         if self._tasks:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._tasks), timeout=timeout_s)
-        if self.setup.features is not None:  # issue 9: MCP connections
+        if self.setup.features is not None:  # MCP connections
             with contextlib.suppress(Exception):
                 await self.setup.features.close()

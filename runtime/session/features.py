@@ -1,4 +1,5 @@
-"""The agent features of an IM session, wired into one turn (issue 9; seed 002 D6 injection points).
+"""The agent features of an IM session, wired into one turn
+(through the loop's hooks: docs/decisions.md#agent-loop-hooks).
 
 :class:`AgentFeatures` is what ``SessionSetup.features`` holds. The turn runner
 (:mod:`runtime.session.turn`, :mod:`runtime.session.core`) calls it at four points:
@@ -144,8 +145,8 @@ class AgentFeatures:
     async def prepare_turn(self, setup: Any, turn: Any) -> tuple[Any, list[AgentTool[Any]]]:
         """Return ``(setup with the routed model, every tool of the turn incl. MCP tools)``.
 
-        Vision routing: the turn's inbound images + ``vision_model`` → the vision model
-        (decision 20); otherwise the session's main model (decision 10).
+        Vision routing: the turn's inbound images + ``vision_model`` → the vision model;
+        otherwise the session's main model (docs/decisions.md#model-routing).
         """
         has_images = has_image_segments(getattr(turn, "segments", []))
         model, _route = select_model(setup.model, self.vision_model, has_images)

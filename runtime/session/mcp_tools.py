@@ -1,5 +1,5 @@
-"""MCP tools through the official ``mcp`` Python SDK (issue 9, item 3; seed 002 D6 "MCP lazy
-connect before the turn / prepareTools").
+"""MCP tools through the official ``mcp`` Python SDK
+(docs/decisions.md#mcp-lazy-connect).
 
 Servers come from ``ai.mcp_servers`` (:class:`runtime.config.McpServerConfig`): a ``command``
 started as a stdio subprocess, or a streamable HTTP ``url``. Per server, :class:`McpServer`

@@ -1,9 +1,9 @@
-"""Which model answers a turn: vision routing and the fallback chain (issue 9, items 1-2;
-seed 002 decisions 10 and 20, D6 "model harness / fallback → the stream layer").
+"""Which model answers a turn: vision routing and the fallback chain
+(docs/decisions.md#model-routing, docs/decisions.md#model-fallback-chain).
 
-Vision routing (decision 20: keep ``visionModel``, switch when the turn carries an image block):
+Vision routing (switch to the vision model when the turn carries an image block):
 
-* every turn, with or without tools, uses the session's main model (decision 10: no "lite" model);
+* every turn, with or without tools, uses the session's main model (no "lite" model);
 * :func:`select_model`: an inbound image and ``ai.vision_model`` configured → the vision model;
   otherwise the main model;
 * :func:`guard_images`: before any request, image blocks sent to a model whose ``input`` lacks
@@ -69,12 +69,12 @@ FallbackReason: TypeAlias = Literal["connection", "rate_limited", "server_error"
 
 
 def has_image_segments(segments: Sequence[dict[str, Any]]) -> bool:
-    """Whether canonical seed-000 inbound segments include an ``image``."""
+    """Whether canonical inbound segments include an ``image``."""
     return any(isinstance(s, dict) and s.get("type") == "image" for s in segments)
 
 
 def select_model(main: Model, vision: Model | None, has_images: bool) -> tuple[Model, Route]:
-    """Pick the model of a turn (decisions 10, 20) and say why.
+    """Pick the model of a turn (docs/decisions.md#model-routing) and say why.
 
     Returns:
         ``(model, route)``: the vision model (``vision_model``) when the turn has images and one

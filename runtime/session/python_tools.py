@@ -1,4 +1,4 @@
-"""Python business tools named in the configuration: ``ai.python_tools`` (issue 14, item 6).
+"""Python business tools named in the configuration: ``ai.python_tools``.
 
 Each entry is a ``"module:attribute"`` reference. The attribute is
 

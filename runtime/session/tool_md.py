@@ -1,5 +1,5 @@
-"""``*.tool.md`` tools: Markdown files whose YAML frontmatter declares a tool (issue 9, item 4;
-seed 002 D5 and decision 18).
+"""``*.tool.md`` tools: Markdown files whose YAML frontmatter declares a tool
+(docs/decisions.md#tool-md-hard-fail).
 
 Format (example: ``examples/tools/weather.tool.md``)::
 
@@ -36,7 +36,8 @@ Handlers:
 
 Loading is all-or-nothing and happens at start-up: any problem (YAML, missing key, unknown key,
 bad handler, unsupported schema feature, duplicate name) raises :class:`ToolMdError` naming the
-file (and, for schemas, the JSON pointer and the feature) — seed 002 #18: hard fail.
+file (and, for schemas, the JSON pointer and the feature) — a hard fail
+(docs/decisions.md#tool-md-hard-fail).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One IM turn, without Ray (issue 8, item 1; seed 002 decisions 7, 11, 12, 19).
+"""One IM turn, without Ray (docs/decisions.md#session-turn-records).
 
 A turn is: record the inbound message → agent loop with the session's tools (sender prefix when
 converting for the LLM) → validated :class:`~runtime.reply.segments.Reply` → hand it to delivery →
@@ -16,7 +16,8 @@ Records a turn leaves in ``agent_messages`` (all through the session's single wr
 * ``CustomMessage(custom_type="im_reply", data={"message_id", "reply_id", "preview"})`` — written
   only after delivery accepted the reply (the inbox entry is then *done*).
 
-``convert_to_llm`` drops both markers (seed 002: custom messages never reach the model).
+``convert_to_llm`` drops both markers (custom messages never reach the model:
+docs/decisions.md#llm-context-shape).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, Field
 
+from runtime.agent.agent import QueueMode
 from runtime.agent.tools import AgentTool
 from runtime.llm.types import (
     AgentMessage,
@@ -49,7 +51,6 @@ __all__ = [
     "DeliverFn",
     "HandoffRequest",
     "PreTool",
-    "QueueMode",
     "SessionSetup",
     "SessionWriter",
     "SetupFactory",
@@ -68,9 +69,8 @@ DEFERRED_MARKER = "deferred_result"
 PRE_TOOLS_MARKER = "pre_tool_results"
 """``CustomMessage.custom_type`` holding the results of pre-executable tools (shown to the LLM)."""
 INTERRUPTED_TEXT = "interrupted: the session restarted while this tool call was running; it was not re-run"
-"""Text of the synthetic error result that closes a tool call cut off by a crash (issue 8, item 8)."""
-
-QueueMode: TypeAlias = Literal["one-at-a-time", "all"]
+"""Text of the synthetic error result that closes a tool call cut off by a crash
+(docs/decisions.md#session-crash-recovery)."""
 
 
 class TurnInput(BaseModel):
@@ -129,7 +129,7 @@ class TurnInput(BaseModel):
 
     def user_message(self) -> UserMessage:
         """The user message stored for this inbound (clean text; the sender prefix is rendered at
-        LLM conversion time, seed 002 #11)."""
+        LLM conversion time: docs/decisions.md#security-sender-prefix)."""
         return UserMessage(
             content=self.text, sender=dict(self.sender) or None, timestamp=self.time_ms or _now()
         )
@@ -160,9 +160,9 @@ class TurnResult(BaseModel):
 
 @dataclass
 class PreTool:
-    """A pre-executable tool (issue 8, item 1): run in parallel before the turn's first LLM call;
-    its text result is recorded and shown to the model as context. Must be side-effect free
-    (a crash retry may run it again).
+    """A pre-executable tool (docs/decisions.md#agent-one-engine): run in parallel before the turn's
+    first LLM call; its text result is recorded and shown to the model as context. Must be
+    side-effect free (a crash retry may run it again).
 
     Attributes:
         name: Label shown to the model.
@@ -183,24 +183,28 @@ class SessionSetup:
         model: The chat model.
         tools: Business tools the agent may call.
         system_prompt: System prompt (the IM preset for IM sessions).
-        output_schema: ``"segments"`` (seed 000 structured reply, default) or ``False`` (plain text:
+        output_schema: ``"segments"`` (the structured reply, default:
+        docs/decisions.md#reply-segments) or ``False`` (plain text:
             the final text becomes one text segment; ``@name`` never becomes a mention).
         steering_mode / follow_up_mode: how queued steer / follow-up messages are drained
-            (seed 002 #13; config ``ai.agent.steering_mode`` / ``follow_up_mode``).
+            (config ``ai.agent.steering_mode`` / ``follow_up_mode``; docs/decisions.md#queue-modes).
         pre_tools: Pre-executable tools.
         max_iterations: LLM-call budget per turn (``None`` = the loop's default).
-        failure_text: The host's fixed failure message (seed 000) sent when a turn errors.
+        failure_text: The host's fixed failure message sent when a turn errors
+            (docs/decisions.md#reply-fixed-failure).
         deferred_tasks: Named work the model may hand off with the ``run_deferred_task`` tool:
             ``name -> fn(args: dict) -> str`` (sync, picklable: the session actor runs it as a Ray
             task); its result is delivered as a separate outbound message.
-        features: :class:`runtime.session.features.AgentFeatures` (issue 9: chat commands, vision
+        features: :class:`runtime.session.features.AgentFeatures` (chat commands, vision
             routing, fallback chain, MCP tools, tool permissions, media provenance) or ``None``.
         on_event: ``(event) -> None`` called with every agent-loop event of a turn and with its
             :class:`runtime.reply.im_reply.ReplyOutcome`; must return at once (fire-and-forget). An
-            exception it raises is logged at debug level and ignored. ``None``: no hook (issue #6:
-            console sessions get :class:`runtime.platforms.console_events.ConsoleEventSink`).
+            exception it raises is logged at debug level and ignored. ``None``: no hook
+            (docs/decisions.md#live-events-never-break-turns; console sessions get
+            :class:`runtime.platforms.console_events.ConsoleEventSink`).
         compaction_threshold: Share of ``model.context_window`` above which the turn's
-            ``transform_context`` compacts older messages into a summary (seed 002 #14,
+            ``transform_context`` compacts older messages into a summary
+            (docs/decisions.md#memory-compaction,
             :func:`runtime.memory.compaction.make_compaction_hook`); ``None``: no compaction.
     """
 
@@ -242,7 +246,7 @@ DeliverFn: TypeAlias = Callable[[HandoffRequest], Awaitable[None]]
 
 
 class SessionWriter:
-    """The single writer of one session epoch (seed 002 #12, DESIGN consequence 4).
+    """The single writer of one session epoch (docs/decisions.md#memory-single-writer).
 
     Every append of every (possibly overlapping) turn goes through :meth:`append`, which holds
     one ``asyncio.Lock`` around the SQL append and the in-memory mirror, so the in-memory message
@@ -302,8 +306,9 @@ def find_marker(messages: Sequence[AgentMessage], custom_type: str, message_id: 
 
 def close_orphan_tool_calls(messages: Sequence[AgentMessage]) -> list[ToolResultMessage]:
     """Synthetic ``is_error`` results for every tool call in ``messages`` that has no result
-    (issue 8, item 8: a tool cut off by a crash is never re-run; the retried turn sees this
-    "interrupted" error result instead). Order: the calls' order in the context."""
+    (docs/decisions.md#session-crash-recovery: a tool cut off by a crash is never re-run; the
+    retried turn sees this "interrupted" error result instead). Order: the calls' order in the
+    context."""
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolResultMessage)}
     out: list[ToolResultMessage] = []
     for m in messages:

@@ -1,4 +1,4 @@
-"""The agent part of one IM turn, without Ray (issue 8, item 1; seed 000; seed 002 #11, #13).
+"""The agent part of one IM turn, without Ray (docs/decisions.md#session-turn-records).
 
 :func:`run_agent` runs the agent loop for a turn whose user message is already recorded, records
 every message the loop ends through the session's single writer, and turns the final answer into
@@ -14,13 +14,18 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
+from runtime.agent.agent import Agent, QueueMode
+from runtime.agent.config import AgentLoopConfig
+from runtime.agent.events import AgentEndEvent, AgentEvent, MessageEndEvent
+from runtime.llm.abort import AbortController, AbortSignal
 from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, UserMessage
+from runtime.memory.sender import convert_for_llm
+from runtime.reply.im_reply import ImReplyConfig, ImReplyContract, MentionIdentity
 from runtime.reply.segments import Reply
 from runtime.session.turn import (
     DEFERRED_MARKER,
     PRE_TOOLS_MARKER,
     PreTool,
-    QueueMode,
     SessionSetup,
     TurnInput,
 )
@@ -42,7 +47,8 @@ log = logging.getLogger("sessionray.turn")
 
 def emit_event(setup: SessionSetup, event: Any) -> None:
     """Hand ``event`` to ``setup.on_event`` when set; an exception it raises is logged at debug
-    level and dropped (issue #6: live events never break a turn)."""
+    level and dropped (live events never break a turn:
+    docs/decisions.md#live-events-never-break-turns)."""
     if setup.on_event is None:
         return
     try:
@@ -55,56 +61,50 @@ def emit_event(setup: SessionSetup, event: Any) -> None:
 
 
 class TurnControl:
-    """The control side of one running turn: steer / follow-up queues and its abort switch.
+    """The control side of one running turn: its :class:`~runtime.agent.agent.Agent` (whose
+    steering and follow-up queues ``steer`` / ``follow_up`` reach) and its abort switch.
 
-    A session's latest active turn receives ``steer`` and ``follow_up`` (seed 002 #13, modes
-    ``one-at-a-time`` | ``all``). Steering is drained by the agent loop before its next LLM call.
-    Follow-ups wait for the turn to end and then run as turns of their own, so each gets its own
-    IM reply (an IM turn has exactly one reply; joining the loop would swallow the first answer).
-    Steering that arrived after the last LLM call is returned by :meth:`leftovers` and also runs
-    as a turn: nothing is lost.
+    A session's latest active turn receives ``steer`` and ``follow_up`` (modes ``one-at-a-time``
+    | ``all``, read by the agent). Steering is taken by the agent loop before its next LLM call.
+    Follow-ups are not drained by the loop: they wait for the turn to end and then run as turns
+    of their own, so each gets its own IM reply (an IM turn has exactly one reply; joining the
+    loop would swallow the first answer). Steering that arrived after the last LLM call is
+    returned by :meth:`leftovers` and also runs as a turn: nothing is lost
+    (`docs/decisions.md#steer-latest-turn`).
+
+    The abort switch covers the whole turn (pre-tools, the agent run, the reply's validation);
+    the agent's run is linked to it.
     """
 
     def __init__(self, turn: TurnInput, steering_mode: QueueMode, follow_up_mode: QueueMode) -> None:
-        from runtime.llm.abort import AbortController
-
         self.turn = turn
-        self.steering_mode = steering_mode
-        self.follow_up_mode = follow_up_mode
-        self.steering: list[UserMessage] = []
-        self.follow_ups: list[UserMessage] = []
+        self.agent = Agent(steering_mode=steering_mode, follow_up_mode=follow_up_mode, drain_follow_ups=False)
         self.abort_controller = AbortController()
         self.closed = False
-        self.steered = 0
-        self.transform_context: Any = None
-        """The turn's ``transform_context`` hook (compaction), set by the session before the loop."""
 
-    def _drain(self, queue: list[UserMessage], mode: QueueMode) -> list[AgentMessage]:
-        if not queue:
-            return []
-        taken = queue[:] if mode == "all" else queue[:1]
-        del queue[: len(taken)]
-        return list(taken)
+    def steer(self, message: UserMessage) -> None:
+        """Queue ``message`` for the running turn's next LLM call."""
+        self.agent.steer(message)
 
-    def get_steering_messages(self) -> list[AgentMessage]:
-        """Hook for ``AgentLoopConfig.get_steering_messages``."""
-        out = self._drain(self.steering, self.steering_mode)
-        self.steered += len(out)
-        return out
+    def follow_up(self, message: UserMessage) -> None:
+        """Queue ``message`` to run as a turn of its own once this turn ends."""
+        self.agent.follow_up(message)
 
     def leftovers(self) -> list[tuple[Literal["steer", "follow_up"], UserMessage]]:
         """Close the turn and return what must run as turns of their own, in order: steering that
         arrived too late for an LLM call, then the queued follow-ups — one turn each
         (``one-at-a-time``) or joined into one (``all``)."""
         self.closed = True
-        out: list[tuple[Literal["steer", "follow_up"], UserMessage]] = [("steer", m) for m in self.steering]
-        if self.follow_ups and self.follow_up_mode == "all":
-            joined = "\n".join(m.content if isinstance(m.content, str) else "" for m in self.follow_ups)
-            out.append(("follow_up", self.follow_ups[0].model_copy(update={"content": joined})))
+        steering, follow_ups = self.agent.take_queued()
+        users = [m for m in follow_ups if isinstance(m, UserMessage)]
+        out: list[tuple[Literal["steer", "follow_up"], UserMessage]] = [
+            ("steer", m) for m in steering if isinstance(m, UserMessage)
+        ]
+        if users and self.agent.follow_up_mode == "all":
+            joined = "\n".join(m.content if isinstance(m.content, str) else "" for m in users)
+            out.append(("follow_up", users[0].model_copy(update={"content": joined})))
         else:
-            out += [("follow_up", m) for m in self.follow_ups]
-        self.steering.clear()
-        self.follow_ups.clear()
+            out += [("follow_up", m) for m in users]
         return out
 
 
@@ -116,7 +116,6 @@ def control_message(text: str, sender_id: str) -> UserMessage:
 def convert_for_session(scope: str) -> Callable[[list[AgentMessage]], list[Any]]:
     """``convert_to_llm`` of an IM session: pre-tool results become a user message, then the
     memory layer's conversion (sender prefix in groups, summary, custom messages dropped)."""
-    from runtime.memory.sender import convert_for_llm
 
     def convert(messages: list[AgentMessage]) -> list[Any]:
         mapped: list[AgentMessage] = []
@@ -170,9 +169,8 @@ RecordFn: TypeAlias = Callable[[Sequence[AgentMessage]], Awaitable[Any]]
 
 
 def reply_contract(setup: SessionSetup) -> Any:
-    """The seed 000 :class:`runtime.reply.im_reply.ImReplyContract` of a session's turns."""
-    from runtime.reply.im_reply import ImReplyConfig, ImReplyContract
-
+    """The :class:`runtime.reply.im_reply.ImReplyContract` of a session's turns
+    (docs/decisions.md#reply-segments)."""
     return ImReplyContract(
         setup.model, setup.output_schema, config=ImReplyConfig(failure_text=setup.failure_text)
     )
@@ -188,15 +186,14 @@ async def finalize_reply(
     contract: Any = None,
     budget_spent: bool = False,
 ) -> Reply:
-    """Validate the turn's final answer into a :class:`Reply` (seed 000: strict validation, at
-    most one format-correction call, then the fixed failure message; mention targets must be known
-    ids). ``budget_spent``: the loop stopped on ``max_iterations`` — ask once more for a summary in
-    the same schema. A cancelled turn gives an empty reply (nothing is sent)."""
-    from runtime.reply.im_reply import MentionIdentity
-
+    """Validate the turn's final answer into a :class:`Reply` (strict validation, at most
+    one format-correction call (docs/decisions.md#reply-one-correction), then the fixed failure
+    message; mention targets must be known ids). ``budget_spent``: the loop stopped on
+    ``max_iterations`` — ask once more for a summary in the same schema. A cancelled turn gives an
+    empty reply (nothing is sent)."""
     contract = contract or reply_contract(setup)
     identity = (
-        setup.features.identity(sender_id, messages)  # issue 9: + media provenance
+        setup.features.identity(sender_id, messages)  # + media provenance
         if setup.features is not None
         else MentionIdentity.from_messages(sender_id, messages)
     )
@@ -215,37 +212,42 @@ async def finalize_reply(
 async def run_agent(
     setup: SessionSetup, messages: list[AgentMessage], scope: str, ctl: TurnControl, record: RecordFn
 ) -> Reply:
-    """Run the agent loop from ``messages`` (whose tail is the turn's user message, or a resumed
-    turn's tool results) and return the validated reply.
+    """Run the turn's :class:`~runtime.agent.agent.Agent` from ``messages`` (whose tail is the
+    turn's user message, or a resumed turn's tool results) and return the validated reply.
 
-    Every message the loop ends — assistant messages, tool results, steering / follow-up user
-    messages — is recorded through ``record`` as soon as it ends, so an executed tool's result is in
-    SQL before the next LLM call (issue 8, item 8). LLM/tool failures travel as stop reasons and
-    end in the fixed failure message (seed 000), never as exceptions.
+    Every message the loop ends — assistant messages, tool results, steering user messages — is
+    recorded through ``record`` as soon as it ends (the agent awaits its listeners), so an
+    executed tool's result is in SQL before the next LLM call
+    (`docs/decisions.md#session-turn-records`). LLM/tool failures travel as stop reasons and end
+    in the fixed failure message (`docs/decisions.md#reply-fixed-failure`), never as exceptions.
+
+    Raises:
+        Exception: whatever ``record`` (or an event hook) raised; the turn then ends in error.
     """
-    from runtime.agent.config import AgentContext, AgentLoopConfig
-    from runtime.agent.events import AgentEndEvent, MessageEndEvent
-    from runtime.agent.loop import agent_loop_continue
-
     tools = list(setup.tools)
-    if setup.features is not None:  # issue 9: vision routing + MCP tools
+    if setup.features is not None:  # vision routing + MCP tools
         setup, tools = await setup.features.prepare_turn(setup, ctl.turn)
     contract = reply_contract(setup)
-    loop_config = AgentLoopConfig(
-        model=setup.model,
-        convert_to_llm=convert_for_session(scope),
-        get_steering_messages=ctl.get_steering_messages,
-        max_iterations=setup.max_iterations,
-        transform_context=ctl.transform_context,
-    )
-    if setup.features is not None:  # issue 9: fallback chain + tool permissions
-        loop_config = setup.features.configure(loop_config, tools, ctl.turn)
-    config = contract.configure(loop_config)
-    context = AgentContext(system_prompt=setup.system_prompt, messages=messages, tools=tools)
+    features = setup.features
+
+    def configure(config: AgentLoopConfig) -> AgentLoopConfig:
+        if features is not None:  # fallback chain + tool permissions
+            config = features.configure(config, tools, ctl.turn)
+        configured: AgentLoopConfig = contract.configure(config)
+        return configured
+
+    agent = ctl.agent
+    agent.state.model, agent.state.system_prompt = setup.model, setup.system_prompt
+    agent.state.tools, agent.state.messages = tools, list(messages)
+    agent.convert_to_llm = convert_for_session(scope)
+    agent.max_iterations = setup.max_iterations
+    agent.configure_loop = configure
     final: AssistantMessage | None = None
     seen: list[AgentMessage] = list(messages)
     budget_spent = False
-    async for event in agent_loop_continue(context, config, ctl.abort_controller.signal):
+
+    async def on_event(event: AgentEvent, signal: AbortSignal) -> None:
+        nonlocal final, budget_spent
         emit_event(setup, event)
         if isinstance(event, MessageEndEvent):
             await record([event.message])
@@ -254,6 +256,14 @@ async def run_agent(
                 final = event.message
         elif isinstance(event, AgentEndEvent):
             budget_spent = event.reason == "max_iterations"
+
+    unsubscribe = agent.subscribe(on_event)
+    try:
+        await agent.continue_(signal=ctl.abort_controller.signal)
+    finally:
+        unsubscribe()
+    if agent.failure is not None:
+        raise agent.failure
     sender = ctl.turn.sender.get("id")
     return await finalize_reply(
         setup, final, seen, str(sender) if sender else None, ctl, contract=contract, budget_spent=budget_spent

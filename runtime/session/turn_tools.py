@@ -1,5 +1,6 @@
-"""Tools a session offers beyond the business tools (issue 8, item 1): ``run_deferred_task`` and a
-sub-agent (``delegate``). Ray-free; the session actor supplies how deferred work runs.
+"""Tools a session offers beyond the business tools (docs/decisions.md#session-extra-tools):
+``run_deferred_task`` and a sub-agent (``delegate``). Ray-free; the session actor supplies how
+deferred work runs.
 
 * ``run_deferred_task(task, args)``: the model hands long work to a named function from
   ``SessionSetup.deferred_tasks``. The tool answers at once ("started"); the session runs the
@@ -7,8 +8,9 @@ sub-agent (``delegate``). Ray-free; the session actor supplies how deferred work
   a **separate outbound message**, recorded in the context as a ``deferred_result`` custom message
   so later turns know about it.
 * ``delegate(task)``: a sub-agent turn — a fresh agent loop on the session's model with the given
-  tools, **without the IM preset** (no reply contract, no IM system prompt, no sender prefix,
-  seed 000 / issue 4: sub-agents do not inherit it); its plain final text is the tool result.
+  tools, **without the IM preset** (no reply contract, no IM system prompt, no sender prefix:
+  sub-agents do not inherit it, docs/decisions.md#reply-preset-scope); its plain final text is the
+  tool result.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from runtime.agent.agent import Agent
 from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
 from runtime.llm.abort import AbortSignal
 from runtime.llm.types import AssistantMessage, Model, UserMessage
@@ -104,16 +107,9 @@ async def run_subagent(
     Raises:
         RuntimeError: the sub-agent's last answer ended in ``error``/``aborted`` (message included).
     """
-    from runtime.agent.config import AgentContext, AgentLoopConfig
-    from runtime.agent.events import MessageEndEvent
-    from runtime.agent.loop import agent_loop
-
-    context = AgentContext(system_prompt=system_prompt, messages=[], tools=list(tools))
-    config = AgentLoopConfig(model=model, max_iterations=max_iterations)
-    final: AssistantMessage | None = None
-    async for event in agent_loop([UserMessage(content=task)], context, config, signal):
-        if isinstance(event, MessageEndEvent) and isinstance(event.message, AssistantMessage):
-            final = event.message
+    agent = Agent(model=model, system_prompt=system_prompt, tools=tools, max_iterations=max_iterations)
+    await agent.prompt(UserMessage(content=task), signal=signal)
+    final = next((m for m in reversed(agent.state.messages) if isinstance(m, AssistantMessage)), None)
     if final is not None and final.stop_reason in ("error", "aborted"):
         raise RuntimeError(f"sub-agent {final.stop_reason}: {final.error_message}")
     return final.text() if final is not None else ""

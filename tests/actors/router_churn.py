@@ -1,4 +1,4 @@
-"""Admission under churn at the live-session cap (issue 8, router item 1): a measurement helper.
+"""Admission under churn at the live-session cap: a measurement helper.
 
 :func:`churn` drives ``keys`` private chats against a running runtime, each chat sending
 ``messages`` texts one after another (the next once the previous reply reached the platform API,
@@ -101,7 +101,7 @@ def _main() -> None:  # pragma: no cover - manual measurement
         logging_level="warning",
         runtime_env={"env_vars": {"PYTHONPATH": str(root)}},
     )
-    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", root.parent / "shared" / "fixtures"))
+    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", root / "tests" / "fixtures"))
     try:
         with (
             tempfile.TemporaryDirectory() as tmp,

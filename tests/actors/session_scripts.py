@@ -13,8 +13,8 @@ interleaving gets the same answer for the same context):
 * last user text ``delegate T`` → call the ``delegate`` sub-agent tool with task ``T``;
 * anything else ``T``         → reply ``re: T``.
 
-Replies are seed-000 JSON only when the IM reply contract asked for it (its instructions are in
-the system prompt); a sub-agent (no IM preset) gets plain text.
+Replies are segments JSON (docs/decisions.md#reply-segments) only when the IM reply contract asked
+for it (its instructions are in the system prompt); a sub-agent (no IM preset) gets plain text.
 
 The ``sleep`` tool writes ``<marker_dir>/<call id>.started`` when it starts, so tests can wait
 for "the tool runs now" and count executions.
@@ -40,7 +40,7 @@ class SleepArgs(BaseModel):
 
 
 def reply_json(text: str) -> str:
-    """The seed-000 JSON of a one-text-segment reply."""
+    """The segments JSON of a one-text-segment reply."""
     return json.dumps({"segments": [{"type": "text", "data": {"text": text}}]}, ensure_ascii=False)
 
 

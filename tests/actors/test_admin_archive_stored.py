@@ -1,7 +1,7 @@
-"""Archive of a session that is not live goes through its router shard (review S3 #2), on real local
-Ray: the admin ``POST /admin/sessions/{key}/archive`` keeps its HTTP contract (README "admin API")
-over a real ``SessionRuntime``, and a message that reaches the shard while the archive runs
-activates the session on the *new* epoch, never on the archived one.
+"""Archive of a session that is not live goes through its router shard, on real local
+Ray: the admin ``POST /admin/sessions/{key}/archive`` keeps its HTTP contract (docs/operations.md,
+"HTTP API and CLI") over a real ``SessionRuntime``, and a message that reaches the shard while the
+archive runs activates the session on the *new* epoch, never on the archived one.
 
 Ray does not order calls to an async actor, so the ordering test drives the router *class*
 in-process (``RouterActor.__ray_metadata__.modified_class``) on the test's event loop against the

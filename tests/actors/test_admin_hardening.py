@@ -1,7 +1,7 @@
-"""The admin API under attack (attack report #5, #7, #9, #11): steer / follow-up text that cannot be
-stored is a 400 naming the field, text over ``server.max_text_chars`` a 413, a deeply nested body a
-400 without the exception text; a passivated (stored) session is shown from SQL and archived in SQL,
-an unknown key stays 404.
+"""The admin API under attack (docs/decisions.md#security-input-limits): steer / follow-up text that
+cannot be stored is a 400 naming the field, text over ``server.max_text_chars`` a 413, a deeply
+nested body a 400 without the exception text; a passivated (stored) session is shown from SQL and
+archived in SQL, an unknown key stays 404.
 
 Real HTTP over loopback (the admin routes in a uvicorn thread), a real SQLite file written by the
 real ``ContextRepository``. The runtime is a stand-in with ``SessionRuntime``'s control methods and
@@ -227,7 +227,7 @@ def test_unknown_keys_stay_404(served: Served, key: str) -> None:
     assert [e.session_id for e in asyncio.run(served.repo.list_sessions(KEY))] == [f"{KEY}#1"]
 
 
-# --------------------------------------------------------------------------- review S3 #14
+# --------------------------------------------------------------------------- SQL off the event loop
 
 
 class OpenCounter:

@@ -1,6 +1,6 @@
-"""The built-in offline model streams a long echo in a bounded number of deltas (attack report #7:
-a multi-MB message in 4-character deltas kept a session actor busy for minutes); short replies
-stream as before, and the text is unchanged."""
+"""The built-in offline model streams a long echo in a bounded number of deltas
+(docs/decisions.md#llm-builtin-model: a multi-MB message in 4-character deltas kept a session actor
+busy for minutes); short replies stream as before, and the text is unchanged."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """kill -9 of a delivery actor mid-send → its restarted incarnation completes the job from the
-ledger, and the platform receives exactly one call (issue #8, item 8)."""
+ledger, and the platform receives exactly one call (docs/decisions.md#delivery-ledger)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Crash safety of session actors on real local Ray (issue 8, item 8): SIGKILL of a session
-actor's process in the middle of a turn → the router re-activates the session on a fresh actor
-from SQL and retries the interrupted message once; the tool that was running is not run again
-(the retried turn sees an "interrupted" result); exactly one reply reaches the platform API."""
+"""Crash safety of session actors on real local Ray (docs/decisions.md#session-crash-recovery):
+SIGKILL of a session actor's process in the middle of a turn → the router re-activates the session
+on a fresh actor from SQL and retries the interrupted message once; the tool that was running is not
+run again (the retried turn sees an "interrupted" result); exactly one reply reaches the platform
+API."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The outbound leak check runs inside delivery (issue #4 rule 8, seed 000: "outbound text, Markdown
-and nested strings still pass the leak check") — Ray-free: the DeliverySender that a DeliveryActor
-wraps, a real SQLite file and the platform-API test server over loopback."""
+"""The outbound leak check runs inside delivery
+(docs/decisions.md#security-leak-check, docs/decisions.md#delivery-partitioned) — Ray-free: the
+DeliverySender that a DeliveryActor wraps, a real SQLite file and the platform-API test server over
+loopback."""
 
 from __future__ import annotations
 

@@ -166,7 +166,7 @@ async def test_one_reply_costs_two_ledger_writes_and_one_transcript_write(
     fixtures_dir: Path, tmp_path: Path
 ) -> None:
     """A fresh single-step reply: claim_and_begin, the send, finish_step(last) — two ledger write
-    transactions, then the outbound transcript (issue #8: fewer SQLite writes per message)."""
+    transactions, then the outbound transcript (docs/decisions.md#delivery-ledger)."""
     url = f"sqlite:///{tmp_path / 'send.db'}"
     with PlatformApiServer(fixtures_dir) as api:
         sender = DeliverySender(DeliverySettings(database_url=url, bots=[onebot_bot(api.base_url)]), 0, "0:t")

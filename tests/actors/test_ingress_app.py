@@ -37,7 +37,7 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
 
 OK_MID = "1936658337"
-"""``data.message_id`` of ../shared/fixtures/onebot11/api_response_ok_napcat.json."""
+"""``data.message_id`` of tests/fixtures/onebot11/api_response_ok_napcat.json."""
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
-"""The ingress under bad input (attack report #5, #6, #7, #14): every bad body is a 400/401/413 —
-never a 500 — and is neither stored nor routed; unexpected errors are a generic, counted 500;
-size limits (``server.max_body_bytes`` on every route, ``server.max_text_chars``); a large body
-is decoded off the event loop.
+"""The ingress under bad input (docs/decisions.md#security-input-limits): every bad body is a
+400/401/413 — never a 500 — and is neither stored nor routed; unexpected errors are a generic,
+counted 500; size limits (``server.max_body_bytes`` on every route, ``server.max_text_chars``); a
+large body is decoded off the event loop.
 
 Real HTTP over loopback (uvicorn in a thread), real codecs, a real SQLite transcript store. The
 runtime is a local stand-in that records what was routed (the ingress's own rules are tested
@@ -479,7 +479,7 @@ def test_server_limit_keys_defaults_and_errors() -> None:
     ]
 
 
-# --------------------------------------------------------------------------- event loop (#14)
+# --------------------------------------------------------------------------- event loop
 
 
 class HoldingCodec:
@@ -530,7 +530,7 @@ def test_large_body_is_decoded_off_the_event_loop(s: Served, fixtures_dir: Path)
     assert s.taken() == [("onebot11", "big"), ("onebot11", "small")]
 
 
-# --------------------------------------------------------------------------- connections (review S3 #13)
+# --------------------------------------------------------------------------- connections
 
 
 def test_ingress_process_holds_one_bounded_database(
@@ -568,7 +568,8 @@ def test_ingress_process_holds_one_bounded_database(
 @pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded"])
 def test_the_console_webhook_refuses_what_a_cross_site_page_can_send(s: Served, ctype: str | None) -> None:
     """A browser posts ``text/plain`` or forms cross-site without a CORS preflight (a Blob with
-    no type: no header at all), never JSON: the console webhook requires JSON (attack re-test)."""
+    no type: no header at all), never JSON: the console webhook requires JSON
+    (docs/decisions.md#security-console-scope)."""
     body = json.dumps({"message_id": "c-csrf", "user": "admin", "text": "csrf"}).encode()
     headers = {} if ctype is None else {"Content-Type": ctype}
     r = httpx.post(f"{s.url}/webhooks/console/console", content=body, headers=headers, timeout=30)

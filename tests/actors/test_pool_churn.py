@@ -1,7 +1,7 @@
 """The warm pool at the live-session cap (real local Ray): each new session LRU-passivates an idle
 one and takes over the victim's freshly passivated actor (the router's hand-off), so the churn
-starts no new process and leaves the pool untouched (issue 8 benchmark: a cold actor costs ≈ 2.5 s
-of CPU on this machine)."""
+starts no new process and leaves the pool untouched (a cold actor costs ≈ 2.5 s of CPU on
+this machine: docs/decisions.md#session-warm-pool)."""
 
 from __future__ import annotations
 

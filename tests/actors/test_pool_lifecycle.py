@@ -1,5 +1,5 @@
-"""Session lifecycle on real local Ray (issue 8, item 2): warm-pool activation, idle-TTL
-passivation and re-activation with an identical context, a cap of live sessions with LRU
+"""Session lifecycle on real local Ray (docs/decisions.md#session-lifecycle): warm-pool activation,
+idle-TTL passivation and re-activation with an identical context, a cap of live sessions with LRU
 passivation of idle ones (nothing lost)."""
 
 from __future__ import annotations

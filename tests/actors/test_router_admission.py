@@ -5,7 +5,7 @@ waiter who left is passed on, and per-key tickets in arrival order.
 The last test drives the router class itself (``RouterActor.__ray_metadata__.modified_class``) on
 the test's event loop with its two Ray handles — the warm pool and a session actor — replaced by
 scripted objects with the same ``.remote`` methods, so the test decides exactly when a passivation
-answers and what (review S3 #1). The real actors are exercised in test_router_churn.py."""
+answers and what. The real actors are exercised in test_router_churn.py."""
 
 from __future__ import annotations
 

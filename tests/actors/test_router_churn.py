@@ -1,4 +1,5 @@
-"""Router admission at the live-session cap on real local Ray (issue 8, items 2 and 3).
+"""Router admission at the live-session cap on real local Ray
+(docs/decisions.md#session-lifecycle).
 
 Ray does not order calls to an async actor, so the ordering tests drive the router *class*
 in-process (``RouterActor.__ray_metadata__.modified_class``) on the test's event loop, against the

@@ -1,6 +1,6 @@
-"""A hung session actor on real local Ray (issue 8, item 8; router item 4): the process stays alive
-but its ``turn`` concurrency group stops answering (here: the process is stopped with SIGSTOP).
-The router shard pings the ``turn`` group of an actor whose turn is pending longer than
+"""A hung session actor on real local Ray (docs/decisions.md#session-crash-recovery): the process
+stays alive but its ``turn`` concurrency group stops answering (here: the process is stopped with
+SIGSTOP). The router shard pings the ``turn`` group of an actor whose turn is pending longer than
 ``runtime.hung_turn_s``; no answer within ``runtime.hung_ping_timeout_s`` → the actor is killed and
 the crash path re-binds the session and retries the turn once. A slow but healthy turn answers
 the ping and is left alone."""

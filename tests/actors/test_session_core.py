@@ -1,5 +1,6 @@
 """SessionCore without Ray: ordered inbox, overlapping turns with ordered handoff, steer, follow-up,
-crash-retry semantics (issue 8, items 1 and 8). Real SQLite, the scripted faux model."""
+crash-retry semantics (docs/decisions.md#session-ordered-inbox,
+docs/decisions.md#session-crash-recovery). Real SQLite, the scripted faux model."""
 
 from __future__ import annotations
 
@@ -243,8 +244,9 @@ async def test_archive_starts_an_empty_epoch(repo: Any, tmp_path: Path) -> None:
 async def test_long_session_is_compacted_into_a_summary_and_keeps_answering(
     repo: Any, tmp_path: Path
 ) -> None:
-    """Seed 002 #14 wired into session turns: above the threshold older messages are summarized into
-    agent_summaries (anchored), the loaded context is summary + tail, and no message is deleted."""
+    """Compaction (docs/decisions.md#memory-compaction) wired into session turns: above the
+    threshold older messages are summarized into agent_summaries (anchored), the loaded context is
+    summary + tail, and no message is deleted."""
     import dataclasses
 
     from runtime.memory.tables import AgentSummaryRow

@@ -1,4 +1,4 @@
-"""The session runtime on real local Ray (issue 8): ordering, steer, follow-up, dedup, backpressure.
+"""The session runtime on real local Ray: ordering, steer, follow-up, dedup, backpressure.
 
 One runtime for the module (1 router shard, warm pool of 2, at most 8 live sessions, mailbox of 4,
 one delivery actor, the

@@ -1,7 +1,7 @@
-"""Warm activation (issue 8 benchmark): a pooled session actor does its session-independent work
-while it waits — imports, the setup factory's ``prepare``, the SQL reads of an activation — so
-binding it to a session imports and builds nothing; and session-actor modules stay free of the
-imports a session actor never needs (smaller USS per live session)."""
+"""Warm activation (docs/decisions.md#session-warm-pool): a pooled session actor does its
+session-independent work while it waits — imports, the setup factory's ``prepare``, the SQL reads of
+an activation — so binding it to a session imports and builds nothing; and session-actor modules
+stay free of the imports a session actor never needs (smaller USS per live session)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Platform codecs: cost of parsing large inbound bodies (issue #14: a ~1 MB CQ-code body took seconds).
+"""Platform codecs: cost of parsing large inbound bodies (a ~1 MB CQ-code body took
+seconds: docs/decisions.md#platform-linear-parsing).
 
 Figures (medians of CPU time, ms): ``parse_cq_80k_ms`` (``cqcode.parse_cq`` of
 ``"[CQ:at,qq=1]" * 80000``, ~1 MB, 80,000 segments), ``onebot_1mb_cq_body_ms`` (the OneBot codec's

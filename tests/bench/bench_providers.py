@@ -1,4 +1,4 @@
-"""Stream-parse throughput: our providers vs the official SDKs, side by side in one run (issue 3).
+"""Stream-parse throughput: our providers vs the official SDKs, side by side in one run.
 
 For each api the largest fixture the official SDK accepts is replayed in memory ``REPEAT`` times,
 cut into the same 1 KiB pieces for both sides:
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT / "tests" / "fixtures"))
 REPEAT = int(os.environ.get("BENCH_PROVIDERS_REPEAT", "1000"))
 SDK_BUDGET_S = float(os.environ.get("BENCH_PROVIDERS_SDK_BUDGET_S", "20"))
 """Cap on the SDK side's time per api: its chat accumulator re-copies the growing snapshot on every

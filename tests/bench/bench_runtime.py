@@ -1,6 +1,7 @@
-"""Benchmark of the actor runtime (issue #8): webhook → platform-API latency and throughput at 1, 20
-and 100 sessions; warm vs cold activation; USS per live session vs a bare actor; and the raw Ray
-floor measured in the same run (3-hop chain of bare async actors, and its pipelined ceiling).
+"""Benchmark of the actor runtime (docs/decisions.md#ops-benchmarks): webhook → platform-API latency
+and throughput at 1, 20 and 100 sessions; warm vs cold activation; USS per live session vs a bare
+actor; and the raw Ray floor measured in the same run (3-hop chain of bare async actors, and its
+pipelined ceiling).
 
 Everything is real: local Ray, the ingress (starlette + uvicorn over loopback HTTP), router, warm
 pool, session actors, delivery actors, SQLite, and a local platform-API server. Only the model is
@@ -250,7 +251,7 @@ def run() -> dict[str, Any]:
 
     quick = bool(os.environ.get("SESSIONRAY_BENCH_QUICK"))
     per_session = {1: 20, 20: 3, 100: 1} if quick else {1: 100, 20: 10, 100: 3}
-    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT / "tests" / "fixtures"))
     os.environ.setdefault("RAY_metrics_report_interval_ms", "10000")
     started_ray = not ray.is_initialized()
     if started_ray:

@@ -1,6 +1,6 @@
 """Bad input at the agent core: broken tool-argument JSON, wrong return types from tools and hooks,
 huge arguments, listeners that raise, malformed prompts and queue items. Each must end as a clear
-error with nothing lost (review of issue 2)."""
+error with nothing lost (docs/decisions.md#agent-tool-errors-contained)."""
 
 from __future__ import annotations
 
@@ -488,7 +488,7 @@ async def test_huge_streamed_arguments_are_not_reparsed_on_every_delta(
 
 
 def test_chat_entry_point_runs_on_uvloop(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """Issue 2 item 9: uvloop is the event loop of the ``sessionray chat`` entry point."""
+    """uvloop is the event loop of the ``sessionray chat`` entry point."""
     import io
     import sys
 

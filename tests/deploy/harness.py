@@ -7,7 +7,7 @@ running here. Instead each node is started with `ray start --block` as the leade
 (`start_new_session=True`); every Ray daemon and worker of that node inherits the session id, so
 teardown signals exactly the processes whose session id is the leader's pid — nothing else.
 
-Token auth (Ray 2.60, DESIGN.md pitfalls): every process of a test cluster gets
+Token auth (Ray 2.60, docs/decisions.md#ops-ray-pitfalls): every process of a test cluster gets
 `RAY_AUTH_MODE=token` and the same random `RAY_AUTH_TOKEN`, so a second node, `ray status` and the
 sessionray driver can join, and nothing depends on ~/.ray/auth_token.
 """

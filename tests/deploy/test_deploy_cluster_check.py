@@ -1,4 +1,5 @@
-"""actors/cluster.py: SQLite is refused on a multi-node Ray cluster (DESIGN.md "Persistence").
+"""actors/cluster.py: SQLite is refused on a multi-node Ray cluster
+(docs/decisions.md#memory-postgres-multinode).
 The refusal on a real two-node cluster is in test_deploy_two_node.py."""
 
 from __future__ import annotations

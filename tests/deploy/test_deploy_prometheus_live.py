@@ -1,4 +1,4 @@
-"""A real Prometheus scraping a real sessionray (issue 7, item 4).
+"""A real Prometheus scraping a real sessionray (docs/decisions.md#ops-metrics-catalogue).
 
 Stack (all real processes, torn down even on failure):
 
@@ -64,7 +64,7 @@ def sessionray_config(root: Path, api_base: str, port: int) -> dict[str, Any]:
 
 
 def text_segment(text: str) -> dict[str, Any]:
-    """A seed-000 text segment as OneBot v11 sends it."""
+    """A canonical text segment as OneBot v11 sends it."""
     return {"type": "text", "data": {"text": text}}
 
 

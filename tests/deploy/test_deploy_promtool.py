@@ -93,7 +93,7 @@ def test_every_metric_in_alerts_and_dashboard_is_in_the_catalogue() -> None:
 
 def test_dashboard_covers_the_issue_areas() -> None:
     """traffic, latency, structured-reply tiers, deliveries, live sessions and pool, provider tokens
-    and errors (issue 7, item 3)."""
+    and errors."""
     used = {catalogue_series_names()[n] for e in dashboard_exprs() for n in metric_names_in(e)}
     required = {
         "sessionray_inbound_messages_total", "sessionray_http_requests_total", "sessionray_turns_total",

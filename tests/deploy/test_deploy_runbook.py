@@ -72,9 +72,9 @@ def test_commands_have_the_shape_the_live_tests_run() -> None:
     assert "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<the shared token>" in lines
 
 
-def test_readme_points_to_the_runbook() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Deploy and observe", 1)[1].split("\n## ", 1)[0]
+def test_operations_page_points_to_the_runbook() -> None:
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page.split("## Deploy and observe", 1)[1].split("\n## ", 1)[0]
     assert "deploy/README.md" in section
 
 

@@ -1,4 +1,4 @@
-"""A real two-node Ray cluster on this machine (issue 7, item 5).
+"""A real two-node Ray cluster on this machine (docs/decisions.md#memory-postgres-multinode).
 
 * `ray start --head --block` and `ray start --block --address=<head>` for a second node, each with
   its own custom resource (`sessionray_test_head`, `sessionray_test_node2`), token auth, its own

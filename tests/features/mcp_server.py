@@ -1,4 +1,4 @@
-"""A small MCP server for the MCP tool tests, written with the official SDK (issue 9, item 3).
+"""A small MCP server for the MCP tool tests, written with the official SDK.
 
 Run: ``python tests/features/mcp_server.py stdio`` or ``python tests/features/mcp_server.py http PORT``.
 Tools: ``add(a, b)``, ``echo(text)``, ``whoami()`` (the server process id), ``fail(text)`` (a tool

@@ -1,6 +1,6 @@
-"""Group chat commands (attack report 2026-11-30 item 12): ``@bot /new`` is the command, not a
+"""Group chat commands (docs/decisions.md#chat-commands): ``@bot /new`` is the command, not a
 message for the model; in groups and channels only masters may run ``/new`` / ``/clear`` (the
-context is shared by every member; seed 002 decision 7 keeps control with masters), in a private
+context is shared by every member, so control stays with masters), in a private
 chat anyone. Real codecs parse the inbound, a real Ray-free SessionCore on SQLite answers it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Chat commands, Ray-free: parsing, configurable names/texts, master-only steer/followup, /models
-and /status output (issue 9, item 7)."""
+and /status output (docs/decisions.md#chat-commands)."""
 
 from __future__ import annotations
 

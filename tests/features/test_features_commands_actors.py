@@ -1,6 +1,7 @@
-"""Chat commands end to end through the actor runtime on real local Ray (issue 9, item 7): the
-command is answered before the agent, delivered through the same path as any reply (the platform
-API test server receives it), and never reaches the model's context."""
+"""Chat commands end to end through the actor runtime on real local Ray
+(docs/decisions.md#chat-commands): the command is answered before the agent, delivered through the
+same path as any reply (the platform API test server receives it), and never reaches the model's
+context."""
 
 from __future__ import annotations
 

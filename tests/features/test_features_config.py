@@ -1,4 +1,4 @@
-"""Configuration of the agent features (issue 9): the new ``ai`` keys, and the default
+"""Configuration of the agent features: the new ``ai`` keys, and the default
 ``ConfigSetupFactory`` building a session with ``*.tool.md`` tools and ``AgentFeatures``."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """MCP tools over stdio and streamable HTTP with a small server written with the same SDK
-(issue 9, item 3): list, call, tool errors, crash mid-session + reconnect, lazy connect counted once,
-a server that fails to start."""
+(docs/decisions.md#mcp-lazy-connect): list, call, tool errors, crash mid-session + reconnect, lazy
+connect counted once, a server that fails to start."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Vision routing (faux text + faux vision model) and the fallback chain (replay server 503 before
-content, mid-stream error without fallback) — issue 9, items 1-2."""
+content, mid-stream error without fallback) —
+docs/decisions.md#model-routing, docs/decisions.md#model-fallback-chain."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Media provenance: an invented image URL is rejected (correction call, then the fixed failure
-message) while one from a tool result, the inbound or the allowlist passes (issue 9, item 6)."""
+message) while one from a tool result, the inbound or the allowlist passes
+(docs/decisions.md#reply-media-provenance)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ async def test_invented_url_is_corrected_then_fails(metric: Callable[..., float]
         f"image media url {invented!r} does not come from this conversation or a tool result; attach only "
         "references you were given (never invent addresses), or drop it"
     )
-    assert faux.call_count == 1  # exactly one format-correction call (seed 000)
+    # exactly one format-correction call (docs/decisions.md#reply-one-correction)
+    assert faux.call_count == 1
     assert metric("sessionray_media_provenance_rejected_total", kind="url") == 2.0
 
 

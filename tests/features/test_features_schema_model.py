@@ -1,5 +1,6 @@
 # ruff: noqa: E501  (one-line-per-case tables read better unwrapped)
-"""The JSON Schema → pydantic converter: every supported feature and each unsupported one (issue 9, item 4)."""
+"""The JSON Schema → pydantic converter: every supported feature and each unsupported one
+(docs/decisions.md#tool-md-hard-fail)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The agent features inside a real (Ray-free) session turn: SessionCore + SQLite + faux models —
 vision routing with an inbound image, the fallback chain recording the answering model, tool
-permissions in a group, and media provenance of the delivered reply (issue 9, items 1, 2, 5, 6)."""
+permissions in a group, and media provenance of the delivered reply."""
 
 from __future__ import annotations
 

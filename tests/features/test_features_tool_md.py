@@ -1,6 +1,6 @@
 # ruff: noqa: E501  (one-line-per-case tables read better unwrapped)
 """``*.tool.md`` loading: the shipped example over real loopback HTTP, Python entry points, and
-start-up hard fails (issue 9, item 4)."""
+start-up hard fails (docs/decisions.md#tool-md-hard-fail)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tool permissions: filtering by platform/scope/role, forged calls blocked in before_tool_call
-(issue 9, item 5)."""
+(docs/decisions.md#tool-permissions)."""
 
 from __future__ import annotations
 

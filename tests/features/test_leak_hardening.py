@@ -1,4 +1,4 @@
-"""The leak check reads text the way a client shows it (attack report 2026-11-30 item 13):
+"""The leak check reads text the way a client shows it (docs/decisions.md#security-leak-check):
 full-width forms, HTML numeric/named entities, spaced out, invisible or combining characters
 between the characters, reversed and base64 spellings of a configured secret are redacted; short
 secrets keep the literal-only rule; ordinary text stays untouched."""
@@ -128,7 +128,7 @@ def test_from_config_collects_the_console_api_token() -> None:
 
 def test_the_secret_half_of_a_telegram_token_is_a_secret_too() -> None:
     """A Telegram bot token is ``<bot id>:<secret>``; the secret half alone must not leave either,
-    while the public bot id (short) stays readable (attack re-test #13)."""
+    while the public bot id (short) stays readable."""
     token = "7012345678:AAHtgSECRETtokenvalue_abcdef123456"
     policy = LeakPolicy.from_env(["TG_TOKEN"], environ={"TG_TOKEN": token})
     text = "half: AAHtgSECRETtokenvalue_abcdef123456 and id 7012345678"

@@ -1,5 +1,6 @@
-"""Issue #8, PostgreSQL connection budget: the worst-case arithmetic (pure), the warning text, and
-the start-up check against the real test server's ``SHOW max_connections``."""
+"""The PostgreSQL connection budget (docs/decisions.md#memory-connection-budget): the worst-case
+arithmetic (pure), the warning text, and the start-up check against the real test server's
+``SHOW max_connections``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue #8: ``claim`` / ``claim_and_begin`` of runtime/delivery/ledger.py take their fields as one
+"""``claim`` / ``claim_and_begin`` of runtime/delivery/ledger.py take their fields as one
 :class:`ClaimFields` (keyword arguments, as before); a missing or unknown field is a clear
 TypeError that writes nothing, and a fresh row stores every field as given."""
 

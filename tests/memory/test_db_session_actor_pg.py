@@ -1,6 +1,7 @@
-"""Issue #8, PostgreSQL connection budget, on a real SessionActor (real Ray, real PostgreSQL): a
-blank actor in the pool holds no connection once its warm-up ran, a live session holds exactly
-one (through its activation and a whole turn), and passivation closes it again."""
+"""The PostgreSQL connection budget (docs/decisions.md#memory-connection-budget) on a real
+SessionActor (real Ray, real PostgreSQL): a blank actor in the pool holds no connection once its
+warm-up ran, a live session holds exactly one (through its activation and a whole turn), and
+passivation closes it again."""
 
 from __future__ import annotations
 

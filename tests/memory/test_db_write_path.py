@@ -1,7 +1,8 @@
-"""Issue #8: the write path moved out of runtime/memory/db.py (runtime/memory/write_path.py) keeps
-every name importable where it was, marks COMMIT failures, retries only transient errors; and a
-one-thread :class:`Database` without overflow holds exactly one PostgreSQL connection under
-concurrent reads and writes, and none after :meth:`Database.release_connections`."""
+"""The write path (docs/decisions.md#memory-write-path) moved out of runtime/memory/db.py
+(runtime/memory/write_path.py) keeps every name importable where it was, marks COMMIT failures,
+retries only transient errors; and a one-thread :class:`Database` without overflow holds exactly one
+PostgreSQL connection under concurrent reads and writes, and none after
+:meth:`Database.release_connections`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Compaction as a transform_context hook: tool pairs kept together, summary stored with its
-anchor, failing summarizers keep the full context (seed 002 #14)."""
+anchor, failing summarizers keep the full context (docs/decisions.md#memory-compaction)."""
 
 from __future__ import annotations
 

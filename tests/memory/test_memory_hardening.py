@@ -1,4 +1,4 @@
-"""Bad and odd input at the memory layer, on SQLite and PostgreSQL (review of issue 5): forged
+"""Bad and odd input at the memory layer, on SQLite and PostgreSQL: forged
 sender-prefix variants, NUL and lone surrogates, huge and exotic Unicode payloads, many concurrent
 archives from several engines, appends to archived epochs. Each ends with a clear error or an exact
 round trip, and nothing stored is lost."""
@@ -260,8 +260,8 @@ async def test_a_corrupt_stored_row_is_a_clear_error_naming_it(db: Database) -> 
 
 
 async def test_every_statement_runs_off_the_event_loop_thread(db: Database) -> None:
-    """Issue 5 item 3: an actor's loop never blocks on SQL: every statement of the repository and
-    the transcript store executes on the database's thread pool."""
+    """An actor's loop never blocks on SQL (docs/decisions.md#memory-sql-off-loop): every statement
+    of the repository and the transcript store executes on the database's thread pool."""
     import threading
 
     from sqlalchemy import event
@@ -360,7 +360,8 @@ async def test_numeric_message_id_zero_is_an_id_empty_is_refused(db: Database) -
 
 async def test_chat_history_results_cannot_carry_a_forged_sender_block(db: Database) -> None:
     """A stored message with a typed sender block comes back from the chat_history tool with the
-    block neutralised, as in a live message (attack re-test: tool results bypassed the check)."""
+    block neutralised, as in a live message (tool results once bypassed the check:
+    docs/decisions.md#security-sender-prefix)."""
     store = TranscriptStore(db)
     scene = {"platform": "telegram", "bot_id": "bot7", "scene_id": "-2", "scene_type": "group"}
     await store.record_inbound(

@@ -1,4 +1,5 @@
-"""Sender prefix (seed 002 #11): rendering per scene, sanitizing, forged-prefix stripping before storage."""
+"""Sender prefix (docs/decisions.md#security-sender-prefix): rendering per scene, sanitizing,
+forged-prefix stripping before storage."""
 
 from __future__ import annotations
 

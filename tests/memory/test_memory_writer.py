@@ -1,6 +1,7 @@
-"""The SQL write path of issue #8: the node-wide SQLite writer lock, :meth:`Database.run_write`
-retrying transient errors (a real "database is locked", a real PostgreSQL connection killed before
-commit), and the transient-error classification. Real SQLite files and the test PostgreSQL server."""
+"""The SQL write path (docs/decisions.md#memory-write-path): the node-wide SQLite writer lock,
+:meth:`Database.run_write` retrying transient errors (a real "database is locked", a real PostgreSQL
+connection killed before commit), and the transient-error classification. Real SQLite files and the
+test PostgreSQL server."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Codec hardening after the attack test: per-bot unique Telegram message ids, strict inbound
-types (→ MalformedEvent, which the ingress answers 400), byte-wise signature compare, OneBot
-segment checks, lone surrogates, and a linear CQ-code parser."""
+"""Codec hardening (docs/decisions.md#platform-strict-boundary): per-bot unique Telegram message
+ids, strict inbound types (→ MalformedEvent, which the ingress answers 400), byte-wise signature
+compare, OneBot segment checks, lone surrogates, and a linear CQ-code parser."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The console under attack (attack report #1, #5, #7, #9, #17): steer / follow-up only for console
-sessions, console sessions only in the list, internal deliver / events behind
+"""The console under attack (docs/decisions.md#security-console-scope): steer / follow-up only for
+console sessions, console sessions only in the list, internal deliver / events behind
 ``X-Console-Api-Token``, bad input answered 400/413 (never a 500), names matched in full, and no
 link to a non-http(s) URL in the browser.
 
@@ -148,7 +148,8 @@ def test_console_controls_console_sessions(s: Served) -> None:
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", ""])
 def test_console_api_refuses_what_a_cross_site_page_can_send(s: Served, ctype: str) -> None:
     """A cross-site page can POST text/plain or a form without a CORS preflight, never JSON: the
-    console API requires a JSON body type (attack re-test: follow_up driven from another site)."""
+    console API requires a JSON body type (follow_up driven from another site:
+    docs/decisions.md#security-console-scope)."""
     body = {"user": "admin", "session_key": CONSOLE_KEY, "text": "csrf"}
     r = s.post("/console/api/follow_up", body, headers={"Content-Type": ctype})
     assert (r.status_code, r.json()) == (415, {"error": "send the body as application/json"})
@@ -372,8 +373,8 @@ def test_codec_keeps_valid_edge_values() -> None:
 
 
 def test_one_time_limit_for_every_codec() -> None:
-    """Review S3 #11: the console's Unix ms and OneBot/Telegram's Unix seconds end at the same
-    instant, :data:`MAX_EVENT_TIME_MS` (2**32 s)."""
+    """docs/decisions.md#platform-strict-boundary: the console's Unix ms and OneBot/Telegram's Unix
+    seconds end at the same instant, :data:`MAX_EVENT_TIME_MS` (2**32 s)."""
     assert MAX_EVENT_TIME_MS == 2**32 * 1000
     with pytest.raises(MalformedEvent, match=rf"'time_ms' must be an integer in \[0, {MAX_EVENT_TIME_MS}\)"):
         ConsoleCodec().parse({}, json.dumps(console_msg(time_ms=MAX_EVENT_TIME_MS)).encode())

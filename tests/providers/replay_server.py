@@ -1,4 +1,4 @@
-"""A small real HTTP/1.1 server on 127.0.0.1 that replays recorded provider responses (issue 3, item 9).
+"""A small real HTTP/1.1 server on 127.0.0.1 that replays recorded provider responses.
 
 It runs its own asyncio loop in a background thread, so any test (sync or async, any event loop)
 can use it over real loopback sockets. Each request takes the first queued :class:`Reply` whose

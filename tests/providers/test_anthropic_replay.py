@@ -1,4 +1,4 @@
-"""anthropic-messages: every Anthropic fixture replayed over loopback, plus the bug shapes (issue 3)."""
+"""anthropic-messages: every Anthropic fixture replayed over loopback, plus the bug shapes."""
 
 from __future__ import annotations
 

@@ -178,10 +178,10 @@ def test_invalid_yaml_and_unknown_alias(tmp_path: Path) -> None:
         resolve_model_ref("no-slash")
 
 
-def test_readme_provider_example_is_valid(tmp_path: Path) -> None:
-    """The README's provider example (one per api) loads and yields the documented models."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Providers", 1)[1]
+def test_docs_provider_example_is_valid(tmp_path: Path) -> None:
+    """The provider example of docs/providers.md (one per api) loads and yields the documented models."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "providers.md").read_text()
+    section = page.split("## Configuring providers", 1)[1]
     example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     cfg = load_config(_write(tmp_path, example))
     assert sorted(cfg.ai.providers) == ["claude", "deepseek", "gemini", "local", "openai"]
@@ -210,7 +210,7 @@ def test_a_relative_media_dir_is_made_absolute_at_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Delivery actors may run in another working directory: the bot's media_dir is resolved
-    once, where the configuration is loaded (attack test: relative media_dir)."""
+    once, where the configuration is loaded (docs/decisions.md#security-media-references)."""
     monkeypatch.chdir(tmp_path)
     path = _write(tmp_path, "bots:\n  - platform: onebot11\n    self_id: 1\n    media_dir: media\n")
     assert load_config(path).bots[0].media_dir == str(tmp_path / "media")

@@ -1,5 +1,5 @@
 """Differential tests: our final message equals what the official SDKs' own stream accumulators build
-from the same bytes (issue 3, Tests). Both sides read the same fixture from the replay server over
+from the same bytes. Both sides read the same fixture from the replay server over
 loopback; the SDKs are dev dependencies (``openai``, ``anthropic``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""google-generative-ai: every Gemini fixture replayed over loopback, plus the bug shapes (issue 3)."""
+"""google-generative-ai: every Gemini fixture replayed over loopback, plus the bug shapes."""
 
 from __future__ import annotations
 

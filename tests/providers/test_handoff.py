@@ -1,4 +1,5 @@
-"""Cross-provider handoff (issue 3, item 5): an OpenAI-made context sent to Anthropic and Gemini."""
+"""Cross-provider handoff (docs/decisions.md#llm-cross-provider-handoff): an OpenAI-made context
+sent to Anthropic and Gemini."""
 
 from __future__ import annotations
 

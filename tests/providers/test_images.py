@@ -1,4 +1,4 @@
-"""Image generation (seed 002 D7; issue 3, item 7) against the replay server."""
+"""Image generation (docs/decisions.md#llm-image-generation) against the replay server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""openai-completions: every OpenAI fixture replayed over loopback, plus the bug shapes (issue 3)."""
+"""openai-completions: every OpenAI fixture replayed over loopback, plus the bug shapes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Bad input over real loopback HTTP: odd SSE framing, wrong JSON shapes, cut streams, HTML bodies,
-hostile ``Retry-After`` values, stalls, early aborts, unknown block indexes (issue 3, item 4:
-"bad input gets a clear error and loses nothing"). Keys and configuration: test_provider_config_attacks."""
+hostile ``Retry-After`` values, stalls, early aborts, unknown block indexes (bad input gets a
+clear error and loses nothing: docs/decisions.md#llm-errors-as-events). Keys and configuration:
+test_provider_config_attacks."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bad configuration and API keys: YAML errors with key paths, keys pasted into ``api_key_env``,
 missing key variables named at call time, keys kept away from other vendors and out of errors
-and logs, wrong ``compat`` types (issue 3, items 4 and 6)."""
+and logs, wrong ``compat`` types (docs/decisions.md#llm-api-keys)."""
 
 from __future__ import annotations
 

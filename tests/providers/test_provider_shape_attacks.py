@@ -1,6 +1,7 @@
 """Wrong shapes inside otherwise valid streams and contexts: tool-call indexes with gaps or reused,
 arguments sent as objects, tool ids that collide or are too long, orphan tool results, wrongly
-typed ids/signatures/counts, Images API answers of the wrong shape (issue 3, items 1, 5, 7)."""
+typed ids/signatures/counts, Images API answers of the wrong shape
+(docs/decisions.md#llm-cross-provider-handoff)."""
 
 from __future__ import annotations
 

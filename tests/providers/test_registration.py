@@ -1,4 +1,5 @@
-"""Registration (issue 3, item 8): importing registers nothing; register_builtin_providers does it all."""
+"""Registration (docs/decisions.md#llm-api-registry): importing registers nothing;
+register_builtin_providers does it all."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The common transport: SSE decoding, retries, errors, keys, timeouts, abort (issue 3, item 4)."""
+"""The common transport: SSE decoding, retries, errors, keys, timeouts, abort
+(docs/decisions.md#llm-transport)."""
 
 from __future__ import annotations
 

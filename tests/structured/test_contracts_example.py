@@ -1,4 +1,4 @@
-"""examples/contracts.py (seed 003's IntentResult / ActionDecision) runs and produces the documented
+"""examples/contracts.py (IntentResult / ActionDecision) runs and produces the documented
 outcomes, both imported and as a script."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The IM reply contract: strict Reply validation, one format-correction call, the fixed failure
 message, mention identity, plain-text mode, the agent-loop integration and the preview gate
-(seed 000; issue #4 items 1, 2, 4, 5, 6). The faux model is scripted to misbehave."""
+(docs/decisions.md#reply-segments, docs/decisions.md#reply-one-correction). The faux model is
+scripted to misbehave."""
 
 from __future__ import annotations
 

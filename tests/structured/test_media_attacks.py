@@ -1,4 +1,5 @@
-"""Bad input against the media checks (issue #4 rule 7) and the leak check (rule 8).
+"""Bad input against the media checks (docs/decisions.md#security-media-fetch-guard) and the leak
+check (docs/decisions.md#security-leak-check).
 
 Every URL test runs with a socket guard that fails the test on any connection to a non-loopback
 address, so a broken address check can never send traffic off this machine; loopback servers

@@ -1,4 +1,5 @@
-"""Media references and links after the attack test (attack report #8, #3, #15).
+"""Media references and links (docs/decisions.md#security-media-references,
+docs/decisions.md#security-media-bytes).
 
 * ``bots[].media_dir`` confines that bot's ``path`` media at delivery (per bot): a real file inside
   is sent, a path outside it, a ``..`` and a symlink pointing out are replaced and counted.
@@ -336,7 +337,7 @@ async def test_media_dir_is_per_bot(media_tree: SimpleNamespace, fixtures_dir: P
 async def test_file_refs_and_share_links_at_delivery_on_both_platforms(
     tmp_path: Path, fixtures_dir: Path, monkeypatch: Any
 ) -> None:
-    """The attack report's replies (m1/m2: ``file:///etc/passwd``, ``/etc/passwd``; #15:
+    """Hostile replies (``file:///etc/passwd``, ``/etc/passwd``,
     ``javascript:``) through the whole delivery: no platform call carries them."""
     monkeypatch.setenv("SR_TEST_TG_TOKEN", TG_TOKEN)
     before = counts()

@@ -1,4 +1,5 @@
-"""Outbound media checks (issue #4 item 7) and the leak check (item 8), with counter deltas.
+"""Outbound media checks (docs/decisions.md#security-media-bytes) and the leak check
+(docs/decisions.md#security-leak-check), with counter deltas.
 
 URL tests use a real HTTP server on 127.0.0.1; 10.0.0.1 is refused by the address check before
 any connection is attempted (the test proves no socket is opened)."""

@@ -1,5 +1,6 @@
 """Bad input against the reply contract: JSON edge cases, closed objects at every level, the
-strict-provider schema rules, and blank mention ids (issue #4 rules 1, 2, 6)."""
+strict-provider schema rules, and blank mention ids
+(docs/decisions.md#reply-strict-validation)."""
 
 # ruff: noqa: E501  (parametrized attack tables read best one case per line)
 

@@ -1,5 +1,6 @@
 """complete_structured: tiers, the cached capability probe, one retry with the error, explicit
-fallbacks, log records and counters (seed 003; issue #4 items 3-4)."""
+fallbacks, log records and counters
+(docs/decisions.md#structured-one-retry, docs/decisions.md#structured-every-outcome-counted)."""
 
 from __future__ import annotations
 
