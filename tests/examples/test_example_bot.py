@@ -290,10 +290,10 @@ async def test_a_turn_without_tools(bot: Bot) -> None:
         assert await tab.say("hello there") == "accepted"
         assert await tab.reply("dora", 1) == "You said: hello there"
     messages = await eventually(
-        lambda: _at_least(bot.stored("console:console:private:dora"), 2), 30, "stored"
+        lambda: _at_least(bot.stored("console:console:private:dora"), 4), 30, "stored"
     )
-    assert roles(messages) == ["user", "assistant"]
-    assert (messages[1].provider, messages[1].model, messages[1].tool_calls()) == (CHAT, "chat", [])
+    assert roles(messages) == PLAIN_TURN
+    assert (messages[2].provider, messages[2].model, messages[2].tool_calls()) == (CHAT, "chat", [])
     assert tab.agent_events("console:console:private:dora") == []
 
 
@@ -396,7 +396,10 @@ async def test_models_lists_the_configured_models(bot: Bot) -> None:
             f"- {VISION}/vision (vision): api faux, context 8192 tokens, input text+image, "
             "structured output native",
         ]
-    assert await bot.stored("console:console:private:admin") == []  # a command never reaches the model
+    # a command never reaches the model: only the record of the delivered answer is stored
+    stored = await eventually(lambda: bot.stored("console:console:private:admin"), 30, "the reply record")
+    assert roles(stored) == ["custom:im_reply"]
+    assert stored[0].data["preview"].startswith("Configured models:\n- local/qwen2.5:7b: ")
 
 
 async def test_new_archives_the_group_conversation_masters_only(bot: Bot) -> None:
@@ -406,6 +409,10 @@ async def test_new_archives_the_group_conversation_masters_only(bot: Bot) -> Non
         assert await admin.reply("team", 1) == "You said: hello team"
         await bob.say("/new", group="team", mention=True)
         assert await admin.reply("team", 2) == "Only a master of this bot may use /new."
+        # the refusal's record is stored in the same epoch; nothing was archived
+        refused = await eventually(lambda: _at_least(bot.stored(key), 5), 30, "the refusal's record")
+        assert roles(refused) == [*PLAIN_TURN, "custom:im_reply"]
+        assert refused[-1].data["preview"] == "Only a master of this bot may use /new."
         assert [i.status for i in await bot.repo.list_sessions(key)] == ["active"]
         await admin.say("/new", group="team", mention=True)
         assert (
@@ -416,9 +423,11 @@ async def test_new_archives_the_group_conversation_masters_only(bot: Bot) -> Non
     infos = await bot.repo.list_sessions(key)
     assert [(i.session_id, i.status) for i in infos] == [(f"{key}#1", "archived"), (f"{key}#2", "active")]
     archived = await bot.stored(key, epoch=1)
-    assert roles(archived) == PLAIN_TURN
-    assert user_texts(archived)[0].endswith("hello team")
-    assert await bot.stored(key) == []
+    assert archived == refused
+    assert user_texts(archived) == ["hello team"]
+    fresh = await eventually(lambda: bot.stored(key), 30, "the record of the /new answer")
+    assert roles(fresh) == ["custom:im_reply"]  # the new epoch starts empty; only /new's answer
+    assert fresh[0].data["preview"] == "New conversation started (epoch 2). Earlier messages are archived."
 
 
 async def test_a_non_master_cannot_steer(bot: Bot) -> None:
