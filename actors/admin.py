@@ -6,10 +6,10 @@ Routes (all under ``/admin``, JSON in and out)::
     GET  /admin/status                                  runtime.status()
     GET  /admin/sessions                                {"sessions": [SessionInfo, ...]}
     GET  /admin/sessions/{session_key}                  SessionInfo (live), else the stored epoch
-    POST /admin/sessions/{session_key}/steer            {"text", "sender_id"} → runtime.steer
-    POST /admin/sessions/{session_key}/follow_up        {"text", "sender_id"} → runtime.follow_up
-    POST /admin/sessions/{session_key}/abort            runtime.abort
-    POST /admin/sessions/{session_key}/archive          runtime.archive, else archive in SQL
+    POST /admin/sessions/{session_key}/steer            {"text", "sender_id"} → ControlRequest steer
+    POST /admin/sessions/{session_key}/follow_up        {"text", "sender_id"} → ControlRequest follow_up
+    POST /admin/sessions/{session_key}/abort            ControlRequest abort
+    POST /admin/sessions/{session_key}/archive          ControlRequest archive, else archive in SQL
 
 A session that is not live (passivated) is read from SQL: ``GET`` answers its
 latest epoch ``{"session_key", "live": false, "session_id", "status", "model", "created_at",
@@ -29,10 +29,12 @@ Errors: 400 malformed body (not JSON, nested too deeply to parse, missing/empty 
 integer (QQ numbers are often sent as JSON numbers), or not valid Unicode, e.g. a lone
 surrogate); 413 ``text`` longer than
 ``server.max_text_chars`` (default 16000; docs/decisions.md#security-input-limits);
-403 ``NotMasterError`` (only a bot's masters may steer / follow up:
-docs/decisions.md#steer-masters-only);
-404 ``UnknownSessionError``; anything else 500 with the error's type and message (logged).
-Errors are matched by class name so they may live in ``actors.runtime`` or ``runtime.memory``.
+and the refusals of a :class:`~runtime.session.control.ControlRequest`, mapped in one table,
+:data:`ERROR_STATUS` (docs/decisions.md#typed-control-request): 403 ``NotMasterError`` (only a
+bot's masters may steer / follow up: docs/decisions.md#steer-masters-only), 404
+``UnknownSessionError`` (and a malformed key), 400 ``BadControlRequest``; anything else 500 with
+the error's type and message (logged). Every control route builds one ``ControlRequest`` and
+calls ``runtime.control``; the answer is ``{"status": "ok", "kind", "session_key", "result"}``.
 Session keys are never metric labels.
 """
 
@@ -59,10 +61,20 @@ from actors.http_input import (
     max_text_chars,
     valid_session_key,
 )
+from runtime.keys import SessionKeyError
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
+from runtime.memory.repository import UnknownSessionError as StoredSessionUnknown
+from runtime.session.control import (
+    BadControlRequest,
+    ControlKind,
+    ControlReply,
+    ControlRequest,
+    NotMasterError,
+    UnknownSessionError,
+)
 
-__all__ = ["admin_routes", "jsonable"]
+__all__ = ["ERROR_STATUS", "admin_routes", "error_status", "jsonable"]
 
 log = logging.getLogger("sessionray.admin")
 
@@ -86,16 +98,21 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def _status_for(exc: Exception) -> int | None:
-    """Map the runtime's documented errors (by class name, so any module may define them) to HTTP."""
-    for cls in type(exc).__mro__:
-        if cls.__name__ == "NotMasterError":
-            return 403
-        if cls.__name__ in ("UnknownSessionError", "SessionKeyError"):
-            return 404
-        if cls.__name__ == "PermissionError":
-            return 403
-    return None
+ERROR_STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (NotMasterError, 403),
+    (UnknownSessionError, 404),
+    (BadControlRequest, 400),
+    (SessionKeyError, 404),
+    (StoredSessionUnknown, 404),
+    (PermissionError, 403),
+)
+"""The HTTP status of each refusal the runtime raises, first match wins (the one table: the admin
+API and the web console answer these with ``{"error": message}``)."""
+
+
+def error_status(exc: BaseException) -> int | None:
+    """The HTTP status :data:`ERROR_STATUS` gives ``exc`` (by ``isinstance``), or None (a 500)."""
+    return next((status for cls, status in ERROR_STATUS if isinstance(exc, cls)), None)
 
 
 def _open_repository(url: str) -> ContextRepository:
@@ -161,7 +178,7 @@ class _StoredSessions:
         try:
             return str(await self._runtime.archive_stored(session_key))
         except Exception as exc:
-            if _status_for(exc) == 404:
+            if error_status(exc) == 404:
                 return None
             raise
 
@@ -210,7 +227,7 @@ def admin_routes(
             try:
                 return await handler(request)
             except Exception as exc:
-                status = _status_for(exc)
+                status = error_status(exc)
                 if status is None:
                     log.exception("admin %s %s failed", request.method, request.url.path)
                     return _error(500, f"{type(exc).__name__}: {exc}")
@@ -234,7 +251,11 @@ def admin_routes(
             return JSONResponse(found)
         return JSONResponse(jsonable(info))
 
-    def control(kind: str) -> Handler:
+    def answer(reply: ControlReply) -> Response:
+        """``{"status": "ok", "kind", "session_key", "result"}``."""
+        return JSONResponse({"status": "ok", **reply.model_dump(mode="json")})
+
+    def control(kind: ControlKind) -> Handler:
         async def endpoint(request: Request) -> Response:
             key = request.path_params["session_key"]
             try:
@@ -247,7 +268,7 @@ def admin_routes(
                 return _error(400, 'body must be a JSON object: {"text": ..., "sender_id": ...}')
             text, sender = body.get("text"), body.get("sender_id")
             try:
-                check_text("text", text, max_chars=max_text_chars(getattr(runtime, "config", None)))
+                text = check_text("text", text, max_chars=max_text_chars(getattr(runtime, "config", None)))
             except InputError as exc:
                 return exc.response()
             if not isinstance(sender, str | int) or isinstance(sender, bool) or not str(sender).strip():
@@ -256,28 +277,25 @@ def admin_routes(
                 check_unicode("sender_id", str(sender))
             except InputError as exc:
                 return exc.response()
-            result = await getattr(runtime, kind)(key, text, str(sender))
-            return JSONResponse(
-                {"status": "ok", "kind": kind, "session_key": key, "result": jsonable(result)}
-            )
+            asked = ControlRequest(kind=kind, session_key=key, text=text, sender_id=str(sender))
+            return answer(await runtime.control(asked))
 
         return endpoint
 
-    def simple(kind: str) -> Handler:
+    def simple(kind: ControlKind) -> Handler:
         async def endpoint(request: Request) -> Response:
             key = request.path_params["session_key"]
             try:
-                result = await getattr(runtime, kind)(key)
-            except Exception as exc:
+                reply = await runtime.control(ControlRequest(kind=kind, session_key=key))
+            except UnknownSessionError:
                 # archive of a passivated session: its stored epoch, through its router shard
-                if kind != "archive" or _status_for(exc) != 404 or not valid_session_key(key):
+                if kind is not ControlKind.ARCHIVE or not valid_session_key(key):
                     raise
-                result = await stored.archive(key)
-                if result is None:
+                new_id = await stored.archive(key)
+                if new_id is None:
                     raise
-            return JSONResponse(
-                {"status": "ok", "kind": kind, "session_key": key, "result": jsonable(result)}
-            )
+                reply = ControlReply(kind=kind, session_key=key, result=new_id)
+            return answer(reply)
 
         return endpoint
 
@@ -285,9 +303,13 @@ def admin_routes(
     return [
         Route("/admin/status", guarded(status), methods=["GET"]),
         Route("/admin/sessions", guarded(sessions), methods=["GET"]),
-        Route(base + "/steer", guarded(control("steer")), methods=["POST"]),
-        Route(base + "/follow_up", guarded(control("follow_up")), methods=["POST"]),
-        Route(base + "/abort", guarded(simple("abort")), methods=["POST"]),
-        Route(base + "/archive", guarded(simple("archive")), methods=["POST"]),
+        *(
+            Route(
+                f"{base}/{kind}",
+                guarded(control(kind) if kind.master_only else simple(kind)),
+                methods=["POST"],
+            )
+            for kind in ControlKind
+        ),
         Route(base, guarded(session), methods=["GET"]),
     ]

@@ -10,8 +10,8 @@ Routes::
     POST /console/api/deliver        the console "platform API": DeliveryActors POST replies here  (internal)
     POST /console/api/events         agent events for a session ({"session_key", "event"})       (internal)
     GET  /console/api/sessions       live console sessions (SessionRuntime.sessions(), console:* keys)
-    POST /console/api/steer          {"user", "session_key", "text"} → SessionRuntime.steer (console:* keys)
-    POST /console/api/follow_up      same → SessionRuntime.follow_up
+    POST /console/api/steer          {"user", "session_key", "text"} → a steer ControlRequest (console:* keys)
+    POST /console/api/follow_up      same → a follow_up ControlRequest
 
 The browser sends its chat messages to the regular webhook ``POST /webhooks/console/{bot_id}``
 (verified and parsed by :mod:`runtime.platforms.console`, like any platform). Replies come back
@@ -60,6 +60,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from actors.admin import error_status
 from actors.http_input import InputError, check_text, loads_json, max_text_chars, valid_session_key
 from runtime.keys import SessionKeyError, parse_session_key
 from runtime.platforms.base import read_env
@@ -71,6 +72,7 @@ from runtime.platforms.console import (
     api_token_matches,
     require_console_api_token,
 )
+from runtime.session.control import ControlError, ControlKind, ControlRequest
 
 __all__ = ["ConsoleHub", "console_routes"]
 
@@ -302,7 +304,7 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
         if not authorized(request):
             return denied()
         kind = request.path_params["kind"]
-        if kind not in ("steer", "follow_up"):
+        if kind not in (ControlKind.STEER, ControlKind.FOLLOW_UP):
             return JSONResponse({"error": "not found"}, status_code=404)
         body = await json_body(request)
         if isinstance(body, Response):
@@ -327,14 +329,15 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
             check_text("text", text, max_chars=text_limit)
         except InputError as exc:
             return exc.response()
-        method = runtime.steer if kind == "steer" else runtime.follow_up
         try:
-            outcome = await method(key, text, user)
-        except PermissionError as exc:  # actors.runtime.NotMasterError
-            return JSONResponse({"error": str(exc) or f"{user} is not a master"}, status_code=403)
-        except LookupError as exc:  # actors.runtime.UnknownSessionError
-            return JSONResponse({"error": str(exc) or f"no live session {key}"}, status_code=404)
-        return JSONResponse({"ok": True, "outcome": outcome})
+            asked = ControlRequest(kind=kind, session_key=key, text=text, sender_id=user)
+            reply = await runtime.control(asked)
+        except ControlError as exc:  # not a master 403, no live session 404 (the admin API's table)
+            status = error_status(exc)
+            if status is None:
+                raise
+            return JSONResponse({"error": str(exc) or type(exc).__name__}, status_code=status)
+        return JSONResponse({"ok": True, "outcome": reply.result})
 
     return [
         Route("/console", page, methods=["GET"]),

@@ -33,6 +33,7 @@ import ray
 from actors.admission import should_recycle
 from actors.session_actor import SessionActor
 from runtime import metrics
+from runtime.config import Config
 from runtime.session.turn import SetupFactory
 
 __all__ = ["NAMESPACE", "POOL_NAME", "PoolSupervisor", "actor_key"]
@@ -55,36 +56,29 @@ class PoolSupervisor:
     """Keeps blank session actors warm; hands them out and takes them back.
 
     Args:
-        config: ``runtime.config.Config`` (passed on to every session actor).
+        config: ``runtime.config.Config``, passed on to every session actor; its ``runtime``
+            section gives the pool's knobs: ``warm_pool`` (blank actors kept ready; 0 disables
+            warming), ``recycle_after_sessions`` (kill an actor after it served this many
+            sessions) and ``recycle_memory_mib`` (kill an actor whose USS is above this many MiB
+            when returned).
         setup_factory: Passed by value to every session actor (see ``SessionActor``).
         delivery: The delivery pool handle passed to every session actor.
-        size: Blank actors kept ready (``runtime.warm_pool``; 0 disables warming).
-        recycle_after_sessions: Kill an actor after it served this many sessions.
-        recycle_memory_mib: Kill an actor whose USS is above this many MiB when returned.
     """
 
-    def __init__(
-        self,
-        config: Any,
-        setup_factory: SetupFactory,
-        delivery: Any,
-        *,
-        size: int = 4,
-        recycle_after_sessions: int = 100,
-        recycle_memory_mib: float = 512.0,
-    ) -> None:
+    def __init__(self, config: Config, setup_factory: SetupFactory, delivery: Any) -> None:
         with contextlib.suppress(Exception):
             from actors.ray_metrics import install_ray_metrics
 
             install_ray_metrics()
         self._args = (config, setup_factory, delivery)
-        self.size = size
-        self.spare = max(1, size // 2) if size > 0 else 0
+        rt = config.runtime
+        self.size = rt.warm_pool
+        self.spare = max(1, self.size // 2) if self.size > 0 else 0
         """Released actors kept above ``size``: at the live-session cap every new session
         passivates an idle one and then takes an actor; without room for the returned actor the
         pool would kill it and start a new process (≈ 2.5 s of CPU) for each such message."""
-        self.recycle_after_sessions = recycle_after_sessions
-        self.recycle_memory_mib = recycle_memory_mib
+        self.recycle_after_sessions = rt.recycle_after_sessions
+        self.recycle_memory_mib = rt.recycle_memory_mib
         self._warm: deque[Any] = deque()
         self._all: dict[str, Any] = {}
         self._creating = 0

@@ -28,9 +28,9 @@ so every process agrees: docs/decisions.md#session-topology). Each shard, a name
   failure of the same message is counted as an error and the message is dropped with a log line.
   A *hung* actor (a turn pending ``runtime.hung_turn_s`` and no ``ping_turn`` answer within
   ``runtime.hung_ping_timeout_s``) is killed, which sends its turns down the same path;
-* routing of ``steer`` / ``follow_up`` (masters only: docs/decisions.md#steer-masters-only),
-  ``abort`` and ``archive`` (``archive_stored``: also of a passivated session, in SQL while the
-  shard holds the key); listing of live sessions (both in :mod:`actors.router_admin`).
+* routing of a ``ControlRequest`` (``steer`` / ``follow_up``, masters only, ``abort``, ``archive``;
+  ``archive_stored`` also of a passivated session) to the session actor's ``control``; listing of
+  live sessions (both in :mod:`actors.router_admin`; docs/decisions.md#typed-control-request).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import ray
 from actors.admission import Grant, KeyOrder, Live, SlotQueue, should_recycle
 from actors.router_admin import DEAD, LOST, RouterAdminMixin
 from runtime import metrics
+from runtime.config import RuntimeConfig
 from runtime.session.turn import TurnInput, TurnResult
 
 __all__ = ["ROUTER_PREFIX", "RouterActor", "router_name", "shard_of"]
@@ -79,17 +80,13 @@ def shard_of(session_key: str, shards: int) -> int:
     return zlib.crc32(session_key.encode("utf-8")) % shards
 
 
-def _knob(config: Any, name: str, default: Any) -> Any:
-    return getattr(getattr(config, "runtime", None), name, default)
-
-
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
 class RouterActor(RouterAdminMixin):
-    """One router shard (``steer``/``follow_up``/``abort``/``archive`` routing and the
-    introspection methods come from :class:`actors.router_admin.RouterAdminMixin`).
+    """One router shard (``control`` / ``archive_stored`` routing and the introspection methods
+    come from :class:`actors.router_admin.RouterAdminMixin`).
 
     Args:
-        config: ``runtime.config.Config``.
+        config: ``runtime.config.Config``; ``config.runtime`` gives every knob of the shard.
         shard: This shard's index; ``shards``: N.
         pool_name: Name of the warm-pool supervisor actor (namespace ``sessionray``).
     """
@@ -103,16 +100,17 @@ class RouterActor(RouterAdminMixin):
         self.shard, self.shards = shard, shards
         self.pool_name = pool_name
         self._pool: Any = None
-        self.mailbox = int(_knob(config, "mailbox_size", 16))
-        self.retry_after_s = float(_knob(config, "busy_retry_after_s", 1.0))
-        self.cap = max(1, math.ceil(int(_knob(config, "max_live_sessions", 64)) / shards))
-        self.idle_ttl_s = float(_knob(config, "idle_ttl_s", 600.0))
-        self.activation_wait_s = float(_knob(config, "activation_wait_s", 10.0))
-        self.dedup_window = int(_knob(config, "dedup_window", 10_000))
-        self.hung_turn_s = float(_knob(config, "hung_turn_s", 120.0))
-        self.hung_ping_timeout_s = float(_knob(config, "hung_ping_timeout_s", 30.0))
-        self.recycle_after_sessions = int(_knob(config, "recycle_after_sessions", 100))
-        self.recycle_memory_mib = float(_knob(config, "recycle_memory_mib", 512.0))
+        rt: RuntimeConfig = config.runtime  # defaults: the model only (docs/decisions.md#config-closed-model)
+        self.mailbox = rt.mailbox_size
+        self.retry_after_s = rt.busy_retry_after_s
+        self.cap = max(1, math.ceil(rt.max_live_sessions / shards))
+        self.idle_ttl_s = rt.idle_ttl_s
+        self.activation_wait_s = rt.activation_wait_s
+        self.dedup_window = rt.dedup_window
+        self.hung_turn_s = rt.hung_turn_s
+        self.hung_ping_timeout_s = rt.hung_ping_timeout_s
+        self.recycle_after_sessions = rt.recycle_after_sessions
+        self.recycle_memory_mib = rt.recycle_memory_mib
         self._dir: dict[str, Live] = {}
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._slots = SlotQueue(self.cap, lambda: len(self._dir), self._return_to_pool)

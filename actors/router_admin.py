@@ -1,8 +1,11 @@
-"""The admin face of a router shard: routing of ``steer`` / ``follow_up`` (masters only,
-docs/decisions.md#steer-masters-only) / ``abort`` / ``archive`` to a live session, the
-archive of a session that is not live (:meth:`RouterAdminMixin.archive_stored`: in SQL, while the
-shard holds the key so no activation can start meanwhile), and the introspection the admin API
-and CLI read (``sessions``, ``session``, ``context``, ``status``).
+"""The admin face of a router shard: routing of a
+:class:`~runtime.session.control.ControlRequest` (``steer`` / ``follow_up``, masters only,
+docs/decisions.md#steer-masters-only; ``abort``; ``archive``) to a live session's actor, with
+refusals raised as :class:`~runtime.session.control.ControlError` subclasses
+(docs/decisions.md#typed-control-request); the archive of a session that is not live
+(:meth:`RouterAdminMixin.archive_stored`: in SQL, while the shard holds the key so no activation
+can start meanwhile); and the introspection the admin API and CLI read (``sessions``,
+``session``, ``context``, ``status``).
 
 :class:`RouterAdminMixin` is a base class of :class:`actors.router.RouterActor` (Ray exposes the
 inherited methods as actor methods); it only reads the shard's directory, and drops an entry
@@ -22,6 +25,13 @@ from actors.admission import KeyOrder, Live
 from actors.session_actor import SessionNotBoundError
 from runtime import metrics
 from runtime.memory.repository import ContextRepository
+from runtime.session.control import (
+    ControlKind,
+    ControlReply,
+    ControlRequest,
+    NotMasterError,
+    UnknownSessionError,
+)
 
 __all__ = ["DEAD", "LOST", "RouterAdminMixin", "archive_active_epoch"]
 
@@ -76,73 +86,55 @@ class RouterAdminMixin:
 
     # ------------------------------------------------------------------ control
 
-    async def control(
-        self, kind: str, session_key: str, text: str = "", sender_id: str = ""
-    ) -> dict[str, Any]:
-        """Route ``steer`` / ``follow_up`` / ``abort`` / ``archive`` to the live session.
+    async def control(self, request: ControlRequest) -> ControlReply:
+        """Forward ``request`` (steer, follow-up, abort, archive) to the session's actor.
 
         ``steer`` and ``follow_up`` are for the bot's masters only
         (docs/decisions.md#steer-masters-only); a refusal is counted in
         ``sessionray_control_total{kind, outcome="refused"}``.
 
-        Returns:
-            ``{"ok": True, "outcome": ...}`` or ``{"ok": False, "error": "not_master" |
-            "unknown_session" | "bad_key", "message": str}``.
+        Raises:
+            NotMasterError: a master-only kind from a sender who is not a master of the bot.
+            UnknownSessionError: a malformed key, no live session, or its actor was lost (the next
+                message re-activates the session).
         """
         from runtime.keys import SessionKeyError, parse_session_key
 
+        kind, session_key = request.kind, request.session_key
+        label = kind.value  # the metric label: a plain str
         try:
             key = parse_session_key(session_key)
         except SessionKeyError as exc:
-            return {"ok": False, "error": "bad_key", "message": str(exc)}
-        if kind in ("steer", "follow_up") and not _is_master(
-            self.config, key.platform, key.bot_id, sender_id
-        ):
-            metrics.CONTROL.inc(kind=kind, outcome="refused")
+            raise UnknownSessionError(str(exc)) from None
+        if kind.master_only and not _is_master(self.config, key.platform, key.bot_id, request.sender_id):
+            metrics.CONTROL.inc(kind=label, outcome="refused")
             self.counts["refused"] += 1
-            return {
-                "ok": False,
-                "error": "not_master",
-                "message": f"{sender_id!r} is not a master of bot {key.platform}:{key.bot_id}; "
-                f"only masters may {kind.replace('_', '-')}",
-            }
+            raise NotMasterError(
+                f"{request.sender_id!r} is not a master of bot {key.platform}:{key.bot_id}; "
+                f"only masters may {kind.replace('_', '-')}"
+            )
         live = self._dir.get(session_key)
         if live is None or live.passivating:
-            metrics.CONTROL.inc(kind=kind, outcome="unknown")
-            return {
-                "ok": False,
-                "error": "unknown_session",
-                "message": f"no live session {session_key!r} (never seen, or passivated)",
-            }
+            metrics.CONTROL.inc(kind=label, outcome="unknown")
+            raise UnknownSessionError(f"no live session {session_key!r} (never seen, or passivated)")
         assert live.ready is not None
         await live.ready
         live.last_used = time.monotonic()
         try:
-            if kind in ("steer", "follow_up"):
-                method = live.actor.steer if kind == "steer" else live.actor.follow_up
-                outcome: Any = await method.remote(session_key, text, sender_id)
-            elif kind == "abort":
-                outcome = await live.actor.abort.remote(session_key)
-            elif kind == "archive":
-                outcome = await live.actor.archive.remote(session_key)
-                live.session_id = outcome
-            else:
-                raise ValueError(f"unknown control {kind!r}")
+            reply: ControlReply = await live.actor.control.remote(request)
         except LOST as exc:
             # The actor died or restarted blank: the next message re-activates the session.
             if not live.pending and self._dir.get(session_key) is live:
                 self._get_pool().report_dead.remote(live.actor)
                 self._drop(live)
-            metrics.CONTROL.inc(kind=kind, outcome="unknown")
-            return {
-                "ok": False,
-                "error": "unknown_session",
-                "message": f"session {session_key!r} was lost: {exc}",
-            }
-        metrics.CONTROL.inc(kind=kind, outcome=str(outcome) if kind in ("steer", "follow_up") else "ok")
-        return {"ok": True, "outcome": outcome}
+            metrics.CONTROL.inc(kind=label, outcome="unknown")
+            raise UnknownSessionError(f"session {session_key!r} was lost: {exc}") from None
+        if kind == ControlKind.ARCHIVE:
+            live.session_id = str(reply.result)
+        metrics.CONTROL.inc(kind=label, outcome=str(reply.result) if kind.master_only else "ok")
+        return reply
 
-    async def archive_stored(self, session_key: str) -> dict[str, Any]:
+    async def archive_stored(self, session_key: str) -> ControlReply:
         """Archive the epoch of ``session_key`` whether it is live or not (admin ``archive`` of a
         passivated session).
 
@@ -156,29 +148,28 @@ class RouterAdminMixin:
         such call at a time per shard).
 
         Returns:
-            ``{"ok": True, "outcome": <new session_id>}`` or ``{"ok": False, "error":
-            "unknown_session" | "bad_key", "message": str}`` (``unknown_session``: not live and no
-            active stored epoch).
+            The ``archive`` reply (``result``: the new ``session_id``).
+
+        Raises:
+            UnknownSessionError: a malformed key, or not live and no active stored epoch (nothing
+                is written then).
         """
         from runtime.keys import SessionKeyError, parse_session_key
 
         try:
             parse_session_key(session_key)
         except SessionKeyError as exc:
-            return {"ok": False, "error": "bad_key", "message": str(exc)}
+            raise UnknownSessionError(str(exc)) from None
+        request = ControlRequest(kind=ControlKind.ARCHIVE, session_key=session_key)
         async with self._order.turn(session_key):
             if await self._settled(session_key) is not None:
-                return await self.control("archive", session_key)
+                return await self.control(request)
             new_id = await self._archive_in_sql(session_key)
         if new_id is None:
-            metrics.CONTROL.inc(kind="archive", outcome="unknown")
-            return {
-                "ok": False,
-                "error": "unknown_session",
-                "message": f"no live session {session_key!r} and no active stored epoch",
-            }
-        metrics.CONTROL.inc(kind="archive", outcome="ok")
-        return {"ok": True, "outcome": new_id}
+            metrics.CONTROL.inc(kind=request.kind.value, outcome="unknown")
+            raise UnknownSessionError(f"no live session {session_key!r} and no active stored epoch")
+        metrics.CONTROL.inc(kind=request.kind.value, outcome="ok")
+        return ControlReply(kind=request.kind, session_key=session_key, result=new_id)
 
     async def _archive_in_sql(self, session_key: str) -> str | None:
         from runtime.memory.db import Database

@@ -14,14 +14,18 @@ Topology it starts (all named actors in Ray namespace ``sessionray``)::
                                               sessionray-delivery-{0..M-1}  (EDGE)
 
 :meth:`SessionRuntime.start` creates them (or attaches to running ones: ``get_if_exists``);
-:meth:`SessionRuntime.connect` only attaches (a Ray Serve replica). Errors crossing Ray come back
-as plain result dicts and are raised here as :class:`NotMasterError` / :class:`UnknownSessionError`.
+:meth:`SessionRuntime.connect` only attaches (a Ray Serve replica). Control of a live session is
+one :class:`~runtime.session.control.ControlRequest` (:meth:`SessionRuntime.control`; ``steer``,
+``follow_up``, ``abort`` and ``archive`` build one); a refusal is raised by the router shard as a
+:class:`~runtime.session.control.ControlError` (``NotMasterError``, ``UnknownSessionError``,
+re-exported here) and re-raised here as itself, without Ray's wrapper.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import ray
@@ -30,18 +34,30 @@ from pydantic import BaseModel
 from actors.pool import NAMESPACE, PoolSupervisor
 from actors.router import RouterActor, shard_of
 from actors.setup import ConfigSetupFactory, business_tools
+from runtime.session.control import (
+    ControlError,
+    ControlKind,
+    ControlReply,
+    ControlRequest,
+    NotMasterError,
+    UnknownSessionError,
+)
 from runtime.session.turn import SetupFactory
 
 __all__ = ["NotMasterError", "SessionInfo", "SessionRuntime", "SubmitResult", "UnknownSessionError"]
 
 
-class NotMasterError(PermissionError):
-    """``steer`` / ``follow_up`` from a user who is not a master of the bot
-    (docs/decisions.md#steer-masters-only)."""
-
-
-class UnknownSessionError(LookupError):
-    """No live session with that key (never seen, or passivated), or a malformed key."""
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """Re-raise a :class:`~runtime.session.control.ControlError` that a router shard raised as
+    itself: Ray hands it over wrapped in a ``RayTaskError`` that is also an instance of the
+    error's class but whose message is the remote traceback (the admin API answers with the
+    message)."""
+    try:
+        yield
+    except ControlError as exc:
+        cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else exc
+        raise (cause if isinstance(cause, ControlError) else exc) from None
 
 
 class SubmitResult(BaseModel):
@@ -143,14 +159,7 @@ class SessionRuntime:
         factory = setup_factory or ConfigSetupFactory(config)
         self.pool = PoolSupervisor.options(  # type: ignore[attr-defined]
             name=self.pool_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
-        ).remote(
-            config,
-            factory,
-            delivery,
-            size=rt.warm_pool,
-            recycle_after_sessions=rt.recycle_after_sessions,
-            recycle_memory_mib=rt.recycle_memory_mib,
-        )
+        ).remote(config, factory, delivery)
         self.routers = [
             RouterActor.options(  # type: ignore[attr-defined]
                 name=self.router_name(i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True
@@ -215,44 +224,45 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ control
 
-    async def _control(self, kind: str, session_key: str, text: str = "", sender_id: str = "") -> Any:
-        res = await self._router(session_key).control.remote(kind, session_key, text, sender_id)
-        if not res["ok"]:
-            if res["error"] == "not_master":
-                raise NotMasterError(res["message"])
-            raise UnknownSessionError(res["message"])
-        return res["outcome"]
+    async def control(self, request: ControlRequest) -> ControlReply:
+        """Carry out ``request`` on its live session through the key's router shard.
+
+        Raises:
+            NotMasterError: a ``steer`` / ``follow_up`` whose sender is not a master of the
+                session's bot (counted).
+            UnknownSessionError: no live session ``request.session_key``, or a malformed key.
+        """
+        with _unwrapped():
+            reply: ControlReply = await self._router(request.session_key).control.remote(request)
+        return reply
 
     async def steer(self, session_key: str, text: str, sender_id: str) -> str:
         """Steer the session's latest active turn (``"steered"``), or run the text as a turn when
-        none is active (``"started"``).
-
-        Raises:
-            NotMasterError: ``sender_id`` is not a master of the session's bot (counted).
-            UnknownSessionError: no live session ``session_key``.
-        """
-        return str(await self._control("steer", session_key, text, sender_id))
+        none is active (``"started"``). Raises like :meth:`control` (and
+        :class:`~runtime.session.control.BadControlRequest` for an empty text or sender)."""
+        request = ControlRequest(
+            kind=ControlKind.STEER, session_key=session_key, text=text, sender_id=sender_id
+        )
+        return str((await self.control(request)).result)
 
     async def follow_up(self, session_key: str, text: str, sender_id: str) -> str:
         """Queue a follow-up on the latest active turn (``"queued"``) or run it as a turn
         (``"started"``). Raises like :meth:`steer`."""
-        return str(await self._control("follow_up", session_key, text, sender_id))
+        request = ControlRequest(
+            kind=ControlKind.FOLLOW_UP, session_key=session_key, text=text, sender_id=sender_id
+        )
+        return str((await self.control(request)).result)
 
     async def abort(self, session_key: str) -> int:
-        """Abort the session's running turns; returns how many.
-
-        Raises:
-            UnknownSessionError: no live session ``session_key``.
-        """
-        return int(await self._control("abort", session_key))
+        """Abort the session's running turns; returns how many. Raises like :meth:`control`."""
+        request = ControlRequest(kind=ControlKind.ABORT, session_key=session_key)
+        return int((await self.control(request)).result)
 
     async def archive(self, session_key: str) -> str:
-        """Archive the live session's epoch (``/new``); returns the new ``session_id``.
-
-        Raises:
-            UnknownSessionError: no live session ``session_key``.
-        """
-        return str(await self._control("archive", session_key))
+        """Archive the live session's epoch (``/new``); returns the new ``session_id``. Raises
+        like :meth:`control`."""
+        request = ControlRequest(kind=ControlKind.ARCHIVE, session_key=session_key)
+        return str((await self.control(request)).result)
 
     async def archive_stored(self, session_key: str) -> str:
         """Archive the epoch of ``session_key`` through its router shard, live or not (the admin
@@ -263,10 +273,9 @@ class SessionRuntime:
         Raises:
             UnknownSessionError: not live and no active stored epoch, or a malformed key.
         """
-        res = await self._router(session_key).archive_stored.remote(session_key)
-        if not res["ok"]:
-            raise UnknownSessionError(res["message"])
-        return str(res["outcome"])
+        with _unwrapped():
+            reply: ControlReply = await self._router(session_key).archive_stored.remote(session_key)
+        return str(reply.result)
 
     async def passivate(self, session_key: str) -> bool:
         """Passivate an idle live session now; returns whether it was passivated."""

@@ -9,9 +9,10 @@ class only hosts it.
 Threads and loops (why it looks like this):
 
 * Two Ray concurrency groups: ``turn`` (``submit``, one pending call per inbox entry) and
-  ``control`` (``activate``, ``passivate``, ``steer``, ``follow_up``, ``abort``, ``archive``,
-  ``status``, ``ping``). Each group has its own Ray thread, so a control call is never queued
-  behind turns (docs/decisions.md#control-never-waits; measured 2.5–9 ms while a 3 s turn runs).
+  ``control`` (``activate``, ``passivate``, ``control`` — steer, follow-up, abort, archive as one
+  :class:`~runtime.session.control.ControlRequest` — ``status``, ``context_messages``, ``ping``).
+  Each group has its own Ray thread, so a control call is never queued behind turns
+  (docs/decisions.md#control-never-waits; measured 2.5–9 ms while a 3 s turn runs).
 * The :class:`SessionCore` itself lives on **one** private asyncio loop thread (uvloop when
   available) started in ``__init__``; both groups forward to it with
   ``run_coroutine_threadsafe``. One loop means one writer and no cross-loop asyncio objects.
@@ -45,7 +46,10 @@ from typing import Any, TypeVar
 import ray
 
 from actors.ray_compat import install_group_loop_fix
-from runtime.session.turn import HandoffRequest, SessionSetup, SetupFactory, TurnInput, TurnResult
+from runtime.config import Config
+from runtime.delivery.job import DeliveryJob
+from runtime.session.control import ControlReply, ControlRequest, run_control
+from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
 
 __all__ = ["SessionActor", "SessionNotBoundError", "process_uss_mib"]
 
@@ -119,13 +123,14 @@ class SessionActor:
     """Hosts one live :class:`~runtime.session.core.SessionCore` at a time.
 
     Args:
-        config: The loaded ``runtime.config.Config`` (database URL, runtime knobs).
+        config: The loaded ``runtime.config.Config`` (``database.url``;
+            ``runtime.max_concurrent_turns``).
         setup_factory: ``(session_key) -> SessionSetup`` called at each activation.
         delivery: An object with ``pick(session_key) -> actor handle`` whose ``deliver`` method
             takes a ``DeliveryJob`` (EDGE's ``actors.delivery.DeliveryPool``).
     """
 
-    def __init__(self, config: Any, setup_factory: SetupFactory, delivery: Any) -> None:
+    def __init__(self, config: Config, setup_factory: SetupFactory, delivery: Any) -> None:
         _skip_httpx_cli()
         with contextlib.suppress(Exception):
             from actors.ray_metrics import install_ray_metrics
@@ -241,7 +246,7 @@ class SessionActor:
             setup,
             self._deliver,
             next_seq=next_seq,
-            max_concurrent_turns=int(_knob(self._config, "max_concurrent_turns", 4)),
+            max_concurrent_turns=self._config.runtime.max_concurrent_turns,
             spawn=_spawn_ray_task,
         )
         return {"session_id": self._core.session_id, "messages": len(self._core.writer), "pid": os.getpid()}
@@ -304,45 +309,26 @@ class SessionActor:
             raise SessionNotBoundError(f"session {session_key} is not bound to this actor (bound: {bound})")
         return self._core
 
-    async def _deliver(self, handoff: HandoffRequest) -> None:
+    async def _deliver(self, job: DeliveryJob) -> None:
         # Runs on the session loop; returns once the delivery actor accepted the job.
-        job = _to_job(handoff)
         if hasattr(self._delivery, "deliver"):  # DeliveryPool: also survives a delivery actor restart
             await self._delivery.deliver(job)
         else:
-            await self._delivery.pick(handoff.session_key).deliver.remote(job)
+            await self._delivery.pick(job.session_key).deliver.remote(job)
 
     # ------------------------------------------------------------------ control (control group)
 
     @ray.method(concurrency_group="control")
-    async def steer(self, session_key: str, text: str, sender_id: str) -> str:
-        """Steer the latest active turn; see :meth:`SessionCore.steer`. Returns the outcome."""
-        return await self._on_loop(self._control(session_key, "steer", text, sender_id))
+    async def control(self, request: ControlRequest) -> ControlReply:
+        """Carry out a control request on the bound session (:func:`runtime.session.control.run_control`:
+        steer, follow-up, abort, archive). The router checked the sender of the master-only kinds.
 
-    @ray.method(concurrency_group="control")
-    async def follow_up(self, session_key: str, text: str, sender_id: str) -> str:
-        """Queue a follow-up; see :meth:`SessionCore.follow_up`. Returns the outcome."""
-        return await self._on_loop(self._control(session_key, "follow_up", text, sender_id))
+        Raises:
+            SessionNotBoundError: the actor is not bound to ``request.session_key``.
+        """
 
-    async def _control(self, session_key: str, kind: str, text: str, sender_id: str) -> str:
-        core = self._require(session_key)
-        return str(core.steer(text, sender_id) if kind == "steer" else core.follow_up(text, sender_id))
-
-    @ray.method(concurrency_group="control")
-    async def abort(self, session_key: str) -> int:
-        """Abort the running turns; returns how many."""
-
-        async def run() -> int:
-            return int(self._require(session_key).abort())
-
-        return await self._on_loop(run())
-
-    @ray.method(concurrency_group="control")
-    async def archive(self, session_key: str) -> str:
-        """Archive the active epoch and continue in a new one; returns the new ``session_id``."""
-
-        async def run() -> str:
-            return str(await self._require(session_key).archive())
+        async def run() -> ControlReply:
+            return await run_control(self._require(request.session_key), request)
 
         return await self._on_loop(run())
 
@@ -384,11 +370,6 @@ def _deferred_task(fn: Any, args: dict[str, Any]) -> str:
 async def _spawn_ray_task(fn: Any, args: dict[str, Any]) -> str:
     """``SpawnFn`` of session actors: delegate the work to a Ray task, await its text."""
     return str(await _deferred_task.remote(fn, args))
-
-
-def _knob(config: Any, name: str, default: Any) -> Any:
-    runtime = getattr(config, "runtime", None)
-    return getattr(runtime, name, default) if runtime is not None else default
 
 
 def _open_repository(config: Any) -> Any:
@@ -473,11 +454,3 @@ def _release_free_heap() -> None:
     figure ``recycle_memory_mib`` and the benchmark read). A no-op without glibc."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-
-
-def _to_job(handoff: HandoffRequest) -> Any:
-    try:
-        from actors.delivery import DeliveryJob
-    except ImportError:
-        return handoff
-    return DeliveryJob(**{**handoff.model_dump(), "reply": handoff.reply})

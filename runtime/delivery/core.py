@@ -1,5 +1,6 @@
-"""The Ray-free core of a delivery actor: the job/result models and :class:`DeliverySender`
-(ledger claim → media check → render → send with retries → ledger → outbound transcript).
+"""The Ray-free core of a delivery actor: the result model and :class:`DeliverySender` (ledger
+claim → media check → render → send with retries → ledger → outbound transcript) of a
+:class:`~runtime.delivery.job.DeliveryJob` (re-exported here).
 
 :mod:`actors.delivery` wraps it in the ``DeliveryActor`` and re-exports the models; read that
 module's docstring for the flow and the crash-safety rules. Nothing here imports Ray.
@@ -17,13 +18,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from runtime import metrics
 from runtime.delivery import ledger as ledger
+from runtime.delivery.job import DeliveryJob
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore
-from runtime.platforms.base import ApiCall, PlatformCodec, RenderTarget, SceneType, SendResult, get_codec
+from runtime.platforms.base import ApiCall, PlatformCodec, RenderTarget, SendResult, get_codec
 from runtime.platforms.common import setting
 from runtime.reply.leak import LeakPolicy, scan_reply
 from runtime.reply.media import MediaPolicy, check_reply_media
@@ -50,23 +52,6 @@ def partition_of(session_key: str, size: int) -> int:
     if size < 1:
         raise ValueError(f"delivery pool size must be >= 1, got {size}")
     return zlib.crc32(session_key.encode("utf-8")) % size
-
-
-class DeliveryJob(BaseModel):
-    """One validated reply to send (actor interfaces, contract 3)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    reply_id: str
-    """The idempotency key: stable for one turn's reply across retries and replays."""
-    session_key: str
-    platform: str
-    bot_id: str
-    scene_type: SceneType
-    scene_id: str
-    reply_to: str | None = None
-    """The inbound message id being answered (codecs may quote it in groups)."""
-    reply: Reply
 
 
 class DeliveryResult(BaseModel):

@@ -1,8 +1,9 @@
 """The reply contract: the IM :class:`Reply` and its segments, the turn's reply contract (one
 correction call, then the fixed failure text), generic structured output with capability tiers
 (native → tool → prompt), strict JSON, mention identity, media provenance, the outbound leak
-check, look-alike text folding, and the outbound media checks and guarded fetch. Nothing here
-knows a platform's wire format (`docs/decisions.md#reply-segments`).
+check, look-alike text folding, and the outbound media checks and guarded fetch (import those
+from :mod:`runtime.reply.media`: they bring httpx, which a session process does not need).
+Nothing here knows a platform's wire format (`docs/decisions.md#reply-segments`).
 """
 
 from runtime.reply.capability import (
@@ -20,11 +21,6 @@ from runtime.reply.leak import (
     LeakResult,
     scan_reply,
     scan_text,
-)
-from runtime.reply.media import (
-    MediaPolicy,
-    MediaRejected,
-    check_reply_media,
 )
 from runtime.reply.mentions import (
     MentionIdentity,
@@ -48,15 +44,12 @@ __all__ = [
     "ImReplyContract",
     "LeakPolicy",
     "LeakResult",
-    "MediaPolicy",
-    "MediaRejected",
     "MentionIdentity",
     "Reply",
     "ReplyOutcome",
     "Segment",
     "StructuredOutputError",
     "Tier",
-    "check_reply_media",
     "complete_structured",
     "probe_capability",
     "scan_reply",

@@ -1,10 +1,17 @@
 """One IM session without Ray: :class:`SessionCore` (ordered inbox, overlapping turns, the single
-writer, steer / follow_up / abort), the turn records that make crash recovery possible, the
-agent part of a turn, chat commands, model routing (vision, fallback chain), and the extra tools
-a session offers (deferred tasks, sub-agents, MCP servers, ``*.tool.md`` files). ``actors/``
-hosts these cores; they never import Ray (`docs/decisions.md#session-ray-free-core`).
+writer, steer / follow_up / abort), the typed control request that reaches it
+(:class:`ControlRequest`, dispatched once by :func:`runtime.session.control.run_control`), the
+turn records that make crash recovery possible, the agent part of a turn, chat commands, model
+routing (vision, fallback chain), and the extra tools a session offers (deferred tasks,
+sub-agents, MCP servers, ``*.tool.md`` files). ``actors/`` hosts these cores; they never import
+Ray (`docs/decisions.md#session-ray-free-core`).
 """
 
+from runtime.session.control import (
+    ControlKind,
+    ControlReply,
+    ControlRequest,
+)
 from runtime.session.core import (
     ControlOutcome,
     SessionCore,
@@ -21,7 +28,10 @@ from runtime.session.turn import (
 
 __all__ = [
     "AgentFeatures",
+    "ControlKind",
     "ControlOutcome",
+    "ControlReply",
+    "ControlRequest",
     "SessionCore",
     "SessionSetup",
     "SessionWriter",

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from runtime import metrics
+from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, ToolResultMessage, UserMessage
 from runtime.reply.segments import Reply
 from runtime.session.turn import (
@@ -39,7 +40,6 @@ from runtime.session.turn import (
     INBOUND_MARKER,
     REPLY_MARKER,
     DeliverFn,
-    HandoffRequest,
     SessionSetup,
     SessionWriter,
     TurnInput,
@@ -77,7 +77,8 @@ class SessionCore:
         deliver: Hands a reply to delivery (returns once accepted).
         next_seq: The first ``seq`` the inbox expects (1 for a fresh session; the lowest pending
             seq when the router re-activates after a crash).
-        max_concurrent_turns: Turns of this session that may run at once (≥ 1).
+        max_concurrent_turns: Turns of this session that may run at once (≥ 1; the session actor
+            passes ``runtime.max_concurrent_turns``, whose default lives in the config model).
         run_agent_fn: The agent part of a turn (default :func:`runtime.session.turn_agent.run_agent`).
         spawn: Runs a deferred task's function (default: a thread; the actor passes a Ray task).
     """
@@ -91,8 +92,8 @@ class SessionCore:
         writer: SessionWriter,
         deliver: DeliverFn,
         *,
+        max_concurrent_turns: int,
         next_seq: int = 1,
-        max_concurrent_turns: int = 4,
         run_agent_fn: AgentRunner = run_agent,
         spawn: SpawnFn = spawn_in_thread,
     ) -> None:
@@ -130,8 +131,8 @@ class SessionCore:
         setup: SessionSetup,
         deliver: DeliverFn,
         *,
+        max_concurrent_turns: int,
         next_seq: int = 1,
-        max_concurrent_turns: int = 4,
         run_agent_fn: AgentRunner = run_agent,
         spawn: SpawnFn = spawn_in_thread,
     ) -> SessionCore:
@@ -279,7 +280,7 @@ class SessionCore:
         preview = reply.preview_text()
         if not reply.is_empty():
             await self.deliver(
-                HandoffRequest(
+                DeliveryJob(
                     reply_id=reply_id,
                     session_key=self.session_key,
                     platform=turn.platform,
@@ -330,7 +331,7 @@ class SessionCore:
             await asyncio.shield(prev)  # after the reply of the turn that started it (chat order)
         try:
             await self.deliver(
-                HandoffRequest(
+                DeliveryJob(
                     reply_id=f"{self.session_id}/deferred/{call_id}",
                     session_key=self.session_key,
                     platform=key.platform,

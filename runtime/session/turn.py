@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from runtime.agent.agent import QueueMode
 from runtime.agent.tools import AgentTool
+from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
@@ -40,7 +41,6 @@ from runtime.llm.types import (
     ToolResultMessage,
     UserMessage,
 )
-from runtime.reply.segments import Reply
 
 __all__ = [
     "DEFERRED_MARKER",
@@ -49,7 +49,6 @@ __all__ = [
     "PRE_TOOLS_MARKER",
     "REPLY_MARKER",
     "DeliverFn",
-    "HandoffRequest",
     "PreTool",
     "SessionSetup",
     "SessionWriter",
@@ -228,21 +227,9 @@ SetupFactory: TypeAlias = Callable[[str], "SessionSetup | Awaitable[SessionSetup
 picklable (it travels by value to the pool supervisor and every session actor)."""
 
 
-class HandoffRequest(BaseModel):
-    """A validated reply ready for delivery (``actors`` turns it into a ``DeliveryJob``)."""
-
-    reply_id: str
-    session_key: str
-    platform: str
-    bot_id: str
-    scene_type: str
-    scene_id: str
-    reply_to: str | None
-    reply: Reply
-
-
-DeliverFn: TypeAlias = Callable[[HandoffRequest], Awaitable[None]]
-"""Hands a reply to delivery; returns once delivery *accepted* it; raises if it could not."""
+DeliverFn: TypeAlias = Callable[[DeliveryJob], Awaitable[None]]
+"""Hands a reply to delivery (a :class:`runtime.delivery.DeliveryJob`, the one type a reply crosses
+the session/delivery boundary in); returns once delivery *accepted* it; raises if it could not."""
 
 
 class SessionWriter:

@@ -27,6 +27,7 @@ from actors.router_admin import archive_active_epoch
 from runtime.keys import SessionKeyError, parse_session_key
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
+from runtime.session.control import ControlReply, UnknownSessionError
 from tests.actors.edge_support import serve_in_thread
 from tests.actors.session_support import Harness, eventually, inbound, key_of, running_runtime
 
@@ -154,7 +155,7 @@ async def test_a_message_arriving_during_the_stored_archive_activates_on_the_new
         assert (message.done(), key in router._dir) == (False, False)
         gate.set()
         assert (await archive, await message) == (
-            {"ok": True, "outcome": f"{key}#2"},
+            ControlReply(kind="archive", session_key=key, result=f"{key}#2"),
             {"status": "accepted", "retry_after_s": None, "seq": 1},
         )
         await eventually(lambda: len(h.sent(user)) == 2, 120, "the reply to m2")
@@ -166,18 +167,16 @@ async def test_a_message_arriving_during_the_stored_archive_activates_on_the_new
         assert [await user_texts(repo, f"{key}#{n}") for n in (1, 2)] == [["echo m1"], ["echo m2"]]
 
         # live now: the shard archives it through its actor (the same call, no admin fallback)
-        assert await router.archive_stored(key) == {"ok": True, "outcome": f"{key}#3"}
+        assert await router.archive_stored(key) == ControlReply(
+            kind="archive", session_key=key, result=f"{key}#3"
+        )
         # neither live nor stored, or malformed: nothing is written
-        assert await router.archive_stored(key_of("71199")) == {
-            "ok": False,
-            "error": "unknown_session",
-            "message": f"no live session {key_of('71199')!r} and no active stored epoch",
-        }
+        with pytest.raises(UnknownSessionError) as unknown:
+            await router.archive_stored(key_of("71199"))
+        assert str(unknown.value) == f"no live session {key_of('71199')!r} and no active stored epoch"
         with pytest.raises(SessionKeyError) as malformed:
             parse_session_key("no-such-key")
-        assert await router.archive_stored("no-such-key") == {
-            "ok": False,
-            "error": "bad_key",
-            "message": str(malformed.value),
-        }
+        with pytest.raises(UnknownSessionError) as bad_key:
+            await router.archive_stored("no-such-key")
+        assert str(bad_key.value) == str(malformed.value)
         assert await epochs(repo, key_of("71199")) == []

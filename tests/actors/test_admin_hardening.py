@@ -28,6 +28,7 @@ from actors.runtime import SessionInfo, UnknownSessionError
 from runtime.llm.types import UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
+from runtime.session.control import ControlReply, ControlRequest
 from tests.actors.edge_support import serve_in_thread
 
 TOKEN_ENV = "ADMIN_HARDEN_TOKEN"
@@ -52,20 +53,16 @@ class StandInRuntime:
         if key != LIVE:
             raise UnknownSessionError(f"no live session {key!r}")
 
-    async def steer(self, key: str, text: str, sender: str) -> str:
+    async def control(self, request: ControlRequest) -> ControlReply:
+        """Steer ``"started"``, follow-up ``"queued"``, archive ``{key}#9`` (``LIVE`` only)."""
+        key, kind = request.session_key, request.kind
         self._live(key)
-        self.calls.append(("steer", key, text, sender))
-        return "started"
-
-    async def follow_up(self, key: str, text: str, sender: str) -> str:
-        self._live(key)
-        self.calls.append(("follow_up", key, text, sender))
-        return "queued"
-
-    async def archive(self, key: str) -> str:
-        self._live(key)
-        self.calls.append(("archive", key))
-        return f"{key}#9"
+        if kind.master_only:
+            self.calls.append((kind, key, request.text, request.sender_id))
+        else:
+            self.calls.append((kind, key))
+        result = {"steer": "started", "follow_up": "queued", "archive": f"{key}#9"}[kind]
+        return ControlReply(kind=kind, session_key=key, result=result)
 
     async def archive_stored(self, key: str) -> str:
         """``SessionRuntime.archive_stored`` without router shards: the stored active epoch of a

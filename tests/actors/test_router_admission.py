@@ -18,6 +18,7 @@ import pytest
 
 from actors.admission import Grant, KeyOrder, SlotQueue, should_recycle
 from actors.router import RouterActor
+from runtime.config import RuntimeConfig
 from runtime.session.turn import TurnInput, TurnResult
 from tests.actors.session_support import inbound, key_of
 
@@ -243,7 +244,7 @@ async def test_a_refused_admin_passivation_does_not_strand_a_waiting_new_session
     not ``busy`` at its deadline."""
     monkeypatch.setattr("actors.ray_metrics.install_ray_metrics", lambda: None)
     monkeypatch.setattr("actors.router.REFUSED_RETRY_S", 0.01)
-    config = SimpleNamespace(runtime=SimpleNamespace(max_live_sessions=1, activation_wait_s=5.0))
+    config = SimpleNamespace(runtime=RuntimeConfig(max_live_sessions=1, activation_wait_s=5.0))
     router = RouterActor.__ray_metadata__.modified_class(config, 0, 1, "stand-in-pool")  # type: ignore[attr-defined]
     actor = ScriptedSessionActor()
     router._pool = OneActorPool(actor)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from actors.router import RouterActor
+from runtime.session.control import ControlReply, ControlRequest
 from tests.actors.router_churn import churn
 from tests.actors.session_support import MASTER, Harness, eventually, inbound, key_of, running_runtime
 
@@ -88,10 +89,10 @@ async def test_a_victim_that_refuses_passivation_is_skipped_for_another_idle_ses
         starts = h.tool_starts()
         # a follow-up with no turn running runs as a control turn: the router sees the session
         # idle (nothing pending) but its actor refuses to passivate while the turn runs
-        assert await router.control("follow_up", key_of(busy), "slow 5", MASTER) == {
-            "ok": True,
-            "outcome": "started",
-        }
+        asked = ControlRequest(kind="follow_up", session_key=key_of(busy), text="slow 5", sender_id=MASTER)
+        assert await router.control(asked) == ControlReply(
+            kind="follow_up", session_key=key_of(busy), result="started"
+        )
         await eventually(lambda: h.tool_starts() > starts, 120, "the follow-up's tool to start")
         assert await router.submit(inbound(new, "echo c")) == {
             "status": "accepted",

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.session.core import SessionCore
-from runtime.session.turn import INTERRUPTED_TEXT, HandoffRequest, TurnInput
+from runtime.session.turn import INTERRUPTED_TEXT, TurnInput
 from tests.actors.session_scripts import ScriptedSetup
 
 KEY = "onebot11:10001:private:20002"
@@ -39,9 +40,9 @@ def turn(seq: int, text: str, *, attempt: int = 0, message_id: str | None = None
 
 class Recorder:
     def __init__(self) -> None:
-        self.jobs: list[HandoffRequest] = []
+        self.jobs: list[DeliveryJob] = []
 
-    async def __call__(self, job: HandoffRequest) -> None:
+    async def __call__(self, job: DeliveryJob) -> None:
         self.jobs.append(job)
 
     def texts(self) -> list[str]:
@@ -215,7 +216,7 @@ async def test_pre_executable_tools_run_before_the_turn_and_are_recorded(repo: A
         raise OSError("service down")
 
     setup.pre_tools = [PreTool("weather", weather), PreTool("news", broken)]
-    core = await SessionCore.open(KEY, repo, setup, rec)
+    core = await SessionCore.open(KEY, repo, setup, rec, max_concurrent_turns=4)
     await core.submit(turn(1, "hi"))
     msgs = (await repo.load_context(core.session_id)).messages
     pre = [m for m in msgs if isinstance(m, CustomMessage) and m.custom_type == "pre_tool_results"]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from providers.faux import faux_assistant_message, faux_text, register_faux_provider
+from runtime.delivery.job import DeliveryJob
 from runtime.keys import parse_session_id
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
@@ -23,7 +24,7 @@ from runtime.reply.segments import Reply
 from runtime.session.commands import CommandHandler, ParsedCommand, command_text
 from runtime.session.core import SessionCore
 from runtime.session.features import AgentFeatures
-from runtime.session.turn import HandoffRequest, SessionSetup, TurnInput
+from runtime.session.turn import SessionSetup, TurnInput
 
 ONEBOT = OneBot11Codec(self_id="10001", masters=["20002"])
 TELEGRAM = TelegramCodec(
@@ -114,9 +115,9 @@ def test_only_a_real_leading_mention_of_the_bot_is_skipped() -> None:
 
 class Recorder:
     def __init__(self) -> None:
-        self.jobs: list[HandoffRequest] = []
+        self.jobs: list[DeliveryJob] = []
 
-    async def __call__(self, job: HandoffRequest) -> None:
+    async def __call__(self, job: DeliveryJob) -> None:
         self.jobs.append(job)
 
 
@@ -138,7 +139,7 @@ async def test_group_new_is_masters_only_private_new_is_anyones(
     setup = SessionSetup(model=model.get_model(), features=AgentFeatures(commands=CommandHandler()))
     rec = Recorder()
     chat = onebot_group([at("10001"), text(" hello")], message_id=1)
-    core = await SessionCore.open(chat.session_key, repo, setup, rec)
+    core = await SessionCore.open(chat.session_key, repo, setup, rec, max_concurrent_turns=4)
     assert (await core.submit(chat)).outcome == "ok"
     epoch = parse_session_id(core.session_id).epoch
 

@@ -14,13 +14,14 @@ from pydantic import BaseModel
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
 from runtime.agent.tool_policy import ToolPermissions, set_permissions
 from runtime.agent.tools import AgentTool, AgentToolResult
+from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import Model, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.reply.segments import Reply
 from runtime.session.core import SessionCore
 from runtime.session.features import AgentFeatures
-from runtime.session.turn import HandoffRequest, SessionSetup, TurnInput
+from runtime.session.turn import SessionSetup, TurnInput
 
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 FAIL = "Sorry, something went wrong while answering. Please try again."
@@ -59,9 +60,9 @@ def turn(
 
 class Recorder:
     def __init__(self) -> None:
-        self.jobs: list[HandoffRequest] = []
+        self.jobs: list[DeliveryJob] = []
 
-    async def __call__(self, job: HandoffRequest) -> None:
+    async def __call__(self, job: DeliveryJob) -> None:
         self.jobs.append(job)
 
 
@@ -75,7 +76,7 @@ def repo(tmp_path: Path) -> Any:
 
 async def run_turn(repo: Any, setup: SessionSetup, t: TurnInput) -> tuple[Recorder, SessionCore]:
     rec = Recorder()
-    core = await SessionCore.open(t.session_key, repo, setup, rec)
+    core = await SessionCore.open(t.session_key, repo, setup, rec, max_concurrent_turns=4)
     result = await core.submit(t)
     assert result.outcome == "ok", result
     return rec, core
@@ -233,7 +234,7 @@ async def test_mcp_tools_in_session_turns_connect_once_and_close_on_passivation(
     setup = SessionSetup(model=model.get_model(), features=AgentFeatures(mcp=toolset))
     key = "onebot11:10001:private:47"
     rec = Recorder()
-    core = await SessionCore.open(key, repo, setup, rec)
+    core = await SessionCore.open(key, repo, setup, rec, max_concurrent_turns=4)
     first = turn(key, "add")
     second = first.model_copy(update={"seq": 2, "message_id": "m2", "text": "echo"})
     assert [(await core.submit(t)).outcome for t in (first, second)] == ["ok", "ok"]

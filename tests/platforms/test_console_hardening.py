@@ -27,6 +27,7 @@ from runtime.platforms.base import InboundMessage, MalformedEvent, RenderTarget,
 from runtime.platforms.common import MAX_EVENT_TIME_MS, epoch_ms
 from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER, ConsoleCodec
 from runtime.reply.segments import Reply
+from runtime.session.control import ControlReply, ControlRequest
 from tests.actors.edge_support import serve_in_thread
 
 API_TOKEN = "console-hardening-api-token"
@@ -48,13 +49,11 @@ class ControlRuntime:
         self.taken.append(msg)
         return SubmitResult(status="accepted", seq=len(self.taken))
 
-    async def steer(self, key: str, text: str, sender: str) -> str:
-        self.calls.append(("steer", key, text, sender))
-        return "started"
-
-    async def follow_up(self, key: str, text: str, sender: str) -> str:
-        self.calls.append(("follow_up", key, text, sender))
-        return "queued"
+    async def control(self, request: ControlRequest) -> ControlReply:
+        """Steer ``"started"``, follow-up ``"queued"``."""
+        self.calls.append((request.kind, request.session_key, request.text, request.sender_id))
+        result = "started" if request.kind == "steer" else "queued"
+        return ControlReply(kind=request.kind, session_key=request.session_key, result=result)
 
     async def sessions(self) -> list[SessionInfo]:
         return [

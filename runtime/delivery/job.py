@@ -1,0 +1,38 @@
+"""The one type a reply crosses the session/delivery boundary in: :class:`DeliveryJob`.
+
+The session core builds it (``runtime.session.core``), the delivery actor sends it
+(:class:`runtime.delivery.core.DeliverySender`). It lives apart from the sender so the session
+wing imports only this (pydantic, the reply model, the scene type) and not the sender's HTTP
+client and SQL ledger: a session actor process keeps ``httpx`` out until a provider needs it
+(``actors.session_actor._skip_httpx_cli``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from runtime.platforms.base import SceneType
+from runtime.reply.segments import Reply
+
+__all__ = ["DeliveryJob"]
+
+
+class DeliveryJob(BaseModel):
+    """One validated reply to send (actor interfaces, contract 3).
+
+    Raises:
+        pydantic.ValidationError: a ``scene_type`` other than ``private`` / ``group`` / ``channel``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    reply_id: str
+    """The idempotency key: stable for one turn's reply across retries and replays."""
+    session_key: str
+    platform: str
+    bot_id: str
+    scene_type: SceneType
+    scene_id: str
+    reply_to: str | None = None
+    """The inbound message id being answered (codecs may quote it in groups)."""
+    reply: Reply
