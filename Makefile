@@ -6,10 +6,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup run test pytest lint bench clean help
+.PHONY: setup run test test-deps pytest lint bench clean help
 
 help: ## list the targets
-	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,10 +21,15 @@ setup: $(STAMP) ## create .venv and install sessionray with its dev tools
 run: setup ## start the main job on the embedded defaults (local Ray, SQLite, console, built-in model)
 	$(VENV)/bin/sessionray serve
 
-test: setup lint pytest ## lint, type-check and run the whole test suite
+test: test-deps setup lint pytest ## lint, type-check and run the whole test suite
 
-pytest: setup ## run the test suite only
-	$(PY) -m pytest $(PYTEST_ARGS)
+# System packages the tests need (installed when root, else one message naming them) and a
+# throw-away PostgreSQL on 127.0.0.1; SESSIONRAY_TEST_PG_URL, when set, is used instead.
+test-deps: ## install the tests' system packages (postgresql, prometheus, chromium) and start PostgreSQL
+	@scripts/test-deps.sh >/dev/null
+
+pytest: setup ## run the test suite only (provisions as test-deps does)
+	@url=$$(scripts/test-deps.sh) && SESSIONRAY_TEST_PG_URL="$$url" $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup ## ruff and mypy over runtime/, providers/, actors/
 	$(VENV)/bin/ruff check runtime providers actors tests

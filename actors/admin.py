@@ -5,6 +5,7 @@ Routes (all under ``/admin``, JSON in and out)::
 
     GET  /admin/status                                  runtime.status()
     GET  /admin/sessions                                {"sessions": [SessionInfo, ...]}
+    GET  /admin/models                                  {"models": [...]} (actors.models_admin)
     GET  /admin/sessions/{session_key}                  SessionInfo (live), else the stored epoch
     POST /admin/sessions/{session_key}/steer            {"text", "sender_id"} → ControlRequest steer
     POST /admin/sessions/{session_key}/follow_up        {"text", "sender_id"} → ControlRequest follow_up
@@ -241,6 +242,13 @@ def admin_routes(
     async def sessions(request: Request) -> Response:
         return JSONResponse({"sessions": jsonable(await runtime.sessions())})
 
+    async def models(request: Request) -> Response:
+        from actors.models_admin import models_payload
+
+        repo = await stored.repo()
+        config = getattr(runtime, "config", None)
+        return JSONResponse(await models_payload(config, repo.db if repo is not None else None))
+
     async def session(request: Request) -> Response:
         key = request.path_params["session_key"]
         info = await runtime.session(key)
@@ -303,6 +311,7 @@ def admin_routes(
     return [
         Route("/admin/status", guarded(status), methods=["GET"]),
         Route("/admin/sessions", guarded(sessions), methods=["GET"]),
+        Route("/admin/models", guarded(models), methods=["GET"]),
         *(
             Route(
                 f"{base}/{kind}",

@@ -149,8 +149,8 @@ def _build_agent(args: argparse.Namespace) -> Agent:
     from providers.builtin import builtin_model, builtin_tools
     from runtime import config as cfg_mod
 
-    register_builtin_providers()
     config = cfg_mod.load_config(args.config)
+    register_builtin_providers(config.ai.providers)
     agent_cfg = config.ai.agent
     common: dict[str, Any] = {
         "system_prompt": args.system_prompt,

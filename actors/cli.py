@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "abort": ("abort a live session's running turn (admin API)", "actors.control_cli:abort_main"),
     "sessions": ("list the live sessions (admin API)", "actors.control_cli:sessions_main"),
+    "models": (
+        "list the configured models with their structured-output tier, source and age (admin API)",
+        "actors.control_cli:models_main",
+    ),
     "status": (
         "show pool, live sessions, turns running and recent throughput (admin API)",
         "actors.control_cli:status_main",

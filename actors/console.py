@@ -3,13 +3,16 @@
 Routes::
 
     GET  /console                    the single-page chat (plain HTML + JS, no build step)
-    GET  /console/static/{name}      console.js / console.css
+    GET  /console/static/{name}      console.js / console.css / favicon.svg
+    GET  /favicon.ico                the console's icon (SVG, ``image/svg+xml``)
     GET  /console/api/info           {"bots": [...], "token_required": bool}
+    GET  /console/api/me             ?user=&bot= → {"user", "bot", "master": bool}
+    GET  /console/api/history        ?user=&bot=&scene=private|group&group=&limit= → {"messages": [...]}
     GET  /console/api/stream         Server-Sent Events for one browser: ?user=&group=
     POST /console/api/echo           a user's message, shown to the other members of its group scene
     POST /console/api/deliver        the console "platform API": DeliveryActors POST replies here  (internal)
     POST /console/api/events         agent events for a session ({"session_key", "event"})       (internal)
-    GET  /console/api/sessions       live console sessions (SessionRuntime.sessions(), console:* keys)
+    GET  /console/api/sessions       ?user= → live console sessions of the bots ``user`` is a master of
     POST /console/api/steer          {"user", "session_key", "text"} → a steer ControlRequest (console:* keys)
     POST /console/api/follow_up      same → a follow_up ControlRequest
 
@@ -23,10 +26,12 @@ Steer and follow-up are sent with the console user's name as ``sender_id``; the 
 them only to the bot's masters (default config: the console user ``admin``) and answers 403
 otherwise. The console trusts the name a browser picks, so it may act on **console sessions only**
 (``console:*`` keys; docs/decisions.md#security-console-scope): any other platform's session key
-answers 403 and points to the admin API (bearer token). ``/console/api/sessions`` lists console
-sessions only. With ``secret_env`` set on the console bot, every browser-facing ``/console/api``
-call (and the webhook) needs ``X-Console-Token``; without it the console is meant for 127.0.0.1
-only.
+answers 403 and points to the admin API (bearer token). ``/console/api/sessions`` answers only a
+master (403 otherwise) and lists the console sessions of the bots that user is a master of; the
+page shows the live-session list and the master controls only when ``/console/api/me`` says
+``master`` (docs/decisions.md#security-console-masters). With ``secret_env`` set on the console bot,
+every browser-facing ``/console/api`` call (and the webhook) needs ``X-Console-Token``; without it
+the console is meant for 127.0.0.1 only.
 
 ``/console/api/deliver`` and ``/console/api/events`` are not for browsers: they need
 ``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN``, else 401 (the one check
@@ -35,6 +40,12 @@ ingress's body-size exemption does). ``sessionray serve`` generates the variable
 Ray; anywhere else (Ray Serve replicas, your own process) :func:`console_routes` refuses to start
 without it (:func:`runtime.platforms.console.require_console_api_token`): a token made up by one
 process never reaches the delivery actors, and every console reply would be refused.
+
+``/console/api/history`` returns the caller's own scene only — the private chat of ``user`` with
+``bot``, or the group the browser's stream follows (docs/decisions.md#security-console-own-scene)
+— read from ``im_transcripts`` (:mod:`actors.console_history`: the last ``limit`` messages,
+default 50, at most 200). Everything it returns, and every live agent event (tool arguments and
+results), passes the leak check (docs/decisions.md#security-console-leak-check).
 
 Bad input answers 400 naming the field: a body nested too deeply to parse, names that do not match
 ``NAME_RULE`` in full, steer/follow-up/echo text that is not valid Unicode; text longer than
@@ -51,6 +62,7 @@ import hmac
 import itertools
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -61,8 +73,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import BaseRoute, Route
 
 from actors.admin import error_status
+from actors.console_history import HISTORY_LIMIT, HISTORY_MAX, read_history, scrub
 from actors.http_input import InputError, check_text, loads_json, max_text_chars, valid_session_key
 from runtime.keys import SessionKeyError, parse_session_key
+from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import read_env
 from runtime.platforms.common import is_json_content_type, valid_unicode
 from runtime.platforms.console import (
@@ -72,13 +86,19 @@ from runtime.platforms.console import (
     api_token_matches,
     require_console_api_token,
 )
+from runtime.reply.leak import LeakPolicy
 from runtime.session.control import ControlError, ControlKind, ControlRequest
 
 __all__ = ["ConsoleHub", "console_routes"]
 
 log = logging.getLogger("sessionray.console")
 
-_STATIC = {"console.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
+_STATIC = {
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+_NAMES = "must be 1-32 letters, digits, '_', '.' or '-'"
 _KEEPALIVE_S = 15.0
 _QUEUE_MAX = 256
 
@@ -105,6 +125,7 @@ class ConsoleHub:
     def __init__(self) -> None:
         self._subs: set[_Subscriber] = set()
         self._ids = itertools.count(1)
+        self._prefix = f"console-{secrets.token_hex(4)}"
 
     def subscribe(self, user: str, group: str | None) -> _Subscriber:
         """Register one browser stream."""
@@ -117,8 +138,12 @@ class ConsoleHub:
         self._subs.discard(sub)
 
     def next_message_id(self) -> str:
-        """A console message id for a delivered reply (``console-<n>``)."""
-        return f"console-{next(self._ids)}"
+        """A console message id for a delivered reply: ``console-<8 hex digits of this hub>-<n>``.
+
+        Unique across restarts and replicas: the id keys the outbound transcript row (unique per
+        platform, bot, message id and direction), so a counter that starts again at 1 would
+        make every reply after a restart a "duplicate" that history never shows."""
+        return f"{self._prefix}-{next(self._ids)}"
 
     def publish(self, scene_type: str, scene_id: str, event: dict[str, Any]) -> int:
         """Queue ``event`` to every subscriber of the scene; returns how many got it."""
@@ -147,11 +172,19 @@ def _static(name: str) -> str:
     return resources.files("actors.static").joinpath(name).read_text(encoding="utf-8")
 
 
-def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> list[BaseRoute]:
+def console_routes(
+    runtime: Any,
+    config: Any,
+    hub: ConsoleHub | None = None,
+    *,
+    transcripts: TranscriptStore | None = None,
+) -> list[BaseRoute]:
     """The console routes (module docstring) over a ``SessionRuntime`` and the config.
 
     Returns ``[]`` when no ``console`` bot is configured. The internal endpoints check
     ``$SESSIONRAY_CONSOLE_API_TOKEN`` per request (:func:`~runtime.platforms.console.api_token_matches`).
+    ``transcripts`` is where ``/console/api/history`` reads (the ingress passes its own store;
+    without one that endpoint answers 503).
 
     Raises:
         ValueError: the console bot's ``secret_env`` names an unset variable, or
@@ -166,7 +199,9 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
     hub = hub or ConsoleHub()
     token = read_env(getattr(bots[0], "secret_env", None), what="console token")
     bot_ids = [str(b.self_id) for b in bots]
+    masters = {str(b.self_id): {str(m) for m in getattr(b, "masters", None) or ()} for b in bots}
     text_limit = max_text_chars(config)
+    leak_policy = LeakPolicy.from_config(config)
 
     def authorized(request: Request) -> bool:
         if not token:
@@ -212,8 +247,61 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
             return JSONResponse({"error": "not found"}, status_code=404)
         return Response(_static(name), media_type=_STATIC[name])
 
+    async def favicon(request: Request) -> Response:
+        return Response(_static("favicon.svg"), media_type=_STATIC["favicon.svg"])
+
     async def info(request: Request) -> Response:
         return JSONResponse({"bots": bot_ids, "token_required": bool(token)})
+
+    def who(request: Request) -> tuple[str, str] | Response:
+        """``(user, bot)`` from the query (``bot`` defaults to the first console bot), or a 400."""
+        user = request.query_params.get("user", "")
+        bot = request.query_params.get("bot") or bot_ids[0]
+        if not NAME_RULE.fullmatch(user):
+            return bad(f"`user` {_NAMES}")
+        if bot not in masters:
+            return bad(f"`bot`: no console bot {bot!r} is configured")
+        return user, bot
+
+    async def me(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        found = who(request)
+        if isinstance(found, Response):
+            return found
+        user, bot = found
+        return JSONResponse({"user": user, "bot": bot, "master": user in masters[bot]})
+
+    async def history(request: Request) -> Response:
+        if not authorized(request):
+            return denied()
+        found = who(request)
+        if isinstance(found, Response):
+            return found
+        user, bot = found
+        scene, group = request.query_params.get("scene", "private"), request.query_params.get("group", "")
+        if scene not in ("private", "group"):
+            return bad("`scene` must be private or group")
+        if scene == "group" and not NAME_RULE.fullmatch(group):
+            return bad(f"`group` {_NAMES}")
+        raw = request.query_params.get("limit", str(HISTORY_LIMIT))
+        if not (raw.isdecimal() and 1 <= int(raw) <= HISTORY_MAX):
+            return bad(f"`limit` must be a whole number from 1 to {HISTORY_MAX}")
+        if transcripts is None:
+            return JSONResponse({"error": "no transcript store: history unavailable"}, status_code=503)
+        try:
+            messages = await read_history(
+                transcripts,
+                bot_id=bot,
+                scene_type=scene,
+                scene_id=user if scene == "private" else group,
+                limit=int(raw),
+                policy=leak_policy,
+            )
+        except Exception:  # the database is down or busy: the page says so and keeps working
+            log.exception("console history of %s/%s unavailable", bot, user)
+            return JSONResponse({"error": "history unavailable, try again"}, status_code=503)
+        return JSONResponse({"messages": messages})
 
     async def stream(request: Request) -> Response:
         if not authorized(request):
@@ -288,16 +376,30 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
             key = parse_session_key(str(body.get("session_key", "")))
         except SessionKeyError as exc:
             return bad(str(exc))
-        event = {"type": "agent", "session_key": str(key), "event": body["event"]}
+        event = {"type": "agent", "session_key": str(key), "event": scrub(body["event"], leak_policy)}
         return JSONResponse({"ok": True, "receivers": hub.publish(key.scope, key.scene_id, event)})
 
     async def sessions(request: Request) -> Response:
         if not authorized(request):
             return denied()
+        user = request.query_params.get("user", "")
+        if not NAME_RULE.fullmatch(user):
+            return bad(f"`user` {_NAMES}")
+        mastered = {bot for bot, names in masters.items() if user in names}
+        if not mastered:
+            return JSONResponse(
+                {"error": f"{user!r} is not a master of a console bot; only masters see live sessions"},
+                status_code=403,
+            )
         infos = [
             i.model_dump(mode="json") if hasattr(i, "model_dump") else i for i in await runtime.sessions()
         ]
-        mine = [i for i in infos if valid_session_key(i.get("session_key"), "console")]
+        mine = [
+            i
+            for i in infos
+            if valid_session_key(key := i.get("session_key"), "console")
+            and parse_session_key(key).bot_id in mastered
+        ]
         return JSONResponse({"sessions": mine})
 
     async def control(request: Request) -> Response:
@@ -342,7 +444,10 @@ def console_routes(runtime: Any, config: Any, hub: ConsoleHub | None = None) -> 
     return [
         Route("/console", page, methods=["GET"]),
         Route("/console/static/{name}", static, methods=["GET"]),
+        Route("/favicon.ico", favicon, methods=["GET"]),
         Route("/console/api/info", info, methods=["GET"]),
+        Route("/console/api/me", me, methods=["GET"]),
+        Route("/console/api/history", history, methods=["GET"]),
         Route("/console/api/stream", stream, methods=["GET"]),
         Route("/console/api/echo", echo, methods=["POST"]),
         Route("/console/api/deliver", deliver, methods=["POST"]),

@@ -7,6 +7,7 @@ They talk HTTP to a running ingress (``--url``, default ``$SESSIONRAY_URL`` or
 
     sessionray sessions
     sessionray status
+    sessionray models
     sessionray steer onebot11:10001:group:123 "stop and summarize" --as 20002
     sessionray follow-up onebot11:10001:group:123 "then list sources" --as 20002
     sessionray abort onebot11:10001:group:123
@@ -26,7 +27,7 @@ from urllib.parse import quote
 
 import httpx
 
-__all__ = ["abort_main", "follow_up_main", "sessions_main", "status_main", "steer_main"]
+__all__ = ["abort_main", "follow_up_main", "models_main", "sessions_main", "status_main", "steer_main"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TOKEN_ENV = "SESSIONRAY_ADMIN_TOKEN"
@@ -163,4 +164,21 @@ def status_main(argv: list[str]) -> int:
 
     lines: list[str] = []
     flat("", data, lines)
+    return _print(args, data, "\n".join(lines))
+
+
+def models_main(argv: list[str]) -> int:
+    """``sessionray models``: each configured model's structured-output tier, source and age."""
+    from runtime.reply.capability import age_text
+
+    args = _parser("models", "List the configured models with their structured-output tier.").parse_args(argv)
+    data = _request(args, "GET", "/admin/models")
+    rows = data.get("models", []) if isinstance(data, dict) else []
+    lines = [f"{'MODEL':<32} {'TIER':<8} {'SOURCE':<10} AGE"]
+    for row in rows:
+        age = row.get("age_s")
+        lines.append(
+            f"{row.get('model', '?'):<32} {row.get('tier') or 'unknown':<8} "
+            f"{row.get('source') or '-':<10} {age_text(age) if age is not None else '-'}"
+        )
     return _print(args, data, "\n".join(lines))

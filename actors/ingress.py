@@ -7,7 +7,7 @@ Routes::
     GET  /healthz                        {"status": "ok"}
     GET  /metrics                        prometheus-client text format (this process's registry)
     /admin/...                           actors/admin.py (bearer token)
-    /console...                          actors/console.py's routes, when that module exists
+    /console...                          actors/console.py (when a console bot is configured)
 
 A webhook answers:
 
@@ -53,7 +53,6 @@ This app runs in the driver under uvicorn (``sessionray serve``) or inside a Ray
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import math
 import time
@@ -70,6 +69,7 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.admin import admin_routes
+from actors.console import console_routes
 from actors.http_input import max_text_chars, text_too_long
 from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
 from runtime import metrics
@@ -79,7 +79,7 @@ from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import InboundMessage, MalformedEvent, PlatformCodec, SignatureError, get_codec
 from runtime.platforms.common import is_json_content_type
 
-__all__ = ["DECODE_IN_THREAD_BYTES", "Ingress", "build_app", "console_routes"]
+__all__ = ["DECODE_IN_THREAD_BYTES", "Ingress", "build_app"]
 
 log = logging.getLogger("sessionray.ingress")
 
@@ -119,25 +119,6 @@ class _RouteMetrics:
         finally:
             metrics.HTTP_REQUESTS.inc(route=route, status=str(status["code"]))
             metrics.HTTP_LATENCY.observe(time.perf_counter() - started, route=route)
-
-
-def console_routes(runtime: Any, config: Any) -> list[BaseRoute]:
-    """The console's routes from ``actors/console.py`` (PLATFORMS), or ``[]`` when it is absent.
-
-    The module is expected to expose ``console_routes(runtime, config) -> list[BaseRoute]``
-    (or ``routes(runtime, config)``).
-    """
-    try:
-        module = importlib.import_module("actors.console")
-    except ModuleNotFoundError as exc:
-        if exc.name != "actors.console":
-            raise
-        return []
-    factory = getattr(module, "console_routes", None) or getattr(module, "routes", None)
-    if factory is None:
-        log.warning("actors/console.py has no console_routes(runtime, config): console not mounted")
-        return []
-    return list(factory(runtime, config))
 
 
 class Ingress:
@@ -355,7 +336,7 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
         Route("/healthz", ingress.healthz, methods=["GET"]),
         Route("/metrics", ingress.metrics_endpoint, methods=["GET"]),
         *admin_routes(runtime, token_env, repository=stored),
-        *console_routes(runtime, config),
+        *console_routes(runtime, config, transcripts=ingress.transcripts),
     ]
     app = Starlette(routes=routes)
     app.state.ingress = ingress

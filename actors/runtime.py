@@ -130,6 +130,9 @@ class SessionRuntime:
                 ``runtime.delivery_actors`` actors.
             wait_warm: Return only once the warm pool is full (benchmarks, tests).
 
+        With ``ai.probe_on_start`` the configured models' structured-output tiers are probed here,
+        before the pool starts.
+
         Raises:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
             runtime.session.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
@@ -146,6 +149,8 @@ class SessionRuntime:
         try:
             await asyncio.to_thread(db.create_tables)
             await asyncio.to_thread(warn_if_over_connection_budget, db, config.runtime)
+            if config.ai.probe_on_start:  # docs/decisions.md#structured-capability-cache
+                await _probe_on_start(config, db)
         finally:
             db.dispose()
         self.config = config
@@ -311,3 +316,14 @@ class SessionRuntime:
             "pool": pool,
             "shards": list(shards),
         }
+
+
+async def _probe_on_start(config: Any, db: Any) -> None:
+    """``ai.probe_on_start``: probe every configured model's structured-output tier now (each one
+    unknown or older than ``ai.capability_ttl_s``) and store it for every process
+    (docs/decisions.md#structured-capability-cache). A failed probe is logged, never fatal."""
+    from providers import register_builtin_providers
+    from runtime.session.capabilities import capability_cache, probe_configured
+
+    register_builtin_providers()
+    await probe_configured(config, capability_cache(config, db))

@@ -56,7 +56,8 @@ class ConfigSetupFactory:
     offline model when unset), the ``chat_history`` tool bound to the session's scene, the
     business tools (:func:`business_tools`), the ``delegate`` sub-agent tool when
     ``ai.agent.delegate`` is on, the IM preset prompt, ``ai.agent`` output schema and queue
-    modes, and — for console sessions only — the live-events hook
+    modes, the structured-output capability cache on the SQL store with the probe at first use
+    (``runtime.session.capabilities``), and — for console sessions only — the live-events hook
     (``runtime.platforms.console_events``).
 
     Args:
@@ -67,6 +68,7 @@ class ConfigSetupFactory:
         self.config = config
         self._db: Any = None
         self._shared: tuple[Any, list[Any]] | None = None
+        self._capabilities: Any = None
 
     def prepare(self, *, database: Any = None) -> None:
         """Build, once per process, everything that does not depend on the session key: provider
@@ -93,9 +95,13 @@ class ConfigSetupFactory:
         from runtime.platforms.console_events import console_event_hook  # noqa: F401
         from runtime.session.features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
 
-        register_builtin_providers()
+        register_builtin_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
+        if self._capabilities is None:  # one per process, on the shared SQL store
+            from runtime.session.capabilities import capability_cache
+
+            self._capabilities = capability_cache(self.config, self._db)
         tools = business_tools(self.config)  # validated at start-up (SessionRuntime.start)
         model = self._model()
         if not self.config.ai.default_model:
@@ -132,6 +138,11 @@ class ConfigSetupFactory:
         output_schema: Literal["segments"] | Literal[False] = (
             False if agent.output_schema is False else "segments"
         )
+        from runtime.session.capabilities import default_probe
+
+        features = AgentFeatures.from_config(self.config)
+        if features.commands is not None:  # /models reads the same store
+            features.commands.capabilities = self._capabilities
         return SessionSetup(
             model=model,
             tools=tools,
@@ -139,9 +150,12 @@ class ConfigSetupFactory:
             output_schema=output_schema,
             steering_mode=agent.steering_mode,
             follow_up_mode=agent.follow_up_mode,
-            features=AgentFeatures.from_config(self.config),
+            features=features,
             on_event=console_event_hook(self.config, session_key),  # console live events
             compaction_threshold=agent.compaction_threshold,
+            capabilities=self._capabilities,  # docs/decisions.md#structured-capability-cache
+            # the built-in offline model answers every tier: nothing to probe
+            probe=default_probe if self.config.ai.default_model else None,
         )
 
     def _model(self) -> Any:
@@ -155,4 +169,5 @@ class ConfigSetupFactory:
         return builtin_model()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "_db": None, "_shared": None}  # process-local parts
+        # process-local parts
+        return {"config": self.config, "_db": None, "_shared": None, "_capabilities": None}

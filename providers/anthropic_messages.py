@@ -31,11 +31,11 @@ import json
 from typing import Any
 
 from providers.common import (
+    ProviderConfigs,
     finalize_usage,
     join_url,
     loads,
     request_secrets,
-    resolve_api_key,
 )
 from providers.handoff import anthropic_tool_id, transform_messages
 from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
@@ -336,7 +336,7 @@ class AnthropicMessagesParser:
 
 
 def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
-    key = resolve_api_key(model, options)
+    key = options.api_key  # resolved by stream_sse_call
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -353,20 +353,33 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
 
 
 def stream_anthropic_messages(
-    model: Model, context: Context, options: StreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: StreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
-    """Stream one Messages-API call; returns at once, failures arrive as the ``error`` event."""
+    """Stream one Messages-API call; returns at once, failures arrive as the ``error`` event.
+    ``provider_configs`` (``ai.providers``) is where the API key is looked up
+    (:func:`providers.common.resolve_api_key`)."""
     return stream_sse_call(
         API,
         model,
         options,
         lambda opts, reasoning: _request(model, context, opts, reasoning),
         lambda builder: AnthropicMessagesParser(builder, model),
+        provider_configs,
     )
 
 
 def stream_simple(
-    model: Model, context: Context, options: SimpleStreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: SimpleStreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """:func:`stream_anthropic_messages` with the unified reasoning level mapped to ``thinking``."""
-    return stream_anthropic_messages(model, context, options or SimpleStreamOptions())
+    return stream_anthropic_messages(
+        model, context, options or SimpleStreamOptions(), provider_configs=provider_configs
+    )

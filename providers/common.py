@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import secrets as _secrets
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
 from pydantic_core import from_json
 
+from runtime.config import ProviderConfig
 from runtime.llm.options import StreamOptions
 from runtime.llm.types import AssistantMessage, Model, Usage
 
@@ -21,6 +22,7 @@ __all__ = [
     "OFFICIAL_HOSTS",
     "SECRET_HEADERS",
     "ApiKeyError",
+    "ProviderConfigs",
     "apply_cost",
     "crash_handler",
     "finalize_usage",
@@ -38,6 +40,11 @@ DEFAULT_KEY_ENV: dict[str, str] = {
     "openai-images": "OPENAI_API_KEY",
 }
 """Environment variable read when neither options, ``get_api_key`` nor the config give a key."""
+
+ProviderConfigs: TypeAlias = Mapping[str, ProviderConfig]
+"""The configured providers by alias (``Config.ai.providers``), as the caller passes them to
+:func:`providers.register_builtin_providers` (or straight to a provider function); providers
+never read the process-wide configuration themselves."""
 
 OFFICIAL_HOSTS: dict[str, str] = {
     "openai-completions": "api.openai.com",
@@ -65,12 +72,15 @@ def _clean_key(key: str, source: str) -> str:
     return key
 
 
-def resolve_api_key(model: Model, options: StreamOptions | None) -> str | None:
+def resolve_api_key(
+    model: Model, options: StreamOptions | None, provider_configs: ProviderConfigs | None = None
+) -> str | None:
     """Return the API key for one call, or ``None`` (keyless local servers).
 
     Order (docs/decisions.md#llm-api-keys): ``options.api_key``;
     ``options.extra["get_api_key"](provider_alias)`` (the agent loop's dynamic-key hook); for a
-    provider configured in ``ai.providers``, the variable named by its ``api_key_env`` (no
+    provider in ``provider_configs`` (``ai.providers``, passed by the caller: providers never read
+    the process-wide configuration), the variable named by its ``api_key_env`` (no
     ``api_key_env``: keyless, and no other vendor's key is ever sent to it); for an unconfigured
     provider alias, the api's conventional variable (:data:`DEFAULT_KEY_ENV`), and only when the
     model's ``base_url`` is empty or on the api's own host (:data:`OFFICIAL_HOSTS`). Surrounding
@@ -88,9 +98,7 @@ def resolve_api_key(model: Model, options: StreamOptions | None) -> str | None:
             key = hook(model.provider)
             if key:
                 return _clean_key(key, "the get_api_key hook")
-    from runtime.config import get_provider_config  # local import: config is optional here
-
-    provider = get_provider_config(model.provider) if model.provider else None
+    provider = provider_configs.get(model.provider) if provider_configs and model.provider else None
     if provider is not None:
         env = provider.api_key_env
         if not env:
@@ -183,12 +191,7 @@ def crash_handler(model: Model) -> Callable[[BaseException], AssistantMessage]:
     naming the exception (``stop_reason="error"``; run_stream turns cancellation into aborted)."""
 
     def on_crash(exc: BaseException) -> AssistantMessage:
-        return AssistantMessage(
-            api=model.api,
-            provider=model.provider,
-            model=model.id,
-            stop_reason="error",
-            error_message=str(exc) if isinstance(exc, ApiKeyError) else f"{type(exc).__name__}: {exc}",
-        )
+        text = str(exc) if isinstance(exc, ApiKeyError) else f"{type(exc).__name__}: {exc}"
+        return AssistantMessage.error_for(model, text)
 
     return on_crash

@@ -354,13 +354,7 @@ _handles: dict[str, FauxProviderHandle] = {}
 
 def _crash_message(model: Model) -> Callable[[BaseException], AssistantMessage]:
     def build(exc: BaseException) -> AssistantMessage:
-        return AssistantMessage(
-            api=model.api,
-            provider=model.provider,
-            model=model.id,
-            stop_reason="error",
-            error_message=f"faux step failed: {type(exc).__name__}: {exc}",
-        )
+        return AssistantMessage.error_for(model, f"faux step failed: {type(exc).__name__}: {exc}")
 
     return build
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from providers.common import (
+    ProviderConfigs,
     finalize_usage,
     join_url,
     loads,
     mint_tool_call_id,
     request_secrets,
-    resolve_api_key,
 )
 from providers.handoff import transform_messages
 from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
@@ -275,7 +275,7 @@ class GoogleParser:
 
 
 def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
-    key = resolve_api_key(model, options)
+    key = options.api_key  # resolved by stream_sse_call
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -291,20 +291,33 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
 
 
 def stream_google_generative_ai(
-    model: Model, context: Context, options: StreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: StreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
-    """Stream one Gemini call; returns at once, failures arrive as the ``error`` event."""
+    """Stream one Gemini call; returns at once, failures arrive as the ``error`` event.
+    ``provider_configs`` (``ai.providers``) is where the API key is looked up
+    (:func:`providers.common.resolve_api_key`)."""
     return stream_sse_call(
         API,
         model,
         options,
         lambda opts, reasoning: _request(model, context, opts, reasoning),
         lambda builder: GoogleParser(builder, model),
+        provider_configs,
     )
 
 
 def stream_simple(
-    model: Model, context: Context, options: SimpleStreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: SimpleStreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """:func:`stream_google_generative_ai` with the unified reasoning level as a thinking budget."""
-    return stream_google_generative_ai(model, context, options or SimpleStreamOptions())
+    return stream_google_generative_ai(
+        model, context, options or SimpleStreamOptions(), provider_configs=provider_configs
+    )

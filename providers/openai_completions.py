@@ -28,12 +28,12 @@ import json
 from typing import Any
 
 from providers.common import (
+    ProviderConfigs,
     finalize_usage,
     join_url,
     loads,
     mint_tool_call_id,
     request_secrets,
-    resolve_api_key,
 )
 from providers.handoff import openai_tool_id, transform_messages
 from providers.profiles import OpenAICompat, openai_compat
@@ -414,7 +414,7 @@ class OpenAICompletionsParser:
 
 
 def _request(model: Model, context: Context, options: StreamOptions, reasoning: str) -> HttpRequest:
-    key = resolve_api_key(model, options)
+    key = options.api_key  # resolved by stream_sse_call
     headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -430,12 +430,18 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
 
 
 def stream_openai_completions(
-    model: Model, context: Context, options: StreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: StreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """Stream one Chat Completions call (``POST {base_url}/chat/completions``, ``stream: true``).
 
     Returns at once; failures (HTTP errors, timeouts, aborts, malformed chunks) arrive as the
-    terminal ``error`` event with the provider's message. ``options`` as in :class:`StreamOptions`.
+    terminal ``error`` event with the provider's message. ``options`` as in :class:`StreamOptions`;
+    ``provider_configs`` (``ai.providers``) is where the API key is looked up
+    (:func:`providers.common.resolve_api_key`).
     """
     return stream_sse_call(
         API,
@@ -443,11 +449,18 @@ def stream_openai_completions(
         options,
         lambda opts, reasoning: _request(model, context, opts, reasoning),
         lambda builder: OpenAICompletionsParser(builder, model),
+        provider_configs,
     )
 
 
 def stream_simple(
-    model: Model, context: Context, options: SimpleStreamOptions | None = None
+    model: Model,
+    context: Context,
+    options: SimpleStreamOptions | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """:func:`stream_openai_completions` with the unified reasoning level mapped per ``compat``."""
-    return stream_openai_completions(model, context, options or SimpleStreamOptions())
+    return stream_openai_completions(
+        model, context, options or SimpleStreamOptions(), provider_configs=provider_configs
+    )

@@ -23,8 +23,9 @@ import filetype
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from providers.common import ApiKeyError, join_url, request_secrets, resolve_api_key
+from providers.common import ApiKeyError, ProviderConfigs, join_url, request_secrets, resolve_api_key
 from providers.transport import error_message_from_body, get_http_client, redact
+from runtime.config import Config, get_model
 from runtime.llm.abort import AbortSignal
 from runtime.llm.options import StreamOptions
 from runtime.llm.types import ImageContent, Model, TextContent, Usage
@@ -98,18 +99,16 @@ class ImageGenerationOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def get_image_model(provider_alias: str, model_id: str) -> ImageModel:
-    """Return the image model ``model_id`` of ``ai.providers.<provider_alias>``.
+def get_image_model(provider_alias: str, model_id: str, config: Config) -> ImageModel:
+    """Return the image model ``model_id`` of ``config.ai.providers.<provider_alias>``.
 
     The provider's ``base_url`` and ``headers`` are used; its chat ``api`` does not matter (any
     OpenAI-compatible endpoint with an Images API works).
 
     Raises:
-        runtime.config.ConfigError: the alias is not configured.
+        runtime.config.ConfigError: the alias is not configured in ``config``.
     """
-    from runtime.config import get_model
-
-    chat = get_model(provider_alias, model_id)
+    chat = get_model(provider_alias, model_id, config)
     return ImageModel(id=model_id, provider=provider_alias, base_url=chat.base_url, headers=chat.headers)
 
 
@@ -125,6 +124,8 @@ async def generate_images(
     prompt_or_inputs: str | list[TextContent | ImageContent],
     options: ImageGenerationOptions | None = None,
     client: httpx.AsyncClient | None = None,
+    *,
+    provider_configs: ProviderConfigs | None = None,
 ) -> ImageGenerationResult:
     """Generate (or edit) images; never raises for provider or network failures.
 
@@ -134,6 +135,8 @@ async def generate_images(
             (→ ``/images/edits``).
         options: See :class:`ImageGenerationOptions`.
         client: An ``httpx.AsyncClient`` (default: the shared client of the running loop).
+        provider_configs: The configured providers by alias (``Config.ai.providers``), where the
+            API key is looked up (:func:`providers.common.resolve_api_key`); ``None``: none.
 
     Returns:
         The images with MIME types sniffed from their bytes, usage in tokens, or ``error_message``.
@@ -147,7 +150,7 @@ async def generate_images(
         images = [b for b in prompt_or_inputs if isinstance(b, ImageContent)]
     chat_like = Model(id=model.id, api=API, provider=model.provider, base_url=model.base_url)
     try:
-        key = resolve_api_key(chat_like, StreamOptions(api_key=opts.api_key))
+        key = resolve_api_key(chat_like, StreamOptions(api_key=opts.api_key), provider_configs)
     except ApiKeyError as exc:
         result.error_message = str(exc)
         return result

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import email.utils
 import json
@@ -53,7 +54,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from providers.common import crash_handler
+from providers.common import ProviderConfigs, crash_handler, resolve_api_key
 from providers.sse import SSEDecoder
 from runtime.llm.builder import MessageBuilder
 from runtime.llm.events import AssistantMessageEventStream, run_stream
@@ -464,6 +465,7 @@ def stream_sse_call(
     options: StreamOptions | None,
     make_request: Callable[[StreamOptions, str], HttpRequest],
     make_parser: Callable[[MessageBuilder], SseParser],
+    provider_configs: ProviderConfigs | None = None,
 ) -> AssistantMessageEventStream:
     """Run one streaming SSE provider call; the shared body of every provider's ``stream_*``.
 
@@ -476,15 +478,20 @@ def stream_sse_call(
         options: Call options (default ``StreamOptions()``); a :class:`SimpleStreamOptions`
             contributes its ``reasoning`` level, any other options mean ``"off"``.
             ``options.extra["http_client"]`` overrides the shared ``httpx.AsyncClient``.
-        make_request: ``(options, reasoning) -> HttpRequest`` (URL, headers, JSON body).
+        make_request: ``(options, reasoning) -> HttpRequest`` (URL, headers, JSON body); its
+            options carry in ``api_key`` the key resolved for this call (``None``: keyless).
         make_parser: Returns a fresh :class:`SseParser` feeding the given builder, per attempt.
+        provider_configs: The configured providers by alias, where the key is looked up
+            (:func:`~providers.common.resolve_api_key`; its :class:`ApiKeyError` ends the stream
+            with an ``error`` event naming the missing variable, before anything is sent).
     """
     opts = options or StreamOptions()
     reasoning = opts.reasoning if isinstance(opts, SimpleStreamOptions) else "off"
 
     async def produce(stream: AssistantMessageEventStream) -> None:
         builder = MessageBuilder(stream, model)
-        request = make_request(opts, reasoning)
+        key = resolve_api_key(model, opts, provider_configs)
+        request = make_request(dataclasses.replace(opts, api_key=key), reasoning)
         await run_sse_request(
             api, request, opts, builder, lambda: make_parser(builder), opts.extra.get("http_client")
         )

@@ -1,5 +1,5 @@
 """Shared fixtures: paths to the recorded fixtures, one local Ray instance per test session,
-and the PostgreSQL URL that .ci/run exports (SESSIONRAY_TEST_PG_URL)."""
+and the PostgreSQL URL that `make test` exports (SESSIONRAY_TEST_PG_URL)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT / "tests" / "fixtures
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    """The read-only recorded payloads in tests/fixtures (never edited; sources: SOURCES.md there)."""
-    assert FIXTURES.is_dir(), f"fixtures not found at {FIXTURES} (set SESSIONRAY_FIXTURES)"
+    """The read-only recorded payloads in tests/fixtures (never edited; sources in SOURCES.md)."""
+    assert FIXTURES.is_dir(), f"fixtures not found at {FIXTURES} (SESSIONRAY_FIXTURES overrides it)"
     return FIXTURES
 
 
@@ -46,9 +46,12 @@ def ray_session() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def pg_url() -> str:
-    """URL of the test PostgreSQL server; in CI .ci/run starts one. Locally without it the
-    PostgreSQL tests fail loudly rather than skip (no skipped test counts as done)."""
+    """URL of the test PostgreSQL server; `make test`/`make pytest` start one (scripts/test-deps.sh).
+    A bare `pytest` without it fails the PostgreSQL tests loudly rather than skip them."""
     url = os.environ.get("SESSIONRAY_TEST_PG_URL")
     if not url:
-        pytest.fail("SESSIONRAY_TEST_PG_URL is not set: run `source .ci/postgres.sh; start_test_postgres`")
+        pytest.fail(
+            "SESSIONRAY_TEST_PG_URL is not set: run the tests with `make test` or `make pytest`, or\n"
+            "  export SESSIONRAY_TEST_PG_URL=$(scripts/test-deps.sh --postgres-only)"
+        )
     return url

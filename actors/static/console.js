@@ -2,7 +2,11 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { user: "", scene: "private", group: "", bot: "", token: "", stream: null, seen: new Set() };
+const SAVED = "sessionray.console.login";  // sessionStorage: this tab's login, so a reload resumes it
+const ARGS_INLINE_CHARS = 120;
+const state = {
+  user: "", scene: "private", group: "", bot: "", token: "", stream: null, seen: new Set(), view: 0,
+};
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -26,12 +30,19 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-function addLine(cls, who, content, testid) {
+function scrollToEnd() { const log = $("log"); log.scrollTop = log.scrollHeight; }
+
+function line(cls, who, content, testid) {
   const li = el("li", { class: cls, "data-testid": testid || cls });
   if (who) li.append(el("span", { class: "who" }, who));
   li.append(content);
+  return li;
+}
+
+function addLine(cls, who, content, testid) {
+  const li = line(cls, who, content, testid);
   $("log").append(li);
-  li.scrollIntoView({ block: "end" });
+  scrollToEnd();
   return li;
 }
 
@@ -102,28 +113,47 @@ function renderSegment(seg) {
   }
 }
 
+function segmentsNode(segments) {
+  const body = el("span", { class: "segments" });
+  for (const seg of segments) body.append(renderSegment(seg));
+  return body;
+}
+
 function showReply(ev) {
   if (state.seen.has(ev.message_id)) return;
   state.seen.add(ev.message_id);
-  const body = el("span", { class: "segments" });
-  for (const seg of ev.segments) body.append(renderSegment(seg));
-  addLine("bot", ev.bot_id || "bot", body, "reply");
+  addLine("bot", ev.bot_id || "bot", segmentsNode(ev.segments), "reply");
+}
+
+// A collapsible event line: the summary carries data-testid=agent-event, the body the details.
+function foldable(cls, summary, body, bodyTestid) {
+  const pre = el("pre", { "data-testid": bodyTestid }, body);
+  const details = el("details", {}, el("summary", { "data-testid": "agent-event" }, summary), pre);
+  return el("li", { class: "event " + cls }, details);
+}
+
+function eventLine(e) {
+  if (e.type === "tool_call") {
+    const args = JSON.stringify(e.args ?? {});
+    const inline = args.length > ARGS_INLINE_CHARS ? args.slice(0, ARGS_INLINE_CHARS) + "…" : args;
+    return foldable("tool", `🔧 ${e.name}(${inline})`, JSON.stringify(e.args ?? {}, null, 2), "tool-args");
+  }
+  if (e.type === "tool_result") {
+    const result = typeof e.result === "string" && e.result ? e.result : "(no output)";
+    return foldable(e.is_error ? "tool error" : "tool", `${e.is_error ? "✗" : "✓"} ${e.name}`, result, "tool-result");
+  }
+  const text = e.type === "notice" ? `⚠ ${e.text}` : e.type === "thinking" ? `💭 ${e.text}` : e.text || e.type;
+  const cls = e.type === "notice" ? "notice" : e.type === "thinking" ? "thinking" : "status";
+  return el("li", { class: "event " + cls }, el("span", { "data-testid": "agent-event" }, text));
 }
 
 function showAgentEvent(ev) {
-  const e = ev.event || {};
-  let text;
-  if (e.type === "tool_call") text = `🔧 ${e.name}(${JSON.stringify(e.args ?? {})})`;
-  else if (e.type === "tool_result") text = `${e.is_error ? "✗" : "✓"} ${e.name}`;
-  else if (e.type === "notice") text = `⚠ ${e.text}`;
-  else if (e.type === "thinking") text = `💭 ${e.text}`;
-  else text = e.text || e.type;
-  const li = el("li", { "data-testid": "agent-event", class: e.is_error ? "error" : "" }, text);
-  $("events").append(li);
-  li.scrollIntoView({ block: "end" });
+  $("log").append(eventLine(ev.event || {}));
+  scrollToEnd();
 }
 
-function onEvent(msg) {
+function onEvent(view, msg) {
+  if (view !== state.view) return;
   const ev = JSON.parse(msg.data);
   if (ev.type === "reply") showReply(ev);
   else if (ev.type === "agent") showAgentEvent(ev);
@@ -132,32 +162,108 @@ function onEvent(msg) {
   }
 }
 
+// One stored message (GET /console/api/history) as a log line, or null when already shown.
+function historyLine(m) {
+  if (state.seen.has(m.message_id)) return null;
+  state.seen.add(m.message_id);
+  if (m.direction === "outbound") {
+    const body = m.segments ? segmentsNode(m.segments) : el("span", { class: "seg-text" }, m.text);
+    return line("bot", m.sender_id || "bot", body, "reply");
+  }
+  if (m.sender_id === state.user) return line("mine", state.user, m.text, "mine");
+  return line("", m.sender, m.text, "message");
+}
+
+async function loadHistory(view) {
+  const q = new URLSearchParams({ user: state.user, bot: state.bot, scene: state.scene });
+  if (state.scene === "group") q.set("group", state.group);
+  let resp = null;
+  let answer = {};
+  try {
+    resp = await fetch("/console/api/history?" + q, { headers: headers() });
+    answer = await resp.json().catch(() => ({}));
+  } catch (e) {
+    answer = { error: String(e) };
+  }
+  if (view !== state.view) return;
+  const ok = resp !== null && resp.ok;
+  if (!ok) note(`history unavailable (${resp ? resp.status : "network"}): ${answer.error || ""}`);
+  else $("log").prepend(...answer.messages.map(historyLine).filter((li) => li));  // before live lines
+  $("log").dataset.history = ok ? "loaded" : "failed";
+  $("text").disabled = false;  // typing waits for the history: a new line always follows it
+  $("text").focus();
+  scrollToEnd();
+}
+
+async function loadRole(view) {
+  const q = new URLSearchParams({ user: state.user, bot: state.bot });
+  const resp = await fetch("/console/api/me?" + q, { headers: headers() });
+  const answer = await resp.json().catch(() => ({}));
+  if (view !== state.view || !resp.ok) return;
+  $("master").hidden = !answer.master;
+  $("chat").classList.toggle("with-master", answer.master === true);
+  $("chat").dataset.role = answer.master ? "master" : "user";
+  if (answer.master) await refreshSessions();
+}
+
+// Forget everything the previous view showed: a new login (another name, scene or bot) starts empty.
+function resetView() {
+  state.view += 1;
+  if (state.stream) state.stream.close();
+  state.stream = null;
+  state.seen = new Set();
+  $("log").replaceChildren();
+  delete $("log").dataset.history;
+  delete $("chat").dataset.role;
+  $("sessions").replaceChildren();
+  $("control-result").textContent = "";
+  $("control-text").value = "";
+  $("master").hidden = true;
+  $("chat").classList.remove("with-master");
+}
+
 function connect() {
-  state.user = $("user").value.trim();
-  state.scene = $("scene").value;
-  state.group = $("group").value.trim();
-  state.bot = $("bot").value;
-  state.token = $("token").value;
+  const login = {
+    user: $("user").value.trim(), scene: $("scene").value, group: $("group").value.trim(),
+    bot: $("bot").value, token: $("token").value,
+  };
   const ok = /^[\w.-]{1,32}$/u;
-  if (!ok.test(state.user) || (state.scene === "group" && !ok.test(state.group))) {
+  if (!ok.test(login.user) || (login.scene === "group" && !ok.test(login.group))) {
     alert("Names: 1-32 letters, digits, _ . -");
     return;
   }
+  resetView();
+  Object.assign(state, login);
+  sessionStorage.setItem(SAVED, JSON.stringify(login));
+  const view = state.view;
   const q = new URLSearchParams({ user: state.user });
   if (state.scene === "group") q.set("group", state.group);
   if (state.token) q.set("token", state.token);
   state.stream = new EventSource("/console/api/stream?" + q);
-  state.stream.onmessage = onEvent;
-  state.stream.onopen = () => { $("status").textContent = `connected as ${state.user}`; };
-  state.stream.onerror = () => { $("status").textContent = "reconnecting…"; };
+  state.stream.onmessage = (msg) => onEvent(view, msg);
+  state.stream.onopen = () => { if (view === state.view) $("status").textContent = `connected as ${state.user}`; };
+  state.stream.onerror = () => { if (view === state.view) $("status").textContent = "reconnecting…"; };
   $("login").hidden = true;
   $("chat").hidden = false;
+  $("logout").hidden = false;
   $("mention-label").hidden = state.scene !== "group";
   $("scene-title").textContent = state.scene === "private"
     ? `Private chat: ${state.user} ↔ ${state.bot}` : `Group ${state.group} (as ${state.user})`;
   $("control-key").value = sessionKey();
-  $("text").focus();
-  refreshSessions();
+  $("text").disabled = true;
+  loadHistory(view);
+  loadRole(view);
+}
+
+function logout() {
+  resetView();
+  sessionStorage.removeItem(SAVED);
+  state.user = "";
+  $("chat").hidden = true;
+  $("logout").hidden = true;
+  $("login").hidden = false;
+  $("status").textContent = "not connected";
+  $("user").focus();
 }
 
 async function send(event) {
@@ -167,6 +273,7 @@ async function send(event) {
   $("text").value = "";
   const body = { message_id: newId(), user: state.user, scene: state.scene, text, time_ms: Date.now() };
   if (state.scene === "group") { body.group_id = state.group; body.mention_bot = $("mention").checked; }
+  state.seen.add(body.message_id);
   addLine("mine", state.user, text, "mine");
   const resp = await fetch(`/webhooks/console/${encodeURIComponent(state.bot)}`, {
     method: "POST", headers: headers(), body: JSON.stringify(body),
@@ -182,13 +289,16 @@ async function send(event) {
 }
 
 async function refreshSessions() {
-  const resp = await fetch("/console/api/sessions", { headers: headers() });
+  const view = state.view;
+  const resp = await fetch("/console/api/sessions?" + new URLSearchParams({ user: state.user }),
+    { headers: headers() });
+  const answer = await resp.json().catch(() => ({}));
+  if (view !== state.view) return;
   const list = $("sessions");
   list.replaceChildren();
-  if (!resp.ok) { list.append(el("li", {}, `error ${resp.status}`)); return; }
-  const { sessions } = await resp.json();
-  if (!sessions.length) list.append(el("li", {}, "none"));
-  for (const s of sessions) {
+  if (!resp.ok) { list.append(el("li", {}, `error ${resp.status}: ${answer.error || ""}`)); return; }
+  if (!answer.sessions.length) list.append(el("li", {}, "none"));
+  for (const s of answer.sessions) {
     const pick = el("button", { type: "button" }, "select");
     pick.onclick = () => { $("control-key").value = s.session_key; };
     list.append(el("li", { "data-testid": "session" }, `${s.session_key} · ${s.turns} turns · idle ${Math.round(s.idle_s)} s `, pick));
@@ -206,10 +316,24 @@ async function control(kind) {
   if (resp.ok) { $("control-text").value = ""; note(`${kind} by ${state.user}: ${text}`); }
 }
 
+function resumeSaved(bots) {
+  let saved = null;
+  try { saved = JSON.parse(sessionStorage.getItem(SAVED) || "null"); } catch (e) { saved = null; }
+  if (!saved || !bots.includes(saved.bot)) return;
+  $("user").value = saved.user;
+  $("scene").value = saved.scene;
+  $("group").value = saved.group;
+  $("bot").value = saved.bot;
+  if (!$("token").value) $("token").value = saved.token || "";
+  $("group-label").hidden = saved.scene !== "group";
+  connect();
+}
+
 async function init() {
   $("scene").onchange = () => { $("group-label").hidden = $("scene").value !== "group"; };
   $("group-label").hidden = true;
   $("connect").onclick = connect;
+  $("logout").onclick = logout;
   $("composer").onsubmit = send;
   $("refresh").onclick = refreshSessions;
   $("steer").onclick = () => control("steer");
@@ -220,6 +344,7 @@ async function init() {
   const info = await resp.json();
   for (const b of info.bots) $("bot").append(el("option", { value: b }, b));
   $("token-label").hidden = !info.token_required;
+  resumeSaved(info.bots);
   $("connect").dataset.ready = "1";
 }
 

@@ -405,13 +405,7 @@ class Agent:
             log.warning("agent_end listener failed: %s", text)
             s.error = text
             return
-        msg = AssistantMessage(
-            api=model.api,
-            provider=model.provider,
-            model=model.id,
-            stop_reason="aborted" if was_aborted else "error",
-            error_message=text,
-        )
+        msg = AssistantMessage.error_for(model, text, aborted=was_aborted)
         s.messages.append(msg)
         s.error = msg.error_message
         try:

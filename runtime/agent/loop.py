@@ -105,14 +105,7 @@ class _Run:
         return list(got)
 
     def _bare(self, stop_reason: str, error: str) -> AssistantMessage:
-        m = self.config.model
-        return AssistantMessage(
-            api=m.api,
-            provider=m.provider,
-            model=m.id,
-            stop_reason="aborted" if stop_reason == "aborted" else "error",
-            error_message=error,
-        )
+        return AssistantMessage.error_for(self.config.model, error, aborted=stop_reason == "aborted")
 
     async def _llm_context(self) -> Context:
         messages: list[AgentMessage] = list(self.ctx.messages)

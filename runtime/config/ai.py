@@ -78,6 +78,9 @@ class ModelConfig(_Closed):
     compat: dict[str, Any] = Field(default_factory=dict)
     """Overrides the provider's ``compat`` for this model."""
     headers: dict[str, str] = Field(default_factory=dict)
+    structured_tier: Literal["native", "tool", "prompt"] | None = None
+    """Pins the structured-output tier (no probe, no downgrade;
+    docs/decisions.md#structured-capability-cache); ``None``: probed at first use."""
 
 
 class ProviderConfig(_Closed):
@@ -217,6 +220,14 @@ class AiConfig(_Closed):
     """URL prefixes a reply may attach without them appearing in the context
     (docs/decisions.md#reply-media-provenance)."""
     commands: CommandsConfig = Field(default_factory=CommandsConfig)
+    probe_on_start: bool = False
+    """Probe every configured model's structured-output tier when the runtime starts (else at the
+    first use by a session; docs/decisions.md#structured-capability-cache)."""
+    capability_ttl_s: float | None = Field(default=7 * 24 * 3600.0, gt=0)
+    """Age in seconds after which a probed or downgraded tier is probed again; ``null``: never."""
+    downgrade_after: int = Field(default=2, ge=1)
+    """Consecutive off-schema answers at a tier that move a model to the next tier
+    (docs/decisions.md#structured-downgrade-on-evidence)."""
 
     @field_validator("python_tools")
     @classmethod

@@ -200,7 +200,8 @@ def get_model(provider_alias: str, model_id: str, config: Config | None = None) 
     """Return the :class:`~runtime.llm.types.Model` for ``ai.providers.<provider_alias>`` / ``model_id``
     (docs/decisions.md#llm-single-entry).
 
-    Provider ``compat`` and ``headers`` are merged under the model's own. A model id that the
+    Provider ``compat`` and ``headers`` are merged under the model's own (``structured_tier``, when set,
+    becomes ``compat["structured_tier"]``: the pinned tier). A model id that the
     provider does not list is still returned with default budgets (servers such as Ollama serve
     whatever is pulled), so listing models is optional.
 
@@ -227,7 +228,11 @@ def get_model(provider_alias: str, model_id: str, config: Config | None = None) 
         context_window=entry.context_window,
         max_tokens=entry.max_tokens,
         headers={**provider.headers, **entry.headers},
-        compat={**provider.compat, **entry.compat},
+        compat={
+            **provider.compat,
+            **entry.compat,
+            **({"structured_tier": entry.structured_tier} if entry.structured_tier else {}),
+        },
     )
 
 

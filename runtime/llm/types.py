@@ -223,6 +223,23 @@ class AssistantMessage(_Base):
     timestamp: int = Field(default_factory=now_ms)
     """Unix ms when the response started."""
 
+    @classmethod
+    def error_for(cls, model: Model, text: str, *, aborted: bool = False) -> AssistantMessage:
+        """Return the empty message that stands for a failed (or, with ``aborted``, cancelled)
+        call of ``model``: ``api``/``provider``/``model`` from it, no content, zero usage,
+        ``stop_reason`` ``"error"`` (``"aborted"``), ``error_message=text``, timestamp now.
+
+        The one shape every crash path uses (providers, the agent loop and its wrappers);
+        :meth:`runtime.llm.builder.MessageBuilder.fail` instead ends a message that may already
+        hold streamed content."""
+        return cls(
+            api=model.api,
+            provider=model.provider,
+            model=model.id,
+            stop_reason="aborted" if aborted else "error",
+            error_message=text,
+        )
+
     def text(self) -> str:
         """Concatenate the text blocks (thinking and tool calls excluded)."""
         return "".join(b.text for b in self.content if isinstance(b, TextContent))

@@ -1,4 +1,4 @@
-"""The four memory tables, as sqlmodel classes (docs/decisions.md#memory-tables).
+"""The memory tables, as sqlmodel classes (docs/decisions.md#memory-tables).
 
 * ``im_transcripts`` — what was said in a scene (audit and ``chat_history`` search). One row per
   platform message and direction; ``UNIQUE (platform, bot_id, message_id, direction)`` makes a
@@ -10,6 +10,9 @@
   index ``(session_id, timestamp)``. Rows are never updated or deleted.
 * ``agent_summaries`` — compaction summaries; ``anchor_message_id`` is the id of the last
   ``agent_messages`` row the summary covers.
+* ``model_capabilities`` — the structured-output tier of each ``(provider, model)`` with its
+  source, time, reason and raw evidence (:mod:`runtime.memory.capabilities`;
+  docs/decisions.md#structured-capability-cache). One row per model, replaced in place.
 
 Times (``time``, ``timestamp``, ``created_at``, ``updated_at``) are Unix epoch milliseconds in
 64-bit integers. Row ids are 64-bit on PostgreSQL (``BIGSERIAL``) and the rowid on SQLite.
@@ -20,7 +23,14 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, ForeignKey, Index, Integer, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
-__all__ = ["MEMORY_TABLES", "AgentMessageRow", "AgentSessionRow", "AgentSummaryRow", "ImTranscriptRow"]
+__all__ = [
+    "MEMORY_TABLES",
+    "AgentMessageRow",
+    "AgentSessionRow",
+    "AgentSummaryRow",
+    "ImTranscriptRow",
+    "ModelCapabilityRow",
+]
 
 # BIGINT primary keys do not alias SQLite's rowid (no autoincrement there), so use INTEGER on SQLite.
 _ID = BigInteger().with_variant(Integer(), "sqlite")
@@ -121,10 +131,34 @@ class AgentSummaryRow(SQLModel, table=True):
     created_at: int = Field(sa_column=_ms_column())
 
 
+class ModelCapabilityRow(SQLModel, table=True):
+    """The structured-output capability of one ``(provider, model)``, shared by every process."""
+
+    __tablename__ = "model_capabilities"
+
+    provider: str = Field(sa_column=Column(Text, primary_key=True))
+    """``Model.provider`` (or its ``api`` without one)."""
+    model: str = Field(sa_column=Column(Text, primary_key=True))
+    """The model id."""
+    tier: str = Field(sa_column=Column(Text, nullable=False))
+    """``native`` | ``tool`` | ``prompt``."""
+    source: str = Field(sa_column=Column(Text, nullable=False))
+    """``probe`` | ``config`` | ``downgrade``."""
+    checked_at: int = Field(sa_column=_ms_column())
+    """When the tier was established (Unix ms)."""
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    evidence: str = Field(default="", sa_column=Column(Text, nullable=False))
+    """Raw output that decided the tier (at most 4000 characters)."""
+    failures: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+    """Consecutive off-schema answers at ``tier``."""
+    updated_at: int = Field(sa_column=_ms_column())
+
+
 MEMORY_TABLES: tuple[type[SQLModel], ...] = (
     ImTranscriptRow,
     AgentSessionRow,
     AgentMessageRow,
     AgentSummaryRow,
+    ModelCapabilityRow,
 )
 """Every table :meth:`Database.create_tables` creates, in dependency order."""

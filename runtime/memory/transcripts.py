@@ -219,19 +219,24 @@ class TranscriptStore:
         return await self.record(direction="outbound", **fields)
 
     async def scene(
-        self, platform: str, bot_id: str, scene_id: str, *, limit: int = 100
+        self, platform: str, bot_id: str, scene_id: str, *, limit: int = 100, scene_type: str | None = None
     ) -> list[TranscriptEntry]:
-        """The last ``limit`` rows of a scene, oldest first (audit/replay)."""
+        """The last ``limit`` rows of a scene, oldest first (audit/replay). ``scene_type``
+        (``private``/``group``/``channel``) keeps only that kind of scene: a private chat and a
+        group may share an id (the console's user ``lobby`` and group ``lobby``)."""
 
         def work() -> list[TranscriptEntry]:
+            where = [
+                ImTranscriptRow.platform == platform,
+                ImTranscriptRow.bot_id == bot_id,
+                ImTranscriptRow.scene_id == scene_id,
+            ]
+            if scene_type is not None:
+                where.append(ImTranscriptRow.scene_type == scene_type)
             with self.db.session() as s:
                 rows = s.exec(
                     select(ImTranscriptRow)
-                    .where(
-                        ImTranscriptRow.platform == platform,
-                        ImTranscriptRow.bot_id == bot_id,
-                        ImTranscriptRow.scene_id == scene_id,
-                    )
+                    .where(*where)
                     .order_by(col(ImTranscriptRow.time).desc(), col(ImTranscriptRow.id).desc())
                     .limit(limit)
                 ).all()

@@ -95,7 +95,8 @@ class Sender(BaseModel):
     """Display name (group card or nickname; Telegram first + last name); may be empty."""
     roles: list[str] = Field(default_factory=list)
     """Platform roles, e.g. ``["owner"]``, ``["admin"]``, ``["member"]``; codecs add ``"master"``
-    when the sender is one of the bot's configured masters."""
+    when the sender is one of the bot's configured masters
+    (:func:`runtime.platforms.common.with_master_role`)."""
 
 
 class InboundMessage(BaseModel):

@@ -12,7 +12,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +25,7 @@ log = logging.getLogger("sessionray.platforms")
 __all__ = [
     "INT64_MAX",
     "INT64_MIN",
+    "MASTER_ROLE",
     "MAX_EVENT_TIME_MS",
     "TRIGGER_MODES",
     "JsonInputError",
@@ -48,6 +49,7 @@ __all__ = [
     "setting",
     "trigger_settings",
     "valid_unicode",
+    "with_master_role",
 ]
 
 TRIGGER_MODES = ("always", "mention", "keyword")
@@ -81,6 +83,18 @@ def is_triggered(
     if trigger == "keyword":
         return addressed or keyword_hit(text, keywords)
     return addressed
+
+
+MASTER_ROLE = "master"
+"""The role a codec adds to ``Sender.roles`` when the sender is one of the bot's configured
+masters (``bots[].masters``); commands and control messages check for it."""
+
+
+def with_master_role(roles: list[str], sender_id: str, masters: Collection[str]) -> list[str]:
+    """Return ``roles`` (the platform's own, in order) followed by :data:`MASTER_ROLE` when
+    ``sender_id`` is in ``masters`` (ids compared as strings, exactly); a new list, ``roles`` is
+    not changed."""
+    return [*roles, MASTER_ROLE] if sender_id in masters else list(roles)
 
 
 def trigger_settings(bot: Any) -> dict[str, Any]:

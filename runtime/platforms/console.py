@@ -22,7 +22,7 @@ cannot read the server's media directory)::
     {"bot_id": "console", "scene_type": "group", "scene_id": "lobby", "reply_to": "c-3f2a…",
      "segments": [{"type": "text", "data": {"text": "hi"}}, ...]}
 
-Answer ``{"ok": true, "message_id": "console-17"}``.
+Answer ``{"ok": true, "message_id": "console-1a2b3c4d-17"}``.
 
 ``/console/api/deliver`` and ``/console/api/events`` are internal (callers: DeliveryActors and
 console sessions, never a browser): every call carries ``X-Console-Api-Token`` with the value of
@@ -74,6 +74,7 @@ from runtime.platforms.common import (
     setting,
     trigger_settings,
     valid_unicode,
+    with_master_role,
 )
 from runtime.reply.leak import CONSOLE_API_TOKEN_ENV
 from runtime.reply.segments import SEGMENT_TYPES, MediaSegment, Reply
@@ -86,12 +87,14 @@ __all__ = [
     "EVENTS_PATH",
     "MAX_MESSAGE_ID_CHARS",
     "NAME_RULE",
+    "TOOL_RESULT_PREVIEW_CHARS",
     "ConsoleCodec",
     "agent_event_call",
     "agent_event_payload",
     "api_token_matches",
     "console_api_token",
     "require_console_api_token",
+    "tool_result_text",
 ]
 
 PLATFORM = "console"
@@ -107,6 +110,8 @@ API_TOKEN_ENV = CONSOLE_API_TOKEN_ENV
 """Environment variable holding the shared secret of the internal console endpoints."""
 API_TOKEN_HEADER = "X-Console-Api-Token"
 """Header carrying :data:`API_TOKEN_ENV`'s value on ``/console/api/deliver`` and ``/events``."""
+TOOL_RESULT_PREVIEW_CHARS = 2000
+"""Characters of a tool's result shown in the console's live events (the rest is cut, ``…``)."""
 MAX_MESSAGE_ID_CHARS = 128
 """Longest accepted browser ``message_id`` (the browser sends ``c-<uuid>``, 38 characters)."""
 
@@ -280,14 +285,13 @@ class ConsoleCodec:
             body_text = text
         segments.append({"type": "text", "data": {"text": body_text}})
         triggered = is_triggered(scene, self.trigger, mentioned, text, self.keywords)
-        roles = ["master"] if user in self.masters else []
         return InboundMessage(
             platform=PLATFORM,
             bot_id=self.bot_id,
             message_id=message_id,
             scene_type=scene,
             scene_id=scene_id,
-            sender=Sender(id=user, name=user, roles=roles),
+            sender=Sender(id=user, name=user, roles=with_master_role([], user, self.masters)),
             text=text,
             segments=segments,
             reply_to=None,
@@ -342,12 +346,31 @@ class ConsoleCodec:
         return SendResult(ok=False, error=f"console API: {answer!r}")
 
 
+def tool_result_text(result: Any) -> str:
+    """What a tool returned, as the console shows it: the text blocks of a ``ToolResultMessage``
+    joined by newlines, an image block as ``[image <mime type>]``; cut to
+    :data:`TOOL_RESULT_PREVIEW_CHARS` characters (``…`` appended). ``""`` when there is nothing."""
+    parts: list[str] = []
+    for block in getattr(result, "content", None) or ():
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            parts.append(str(getattr(block, "text", "")))
+        elif kind == "image":
+            mime = getattr(block, "mime_type", "")
+            parts.append(f"[image {mime}]" if mime else "[image]")
+    text = "\n".join(parts)
+    if len(text) > TOOL_RESULT_PREVIEW_CHARS:
+        text = text[:TOOL_RESULT_PREVIEW_CHARS] + "…"
+    return text
+
+
 def agent_event_payload(event: Any) -> dict[str, Any] | None:
     """A small JSON view of a ``runtime.agent.events`` event for the console (None: not shown).
 
     ``tool_execution_start`` → ``{"type": "tool_call", "name", "args"}``; ``tool_execution_end`` →
-    ``{"type": "tool_result", "name", "is_error"}``; ``turn_start``/``agent_end`` → status events;
-    a dict already shaped ``{"type": "notice", "text"}`` (correction/fallback notices) passes through.
+    ``{"type": "tool_result", "name", "is_error", "result"}`` (``result``: :func:`tool_result_text`
+    of the tool's ``ToolResultMessage``); ``turn_start``/``agent_end`` → status events; a dict
+    already shaped ``{"type": "notice", "text"}`` (correction/fallback notices) passes through.
     """
     if isinstance(event, dict):
         return event if isinstance(event.get("type"), str) else None
@@ -357,7 +380,8 @@ def agent_event_payload(event: Any) -> dict[str, Any] | None:
         return {"type": "tool_call", "name": name, "args": args}
     if etype == "tool_execution_end":
         return {"type": "tool_result", "name": getattr(event, "tool_name", ""),
-                "is_error": bool(getattr(event, "is_error", False))}  # fmt: skip
+                "is_error": bool(getattr(event, "is_error", False)),
+                "result": tool_result_text(getattr(event, "result", None))}  # fmt: skip
     if etype == "agent_start":
         return {"type": "status", "text": "thinking…"}
     if etype == "agent_end":

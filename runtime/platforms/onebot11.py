@@ -74,6 +74,7 @@ from runtime.platforms.common import (
     resolve_media_path,
     setting,
     trigger_settings,
+    with_master_role,
 )
 from runtime.reply.media import file_ref_problem, refused_share_text
 from runtime.reply.segments import (
@@ -385,9 +386,8 @@ class OneBot11Codec:
         assert isinstance(sender_obj, dict)
         names = (sender_obj.get("card"), sender_obj.get("nickname"))
         name = next((n for n in names if isinstance(n, str) and n), "")
-        roles = [sender_obj["role"]] if isinstance(sender_obj.get("role"), str) and sender_obj["role"] else []
-        if user_id in self.masters:
-            roles.append("master")
+        own = [sender_obj["role"]] if isinstance(sender_obj.get("role"), str) and sender_obj["role"] else []
+        roles = with_master_role(own, user_id, self.masters)
         text = plain_text(segments)
         mentioned = any(s["type"] == "mention" and s["data"]["target"] == self.self_id for s in segments)
         reply_to = next((s["data"]["message_id"] for s in segments if s["type"] == "reply"), None)

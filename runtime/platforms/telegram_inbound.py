@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from runtime.platforms.base import InboundMessage, MalformedEvent, Sender
-from runtime.platforms.common import epoch_ms, int_id, is_triggered, load_event
+from runtime.platforms.common import epoch_ms, int_id, is_triggered, load_event, with_master_role
 
 __all__ = ["PLATFORM", "message_segments", "parse_update", "utf16_slice"]
 
@@ -212,9 +212,7 @@ def parse_update(
     sender_id = int_id(user["id"], "from.id", "Telegram") if "id" in user else chat_id
     parts = (user.get("first_name"), user.get("last_name"))
     name = " ".join(p for p in parts if isinstance(p, str) and p)
-    roles = ["bot"] if user.get("is_bot") is True else []
-    if sender_id in masters:
-        roles.append("master")
+    roles = with_master_role(["bot"] if user.get("is_bot") is True else [], sender_id, masters)
 
     segments, mentioned, command = message_segments(msg, bot_id=bot_id, username=username)
     reply_msg = msg.get("reply_to_message")

@@ -1,76 +1,385 @@
-"""The structured-output capability of each model: a cache of the strongest working tier per
-``(provider, model id)``, seedable from ``Model.compat["structured_output"]`` (probe once,
-cache the tier: docs/decisions.md#structured-capability-cache).
+"""The structured-output capability of each model: the strongest working tier per
+``(provider, model id)``, with where it came from (docs/decisions.md#structured-capability-cache).
 
-Used by :mod:`runtime.reply.structured` (generic structured output) and :mod:`runtime.reply.im_reply` (the
-IM reply contract), which record downgrades here.
+Sources of a tier, strongest claim first:
+
+* ``config`` — ``Model.compat["structured_tier"]`` (``ai.providers.<alias>.models[].structured_tier``)
+  pins the tier: no probe, no downgrade. ``compat["structured_output"]`` or
+  ``compat["supports_json_schema"] is False`` (→ ``tool``) seed it: no probe, but a downgrade on
+  evidence may move the model below the seed (until ``ttl_s`` expires it).
+* ``probe`` — :func:`runtime.reply.probe.probe_tier` found it (a tiny request per tier).
+* ``downgrade`` — the model rejected a tier (a capability error) or answered off-schema
+  ``downgrade_after`` times in a row (docs/decisions.md#structured-downgrade-on-evidence).
+
+The cache keeps an in-memory copy per process; an optional :class:`CapabilityStore` (the SQL table
+``model_capabilities``, :mod:`runtime.memory.capabilities`, injected by the session setup) shares
+the records between every process of every node. This module holds no SQL.
+
+Used by :mod:`runtime.reply.structured` (generic structured output) and :mod:`runtime.reply.im_reply`
+(the IM reply contract).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import threading
-from typing import Literal, TypeAlias
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol, TypeAlias
 
 from runtime.llm.types import Model
 
-__all__ = ["CAPABILITIES", "TIERS", "CapabilityCache", "Tier", "is_capability_error"]
+__all__ = [
+    "CAPABILITIES",
+    "EVIDENCE_CHARS",
+    "TIERS",
+    "CapabilityCache",
+    "CapabilityRecord",
+    "CapabilityStore",
+    "ProbeFn",
+    "ProbeResult",
+    "Source",
+    "Tier",
+    "age_text",
+    "is_capability_error",
+]
+
+log = logging.getLogger("runtime.reply.capability")
 
 Tier: TypeAlias = Literal["native", "tool", "prompt"]
 """Structured-output strength: ``native`` > ``tool`` > ``prompt``."""
 TIERS: tuple[Tier, ...] = ("native", "tool", "prompt")
 """All tiers, strongest first."""
+Source: TypeAlias = Literal["probe", "config", "downgrade"]
+"""Where a tier came from (see the module docstring)."""
+EVIDENCE_CHARS = 4000
+"""Raw evidence kept per record (characters; longer output is cut, marked with ``…``)."""
+
+
+@dataclass(frozen=True)
+class CapabilityRecord:
+    """What is known of one ``(provider, model)``.
+
+    Attributes:
+        provider: ``Model.provider`` (or ``Model.api`` without one).
+        model: The model id.
+        tier: The tier to request.
+        source: ``probe`` | ``config`` | ``downgrade``.
+        checked_at_ms: When the tier was established (Unix ms); the age counts from here.
+        reason: Why (probe summary, downgrade cause, config key).
+        evidence: Raw output that decided it (cut to :data:`EVIDENCE_CHARS`).
+        failures: Consecutive off-schema answers seen at ``tier`` since then.
+    """
+
+    provider: str
+    model: str
+    tier: Tier
+    source: Source
+    checked_at_ms: int
+    reason: str = ""
+    evidence: str = ""
+    failures: int = 0
+
+    def age_s(self, now_ms: int | None = None) -> float:
+        """Seconds since :attr:`checked_at_ms` (``now_ms`` default: the wall clock)."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return max(0.0, (now - self.checked_at_ms) / 1000)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe found: the strongest working ``tier``, a ``reason`` and the raw ``evidence``."""
+
+    tier: Tier
+    reason: str
+    evidence: str
+
+
+ProbeFn: TypeAlias = Callable[[Model], Awaitable[ProbeResult]]
+"""``(model) -> ProbeResult``; :func:`runtime.reply.probe.probe_tier` bound to options."""
+
+
+class CapabilityStore(Protocol):
+    """Persistent records shared by every process (:class:`runtime.memory.capabilities.SqlCapabilityStore`).
+
+    Methods raise whatever the backend raises (the cache logs and carries on in memory)."""
+
+    async def load(self, provider: str, model: str) -> CapabilityRecord | None:
+        """The stored record of ``(provider, model)``, or ``None``."""
+        ...
+
+    async def save(self, record: CapabilityRecord) -> None:
+        """Insert or replace the record of ``(record.provider, record.model)``."""
+        ...
+
+    async def load_all(self) -> list[CapabilityRecord]:
+        """Every stored record."""
+        ...
+
+
+def age_text(seconds: float) -> str:
+    """An age for people: ``<1 min``, ``5 min``, ``3 h`` or ``2 d`` (rounded down)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return "<1 min"
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= EVIDENCE_CHARS else text[: EVIDENCE_CHARS - 1] + "…"
 
 
 class CapabilityCache:
-    """Strongest working tier per ``(provider, model id)``
-    (docs/decisions.md#structured-capability-cache).
+    """Strongest working tier per ``(provider, model id)`` (docs/decisions.md#structured-capability-cache).
 
-    The provider part is ``Model.provider`` or, without one, ``Model.api``. Thread-safe.
+    Args:
+        store: Persistent backend shared across processes (``None``: this process only).
+        ttl_s: Age in seconds after which a probed or downgraded record is probed again
+            (``None``: never expires). Config ``ai.capability_ttl_s``.
+        downgrade_after: Consecutive off-schema answers at a tier that move the model to the next
+            tier (≥ 1). Config ``ai.downgrade_after``.
+        clock: Wall clock in seconds (tests inject one).
+
+    The sync :meth:`get`/:meth:`record` read and write the in-memory copy only; the async methods
+    also read and write the store. Thread-safe for the in-memory part.
     """
 
-    def __init__(self) -> None:
-        self._tiers: dict[tuple[str, str], Tier] = {}
+    def __init__(
+        self,
+        store: CapabilityStore | None = None,
+        *,
+        ttl_s: float | None = None,
+        downgrade_after: int = 2,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if downgrade_after < 1:
+            raise ValueError(f"downgrade_after must be ≥ 1, got {downgrade_after}")
+        self.store = store
+        self.ttl_s = ttl_s
+        self.downgrade_after = downgrade_after
+        self.clock = clock
+        self._records: dict[tuple[str, str], CapabilityRecord] = {}
         self._lock = threading.Lock()
+        self._probing: dict[tuple[str, str], asyncio.Lock] = {}
 
+    # ------------------------------------------------------------------ in memory
     @staticmethod
     def key(model: Model) -> tuple[str, str]:
         """Return the cache key ``(provider or api, model id)``."""
         return (model.provider or model.api, model.id)
 
     @staticmethod
-    def seeded(model: Model) -> Tier | None:
-        """Return the tier the model's ``compat`` declares, or ``None`` when it says nothing.
+    def pinned(model: Model) -> Tier | None:
+        """The tier ``compat["structured_tier"]`` pins (config ``models[].structured_tier``), or ``None``."""
+        value = model.compat.get("structured_tier")
+        return value if value in TIERS else None
 
-        ``compat["structured_output"]`` (``native``/``tool``/``prompt``) wins; otherwise
-        ``supports_json_schema: false`` (the OpenAI-compatible profile flag) means ``tool``.
+    @staticmethod
+    def seeded(model: Model) -> Tier | None:
+        """Return the tier the model's config declares, or ``None`` when it says nothing.
+
+        ``structured_tier`` (the pin) wins, then ``compat["structured_output"]``
+        (``native``/``tool``/``prompt``); otherwise ``supports_json_schema: false`` (the
+        OpenAI-compatible profile flag) means ``tool``.
         """
-        value = model.compat.get("structured_output")
+        value = CapabilityCache.pinned(model) or model.compat.get("structured_output")
         if value in TIERS:
             return value
         if model.compat.get("supports_json_schema") is False:
             return "tool"
         return None
 
-    def get(self, model: Model) -> Tier | None:
-        """Return the cached tier, else the compat-seeded one, else ``None`` (unknown)."""
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def _expired(self, rec: CapabilityRecord) -> bool:
+        return self.ttl_s is not None and rec.age_s(self._now_ms()) >= self.ttl_s
+
+    def effective(self, model: Model) -> CapabilityRecord | None:
+        """The record that decides the tier now: the config pin; else a config seed unless a
+        weaker, unexpired downgrade is recorded; else the in-memory record; ``None``: unknown."""
+        provider, model_id = self.key(model)
         with self._lock:
-            cached = self._tiers.get(self.key(model))
-        return cached or self.seeded(model)
+            rec = self._records.get((provider, model_id))
+        pin, seed = self.pinned(model), self.seeded(model)
+        if pin is not None or seed is not None:
+            tier: Tier = pin or seed  # type: ignore[assignment]
+            if (
+                pin is None
+                and rec is not None
+                and rec.source == "downgrade"
+                and TIERS.index(rec.tier) > TIERS.index(tier)
+                and not self._expired(rec)
+            ):
+                return rec
+            why = "structured_tier (pinned)" if pin is not None else "compat"
+            failures = rec.failures if rec is not None and rec.tier == tier else 0
+            return CapabilityRecord(provider, model_id, tier, "config", 0, why, "", failures)
+        return rec
+
+    def get(self, model: Model) -> Tier | None:
+        """Return the tier to request (see :meth:`effective`), or ``None`` (unknown)."""
+        rec = self.effective(model)
+        return rec.tier if rec is not None else None
 
     def record(self, model: Model, tier: Tier) -> None:
-        """Remember that ``tier`` is the strongest tier that works for ``model``."""
+        """Remember in memory that ``tier`` works for ``model`` (source ``probe`` when it is new;
+        a record already at ``tier`` keeps its source). Not persisted."""
+        provider, model_id = self.key(model)
         with self._lock:
-            self._tiers[self.key(model)] = tier
+            old = self._records.get((provider, model_id))
+            if old is None or old.tier != tier:
+                self._records[(provider, model_id)] = CapabilityRecord(
+                    provider, model_id, tier, "probe", self._now_ms(), "answered at this tier"
+                )
 
     def clear(self) -> None:
-        """Forget everything (tests, configuration reload)."""
+        """Forget the in-memory copy (tests, configuration reload); the store is untouched."""
         with self._lock:
-            self._tiers.clear()
+            self._records.clear()
+
+    def _remember(self, rec: CapabilityRecord) -> None:
+        with self._lock:
+            self._records[(rec.provider, rec.model)] = rec
+
+    # ------------------------------------------------------------------ with the store
+    async def _save(self, rec: CapabilityRecord) -> None:
+        self._remember(rec)
+        if self.store is not None:
+            try:
+                await self.store.save(rec)
+            except Exception:
+                log.warning("capability store: saving %s/%s failed", rec.provider, rec.model, exc_info=True)
+
+    async def _reload(self, model: Model) -> CapabilityRecord | None:
+        """Read the model's record from the store into memory (store errors: keep memory)."""
+        provider, model_id = self.key(model)
+        if self.store is not None:
+            try:
+                rec = await self.store.load(provider, model_id)
+            except Exception:
+                log.warning("capability store: loading %s/%s failed", provider, model_id, exc_info=True)
+            else:
+                with self._lock:
+                    if rec is None:
+                        self._records.pop((provider, model_id), None)
+                    else:
+                        self._records[(provider, model_id)] = rec
+        with self._lock:
+            return self._records.get((provider, model_id))
+
+    async def resolve(self, model: Model, probe: ProbeFn | None = None) -> CapabilityRecord | None:
+        """The model's record at first use (docs/decisions.md#structured-capability-cache): read the
+        store; when the model has no config tier and no unexpired record, run ``probe`` (once per
+        process at a time) and store its result (source ``probe``). Without ``probe`` an unknown
+        model stays unknown (``None``: callers default to ``native``)."""
+        if self.pinned(model) is not None:
+            return self.effective(model)
+        rec = await self._reload(model)
+        if self.seeded(model) is not None:
+            return self.effective(model)
+        if (rec is not None and not self._expired(rec)) or probe is None:
+            return rec
+        key = self.key(model)
+        lock = self._probing.setdefault(key, asyncio.Lock())
+        async with lock:
+            rec = await self._reload(model)  # another process or task may have probed meanwhile
+            if rec is not None and not self._expired(rec):
+                return rec
+            found = await probe(model)
+            new = CapabilityRecord(
+                key[0], key[1], found.tier, "probe", self._now_ms(), found.reason, _cut(found.evidence)
+            )
+            log.info(
+                "capability probe: %s → %s (%s; was %s)",
+                model.ref(),
+                found.tier,
+                found.reason,
+                f"{rec.tier} from {rec.source}" if rec is not None else "unknown",
+            )
+            await self._save(new)
+            return new
+
+    async def note_invalid(self, model: Model, tier: Tier, raw: str, reason: str) -> bool:
+        """Count an answer at ``tier`` that did not validate against the schema (evidence;
+        docs/decisions.md#structured-downgrade-on-evidence). The ``downgrade_after``-th one in a row
+        moves the model to the next tier (:meth:`downgrade`). A pinned tier, the ``prompt`` tier and
+        a tier the model no longer uses are never downgraded. Returns whether it downgraded."""
+        if self.pinned(model) is not None or tier == "prompt":
+            return False
+        await self._reload(model)
+        current = self.effective(model)
+        if current is not None and current.tier != tier:
+            return False  # already moved (another turn or process)
+        failures = (current.failures if current is not None else 0) + 1
+        if failures >= self.downgrade_after:
+            why = f"{failures} consecutive off-schema answers at {tier}: {reason}"
+            await self.downgrade(model, tier, why, raw)
+            return True
+        provider, model_id = self.key(model)
+        base = current or CapabilityRecord(provider, model_id, tier, "probe", self._now_ms(), "default tier")
+        await self._save(replace(base, failures=failures))  # how the tier was established stays
+        log.info(
+            "structured output: %s answered off-schema at %s (%d/%d): %s; raw output: %r",
+            model.ref(),
+            tier,
+            failures,
+            self.downgrade_after,
+            reason,
+            _cut(raw),
+        )
+        return False
+
+    async def note_valid(self, model: Model, tier: Tier) -> None:
+        """A valid answer at ``tier``: the off-schema streak restarts (stored only when there was one)."""
+        rec = self.effective(model)
+        if rec is not None and rec.tier == tier and rec.failures:
+            await self._save(replace(rec, failures=0))
+        elif rec is None:
+            self.record(model, tier)
+
+    async def downgrade(self, model: Model, src: Tier, reason: str, raw: str = "") -> Tier:
+        """Move ``model`` from ``src`` to the next tier now: stored (source ``downgrade``), logged
+        with the raw output, reason and tiers, counted in ``sessionray_structured_downgrades_total
+        {from_mode, to_mode}``. Returns the new tier (``src`` when it is ``prompt`` or pinned)."""
+        from runtime import metrics
+
+        if src == "prompt" or self.pinned(model) is not None:
+            log.warning("structured output: %s cannot leave %s (%s)", model.ref(), src, reason)
+            return src
+        dst = TIERS[TIERS.index(src) + 1]
+        provider, model_id = self.key(model)
+        await self._save(
+            CapabilityRecord(provider, model_id, dst, "downgrade", self._now_ms(), reason, _cut(raw))
+        )
+        metrics.STRUCTURED_DOWNGRADES.inc(from_mode=src, to_mode=dst)
+        log.warning(
+            "structured output downgrade %s -> %s for %s: %s; raw output: %r",
+            src,
+            dst,
+            model.ref(),
+            reason,
+            _cut(raw),
+        )
+        return dst
+
+    async def snapshot(self, models: Sequence[Model]) -> list[tuple[Model, CapabilityRecord | None]]:
+        """``(model, effective record)`` for each of ``models`` after reading every stored record
+        (``/models``, ``GET /admin/models``)."""
+        if self.store is not None:
+            try:
+                for rec in await self.store.load_all():
+                    self._remember(rec)
+            except Exception:
+                log.warning("capability store: listing failed", exc_info=True)
+        return [(m, self.effective(m)) for m in models]
 
 
 CAPABILITIES = CapabilityCache()
-"""The process-wide capability cache used when no ``cache`` is passed."""
+"""The process-wide capability cache used when no ``cache`` is passed (memory only)."""
 
 _CAPABILITY_ERROR = re.compile(
     r"\b(400|404|415|422)\b|not supported|unsupported|invalid[_ ]request|response_format|json_schema"

@@ -38,6 +38,13 @@ a valid part, never raw JSON. A cancelled turn sends nothing. Each outcome write
 counts ``sessionray_structured_replies_total{mode=tier, outcome}`` (``first_try``, ``corrected``,
 ``failed``); the fixed failure message is counted as ``failed``.
 
+Downgrades (docs/decisions.md#structured-downgrade-on-evidence): a provider error that reads as a
+rejected feature moves the model to the next tier at once; a first answer that does not validate
+against the Reply schema (not a mention or provenance rule) counts as evidence, and
+``CapabilityCache.downgrade_after`` such answers in a row move it too. Either is stored through
+the cache (shared by every process when it has a store) and helps the next turn; the current turn
+still gets its one correction call.
+
 ``output_schema=False`` is plain-text mode: the final text is one ``text`` segment and ``@name``
 in it never becomes a mention (no counter: there is no contract to fail). Sub-agents and non-IM
 entry points simply do not use this module (the IM preset is not inherited).
@@ -52,7 +59,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
@@ -70,6 +77,7 @@ from runtime.llm.types import (
 )
 from runtime.reply.capability import CAPABILITIES, CapabilityCache, Tier, is_capability_error
 from runtime.reply.mentions import MentionIdentity
+from runtime.reply.preview import ReplyPreview
 from runtime.reply.segments import Reply
 from runtime.reply.structured import (
     Outcome,
@@ -165,38 +173,6 @@ class ReplyOutcome:
     calls: int = 0
 
 
-class ReplyPreview:
-    """Publishes a human-readable preview of the reply only after validation (no half JSON while
-    streaming: docs/decisions.md#reply-final-output). Feed it agent events with :meth:`on_event`
-    (text deltas are held back), then call :meth:`release` once with the :class:`ReplyOutcome`.
-
-    Args:
-        publish: ``(preview_text) -> None | Awaitable[None]``; called at most once.
-    """
-
-    def __init__(self, publish: Callable[[str], Awaitable[None] | None]) -> None:
-        self._publish = publish
-        self.held_deltas = 0
-        self.released = False
-
-    def on_event(self, event: Any) -> None:
-        """Hold back streamed text (count only); nothing is published before :meth:`release`."""
-        inner = getattr(event, "assistant_message_event", None) or getattr(event, "event", None)
-        if getattr(inner, "type", None) == "text_delta":
-            self.held_deltas += 1
-
-    async def release(self, outcome: ReplyOutcome) -> None:
-        """Publish ``outcome.reply.preview_text()`` (nothing for an empty reply); idempotent."""
-        if self.released:
-            return
-        self.released = True
-        if outcome.reply.is_empty():
-            return
-        result = self._publish(outcome.reply.preview_text())
-        if result is not None:
-            await result
-
-
 def _reply_call_to_text(message: AssistantMessage) -> AssistantMessage:
     """Tool tier: a lone ``reply`` call becomes the message's text (the loop then stops); next to
     business calls it is dropped (the final answer comes after their results)."""
@@ -290,13 +266,7 @@ class ImReplyContract:
                 out.push(ev)
 
         def crash(exc: BaseException) -> AssistantMessage:
-            return AssistantMessage(
-                api=model.api,
-                provider=model.provider,
-                model=model.id,
-                stop_reason="error",
-                error_message=str(exc),
-            )
+            return AssistantMessage.error_for(model, str(exc))
 
         return run_stream(producer, crash)
 
@@ -339,16 +309,23 @@ class ImReplyContract:
             return self._aborted(tier, final.text() if final else "")
         if final.stop_reason == "error":
             if is_capability_error(final.error_message) and tier != "prompt":
-                self._downgrade(tier)
+                await self._downgrade(tier, f"provider error: {final.error_message}")
             return self._fixed(tier, "failed", "", f"provider error: {final.error_message}")
         raw, problem = extract_raw(final, "tool" if final.tool_calls() else "native", REPLY_TOOL)
         valid, error = validate_raw(Reply, raw, identity.check)
         if problem is None and valid is not None and final.stop_reason != "length":
-            self.cache.record(self.model, tier)
+            await self.cache.note_valid(self.model, tier)
             return self._done(tier, "first_try", valid, raw, None, 0)
         error = problem or error
         if final.stop_reason == "length":
             error = f"the reply was cut off by the output budget ({error or 'incomplete'})"
+        elif (problem is not None or validate_raw(Reply, raw)[0] is None) and await self.cache.note_invalid(
+            self.model, tier, raw, error or "invalid"
+        ):
+            # off-schema (not a mention/provenance rule) is evidence against this tier; the
+            # downgrade helps the next turn, this one still gets its correction call
+            # (docs/decisions.md#structured-downgrade-on-evidence)
+            self.tier = self.cache.get(self.model) or self.tier
         return await self._correct(tier, raw, error or "invalid", identity, signal, calls=0)
 
     async def summarize(
@@ -453,20 +430,13 @@ class ImReplyContract:
         raw2, problem = extract_raw(msg, tier, REPLY_TOOL)
         reply, error2 = (None, problem) if problem else validate_raw(Reply, raw2, identity.check)
         if reply is not None and msg.stop_reason != "length":
-            self.cache.record(self.model, tier)
             return self._done(tier, "corrected", reply, raw2, error, calls)
         why = error2 or ("the correction was cut off" if msg.stop_reason == "length" else "invalid")
         return self._fixed(tier, "failed", raw2, f"{error}; correction still invalid: {why}", calls=calls)
 
-    def _downgrade(self, tier: Tier) -> None:
-        from runtime import metrics
-        from runtime.reply.capability import TIERS
-
-        nxt = TIERS[TIERS.index(tier) + 1]
-        self.cache.record(self.model, nxt)
-        self.tier = nxt  # a contract that lives across turns (one per session) follows at once
-        metrics.STRUCTURED_DOWNGRADES.inc(from_mode=tier, to_mode=nxt)
-        log.warning("IM reply: %s rejected the %s tier; next turns use %s", self.model.ref(), tier, nxt)
+    async def _downgrade(self, tier: Tier, reason: str) -> None:
+        # stored, logged and counted by the cache; a contract that lives across turns follows at once
+        self.tier = await self.cache.downgrade(self.model, tier, reason)
 
     def _done(
         self, tier: Tier, outcome: Outcome, reply: Reply, raw: str, reason: str | None, calls: int

@@ -233,10 +233,9 @@ async def bounded_call(
     why = "aborted" if any(waiters[f] == "aborted" for f in done) else "timeout"
     own.abort(why)
     result.cancel()
-    stub = AssistantMessage(api=model.api, provider=model.provider, model=model.id)
     if why == "aborted":
-        return stub.model_copy(update={"stop_reason": "aborted", "error_message": "aborted"})
-    return stub.model_copy(update={"stop_reason": "error", "error_message": f"timeout after {timeout} s"})
+        return AssistantMessage.error_for(model, "aborted", aborted=True)
+    return AssistantMessage.error_for(model, f"timeout after {timeout} s")
 
 
 def record_outcome(
@@ -354,11 +353,9 @@ async def run_structured(
             return finish("default", default, raw, reason)
         return finish("failed", None, raw, reason)
 
-    def downgrade(src: Tier, dst: Tier) -> None:
+    async def downgrade(src: Tier, dst: Tier, reason: str, raw: str = "") -> None:
         out.downgrades.append((src, dst))
-        cache.record(model, dst)
-        metrics.STRUCTURED_DOWNGRADES.inc(from_mode=src, to_mode=dst)
-        log.info("structured output downgrade %s -> %s for %s", src, dst, model.ref())
+        await cache.downgrade(model, src, reason, raw)  # stored, logged and counted by the cache
 
     for i, tier in enumerate(tiers):
         out.tier = tier
@@ -370,7 +367,7 @@ async def run_structured(
             return fallback(msg.text(), "aborted")
         if msg.stop_reason == "error":
             if has_next and is_capability_error(msg.error_message):
-                downgrade(tier, tiers[i + 1])
+                await downgrade(tier, tiers[i + 1], f"provider error: {msg.error_message}")
                 continue
             return fallback(msg.text(), f"provider error: {msg.error_message}")
         raw, problem = extract_raw(msg, tier, name)
@@ -379,7 +376,7 @@ async def run_structured(
             cache.record(model, tier)
             return finish("first_try", value, raw, None)
         if tier == "native" and has_next:  # a 200 that does not follow the schema
-            downgrade(tier, tiers[i + 1])
+            await downgrade(tier, tiers[i + 1], f"answer ignored the schema: {error}", raw)
             continue
         # exactly one retry carrying the validation error (docs/decisions.md#structured-one-retry)
         retry = await bounded_call(

@@ -11,7 +11,9 @@ follow leading mentions of the bot — ``@bot /new`` — see :func:`command_text
   docs/decisions.md#steer-masters-only); others get the ``not_master`` refusal and nothing is
   archived;
 * ``/models`` — the configured models: ``provider/id``, api, context window, input kinds and the
-  cached structured-output tier (``native``/``tool``/``prompt``, ``unknown`` before first use);
+  structured-output tier (``native``/``tool``/``prompt``, ``unknown`` before first use) with its
+  source (``probe``/``config``/``downgrade``) and age, read from the capability store
+  (docs/decisions.md#structured-capability-cache);
 * ``/status`` — the session's model, message count, epoch and whether a turn is running;
 * ``/steer <text>``, ``/followup <text>`` — masters only (docs/decisions.md#steer-masters-only);
   others get a refusal.
@@ -54,7 +56,8 @@ DEFAULT_TEXTS: dict[str, str] = {
     "new": "New conversation started (epoch {epoch}). Earlier messages are archived.",
     "models_header": "Configured models:",
     "models_line": (
-        "- {ref}{marks}: api {api}, context {context_window} tokens, input {input}, structured output {tier}"
+        "- {ref}{marks}: api {api}, context {context_window} tokens, input {input}, "
+        "structured output {tier}{detail}"
     ),
     "models_none": "No models are configured.",
     "status": "Model: {model}\nMessages: {messages}\nEpoch: {epoch}\nTurn running: {running}",
@@ -116,8 +119,8 @@ class CommandHandler:
         names: ``command → typed name`` overrides (``ai.commands.names``).
         texts: Template overrides (``ai.commands.texts``).
         models: The configured models for ``/models`` (in config order).
-        capabilities: A capability cache with ``get(model) -> tier | None`` (default: the
-            process-wide one of :mod:`runtime.reply.structured`).
+        capabilities: A :class:`runtime.reply.capability.CapabilityCache` (the session setup
+            injects the store-backed one; default: the process-wide in-memory one).
         enabled: ``False`` turns every command into an ordinary message.
 
     Raises:
@@ -162,13 +165,10 @@ class CommandHandler:
     def from_config(cls, config: Any) -> CommandHandler:
         """Build from a :class:`runtime.config.Config`: ``ai.commands``; for ``/models`` every model
         listed under ``ai.providers`` plus the default/vision/fallback models not listed there."""
-        from runtime.config import get_model, resolve_model_ref
+        from runtime.session.capabilities import configured_models
 
         ai = config.ai
-        models = [get_model(alias, m.id, config) for alias, p in ai.providers.items() for m in p.models]
-        for ref in [ai.default_model, ai.vision_model, *ai.fallback_models]:  # referenced but not listed
-            if ref and all(m.ref() != ref for m in models):
-                models.append(resolve_model_ref(ref, config))
+        models = configured_models(config)
         return cls(
             ai.commands.names,
             ai.commands.texts,
@@ -211,7 +211,7 @@ class CommandHandler:
         elif cmd.command in ("new", "clear"):
             text = self._text("new", epoch=await host.archive())
         elif cmd.command == "models":
-            text = self._models()
+            text = await self._models()
         elif cmd.command == "status":
             st = await host.status()
             running = self._text("yes" if st.running_turns else "no")
@@ -230,16 +230,24 @@ class CommandHandler:
         metrics.CHAT_COMMANDS.inc(command=cmd.command, outcome=outcome)
         return Reply.of_text(text)
 
-    def _models(self) -> str:
+    async def _models(self) -> str:
         if not self.models:
             return self._text("models_none")
+        from runtime.reply.capability import age_text
+        from runtime.session.capabilities import describe
+
         cache = self.capabilities
         if cache is None:
             from runtime.reply.capability import CAPABILITIES
 
             cache = CAPABILITIES
         lines = [self._text("models_header")]
-        for m in self.models:
+        for m, rec in await cache.snapshot(self.models):
+            row = describe(m, rec)
+            detail = ""
+            if row["source"] is not None:
+                age = f", {age_text(row['age_s'])} old" if row["age_s"] is not None else ""
+                detail = f" ({row['source']}{age})"
             marks = "".join(
                 f" ({label})"
                 for label, ref in (("default", self.default_model), ("vision", self.vision_model))
@@ -253,7 +261,8 @@ class CommandHandler:
                     api=m.api,
                     context_window=m.context_window,
                     input="+".join(m.input),
-                    tier=cache.get(m) or "unknown",
+                    tier=row["tier"] or "unknown",
+                    detail=detail,
                 )
             )
         return "\n".join(lines)

@@ -229,13 +229,7 @@ class FallbackChain:
                     return
 
         def crash(exc: BaseException) -> AssistantMessage:
-            return AssistantMessage(
-                api=model.api,
-                provider=model.provider,
-                model=model.id,
-                stop_reason="error",
-                error_message=str(exc),
-            )
+            return AssistantMessage.error_for(model, str(exc))
 
         return run_stream(producer, crash)
 

@@ -41,6 +41,7 @@ from runtime.llm.types import (
     ToolResultMessage,
     UserMessage,
 )
+from runtime.reply.capability import CapabilityCache, ProbeFn
 
 __all__ = [
     "DEFERRED_MARKER",
@@ -205,6 +206,12 @@ class SessionSetup:
             ``transform_context`` compacts older messages into a summary
             (docs/decisions.md#memory-compaction,
             :func:`runtime.memory.compaction.make_compaction_hook`); ``None``: no compaction.
+        capabilities: The structured-output capability cache of the turns' reply contract and of
+            ``/models`` (``None``: the process-wide in-memory one, no probe;
+            docs/decisions.md#structured-capability-cache). The config setup injects one on the
+            SQL ``model_capabilities`` store.
+        probe: ``(model) -> ProbeResult`` run at a turn's start when ``capabilities`` knows no
+            unexpired tier for ``model`` (``None``: no probe; the contract starts at ``native``).
     """
 
     model: Model
@@ -220,6 +227,8 @@ class SessionSetup:
     features: Any = None
     on_event: Callable[[Any], None] | None = None
     compaction_threshold: float | None = None
+    capabilities: CapabilityCache | None = None
+    probe: ProbeFn | None = None
 
 
 SetupFactory: TypeAlias = Callable[[str], "SessionSetup | Awaitable[SessionSetup]"]

@@ -38,6 +38,7 @@ __all__ = [
     "emit_event",
     "finalize_reply",
     "reply_contract",
+    "resolve_capability",
     "run_agent",
     "run_pre_tools",
 ]
@@ -170,10 +171,25 @@ RecordFn: TypeAlias = Callable[[Sequence[AgentMessage]], Awaitable[Any]]
 
 def reply_contract(setup: SessionSetup) -> Any:
     """The :class:`runtime.reply.im_reply.ImReplyContract` of a session's turns
-    (docs/decisions.md#reply-segments)."""
+    (docs/decisions.md#reply-segments), on ``setup.capabilities`` when set."""
     return ImReplyContract(
-        setup.model, setup.output_schema, config=ImReplyConfig(failure_text=setup.failure_text)
+        setup.model,
+        setup.output_schema,
+        config=ImReplyConfig(failure_text=setup.failure_text),
+        cache=setup.capabilities,
     )
+
+
+async def resolve_capability(setup: SessionSetup) -> None:
+    """Read the model's structured-output tier from ``setup.capabilities`` (the shared store),
+    probing it at first use or after its TTL (docs/decisions.md#structured-capability-cache). A
+    failing store or probe is logged; the turn then runs at the tier known so far."""
+    if setup.capabilities is None or setup.output_schema is False:
+        return
+    try:
+        await setup.capabilities.resolve(setup.model, setup.probe)
+    except Exception:
+        log.warning("capability resolution of %s failed", setup.model.ref(), exc_info=True)
 
 
 async def finalize_reply(
@@ -227,6 +243,7 @@ async def run_agent(
     tools = list(setup.tools)
     if setup.features is not None:  # vision routing + MCP tools
         setup, tools = await setup.features.prepare_turn(setup, ctl.turn)
+    await resolve_capability(setup)
     contract = reply_contract(setup)
     features = setup.features
 

@@ -22,6 +22,7 @@ EXPECTED = {
     "abort": ["SESSION_KEY", "--url URL"],
     "sessions": ["--url URL"],
     "status": ["--url URL"],
+    "models": ["--url URL"],
 }
 
 

@@ -4,10 +4,10 @@ A session of 200 messages (user/assistant turns of ~200 characters) is built wit
 ``append_messages`` call per message (200 append samples); then its context is loaded 100 times
 (each load decodes all 200 messages). Figures are p50/p99 in ms, measured from the calling
 coroutine (thread hop included). SQLite uses a file in a temporary directory; PostgreSQL uses
-``SESSIONRAY_TEST_PG_URL`` or the local cluster of ``.ci/postgres.sh`` (a fresh schema, dropped
+``SESSIONRAY_TEST_PG_URL`` or the local cluster of ``scripts/test-deps.sh`` (a fresh schema, dropped
 afterwards). If PostgreSQL is unreachable that is printed and only SQLite is reported.
 
-Note: the ``.ci/postgres.sh`` cluster runs with ``fsync=off``; the table shows the server's
+Note: the ``scripts/test-deps.sh`` cluster runs with ``fsync=off``; the table shows the server's
 ``fsync``/``synchronous_commit`` so a reader knows what a commit cost includes.
 """
 

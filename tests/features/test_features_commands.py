@@ -99,9 +99,9 @@ async def test_new_models_status(metric: Callable[..., float]) -> None:
     assert await h.handle(h.parse("/models"), MEMBER, host) == Reply.of_text(  # type: ignore[arg-type]
         "Configured models:\n"
         "- local/qwen (default): api openai-completions, context 32768 tokens, input text, "
-        "structured output native\n"
+        "structured output native (probe, <1 min old)\n"
         "- cloud/gpt-v (vision): api anthropic-messages, context 200000 tokens, input text+image, "
-        "structured output tool"
+        "structured output tool (config)"
     )
     assert await h.handle(h.parse("/status"), MEMBER, host) == Reply.of_text(  # type: ignore[arg-type]
         "Model: p/m1\nMessages: 12\nEpoch: 2\nTurn running: yes"

@@ -88,7 +88,7 @@ async def test_status_models_new_and_renamed_clear(h: Harness) -> None:
         "re: hello",
         "Model: script/script-model\nMessages: 4\nEpoch: 1\nTurn running: no",
         "Configured models:\n- script/script-model (default): api faux, context 8192 tokens, input text, "
-        "structured output native",
+        "structured output native (probe, <1 min old)",
     ]
     assert user_texts(await h.rt.context(key_of(user))) == ["hello"]  # commands never reach the model
     assert await converse(h, user, "/new", "echo after", "/status") == [

@@ -41,23 +41,23 @@ def drop_schema(pg_url: str, schema: str) -> None:
 
 
 def find_or_start_postgres() -> tuple[str | None, str]:
-    """``SESSIONRAY_TEST_PG_URL`` if set, else start the local test cluster with
-    ``.ci/postgres.sh`` (``start_test_postgres``). Returns (url or None, how/why)."""
+    """``SESSIONRAY_TEST_PG_URL`` if set, else start (or reuse) the local test cluster with
+    ``scripts/test-deps.sh --postgres-only``. Returns (url or None, how/why)."""
     url = os.environ.get("SESSIONRAY_TEST_PG_URL")
     if url:
         return url, "from SESSIONRAY_TEST_PG_URL"
-    script = ROOT / ".ci" / "postgres.sh"
+    script = ROOT / "scripts" / "test-deps.sh"
     try:
         out = subprocess.run(
-            ["bash", "-c", f'source "{script}" && start_test_postgres >&2 && echo "$SESSIONRAY_TEST_PG_URL"'],
+            ["bash", str(script), "--postgres-only"],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=900,  # may include apt-get install postgresql
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"could not run .ci/postgres.sh: {exc}"
+        return None, f"could not run scripts/test-deps.sh: {exc}"
     url = out.stdout.strip()
     if out.returncode != 0 or not url:
-        return None, f".ci/postgres.sh failed (rc={out.returncode}): {out.stderr.strip()[-300:]}"
-    return url, "started by .ci/postgres.sh"
+        return None, f"scripts/test-deps.sh failed (rc={out.returncode}): {out.stderr.strip()[-300:]}"
+    return url, "started by scripts/test-deps.sh"

@@ -29,6 +29,7 @@ def test_default_url_creates_directory_with_wal_and_busy_timeout(
             "agent_sessions",
             "agent_summaries",
             "im_transcripts",
+            "model_capabilities",
         ]
     finally:
         db.dispose()
@@ -93,6 +94,17 @@ def test_table_shapes(db: Database) -> None:
         ],
         "agent_messages": ["id", "session_id", "role", "payload", "timestamp"],
         "agent_summaries": ["id", "session_id", "summary", "anchor_message_id", "created_at"],
+        "model_capabilities": [
+            "provider",
+            "model",
+            "tier",
+            "source",
+            "checked_at",
+            "reason",
+            "evidence",
+            "failures",
+            "updated_at",
+        ],
     }
     indexes = {tuple(i["column_names"]) for i in insp.get_indexes("agent_messages")}
     assert ("session_id", "timestamp") in indexes

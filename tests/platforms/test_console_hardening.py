@@ -156,7 +156,7 @@ def test_console_api_refuses_what_a_cross_site_page_can_send(s: Served, ctype: s
 
 
 def test_console_lists_console_sessions_only(s: Served) -> None:
-    resp = httpx.get(s.url + "/console/api/sessions", timeout=30)
+    resp = httpx.get(s.url + "/console/api/sessions", params={"user": "admin"}, timeout=30)
     assert resp.json() == {
         "sessions": [
             {
@@ -451,7 +451,7 @@ def test_console_routes_refuse_to_start_without_the_api_token(monkeypatch: pytes
     onebot = BotConfig(platform="onebot11", self_id="10001", api_base="http://127.0.0.1:9")
     assert console_routes(ControlRuntime(), Config(bots=[onebot])) == []
     monkeypatch.setenv(API_TOKEN_ENV, "set-by-the-operator")
-    assert len(console_routes(ControlRuntime(), Config(bots=[BotConfig(platform="console")]))) == 9
+    assert len(console_routes(ControlRuntime(), Config(bots=[BotConfig(platform="console")]))) == 12
 
 
 def test_serve_replica_refuses_to_start_without_the_api_token(

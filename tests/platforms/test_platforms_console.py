@@ -274,7 +274,7 @@ def test_console_payloads() -> None:
     )
     end = ToolExecutionEndEvent(tool_call_id="c1", tool_name="sleep", result=result, is_error=True)
     assert console_payload(start) == {"type": "tool_call", "name": "sleep", "args": {"seconds": 0}}
-    assert console_payload(end) == {"type": "tool_result", "name": "sleep", "is_error": True}
+    assert console_payload(end) == {"type": "tool_result", "name": "sleep", "is_error": True, "result": "x"}
     thought = MessageEndEvent(
         message=AssistantMessage(content=[ThinkingContent(thinking="t" * 250), TextContent(text="answer")])
     )
@@ -388,3 +388,18 @@ async def test_finalize_reply_hands_the_outcome_to_on_event() -> None:
 
     setup = SessionSetup(model=builtin_model(), on_event=broken)  # a failing hook never breaks the turn
     assert await finalize_reply(setup, None, [], "alice", ctl, contract=Contract()) == Reply.of_text("hi")
+
+
+def test_tool_result_text_is_what_the_console_shows() -> None:
+    from runtime.llm.types import ImageContent, TextContent, ToolResultMessage
+    from runtime.platforms.console import TOOL_RESULT_PREVIEW_CHARS, tool_result_text
+
+    mixed = ToolResultMessage(
+        tool_call_id="c1",
+        tool_name="shot",
+        content=[TextContent(text="a"), ImageContent(data="", mime_type="image/png"), TextContent(text="b")],
+    )
+    assert tool_result_text(mixed) == "a\n[image image/png]\nb"
+    long = ToolResultMessage(tool_call_id="c2", tool_name="t", content=[TextContent(text="y" * 2100)])
+    assert tool_result_text(long) == "y" * TOOL_RESULT_PREVIEW_CHARS + "…"
+    assert tool_result_text(None) == ""

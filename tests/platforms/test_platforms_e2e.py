@@ -338,6 +338,7 @@ async def test_console_in_chromium(stack: Stack) -> None:
             await expect(page.get_by_test_id("agent-event")).to_have_text(
                 ['🔧 clock({"tz":"UTC"})', "⚠ format corrected", '🔧 sleep({"seconds":2})', "✓ sleep"]
             )
+            await expect(page.get_by_test_id("tool-result")).to_have_text(["slept 2"])
         finally:
             await browser.close()
 
@@ -469,7 +470,7 @@ async def test_console_session_posts_live_tool_events(stack: Stack) -> None:
         {
             "type": "agent",
             "session_key": "console:console:private:frank",
-            "event": {"type": "tool_result", "name": "sleep", "is_error": False},
+            "event": {"type": "tool_result", "name": "sleep", "is_error": False, "result": "slept 0"},
         },
     ]
     assert [(r["scene_id"], r["reply_to"], r["segments"]) for r in replies] == [

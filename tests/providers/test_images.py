@@ -7,7 +7,7 @@ import base64
 import json
 
 from providers.openai_images import ImageGenerationOptions, ImageModel, generate_images, get_image_model
-from runtime.config import parse_config, set_config
+from runtime.config import parse_config
 from runtime.llm.types import ImageContent, TextContent
 from tests.providers.replay_server import ReplayServer, Reply
 
@@ -92,27 +92,22 @@ async def test_errors_are_in_the_result_not_raised(replay: ReplayServer) -> None
 
 
 def test_get_image_model_from_config() -> None:
-    set_config(
-        parse_config(
-            {
-                "ai": {
-                    "providers": {
-                        "oa": {
-                            "api": "openai-completions",
-                            "base_url": "http://h/v1",
-                            "headers": {"x-org": "o"},
-                        }
+    config = parse_config(
+        {
+            "ai": {
+                "providers": {
+                    "oa": {
+                        "api": "openai-completions",
+                        "base_url": "http://h/v1",
+                        "headers": {"x-org": "o"},
                     }
                 }
             }
-        )
+        }
     )
-    try:
-        assert get_image_model("oa", "gpt-image-1") == ImageModel(
-            id="gpt-image-1", provider="oa", base_url="http://h/v1", headers={"x-org": "o"}
-        )
-    finally:
-        set_config(None)
+    assert get_image_model("oa", "gpt-image-1", config) == ImageModel(
+        id="gpt-image-1", provider="oa", base_url="http://h/v1", headers={"x-org": "o"}
+    )
 
 
 async def test_abort_cancels_the_request(replay: ReplayServer) -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from providers import register_builtin_providers
 from providers.openai_images import ImageModel, generate_images
-from runtime.config import ConfigError, get_model, load_config, set_config
+from runtime.config import Config, ConfigError, get_model, load_config, set_config
 from runtime.llm.options import StreamOptions
 from runtime.llm.stream import stream
 from runtime.llm.types import Model
@@ -23,6 +24,7 @@ from tests.providers.replay_server import ReplayServer, Reply
 def no_config() -> Iterator[None]:
     yield
     set_config(None)
+    register_builtin_providers()  # drop the configured providers a test registered
 
 
 async def test_key_whitespace_is_stripped_and_control_characters_refused(replay: ReplayServer) -> None:
@@ -40,12 +42,14 @@ async def test_key_whitespace_is_stripped_and_control_characters_refused(replay:
     assert len(replay.requests) == 1  # nothing sent with the broken key
 
 
-def _config(tmp_path: Path, server: ReplayServer, provider_extra: str) -> None:
+def _config(tmp_path: Path, server: ReplayServer, provider_extra: str) -> Config:
     (tmp_path / "s.yaml").write_text(
         "ai:\n  providers:\n    acme:\n      api: openai-completions\n"
         f"      base_url: {server.base_url}/v1\n{provider_extra}"
     )
-    load_config(tmp_path / "s.yaml")
+    config = load_config(tmp_path / "s.yaml")
+    register_builtin_providers(config.ai.providers)  # as the session setup registers them
+    return config
 
 
 async def test_missing_key_variable_is_named_at_call_time(
@@ -53,7 +57,7 @@ async def test_missing_key_variable_is_named_at_call_time(
 ) -> None:
     monkeypatch.delenv("ACME_API_KEY", raising=False)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-must-not-leak")
-    _config(tmp_path, replay, "      api_key_env: ACME_API_KEY\n")
+    config = _config(tmp_path, replay, "      api_key_env: ACME_API_KEY\n")
     s = stream(get_model("acme", "m1"), hello(), StreamOptions())
     msg = await s.result()
     assert (msg.stop_reason, msg.error_message) == (
@@ -63,7 +67,9 @@ async def test_missing_key_variable_is_named_at_call_time(
     )
     assert replay.requests == []  # no request without the key, and no other vendor's key
     result = await generate_images(
-        ImageModel(id="gpt-image-1", provider="acme", base_url=replay.base_url), "a fox"
+        ImageModel(id="gpt-image-1", provider="acme", base_url=replay.base_url),
+        "a fox",
+        provider_configs=config.ai.providers,
     )
     assert (result.images, result.error_message) == ([], msg.error_message)
 
@@ -175,3 +181,39 @@ def test_base_url_without_scheme_is_a_config_error(tmp_path: Path, no_config: No
 def test_provider_alias_with_a_slash_is_refused(tmp_path: Path, no_config: None) -> None:
     text = _load(tmp_path, "ai:\n  providers:\n    my/llm:\n      api: openai-completions\n")
     assert text == "bad.yaml: ai.providers.my/llm: a provider alias must be non-empty and contain no '/'"
+
+
+async def test_session_setup_hands_its_configured_keys_to_the_providers(
+    replay: ReplayServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_config: None
+) -> None:
+    from actors.setup import ConfigSetupFactory
+    from runtime.config import parse_config
+    from runtime.memory.db import Database
+
+    monkeypatch.setenv("ACME_API_KEY", "acme-key-5678")
+    config = parse_config(
+        {
+            "ai": {
+                "default_model": "acme/m1",
+                "providers": {
+                    "acme": {
+                        "api": "openai-completions",
+                        "base_url": f"{replay.base_url}/v1",
+                        "api_key_env": "ACME_API_KEY",
+                    }
+                },
+            },
+            "database": {"url": f"sqlite:///{tmp_path / 's.db'}"},
+        }
+    )
+    set_config(None)  # a session actor's process has no process-wide configuration
+    db = Database(config.database.url)
+    db.create_tables()
+    setup = ConfigSetupFactory(config)
+    setup.prepare(database=db)
+    replay.enqueue(Reply(body=sse(openai_text("ok", "stop"))))
+    try:
+        msg = await stream(setup("console:console:private:u1").model, hello(), StreamOptions()).result()
+    finally:
+        db.dispose()
+    assert (msg.stop_reason, replay.requests[0].headers["authorization"]) == ("stop", "Bearer acme-key-5678")

@@ -156,16 +156,18 @@ async def test_api_key_never_in_errors_or_logs(
 async def test_api_key_from_environment_and_get_api_key(
     replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from runtime.config import parse_config, set_config
+    from providers import register_builtin_providers
+    from runtime.config import parse_config
 
     replay.enqueue(*[Reply(body=sse(_text_chunk("ok", "stop"))) for _ in range(3)])
     monkeypatch.setenv("P_API_KEY", "env-key-1234")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-only-for-api.openai.com")
-    set_config(parse_config({"ai": {"providers": {"p": {"api": OPENAI, "api_key_env": "P_API_KEY"}}}}))
+    config = parse_config({"ai": {"providers": {"p": {"api": OPENAI, "api_key_env": "P_API_KEY"}}}})
+    register_builtin_providers(config.ai.providers)
     try:
         await run(model_for(replay, OPENAI), api_key=None)  # ai.providers.p.api_key_env
     finally:
-        set_config(None)
+        register_builtin_providers()
     await run(
         model_for(replay, OPENAI),
         api_key=None,

@@ -1,0 +1,91 @@
+"""What the web console sends a browser from the server's own stores: the conversation of a scene
+read back from ``im_transcripts`` (``GET /console/api/history``, so a reload shows it again), and
+the leak check every such text passes (docs/decisions.md#security-console-leak-check).
+
+A history message (oldest first)::
+
+    {"message_id": "console-1a2b3c4d-17", "direction": "inbound" | "outbound", "sender_id": "alice",
+     "sender": "alice", "time": 1767000000000, "text": "hi",
+     "segments": [{"type": "text", "data": {"text": "hi"}}, ...] | null}
+
+``segments`` is the stored segment list when the row has media (the transcript keeps the segments
+only then, :mod:`runtime.memory.transcripts`), else null and ``text`` is the message. A ``path``
+medium (a file on the server, inlined as base64 only when the reply was delivered live) becomes
+the text ``[<type>]``: history never reads the server's media directory.
+
+Every string of a message and of a live agent event goes through
+:func:`runtime.reply.leak.scan_text` with the policy of the configuration
+(:meth:`~runtime.reply.leak.LeakPolicy.from_config`): a configured secret or a key format in a
+stored message or a tool result reaches the browser as ``[redacted]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.memory.transcripts import TranscriptEntry, TranscriptStore
+from runtime.reply.leak import LeakPolicy, scan_text
+
+__all__ = ["HISTORY_LIMIT", "HISTORY_MAX", "read_history", "scrub"]
+
+HISTORY_LIMIT = 50
+"""Messages of a scene the console shows after a reload when the page asks for no other number."""
+HISTORY_MAX = 200
+"""The most messages one ``/console/api/history`` call returns (``limit`` above it is a 400)."""
+
+
+def scrub(value: Any, policy: LeakPolicy) -> Any:
+    """``value`` (JSON-shaped: dicts, lists, strings, numbers) with every string — dict values
+    and list items at any depth, not keys — passed through :func:`scan_text` (matches replaced by
+    ``policy.redaction``). Other values are returned unchanged; the input is not modified."""
+    if isinstance(value, str):
+        return scan_text(value, policy)[0]
+    if isinstance(value, dict):
+        return {k: scrub(v, policy) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, policy) for v in value]
+    return value
+
+
+def _browser_segment(seg: Any) -> Any:
+    """A stored segment as the browser may get it: ``path`` media become ``[<type>]`` text."""
+    if not isinstance(seg, dict):
+        return seg
+    data = seg.get("data")
+    media = data.get("media") if isinstance(data, dict) else None
+    if isinstance(media, dict) and media.get("kind") == "path":
+        return {"type": "text", "data": {"text": f"[{seg.get('type', 'file')}]"}}
+    return seg
+
+
+def history_message(entry: TranscriptEntry) -> dict[str, Any]:
+    """One transcript row as a history message (shape in the module docstring), not yet scrubbed."""
+    segments = None if entry.media is None else [_browser_segment(s) for s in entry.media]
+    return {
+        "message_id": entry.message_id,
+        "direction": entry.direction,
+        "sender_id": entry.sender_id,
+        "sender": entry.sender_name or entry.sender_id,
+        "time": entry.time,
+        "text": entry.body,
+        "segments": segments,
+    }
+
+
+async def read_history(
+    transcripts: TranscriptStore,
+    *,
+    bot_id: str,
+    scene_type: str,
+    scene_id: str,
+    limit: int,
+    policy: LeakPolicy,
+) -> list[dict[str, Any]]:
+    """The last ``limit`` messages of the console scene ``(bot_id, scene_type, scene_id)``, oldest
+    first, each passed through :func:`scrub` with ``policy``.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the store could not be read.
+    """
+    rows = await transcripts.scene("console", bot_id, scene_id, limit=limit, scene_type=scene_type)
+    return [scrub(history_message(r), policy) for r in rows]

@@ -1,0 +1,144 @@
+"""The ``model_capabilities`` store behind the capability cache, on SQLite and PostgreSQL: rows
+shared by two caches (two processes' views), first-use probe, TTL re-probe, the config pin, the
+downgrade after consecutive off-schema answers (docs/decisions.md#structured-capability-cache,
+docs/decisions.md#structured-downgrade-on-evidence)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runtime.config import parse_config
+from runtime.llm.types import Model
+from runtime.memory.capabilities import SqlCapabilityStore
+from runtime.memory.db import Database
+from runtime.reply.capability import CapabilityCache, CapabilityRecord, ProbeResult, Tier
+from runtime.session.capabilities import describe, probe_configured
+
+MODEL = Model(id="m1", api="openai-completions", provider="p")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Probe:
+    """A probe that answers ``tier`` and counts its calls."""
+
+    def __init__(self, tier: Tier = "native") -> None:
+        self.tier: Tier = tier
+        self.calls = 0
+
+    async def __call__(self, model: Model) -> ProbeResult:
+        self.calls += 1
+        return ProbeResult(self.tier, f"{self.tier}: valid", f'{self.tier}: {{"ok": true}}')
+
+
+async def test_round_trip_and_upsert(db: Database) -> None:
+    store = SqlCapabilityStore(db)
+    rec = CapabilityRecord("p", "m1", "native", "probe", 5, "why", "raw", 1)
+    await store.save(rec)
+    assert await store.load("p", "m1") == rec
+    newer = CapabilityRecord("p", "m1", "tool", "downgrade", 9, "2 off-schema", "prose" * 10, 0)
+    await store.save(newer)
+    assert await store.load_all() == [newer]
+    assert await store.load("p", "other") is None
+
+
+async def test_first_use_probes_once_and_a_second_cache_reuses_the_row(db: Database) -> None:
+    clock, probe = Clock(), Probe("tool")
+    first = CapabilityCache(SqlCapabilityStore(db), ttl_s=100, clock=clock)
+    rec = await first.resolve(MODEL, probe)
+    assert rec is not None and (rec.tier, rec.source, rec.checked_at_ms) == ("tool", "probe", 1_000_000)
+    assert rec.evidence == 'tool: {"ok": true}'
+    other = CapabilityCache(SqlCapabilityStore(db), ttl_s=100, clock=clock)  # another process's view
+    assert (await other.resolve(MODEL, probe)) == rec
+    assert (probe.calls, other.get(MODEL)) == (1, "tool")
+
+
+async def test_ttl_triggers_a_re_probe_which_is_the_only_upgrade(db: Database) -> None:
+    clock, probe = Clock(), Probe("native")
+    cache = CapabilityCache(SqlCapabilityStore(db), ttl_s=100, downgrade_after=1, clock=clock)
+    await cache.resolve(MODEL, probe)
+    assert await cache.note_invalid(MODEL, "native", "prose", "invalid JSON") is True
+    clock.t += 99
+    rec = await cache.resolve(MODEL, probe)
+    assert rec is not None and (rec.tier, rec.source, probe.calls) == ("tool", "downgrade", 1)
+    clock.t += 1  # the downgrade is 100 s old: probe again
+    rec = await cache.resolve(MODEL, probe)
+    assert rec is not None and (rec.tier, rec.source, probe.calls) == ("native", "probe", 2)
+    assert (await SqlCapabilityStore(db).load("p", "m1")) == rec
+
+
+async def test_consecutive_off_schema_answers_downgrade_and_a_valid_one_resets(db: Database) -> None:
+    cache = CapabilityCache(SqlCapabilityStore(db), downgrade_after=2)
+    other = CapabilityCache(SqlCapabilityStore(db), downgrade_after=2)
+    await cache.resolve(MODEL, Probe("native"))
+    assert await cache.note_invalid(MODEL, "native", "prose 1", "bad") is False
+    await cache.note_valid(MODEL, "native")  # the streak restarts
+    assert await cache.note_invalid(MODEL, "native", "prose 2", "bad") is False
+    # the second answer in a row is seen by another process: the count is shared in SQL
+    assert await other.note_invalid(MODEL, "native", "prose 3", "bad") is True
+    rec = await SqlCapabilityStore(db).load("p", "m1")
+    assert rec is not None
+    assert (rec.tier, rec.source, rec.evidence, rec.failures) == ("tool", "downgrade", "prose 3", 0)
+    assert rec.reason == "2 consecutive off-schema answers at native: bad"
+    await cache.resolve(MODEL)
+    assert cache.get(MODEL) == "tool"
+    # evidence against a tier the model no longer uses changes nothing
+    assert await cache.note_invalid(MODEL, "native", "late", "bad") is False
+
+
+async def test_config_pin_wins_over_probe_and_is_never_downgraded(db: Database) -> None:
+    pinned = MODEL.model_copy(update={"compat": {"structured_tier": "prompt"}})
+    probe = Probe("native")
+    cache = CapabilityCache(SqlCapabilityStore(db), downgrade_after=1)
+    await SqlCapabilityStore(db).save(CapabilityRecord("p", "m1", "native", "probe", 1))
+    rec = await cache.resolve(pinned, probe)
+    assert rec is not None and (rec.tier, rec.source, probe.calls) == ("prompt", "config", 0)
+    seeded = MODEL.model_copy(update={"compat": {"structured_output": "native"}})
+    assert await cache.note_invalid(seeded, "native", "prose", "bad") is True  # a seed can move down
+    assert cache.get(seeded) == "tool"
+    assert await cache.note_invalid(pinned, "prompt", "prose", "bad") is False
+    assert cache.get(pinned) == "prompt"
+    assert describe(pinned, cache.effective(pinned), now_ms=0)["source"] == "config"
+
+
+async def test_probe_on_start_probes_every_configured_model(db: Database, monkeypatch: Any) -> None:
+    import runtime.session.capabilities as caps
+
+    probe = Probe("tool")
+    monkeypatch.setattr(caps, "default_probe", probe)
+    cfg = parse_config(
+        {
+            "ai": {
+                "probe_on_start": True,
+                "providers": {
+                    "p": {
+                        "api": "openai-completions",
+                        "models": [{"id": "a"}, {"id": "b", "structured_tier": "native"}],
+                    }
+                },
+            }
+        }
+    )
+    cache = caps.capability_cache(cfg, db)
+    recs = await probe_configured(cfg, cache)
+    assert [(r.model, r.tier, r.source) for r in recs if r is not None] == [
+        ("a", "tool", "probe"),
+        ("b", "native", "config"),
+    ]
+    assert probe.calls == 1
+    assert [r.model for r in await SqlCapabilityStore(db).load_all()] == ["a"]
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(5, "<1 min"), (61, "1 min"), (7200, "2 h"), (200000, "2 d")])
+def test_age_text(seconds: float, text: str) -> None:
+    from runtime.reply.capability import age_text
+
+    assert age_text(seconds) == text

@@ -1,0 +1,383 @@
+"""The web console in real Chromium at 390, 768 and 1280 px: login first, then the chat; the
+``hidden`` attribute respected; long words and URLs wrap (no horizontal scrolling); list markers
+not cut off; a new login starts a new view; the conversation comes back from SQL on
+reload (own scene only, leak-checked); tool calls show their arguments and results; live sessions
+and master controls for masters only; a favicon.
+
+Layout is asserted on element boxes, visibility and the document's scroll size — never pixels.
+The server side is real (:mod:`tests.platforms.console_browser_support`): the ingress app over
+loopback, SQLite transcripts, replies sent by the real delivery core through the console codec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from actors.console import ConsoleHub, console_routes
+from actors.console_history import HISTORY_LIMIT
+from runtime.config import Config
+from runtime.memory.db import Database
+from runtime.memory.transcripts import TranscriptStore
+from tests.actors.edge_support import serve_in_thread
+from tests.platforms.console_browser_support import (
+    API_TOKEN,
+    HEIGHT,
+    WIDTHS,
+    Console,
+    EchoRuntime,
+    box,
+    chromium,
+    clipped_lists,
+    expect,
+    log_texts,
+    login,
+    open_console,
+    overflow,
+    running_console,
+    say,
+    shown_despite_hidden,
+    wait_connected,
+)
+
+LONG_URL = "https://example.com/" + "a" * 260  # 280 characters, no place to break
+OpenPage = Callable[[int], Any]
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    with running_console(tmp_path_factory.mktemp("console-browser")) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture
+def open_page(browser: Any, console: Console) -> Iterator[OpenPage]:
+    """``open_page(width)`` → a fresh console tab; every tab is closed after the test."""
+    pages: list[Any] = []
+
+    def opener(width: int) -> Any:
+        page = open_console(browser, console.url, width)
+        page.set_default_timeout(20_000)
+        pages.append(page)
+        return page
+
+    yield opener
+    for page in pages:
+        page.context.close()
+
+
+def visible(page: Any, testid: str) -> bool:
+    return bool(page.get_by_test_id(testid).is_visible())
+
+
+def replies(page: Any, n: int) -> None:
+    """Wait until the log shows ``n`` bot replies."""
+    page.wait_for_function("n => document.querySelectorAll('[data-testid=reply]').length >= n", arg=n)
+
+
+def history_loaded(page: Any) -> None:
+    page.wait_for_selector("[data-testid=log][data-history=loaded]", state="attached")
+
+
+def role_known(page: Any) -> str:
+    page.wait_for_selector("[data-testid=chat][data-role]", state="attached")
+    return str(page.get_by_test_id("chat").get_attribute("data-role"))
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_login_first_then_chat(open_page: OpenPage, width: int) -> None:
+    """Before login only the login card shows (no chat pane, no side panels, no token field when
+    none is needed); after "Start chatting" the card is gone and the chat fills the first screen
+    right below the header."""
+    page = open_page(width)
+    assert visible(page, "login")
+    assert [visible(page, t) for t in ("chat", "master-panel", "token-label", "logout")] == [False] * 4
+    assert shown_despite_hidden(page) == []
+    card = box(page, "[data-testid=login]")
+    assert card["x"] >= 0 and card["x"] + card["width"] <= width
+    dims = overflow(page)
+    assert dims["scrollWidth"] <= dims["innerWidth"] == width
+
+    login(page, f"viewer{width}")
+    assert role_known(page) == "user"
+    shown = [visible(page, t) for t in ("login", "chat", "logout", "master-panel")]
+    assert shown == [False, True, True, False]
+    assert shown_despite_hidden(page) == []
+    header, chat = box(page, "header"), box(page, "#conversation")
+    composer = box(page, "[data-testid=composer]")
+    assert header["y"] + header["height"] <= chat["y"] <= header["y"] + header["height"] + 40
+    assert chat["x"] >= 0 and chat["x"] + chat["width"] <= width
+    assert composer["y"] + composer["height"] <= HEIGHT  # typing needs no scrolling
+    dims = overflow(page)
+    assert dims["scrollWidth"] <= width and dims["scrollHeight"] <= HEIGHT, dims
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_list_markers_are_not_clipped(console: Console, open_page: OpenPage, width: int) -> None:
+    """No shown list puts its numbers or bullets outside the room its padding gives them."""
+    page = open_page(width)
+    login(page, "admin")
+    console.event("console:console:private:admin", {"type": "status", "text": "thinking…"})
+    page.wait_for_selector("[data-testid=agent-event]")
+    page.wait_for_selector("[data-testid=session]")
+    assert clipped_lists(page) == []
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_long_words_and_urls_wrap(console: Console, open_page: OpenPage, width: int) -> None:
+    """A 280-character URL in a message, a reply, tool arguments and a tool result wraps inside
+    the chat: the document is never wider than the viewport."""
+    page = open_page(width)
+    user = f"wrap{width}"
+    login(page, user)
+    say(page, "look at " + LONG_URL)
+    replies(page, 1)
+    key = f"console:console:private:{user}"
+    console.event(key, {"type": "tool_call", "name": "fetch", "args": {"url": LONG_URL}})
+    console.event(key, {"type": "tool_result", "name": "fetch", "is_error": False, "result": LONG_URL})
+    console.event(key, {"type": "notice", "text": "x" * 300})
+    page.wait_for_function("document.querySelectorAll('[data-testid=agent-event]').length === 3")
+    for summary in page.locator("summary").all():
+        summary.click()
+    dims = overflow(page)
+    assert dims["scrollWidth"] <= dims["innerWidth"] == width, dims
+    chat_log = box(page, "[data-testid=log]")
+    rights = page.eval_on_selector_all(
+        "[data-testid=log] > li", "els => els.map(e => e.getBoundingClientRect().right)"
+    )
+    assert len(rights) == 5 and max(rights) <= chat_log["x"] + chat_log["width"]
+
+
+# --------------------------------------------------------------------------- views and history
+
+
+def test_switching_user_starts_a_new_view(console: Console, open_page: OpenPage) -> None:
+    """Log out, log in as someone else: the previous user's log is gone and stays gone."""
+    page = open_page(768)
+    login(page, "switch_a")
+    say(page, "hello from a")
+    replies(page, 1)
+    assert log_texts(page) == ["switch_ahello from a", "consolere: hello from a"]
+
+    page.get_by_test_id("logout").click()
+    assert [visible(page, t) for t in ("login", "chat", "logout")] == [True, False, False]
+    assert page.get_by_test_id("status").text_content() == "not connected"
+    login(page, "switch_b")
+    history_loaded(page)
+    assert log_texts(page) == []
+    say(page, "hi")
+    replies(page, 1)
+    assert log_texts(page) == ["switch_bhi", "consolere: hi"]
+
+
+def test_history_reloads_from_sql(console: Console, open_page: OpenPage) -> None:
+    """A reload (or another tab) shows the stored conversation again, each message once, in order;
+    another user sees none of it."""
+    page = open_page(1280)
+    login(page, "hist")
+    say(page, "first")
+    replies(page, 1)
+    say(page, "second")
+    replies(page, 2)
+    expected = ["histfirst", "consolere: first", "histsecond", "consolere: second"]
+    assert log_texts(page) == expected
+
+    page.reload()
+    wait_connected(page, "hist")  # this tab's login resumes
+    history_loaded(page)
+    assert log_texts(page) == expected
+
+    other = open_page(390)
+    login(other, "hist")
+    history_loaded(other)
+    assert log_texts(other) == expected
+    other.get_by_test_id("logout").click()
+    login(other, "snoop")
+    history_loaded(other)
+    assert log_texts(other) == []
+
+    stored = console.get("/console/api/history", user="hist").json()["messages"]
+    assert [(m["direction"], m["sender_id"], m["text"]) for m in stored] == [
+        ("inbound", "hist", "first"),
+        ("outbound", "console", "re: first"),
+        ("inbound", "hist", "second"),
+        ("outbound", "console", "re: second"),
+    ]
+    assert console.get("/console/api/history", user="snoop").json() == {"messages": []}
+    # the group "hist" is another scene than hist's private chat
+    group = console.get("/console/api/history", user="x", scene="group", group="hist")
+    assert group.json() == {"messages": []}
+
+
+def test_history_is_the_last_n_messages_and_leak_checked(console: Console, open_page: OpenPage) -> None:
+    for i in range(HISTORY_LIMIT + 10):
+        console.record(
+            direction="inbound", message_id=f"m{i}", platform="console", bot_id="console",
+            scene_id="many", scene_type="private", sender_id="many", sender_name="many",
+            text=f"m{i}", time_ms=1_767_000_000_000 + i,
+        )  # fmt: skip
+    console.record(
+        direction="outbound", message_id="leak-1", platform="console", bot_id="console",
+        scene_id="many", scene_type="private", sender_id="console", sender_role="bot",
+        segments=[{"type": "text", "data": {"text": f"token {API_TOKEN}"}},
+                  {"type": "image", "data": {"media": {"kind": "path", "value": "/srv/media/x.png"}}}],
+        time_ms=1_767_000_001_000,
+    )  # fmt: skip
+    page = open_page(390)
+    login(page, "many")
+    history_loaded(page)
+    texts = log_texts(page)
+    assert len(texts) == HISTORY_LIMIT
+    assert texts[0] == "manym11" and texts[-2:] == ["manym59", "consoletoken [redacted][image]"]
+    assert API_TOKEN not in page.content()
+
+    few = console.get("/console/api/history", user="many", limit="2").json()["messages"]
+    assert [m["message_id"] for m in few] == ["m59", "leak-1"]
+    for bad in ({"limit": "0"}, {"limit": "201"}, {"limit": "x"}, {"user": "no such"}, {"scene": "channel"}):
+        params = {"user": "many", **bad}
+        assert console.get("/console/api/history", **params).status_code == 400, bad
+
+
+# --------------------------------------------------------------------------- agent events
+
+
+def test_tool_calls_show_arguments_and_results(console: Console, open_page: OpenPage) -> None:
+    """Tool calls and results are collapsible lines with the arguments and the result inside;
+    thinking previews and correction notices show; a secret in a result is redacted."""
+    page = open_page(390)
+    login(page, "tools")
+    key = "console:console:private:tools"
+    notice = "reply format was invalid; corrected by one extra call (native tier)"
+    for event in (
+        {"type": "tool_call", "name": "clock", "args": {"tz": "UTC"}},
+        {"type": "tool_result", "name": "clock", "is_error": False, "result": "2026-01-01T00:00:00Z"},
+        {"type": "thinking", "text": "the user wants the time"},
+        {"type": "notice", "text": notice},
+        {"type": "tool_result", "name": "env", "is_error": True, "result": f"token={API_TOKEN}"},
+    ):
+        console.event(key, event)
+    page.wait_for_function("document.querySelectorAll('[data-testid=agent-event]').length === 5")
+    events = page.get_by_test_id("agent-event")
+    assert events.all_text_contents() == [
+        '🔧 clock({"tz":"UTC"})',
+        "✓ clock",
+        "💭 the user wants the time",
+        f"⚠ {notice}",
+        "✗ env",
+    ]
+    args, results = page.get_by_test_id("tool-args"), page.get_by_test_id("tool-result")
+    assert not args.is_visible() and not results.first.is_visible()  # collapsed until opened
+    for summary in page.locator("summary").all():
+        summary.click()
+    assert args.is_visible() and args.text_content() == '{\n  "tz": "UTC"\n}'
+    assert results.all_text_contents() == ["2026-01-01T00:00:00Z", "token=[redacted]"]
+    assert API_TOKEN not in page.content()
+
+
+# --------------------------------------------------------------------------- master panel
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_master_panel_only_for_the_master(console: Console, open_page: OpenPage, width: int) -> None:
+    """The master sees the live console sessions of their bot and the controls (beside the chat
+    on a wide screen, below it on a narrow one); anyone else sees neither."""
+    page = open_page(width)
+    login(page, "carol")
+    expect(page.get_by_test_id("master-panel")).to_be_hidden()
+    assert role_known(page) == "user"
+    page.get_by_test_id("logout").click()
+    login(page, "admin")
+    assert role_known(page) == "master"
+    page.wait_for_selector("[data-testid=session]")
+    assert visible(page, "master-panel")
+    assert [s.split(" ")[0] for s in page.get_by_test_id("session").all_text_contents()] == [
+        "console:console:private:admin",
+        "console:console:group:lobby",
+    ]
+    chat, panel = box(page, "#conversation"), box(page, "[data-testid=master-panel]")
+    if width >= 900:
+        assert panel["x"] >= chat["x"] + chat["width"] and panel["y"] < chat["y"] + chat["height"]
+    else:
+        assert panel["y"] >= chat["y"] + chat["height"]
+    assert panel["x"] + panel["width"] <= width
+    assert overflow(page)["scrollWidth"] <= width
+
+    page.get_by_test_id("logout").click()
+    login(page, "bob")
+    expect(page.get_by_test_id("master-panel")).to_be_hidden()
+    assert role_known(page) == "user"
+    assert not visible(page, "master-panel") and shown_despite_hidden(page) == []
+
+
+def test_session_list_api_refuses_non_masters(console: Console) -> None:
+    def keys(user: str) -> list[str]:
+        answer = console.get("/console/api/sessions", user=user)
+        assert answer.status_code == 200, answer.text
+        return [s["session_key"] for s in answer.json()["sessions"]]
+
+    assert keys("admin") == ["console:console:private:admin", "console:console:group:lobby"]
+    assert keys("boss") == ["console:other:private:boss"]
+    refused = console.get("/console/api/sessions", user="bob")
+    assert (refused.status_code, refused.json()) == (
+        403,
+        {"error": "'bob' is not a master of a console bot; only masters see live sessions"},
+    )
+    assert console.get("/console/api/sessions").status_code == 400
+    assert [console.get("/console/api/me", **q).json() for q in (
+        {"user": "admin"}, {"user": "admin", "bot": "other"}, {"user": "bob"},
+    )] == [
+        {"user": "admin", "bot": "console", "master": True},
+        {"user": "admin", "bot": "other", "master": False},
+        {"user": "bob", "bot": "console", "master": False},
+    ]  # fmt: skip
+    assert console.get("/console/api/me", user="admin", bot="nope").status_code == 400
+
+
+# --------------------------------------------------------------------------- favicon, message ids
+
+
+def test_favicon(console: Console, open_page: OpenPage) -> None:
+    resp = console.get("/favicon.ico")
+    assert (resp.status_code, resp.headers["content-type"]) == (200, "image/svg+xml")
+    page = open_page(390)
+    assert page.eval_on_selector("link[rel=icon]", "l => l.href") == console.url + "/favicon.ico"
+    size = page.evaluate(
+        "async () => { const img = new Image(); img.src = '/favicon.ico'; await img.decode();"
+        " return [img.naturalWidth, img.naturalHeight]; }"
+    )
+    assert size == [32, 32]
+
+
+def test_reply_ids_stay_unique_across_restarts() -> None:
+    """The id of a delivered reply keys its outbound transcript row: a restarted console (a new
+    hub) must not hand out an id the last one used, or history loses those replies."""
+    before, after = ConsoleHub(), ConsoleHub()
+    first = [before.next_message_id() for _ in range(3)]
+    assert len(set(first)) == 3
+    assert after.next_message_id() not in first
+
+
+def test_history_answers_503_when_the_store_fails(console: Console, tmp_path: Path) -> None:
+    """A database that cannot be read makes the history a 503 the page reports, never a 500."""
+    db = Database(f"sqlite:///{tmp_path / 'empty.db'}")  # no tables: every read fails
+    app = Starlette(routes=console_routes(EchoRuntime(), Config(), transcripts=TranscriptStore(db)))
+    try:
+        with serve_in_thread(app) as url:
+            resp = httpx.get(url + "/console/api/history", params={"user": "admin"}, timeout=30)
+    finally:
+        db.dispose()
+    assert (resp.status_code, resp.json()) == (503, {"error": "history unavailable, try again"})
