@@ -392,9 +392,10 @@ async def test_models_lists_the_configured_models(bot: Bot) -> None:
             "structured output unknown",
             "- local/qwen2.5vl:7b: api openai-completions, context 32768 tokens, input text+image, "
             "structured output unknown",
-            f"- {CHAT}/chat (default): api faux, context 8192 tokens, input text, structured output native",
+            f"- {CHAT}/chat (default): api faux, context 8192 tokens, input text, "
+            "structured output native (config)",
             f"- {VISION}/vision (vision): api faux, context 8192 tokens, input text+image, "
-            "structured output native",
+            "structured output native (config)",
         ]
     # a command never reaches the model: only the record of the delivered answer is stored
     stored = await eventually(lambda: bot.stored("console:console:private:admin"), 30, "the reply record")
