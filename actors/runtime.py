@@ -33,7 +33,7 @@ from pydantic import BaseModel
 
 from actors.pool import NAMESPACE, PoolSupervisor
 from actors.router import RouterActor, shard_of
-from actors.setup import ConfigSetupFactory
+from actors.setup import ConfigSetupFactory, business_tools
 from runtime.session.control import (
     ControlError,
     ControlKind,
@@ -139,17 +139,15 @@ class SessionRuntime:
         Raises:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
             runtime.session.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
+            runtime.session.python_tools.PythonToolError: an ``ai.python_tools`` entry cannot be loaded.
         """
         from actors.cluster import ensure_database_fits_cluster
         from runtime.memory.connection_budget import warn_if_over_connection_budget
         from runtime.memory.db import Database
 
         ensure_database_fits_cluster(config.database.url)
-        # a bad *.tool.md stops start-up with ToolMdError (docs/decisions.md#tool-md-hard-fail)
-        if config.ai.tools_dir:
-            from runtime.session.tool_md import load_tool_dir
-
-            load_tool_dir(config.ai.tools_dir)
+        # a bad *.tool.md or Python tool stops start-up (docs/decisions.md#tool-md-hard-fail)
+        business_tools(config)
         db = Database(config.database.url, threads=1)
         try:
             await asyncio.to_thread(db.create_tables)

@@ -57,6 +57,9 @@ __all__ = ["DEFAULT_METRICS_EXPORT_PORT", "IngressServer", "main", "serve", "wit
 
 log = logging.getLogger("sessionray.serve")
 
+_ROOT = str(Path(__file__).resolve().parent.parent)
+"""The repository root: on the import path of this process and of every Ray worker."""
+
 
 def with_ingress_address(config: Any, host: str, port: int) -> Any:
     """``config`` with ``server.host``/``server.port`` set, and every console bot whose ``api_base``
@@ -128,9 +131,14 @@ def _init_ray(address: str | None, metrics_port: int) -> None:
 
     from runtime.platforms.console import API_TOKEN_ENV, console_api_token
 
-    root = str(Path(__file__).resolve().parent.parent)
+    # Workers import from the repository root (and the caller's PYTHONPATH), and so does this
+    # process: Python tools named in ai.python_tools (e.g. examples.bot.bot_tools) are loaded
+    # here once at start-up to fail early, then in every session actor.
+    python_path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    if _ROOT not in sys.path:
+        sys.path.insert(0, _ROOT)
     # The console's internal endpoints need one shared token in the ingress and every Ray worker.
-    env = {"PYTHONPATH": root, API_TOKEN_ENV: console_api_token(create=True) or ""}
+    env = {"PYTHONPATH": python_path, API_TOKEN_ENV: console_api_token(create=True) or ""}
     kwargs: dict[str, Any] = {
         "namespace": "sessionray",
         "logging_level": "warning",

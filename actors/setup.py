@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from runtime.session.turn import SessionSetup
 
-__all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory"]
+__all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory", "business_tools"]
 
 IM_SYSTEM_PROMPT = (
     "You are a helpful assistant in an instant-messaging chat. Keep answers short and friendly. "
@@ -25,12 +25,40 @@ IM_SYSTEM_PROMPT = (
 """The IM preset's base system prompt (the reply contract adds its own instructions)."""
 
 
+def business_tools(config: Any) -> list[Any]:
+    """The configured business tools: ``ai.python_tools`` then the ``*.tool.md`` of
+    ``ai.tools_dir``. ``SessionRuntime.start`` calls it once so a bad tool stops start-up
+    (``docs/decisions.md#tool-md-hard-fail``); each session actor calls it again.
+
+    Raises:
+        runtime.session.python_tools.PythonToolError: a bad ``ai.python_tools`` entry, or a
+            ``*.tool.md`` declaring the name of a Python tool.
+        runtime.session.tool_md.ToolMdError: a bad ``ai.tools_dir``.
+    """
+    from runtime.session.python_tools import PythonToolError, load_python_tools
+
+    tools = load_python_tools(config.ai.python_tools)
+    if config.ai.tools_dir:  # *.tool.md tools
+        from runtime.session.tool_md import load_tool_dir
+
+        python_names = {t.name for t in tools}
+        for tool in load_tool_dir(config.ai.tools_dir):
+            if tool.name in python_names:
+                raise PythonToolError(
+                    f"{config.ai.tools_dir}: tool name {tool.name!r} is also declared by ai.python_tools"
+                )
+            tools.append(tool)
+    return tools
+
+
 class ConfigSetupFactory:
     """``(session_key) -> SessionSetup`` from ``config``: the model ``ai.default_model`` (the built-in
-    offline model when unset), the ``chat_history`` tool bound to the session's scene, the IM
-    preset prompt, ``ai.agent`` output schema and queue modes, the structured-output capability
-    cache on the SQL store with the probe at first use (``runtime.session.capabilities``), and —
-    for console sessions only — the live-events hook (``runtime.platforms.console_events``).
+    offline model when unset), the ``chat_history`` tool bound to the session's scene, the
+    business tools (:func:`business_tools`), the ``delegate`` sub-agent tool when
+    ``ai.agent.delegate`` is on, the IM preset prompt, ``ai.agent`` output schema and queue
+    modes, the structured-output capability cache on the SQL store with the probe at first use
+    (``runtime.session.capabilities``), and — for console sessions only — the live-events hook
+    (``runtime.platforms.console_events``).
 
     Args:
         config: ``runtime.config.Config``.
@@ -44,9 +72,10 @@ class ConfigSetupFactory:
 
     def prepare(self, *, database: Any = None) -> None:
         """Build, once per process, everything that does not depend on the session key: provider
-        registration, the model, the ``*.tool.md`` and built-in tools, the chat-history database,
-        and the imports of an activation. The session actor calls it while it waits in the warm
-        pool (docs/decisions.md#session-warm-pool); :meth:`__call__` calls it too (a no-op then).
+        registration, the model, the business tools (:func:`business_tools`) and built-in tools,
+        the chat-history database, and the imports of an activation. The session actor calls it
+        while it waits in the warm pool (docs/decisions.md#session-warm-pool); :meth:`__call__`
+        calls it too (a no-op then).
 
         Args:
             database: A :class:`runtime.memory.db.Database` of ``database.url`` to share for the
@@ -56,6 +85,7 @@ class ConfigSetupFactory:
         Raises:
             runtime.config.ConfigError: ``ai.default_model`` names an unknown provider.
             runtime.session.tool_md.ToolMdError: a bad ``ai.tools_dir``.
+            runtime.session.python_tools.PythonToolError: a bad ``ai.python_tools`` entry.
         """
         if self._shared is not None:
             return
@@ -72,11 +102,7 @@ class ConfigSetupFactory:
             from runtime.session.capabilities import capability_cache
 
             self._capabilities = capability_cache(self.config, self._db)
-        tools: list[Any] = []
-        if self.config.ai.tools_dir:  # *.tool.md tools (validated at start-up, SessionRuntime.start)
-            from runtime.session.tool_md import load_tool_dir
-
-            tools += load_tool_dir(self.config.ai.tools_dir)
+        tools = business_tools(self.config)  # validated at start-up (SessionRuntime.start)
         model = self._model()
         if not self.config.ai.default_model:
             from providers.builtin import builtin_tools
@@ -105,6 +131,10 @@ class ConfigSetupFactory:
             make_chat_history_tool(self._db, platform=key.platform, bot_id=key.bot_id, scene_id=key.scene_id),
             *shared_tools,
         ]
+        if agent.delegate:  # a sub-agent with the business tools, without the IM preset
+            from runtime.session.turn_tools import make_subagent_tool
+
+            tools.append(make_subagent_tool(model, shared_tools))
         output_schema: Literal["segments"] | Literal[False] = (
             False if agent.output_schema is False else "segments"
         )

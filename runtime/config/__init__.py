@@ -7,6 +7,7 @@ here and nowhere else; :func:`load_config` names the file and the dotted key of 
 from runtime.config.settings import (
     DEFAULT_CONFIG_FILE,
     DRIVER_TO_API,
+    ENTRY_POINT_RE,
     KNOWN_APIS,
     AgentConfig,
     AiConfig,
@@ -34,6 +35,7 @@ from runtime.config.settings import (
 __all__ = [
     "DEFAULT_CONFIG_FILE",
     "DRIVER_TO_API",
+    "ENTRY_POINT_RE",
     "KNOWN_APIS",
     "AgentConfig",
     "AiConfig",

@@ -39,6 +39,10 @@ docs/decisions.md#llm-api-required)."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+ENTRY_POINT_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""The form of a Python ``module:attribute`` reference (``ai.python_tools``): a dotted module
+path, a colon, one attribute name."""
+
 
 class ConfigError(ValueError):
     """Invalid configuration; the message names the file and the dotted key path of each error."""
@@ -142,6 +146,10 @@ class AgentConfig(_Closed):
     """Share of the model's ``context_window`` above which older messages are summarized into
     ``agent_summaries`` before an LLM call (docs/decisions.md#memory-compaction); ``null`` turns
     compaction off."""
+    delegate: bool = False
+    """Offer the ``delegate`` tool: a sub-agent on the session's model, with the business tools
+    (``python_tools``, ``tools_dir``) and without the IM preset
+    (docs/decisions.md#session-extra-tools)."""
 
 
 class McpServerConfig(_Closed):
@@ -204,6 +212,10 @@ class AiConfig(_Closed):
     tools_dir: str | None = None
     """Folder of ``*.tool.md`` tools loaded at start-up (hard fail on errors:
     docs/decisions.md#tool-md-hard-fail)."""
+    python_tools: list[str] = Field(default_factory=list)
+    """``module:attribute`` references of Python ``AgentTool`` s (a tool, a list of them, or a
+    function returning either), imported at start-up and in every session actor
+    (``runtime.session.python_tools``; hard fail on errors: docs/decisions.md#tool-md-hard-fail)."""
     media_url_allowlist: list[str] = Field(default_factory=list)
     """URL prefixes a reply may attach without them appearing in the context
     (docs/decisions.md#reply-media-provenance)."""
@@ -216,6 +228,14 @@ class AiConfig(_Closed):
     downgrade_after: int = Field(default=2, ge=1)
     """Consecutive off-schema answers at a tier that move a model to the next tier
     (docs/decisions.md#structured-downgrade-on-evidence)."""
+
+    @field_validator("python_tools")
+    @classmethod
+    def _entry_points(cls, v: list[str]) -> list[str]:
+        for i, ref in enumerate(v):
+            if not ENTRY_POINT_RE.fullmatch(ref):
+                raise ValueError(f"[{i}] {ref!r} is not of the form 'package.module:attribute'")
+        return v
 
     @model_validator(mode="after")
     def _refs_exist(self) -> AiConfig:

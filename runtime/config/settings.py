@@ -28,6 +28,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from runtime.config.ai import (  # re-exported: public names stay in runtime.config
     DRIVER_TO_API,
+    ENTRY_POINT_RE,
     KNOWN_APIS,
     AgentConfig,
     AiConfig,
@@ -52,6 +53,7 @@ from runtime.llm.types import Model
 __all__ = [
     "DEFAULT_CONFIG_FILE",
     "DRIVER_TO_API",
+    "ENTRY_POINT_RE",
     "KNOWN_APIS",
     "AgentConfig",
     "AiConfig",

@@ -42,7 +42,6 @@ file (and, for schemas, the JSON pointer and the feature) — a hard fail
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import os
@@ -59,6 +58,7 @@ from runtime.agent.schema_model import SchemaFeatureError, ToolArgs, dump_params
 from runtime.agent.tool_policy import ToolPermissions, set_permissions
 from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
 from runtime.llm.abort import AbortSignal
+from runtime.session.python_tools import import_entry_point
 
 __all__ = ["TOOL_NAME_RE", "ToolMdError", "ToolMdSpec", "load_tool_dir", "load_tool_md", "parse_tool_md"]
 
@@ -228,10 +228,9 @@ def _http_execute(spec: ToolMdSpec) -> Callable[..., Any]:
 
 
 def _python_execute(spec: ToolMdSpec) -> Callable[..., Any]:
-    module_name, _, attr = spec.handler["entry_point"].partition(":")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        fn = import_entry_point(spec.handler["entry_point"])
+    except (ImportError, AttributeError, ValueError) as exc:
         raise ToolMdError(
             spec.file, f"handler.entry_point {spec.handler['entry_point']!r} cannot be imported: {exc}"
         ) from None

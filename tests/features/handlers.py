@@ -16,3 +16,38 @@ async def shout(args: dict[str, Any]) -> str:
 
 
 NOT_CALLABLE = 3
+
+
+# --------------------------------------------------------------------------- ai.python_tools
+
+
+def _echo_tool(name: str) -> Any:
+    from pydantic import BaseModel
+
+    from runtime.agent.tools import AgentTool
+
+    class EchoArgs(BaseModel):
+        text: str
+
+    async def run(call_id: str, params: EchoArgs, signal: Any, on_update: Any) -> str:
+        return params.text
+
+    return AgentTool(name, "Echo the text back.", EchoArgs, run)
+
+
+ONE_TOOL = _echo_tool("echo_one")
+"""``tests.features.handlers:ONE_TOOL``: a single ``AgentTool``."""
+
+
+def make_tools() -> list[Any]:
+    """``tests.features.handlers:make_tools``: a function returning a list of tools."""
+    return [_echo_tool("echo_two"), _echo_tool("echo_three")]
+
+
+TWICE = [_echo_tool("echo_one")]
+"""A list declaring a name ``ONE_TOOL`` already has."""
+
+
+def broken_tools() -> list[Any]:
+    """A tool function that fails."""
+    raise RuntimeError("no tools today")

@@ -1,0 +1,87 @@
+"""Python business tools named in the configuration: ``ai.python_tools``.
+
+Each entry is a ``"module:attribute"`` reference. The attribute is
+
+* an :class:`~runtime.agent.tools.AgentTool`,
+* a list or tuple of them, or
+* a function without arguments that returns either of the above (called once per process).
+
+The module is imported where the tools are used — at start-up (:func:`load_python_tools` is run
+once so a bad reference stops the start) and inside each session actor — so it must be
+importable there (on ``PYTHONPATH``; ``sessionray serve`` puts the repository root on it).
+Loading is all-or-nothing, like ``*.tool.md`` (``docs/decisions.md#tool-md-hard-fail``).
+
+Example (``examples/bot/bot_tools.py``)::
+
+    ai:
+      python_tools: ["examples.bot.bot_tools:TOOLS"]
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.agent.tools import AgentTool
+from runtime.config import ENTRY_POINT_RE
+
+__all__ = ["PythonToolError", "import_entry_point", "load_python_tools"]
+
+
+class PythonToolError(ValueError):
+    """An ``ai.python_tools`` entry cannot be loaded; the message starts with the reference."""
+
+
+def import_entry_point(ref: str) -> Any:
+    """Import ``"package.module:attribute"`` and return the attribute.
+
+    Raises:
+        ValueError: ``ref`` is not of the form ``module:attribute``.
+        ImportError: the module cannot be imported.
+        AttributeError: the module has no such attribute.
+    """
+    if not ENTRY_POINT_RE.fullmatch(ref):
+        raise ValueError(f"{ref!r} is not of the form 'package.module:attribute'")
+    module_name, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _as_tools(ref: str, value: Any) -> list[AgentTool[Any]]:
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    bad = [type(v).__name__ for v in items if not isinstance(v, AgentTool)]
+    if bad:
+        raise PythonToolError(f"{ref}: expected AgentTool objects, got {', '.join(bad)}")
+    return items
+
+
+def load_python_tools(refs: Sequence[str]) -> list[AgentTool[Any]]:
+    """Load the tools of every reference, in order.
+
+    Raises:
+        PythonToolError: a reference cannot be imported, its value (or what its function returns)
+            is not an ``AgentTool`` or a list of them, its function raises, or two tools share a
+            name; the message names the reference.
+    """
+    tools: list[AgentTool[Any]] = []
+    seen: dict[str, str] = {}
+    for ref in refs:
+        try:
+            value = import_entry_point(ref)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise PythonToolError(f"{ref}: cannot be imported: {exc}") from None
+        if callable(value) and not isinstance(value, AgentTool):
+            try:
+                value = value()
+            except Exception as exc:
+                raise PythonToolError(
+                    f"{ref}: the tool function raised {type(exc).__name__}: {exc}"
+                ) from None
+        for tool in _as_tools(ref, value):
+            if tool.name in seen:
+                raise PythonToolError(
+                    f"{ref}: tool name {tool.name!r} is already declared by {seen[tool.name]}"
+                )
+            seen[tool.name] = ref
+            tools.append(tool)
+    return tools
