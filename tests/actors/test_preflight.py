@@ -132,6 +132,12 @@ def test_a_bad_tool_md_is_a_configuration_problem(tmp_path: Path) -> None:
     assert problems[0].text.startswith(f"ai.tools_dir: {tmp_path / 'broken.tool.md'}")
 
 
+def test_a_python_tool_that_does_not_import_is_a_configuration_problem() -> None:
+    problems = environment_problems(parse_config({"ai": {"python_tools": ["pf_no_such_module:tool"]}}), {})
+    assert [p.code for p in problems] == [EXIT_CONFIG]
+    assert problems[0].text.startswith("ai.python_tools: pf_no_such_module:tool")
+
+
 # --------------------------------------------------------------------------- database
 
 
