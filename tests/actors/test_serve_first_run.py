@@ -12,6 +12,7 @@ environment. Asserts that
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -105,11 +106,12 @@ def test_first_run_like_make_run(workdir: Path) -> None:
             rf"sessionray status --url http://127\.0\.0\.1:{port})\n",
             banner,
         )
-        status = subprocess.run(
-            ["bash", "-c", export], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
+        status = subprocess.run(  # the printed line as is, plus --json to read the answer
+            ["bash", "-c", f"{export} --json"], cwd=workdir, env=env, capture_output=True, text=True,
+            timeout=120,
         )
         assert status.returncode == 0, status.stderr
-        assert "live_sessions: 0" in status.stdout
+        assert json.loads(status.stdout)["live_sessions"] == 0
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)
