@@ -33,7 +33,9 @@ surrogate); 413 ``text`` longer than
 and the refusals of a :class:`~runtime.session.control.ControlRequest`, mapped in one table,
 :data:`ERROR_STATUS` (docs/decisions.md#typed-control-request): 403 ``NotMasterError`` (only a
 bot's masters may steer / follow up: docs/decisions.md#steer-masters-only), 404
-``UnknownSessionError`` (and a malformed key), 400 ``BadControlRequest``; anything else 500 with
+``UnknownSessionError``, 400 ``BadControlRequest`` and its ``MalformedKeyError`` (a session key
+that is not ``platform:bot_id:scope:scene_id``, on every ``/admin/sessions/{key}`` route, checked
+before the runtime is asked); anything else 500 with
 the error's type and message (logged). Every control route builds one ``ControlRequest`` and
 calls ``runtime.control``; the answer is ``{"status": "ok", "kind", "session_key", "result"}``.
 Session keys are never metric labels.
@@ -60,9 +62,8 @@ from actors.http_input import (
     check_unicode,
     loads_json,
     max_text_chars,
-    valid_session_key,
 )
-from runtime.keys import SessionKeyError
+from runtime.keys import SessionKeyError, parse_session_key
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.memory.repository import UnknownSessionError as StoredSessionUnknown
@@ -71,6 +72,7 @@ from runtime.session.control import (
     ControlKind,
     ControlReply,
     ControlRequest,
+    MalformedKeyError,
     NotMasterError,
     UnknownSessionError,
 )
@@ -103,7 +105,7 @@ ERROR_STATUS: tuple[tuple[type[Exception], int], ...] = (
     (NotMasterError, 403),
     (UnknownSessionError, 404),
     (BadControlRequest, 400),
-    (SessionKeyError, 404),
+    (SessionKeyError, 400),
     (StoredSessionUnknown, 404),
     (PermissionError, 403),
 )
@@ -114,6 +116,19 @@ API and the web console answer these with ``{"error": message}``)."""
 def error_status(exc: BaseException) -> int | None:
     """The HTTP status :data:`ERROR_STATUS` gives ``exc`` (by ``isinstance``), or None (a 500)."""
     return next((status for cls, status in ERROR_STATUS if isinstance(exc, cls)), None)
+
+
+def _checked_key(key: str) -> str:
+    """``key`` when it is a well-formed session key.
+
+    Raises:
+        MalformedKeyError: it is not (the message names the part and the rule; answered 400).
+    """
+    try:
+        parse_session_key(key)
+    except SessionKeyError as exc:
+        raise MalformedKeyError(str(exc)) from None
+    return key
 
 
 def _open_repository(url: str) -> ContextRepository:
@@ -250,10 +265,10 @@ def admin_routes(
         return JSONResponse(await models_payload(config, repo.db if repo is not None else None))
 
     async def session(request: Request) -> Response:
-        key = request.path_params["session_key"]
+        key = _checked_key(request.path_params["session_key"])
         info = await runtime.session(key)
         if info is None:
-            found = await stored.info(key) if valid_session_key(key) else None
+            found = await stored.info(key)
             if found is None:
                 return _error(404, f"no live or stored session {key!r}")
             return JSONResponse(found)
@@ -265,7 +280,7 @@ def admin_routes(
 
     def control(kind: ControlKind) -> Handler:
         async def endpoint(request: Request) -> Response:
-            key = request.path_params["session_key"]
+            key = _checked_key(request.path_params["session_key"])
             try:
                 body = loads_json(await request.body() or b"null")
             except InputError as exc:
@@ -292,12 +307,12 @@ def admin_routes(
 
     def simple(kind: ControlKind) -> Handler:
         async def endpoint(request: Request) -> Response:
-            key = request.path_params["session_key"]
+            key = _checked_key(request.path_params["session_key"])
             try:
                 reply = await runtime.control(ControlRequest(kind=kind, session_key=key))
             except UnknownSessionError:
                 # archive of a passivated session: its stored epoch, through its router shard
-                if kind is not ControlKind.ARCHIVE or not valid_session_key(key):
+                if kind is not ControlKind.ARCHIVE:
                     raise
                 new_id = await stored.archive(key)
                 if new_id is None:

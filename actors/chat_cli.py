@@ -28,7 +28,7 @@ from runtime.agent.events import AgentEvent
 from runtime.llm.abort import AbortSignal
 from runtime.llm.types import AssistantMessage, TextContent, ToolResultMessage
 
-__all__ = ["build_parser", "main", "run_chat"]
+__all__ = ["build_parser", "main", "run_chat", "tool_call_line", "tool_result_line"]
 
 HELP = "commands: /quit or /exit (or Ctrl-D) to leave, /reset to forget the conversation, /help"
 
@@ -52,6 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--system-prompt", default="You are a helpful assistant.", help="system prompt for the agent"
     )
     return p
+
+
+def tool_call_line(name: str, args: Any) -> str:
+    """How a terminal shows a tool call starting: ``[tool NAME {json args}]`` (the standalone chat
+    and the console client, :mod:`actors.console_client`)."""
+    return f"[tool {name} {json.dumps(args, ensure_ascii=False)}]"
+
+
+def tool_result_line(name: str, text: str, *, is_error: bool = False) -> str:
+    """How a terminal shows a tool call's end: ``[tool NAME -> TEXT]`` (``error: `` before
+    ``TEXT`` when it failed; ``[tool NAME done]`` when there is no text)."""
+    shown = ("error: " if is_error else "") + text
+    return f"[tool {name} -> {shown}]" if shown else f"[tool {name} done]"
 
 
 class _Printer:
@@ -85,14 +98,14 @@ class _Printer:
                 self._write(f"[{msg.stop_reason}: {msg.error_message or ''}]\n")
         elif event.type == "tool_execution_start":
             self._end_line()
-            self._write(f"[tool {event.tool_name} {json.dumps(event.args, ensure_ascii=False)}]\n")
+            self._write(tool_call_line(event.tool_name, event.args) + "\n")
         elif event.type == "tool_execution_end":
-            self._write(f"[tool {event.tool_name} -> {_text(event.result)}]\n")
+            self._write(_result_line(event.tool_name, event.result) + "\n")
 
 
-def _text(result: ToolResultMessage) -> str:
+def _result_line(name: str, result: ToolResultMessage) -> str:
     text = "".join(b.text for b in result.content if isinstance(b, TextContent))
-    return ("error: " if result.is_error else "") + text
+    return tool_result_line(name, text, is_error=result.is_error)
 
 
 async def run_chat(agent: Agent, stdin: TextIO, stdout: TextIO, *, interactive: bool = False) -> int:

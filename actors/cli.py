@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "main", "version"]
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "chat": (
@@ -30,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "actors.control_cli:follow_up_main",
     ),
     "abort": ("abort a live session's running turn (admin API)", "actors.control_cli:abort_main"),
+    "archive": (
+        "archive a session's active epoch, continue in a fresh one (admin API; as /new)",
+        "actors.control_cli:archive_main",
+    ),
     "sessions": ("list the live sessions (admin API)", "actors.control_cli:sessions_main"),
     "models": (
         "list the configured models with their structured-output tier, source and age (admin API)",
@@ -42,18 +47,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """The installed ``sessionray`` distribution's version (package metadata), or ``unknown``
+    when it runs from a source tree that was never installed."""
+    try:
+        return importlib.metadata.version("sessionray")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch ``sessionray <command> [args]``; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="sessionray",
         description="Chat-agent sessions for IM bots on Ray.",
-        epilog="Run `sessionray <command> --help` for a command's options.",
+        epilog="Run `sessionray <command> --help` for a command's options. Control commands' "
+        "exit codes: 0 ok; 1 the admin API refused or failed; 2 usage error or server unreachable.",
     )
+    parser.add_argument("--version", action="version", version=f"sessionray {version()}")
     sub = parser.add_subparsers(dest="command", metavar="command")
     for name, (help_text, _target) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
-    if not argv or argv[0] not in COMMANDS:
+    if not argv or argv[0] not in COMMANDS:  # also --help and --version
         parser.parse_args(argv or ["--help"])
         return 2
     module_name, func_name = COMMANDS[argv[0]][1].split(":")

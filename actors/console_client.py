@@ -6,7 +6,12 @@ running ``sessionray serve`` exactly like the web console does: each line is POS
 structured reply and a DeliveryActor), replies and live agent events arrive on the console's
 Server-Sent-Events stream ``/console/api/stream`` and are printed segment by segment. ``/steer TEXT``
 and ``/followup TEXT`` send control messages for the user's own session (masters only: the server
-answers 403 otherwise). ``/quit`` or Ctrl-D leaves.
+answers 403 otherwise). ``/help`` lists these commands (answered here, never sent to the bot);
+``/quit`` or Ctrl-D leaves. Agent events print as the standalone chat prints them
+(:func:`actors.chat_cli.tool_call_line` / :func:`~actors.chat_cli.tool_result_line`). When stdin is
+not a terminal (piped input), each line waits for its reply (up to ``--reply-timeout`` seconds)
+before the next line is read, so ``echo hi | sessionray chat --url …`` prints the reply before it
+exits.
 
 Without ``--url`` the command runs the standalone terminal agent of :mod:`actors.chat_cli`.
 """
@@ -28,7 +33,13 @@ import httpx
 from actors import chat_cli
 from runtime.keys import SessionKeyError, make_session_key
 
-__all__ = ["build_parser", "main", "render_segments", "run_console_chat"]
+__all__ = ["HELP", "build_parser", "describe_event", "main", "render_segments", "run_console_chat"]
+
+HELP = (
+    "commands: /steer TEXT (steer your session's running turn; masters only), "
+    "/followup TEXT (queue a follow-up; masters only), /help, /quit or /exit (or Ctrl-D) to leave"
+)
+"""What ``/help`` prints in the console client (the standalone chat has its own commands)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bot", default="console", help="console bot id (default: console)")
     g.add_argument(
         "--token-env", default="CONSOLE_TOKEN", help="env var holding X-Console-Token, if the bot has one"
+    )
+    g.add_argument(
+        "--reply-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="with piped input: how long to wait for each line's reply (default 120)",
     )
     return p
 
@@ -78,12 +96,27 @@ def render_segments(segments: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
-def _describe(event: dict[str, Any]) -> str | None:
+def describe_event(event: dict[str, Any]) -> str | None:
+    """One console stream event as a terminal line (None: not shown): a reply as ``bot> TEXT``; an
+    agent event (:func:`runtime.platforms.console.agent_event_payload`) as the standalone chat
+    shows it: tool calls by :func:`actors.chat_cli.tool_call_line` /
+    :func:`~actors.chat_cli.tool_result_line`, status and notices as ``[TEXT]``."""
     if event.get("type") == "reply":
         return "bot> " + render_segments(list(event.get("segments") or []))
-    if event.get("type") == "agent":
-        return f"[agent {json.dumps(event.get('event'), ensure_ascii=False)}]"
-    return None
+    if event.get("type") != "agent":
+        return None
+    inner = event.get("event")
+    if not isinstance(inner, dict):
+        return None
+    kind, name = inner.get("type"), str(inner.get("name", ""))
+    if kind == "tool_call":
+        return chat_cli.tool_call_line(name, inner.get("args"))
+    if kind == "tool_result":
+        result = inner.get("result")
+        return chat_cli.tool_result_line(name, str(result or ""), is_error=bool(inner.get("is_error")))
+    if kind in ("status", "notice"):
+        return f"[{inner.get('text', '')}]"
+    return f"[{kind}]" if isinstance(kind, str) else None
 
 
 async def run_console_chat(
@@ -95,6 +128,8 @@ async def run_console_chat(
     group: str | None = None,
     bot: str = "console",
     token: str | None = None,
+    wait_replies: bool = False,
+    reply_timeout_s: float = 120.0,
 ) -> int:
     """Chat with a running ingress as console user ``user``.
 
@@ -106,6 +141,10 @@ async def run_console_chat(
         group: Group scene id, or None for the private chat with the bot.
         bot: Console bot id.
         token: ``X-Console-Token`` value when the bot has a secret.
+        wait_replies: After each message, wait for a reply on the stream (at most
+            ``reply_timeout_s`` seconds; then ``[no reply within N s]`` is printed) before reading
+            the next line: piped input, so the chat does not end before its replies arrive.
+        reply_timeout_s: See ``wait_replies``.
 
     Returns:
         0; 1 when the server could not be reached; 2 when ``user``/``group``/``bot`` cannot form a
@@ -127,7 +166,8 @@ async def run_console_chat(
                 if stream.status_code != 200:
                     write(f"error: the event stream answered {stream.status_code}")
                     return 1
-                reader = asyncio.create_task(_read_events(stream.aiter_lines(), write))
+                replied = asyncio.Event()
+                reader = asyncio.create_task(_read_events(stream.aiter_lines(), write, replied))
                 try:
                     write(f"connected to {url} as {user} ({session_key}); /quit to leave")
                     async for line in lines:
@@ -136,7 +176,16 @@ async def run_console_chat(
                             continue
                         if text in ("/quit", "/exit"):
                             break
-                        await _send(client, text, user, bot, scene, session_key, write)
+                        if text == "/help":
+                            write(HELP)
+                            continue
+                        replied.clear()
+                        sent = await _send(client, text, user, bot, scene, session_key, write)
+                        if sent and wait_replies:
+                            try:
+                                await asyncio.wait_for(replied.wait(), reply_timeout_s)
+                            except TimeoutError:
+                                write(f"[no reply within {reply_timeout_s:g} s]")
                 finally:
                     reader.cancel()
         except httpx.TransportError as exc:
@@ -145,15 +194,23 @@ async def run_console_chat(
     return 0
 
 
-async def _read_events(lines: AsyncIterator[str], write: Callable[[str], None]) -> None:
+async def _read_events(
+    lines: AsyncIterator[str], write: Callable[[str], None], replied: asyncio.Event
+) -> None:
+    """Print the stream's events (:func:`describe_event`); set ``replied`` on each reply."""
     async for line in lines:
         if line.startswith("data:"):
             try:
-                shown = _describe(json.loads(line[5:].strip()))
+                event = json.loads(line[5:].strip())
             except ValueError:
                 continue
+            if not isinstance(event, dict):
+                continue
+            shown = describe_event(event)
             if shown is not None:
                 write(shown)
+            if event.get("type") == "reply":
+                replied.set()
 
 
 async def _send(
@@ -164,7 +221,10 @@ async def _send(
     scene: dict[str, Any],
     session_key: str,
     write: Callable[[str], None],
-) -> None:
+) -> bool:
+    """Send one line: a ``/steer`` / ``/followup`` control request (its answer is printed), else a
+    chat message through the console webhook. Returns whether a chat message was accepted (a reply
+    is to be expected)."""
     for command, kind in (("/steer ", "steer"), ("/followup ", "follow_up")):
         if text.startswith(command):
             body = {"user": user, "session_key": session_key, "text": text[len(command) :]}
@@ -176,7 +236,7 @@ async def _send(
             if not isinstance(answer, dict):
                 answer = {"error": f"HTTP {r.status_code}: {r.text.strip()[:200]}"}
             write(f"[{kind}: {answer.get('outcome') or answer.get('error')}]")
-            return
+            return False
     event = {
         "user": user,
         **scene,
@@ -187,6 +247,12 @@ async def _send(
     r = await client.post(f"/webhooks/console/{bot}", json=event)
     if r.status_code != 200:
         write(f"error: the ingress answered {r.status_code}: {r.text.strip()}")
+        return False
+    try:
+        accepted = r.json().get("status") == "accepted"
+    except (ValueError, AttributeError):
+        accepted = False
+    return accepted
 
 
 async def _stdin_lines(stream: TextIO) -> AsyncIterator[str]:
@@ -217,5 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             group=args.group,
             bot=args.bot,
             token=os.environ.get(args.token_env) or None,
+            wait_replies=not sys.stdin.isatty(),
+            reply_timeout_s=args.reply_timeout,
         )
     )

@@ -11,9 +11,13 @@ They talk HTTP to a running ingress (``--url``, default ``$SESSIONRAY_URL`` or
     sessionray steer onebot11:10001:group:123 "stop and summarize" --as 20002
     sessionray follow-up onebot11:10001:group:123 "then list sources" --as 20002
     sessionray abort onebot11:10001:group:123
+    sessionray archive onebot11:10001:group:123
 
-Exit codes: 0 success; 1 the server refused or failed (its error is printed: 401 token,
-403 not a master, 404 unknown session, ...); 2 usage error or server unreachable.
+Output: ``sessions`` and ``status`` print fixed-width tables, the other commands one sentence;
+``--json`` prints the server's JSON answer as is. Exit codes (:data:`EXIT_CODES`): 0 success; 1 the
+admin API refused or failed (its error is printed: 400 malformed key, 401 token, 403 not a master,
+404 unknown session, 500 ...); 2 usage error (bad arguments, token variable unset) or the server
+could not be reached.
 """
 
 from __future__ import annotations
@@ -27,14 +31,32 @@ from urllib.parse import quote
 
 import httpx
 
-__all__ = ["abort_main", "follow_up_main", "models_main", "sessions_main", "status_main", "steer_main"]
+__all__ = [
+    "EXIT_CODES",
+    "abort_main",
+    "archive_main",
+    "follow_up_main",
+    "models_main",
+    "sessions_main",
+    "status_main",
+    "steer_main",
+    "table",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TOKEN_ENV = "SESSIONRAY_ADMIN_TOKEN"
 
+EXIT_CODES = (
+    "exit codes: 0 ok; 1 the admin API refused or failed (400 malformed key, 401 token, "
+    "403 not a master, 404 unknown session, 500); 2 usage error, token variable unset or "
+    "server unreachable"
+)
+"""The exit-code rule, printed at the end of every control command's ``--help`` (and the
+top-level help)."""
+
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"sessionray {command}", description=description)
+    p = argparse.ArgumentParser(prog=f"sessionray {command}", description=description, epilog=EXIT_CODES)
     p.add_argument(
         "--url",
         default=os.environ.get("SESSIONRAY_URL", DEFAULT_URL),
@@ -127,44 +149,93 @@ def abort_main(argv: list[str]) -> int:
     p.add_argument("session_key", metavar="SESSION_KEY", help="platform:bot_id:scope:scene_id")
     args = p.parse_args(argv)
     data = _request(args, "POST", f"{_key_path(args.session_key)}/abort")
-    return _print(args, data, f"abort: {data.get('result')}")
+    count = data.get("result")
+    human = f"aborted {count} running turn{'' if count == 1 else 's'}"
+    return _print(args, data, human + (" (none was running)" if count == 0 else ""))
+
+
+def archive_main(argv: list[str]) -> int:
+    """``sessionray archive SESSION_KEY``: archive the session's active epoch (``/new``)."""
+    p = _parser(
+        "archive",
+        "Archive a session's active epoch and continue it in a fresh, empty one (as /new); "
+        "works for live and passivated sessions.",
+    )
+    p.add_argument("session_key", metavar="SESSION_KEY", help="platform:bot_id:scope:scene_id")
+    args = p.parse_args(argv)
+    data = _request(args, "POST", f"{_key_path(args.session_key)}/archive")
+    return _print(args, data, f"archived {args.session_key}: now on {data.get('result')}")
+
+
+def _cell(value: Any) -> str:
+    """One table cell: scalars as text, None as ``-``, nested data as compact JSON."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return str(value)
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """Fixed-width text table: each column as wide as its widest cell, two spaces between columns,
+    a header line; cells by :func:`_cell`. Returns the lines joined by ``\n`` (no trailing one)."""
+    cells = [headers, *([_cell(v) for v in row] for row in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+SESSION_COLUMNS = (
+    ("SESSION KEY", "session_key"),
+    ("SESSION ID", "session_id"),
+    ("SHARD", "shard"),
+    ("ACTOR", "actor_id"),
+    ("TURNS", "turns"),
+    ("PENDING", "pending"),
+    ("IDLE S", "idle_s"),
+)
+"""The columns of ``sessionray sessions``: header and ``SessionInfo`` field."""
 
 
 def sessions_main(argv: list[str]) -> int:
-    """``sessionray sessions``: list live sessions."""
+    """``sessionray sessions``: the live sessions as a table (:data:`SESSION_COLUMNS`)."""
     args = _parser("sessions", "List the live sessions.").parse_args(argv)
     data = _request(args, "GET", "/admin/sessions")
-    rows = data.get("sessions", []) if isinstance(data, dict) else []
-    lines = [f"{len(rows)} live session(s)"]
-    for row in rows:
-        if isinstance(row, dict):
-            key = row.get("session_key", "?")
-            rest = " ".join(
-                f"{k}={v}" for k, v in row.items() if k != "session_key" and not isinstance(v, dict | list)
-            )
-            lines.append(f"  {key}  {rest}".rstrip())
-        else:
-            lines.append(f"  {row}")
+    rows = [r for r in (data.get("sessions", []) if isinstance(data, dict) else []) if isinstance(r, dict)]
+    lines = [f"{len(rows)} live session{'' if len(rows) == 1 else 's'}"]
+    if rows:
+        lines.append(
+            table([h for h, _ in SESSION_COLUMNS], [[r.get(f) for _, f in SESSION_COLUMNS] for r in rows])
+        )
     return _print(args, data, "\n".join(lines))
 
 
+def _status_text(data: dict[str, Any]) -> str:
+    """``/admin/status`` as text: its scalars as a two-column table, each nested object (``pool``)
+    as one more, each list of objects (``shards``) as a table with one row per item."""
+    scalars = [[k, v] for k, v in data.items() if not isinstance(v, dict | list)]
+    parts = [table(["RUNTIME", "VALUE"], scalars)]
+    for name, value in data.items():
+        if isinstance(value, dict):
+            parts.append(table([name.upper(), "VALUE"], [[k, v] for k, v in value.items()]))
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            columns = list(dict.fromkeys(k for item in value for k in item))
+            parts.append(
+                table([c.upper() for c in columns], [[item.get(c) for c in columns] for item in value])
+            )
+        elif isinstance(value, list):
+            parts.append(table([name.upper()], [[v] for v in value]))
+    return "\n\n".join(parts)
+
+
 def status_main(argv: list[str]) -> int:
-    """``sessionray status``: pool, live sessions, turns running, recent throughput."""
+    """``sessionray status``: pool, live sessions, turns running, recent throughput (tables)."""
     args = _parser(
         "status", "Show the runtime's status (pool, live sessions, turns, throughput)."
     ).parse_args(argv)
     data = _request(args, "GET", "/admin/status")
-
-    def flat(prefix: str, value: Any, out: list[str]) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                flat(f"{prefix}.{k}" if prefix else str(k), v, out)
-        else:
-            out.append(f"{prefix}: {value}")
-
-    lines: list[str] = []
-    flat("", data, lines)
-    return _print(args, data, "\n".join(lines))
+    return _print(args, data, _status_text(data) if isinstance(data, dict) else _cell(data))
 
 
 def models_main(argv: list[str]) -> int:

@@ -29,6 +29,7 @@ from runtime.session.control import (
     ControlKind,
     ControlReply,
     ControlRequest,
+    MalformedKeyError,
     NotMasterError,
     UnknownSessionError,
 )
@@ -60,6 +61,11 @@ async def archive_active_epoch(repo: ContextRepository, session_key: str) -> str
     if not any(e.status == "active" for e in await repo.list_sessions(session_key)):
         return None
     return await repo.archive_session(session_key)
+
+
+def _actor_id(actor: Any) -> str | None:
+    """The hex Ray actor id of a session actor handle (None: no actor bound yet)."""
+    return None if actor is None else str(actor._actor_id.hex())
 
 
 class RouterAdminMixin:
@@ -95,8 +101,9 @@ class RouterAdminMixin:
 
         Raises:
             NotMasterError: a master-only kind from a sender who is not a master of the bot.
-            UnknownSessionError: a malformed key, no live session, or its actor was lost (the next
-                message re-activates the session).
+            MalformedKeyError: a malformed key.
+            UnknownSessionError: no live session, or its actor was lost (the next message
+                re-activates the session).
         """
         from runtime.keys import SessionKeyError, parse_session_key
 
@@ -105,7 +112,7 @@ class RouterAdminMixin:
         try:
             key = parse_session_key(session_key)
         except SessionKeyError as exc:
-            raise UnknownSessionError(str(exc)) from None
+            raise MalformedKeyError(str(exc)) from None
         if kind.master_only and not _is_master(self.config, key.platform, key.bot_id, request.sender_id):
             metrics.CONTROL.inc(kind=label, outcome="refused")
             self.counts["refused"] += 1
@@ -131,6 +138,10 @@ class RouterAdminMixin:
             raise UnknownSessionError(f"session {session_key!r} was lost: {exc}") from None
         if kind == ControlKind.ARCHIVE:
             live.session_id = str(reply.result)
+        if kind.master_only and reply.result == "started":
+            # a steer / follow-up with no active turn ran as a turn of its own (not via submit)
+            live.turns += 1
+            self.counts["turns"] += 1
         metrics.CONTROL.inc(kind=label, outcome=str(reply.result) if kind.master_only else "ok")
         return reply
 
@@ -151,15 +162,15 @@ class RouterAdminMixin:
             The ``archive`` reply (``result``: the new ``session_id``).
 
         Raises:
-            UnknownSessionError: a malformed key, or not live and no active stored epoch (nothing
-                is written then).
+            MalformedKeyError: a malformed key (nothing is written).
+            UnknownSessionError: not live and no active stored epoch (nothing is written then).
         """
         from runtime.keys import SessionKeyError, parse_session_key
 
         try:
             parse_session_key(session_key)
         except SessionKeyError as exc:
-            raise UnknownSessionError(str(exc)) from None
+            raise MalformedKeyError(str(exc)) from None
         request = ControlRequest(kind=ControlKind.ARCHIVE, session_key=session_key)
         async with self._order.turn(session_key):
             if await self._settled(session_key) is not None:
@@ -187,14 +198,16 @@ class RouterAdminMixin:
     # ------------------------------------------------------------------ introspection
 
     async def sessions(self) -> list[dict[str, Any]]:
-        """Live sessions of this shard: ``session_key``, ``session_id``, ``shard``, ``pending``,
-        ``turns``, ``idle_s``."""
+        """Live sessions of this shard: ``session_key``, ``session_id``, ``shard``, ``actor_id`` (the
+        hex Ray actor id of its session actor; None while activating), ``pending``, ``turns`` (every
+        turn run: messages and the steers / follow-ups that ran as a turn of their own), ``idle_s``."""
         now = time.monotonic()
         return [
             {
                 "session_key": s.key,
                 "session_id": s.session_id,
                 "shard": self.shard,
+                "actor_id": _actor_id(s.actor),
                 "pending": len(s.pending),
                 "turns": s.turns,
                 "idle_s": round(now - s.last_used, 3),

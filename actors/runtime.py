@@ -82,7 +82,10 @@ class SessionInfo(BaseModel):
     shard: int
     pending: int
     turns: int
+    """Turns run, the steers / follow-ups that ran as a turn of their own included."""
     idle_s: float
+    actor_id: str | None = None
+    """Hex Ray actor id of the session actor (None while activating)."""
     actor: dict[str, Any] | None = None
     """The session actor's ``status()`` (only from :meth:`SessionRuntime.session`)."""
 
@@ -235,7 +238,8 @@ class SessionRuntime:
         Raises:
             NotMasterError: a ``steer`` / ``follow_up`` whose sender is not a master of the
                 session's bot (counted).
-            UnknownSessionError: no live session ``request.session_key``, or a malformed key.
+            UnknownSessionError: no live session ``request.session_key``.
+            MalformedKeyError: a malformed key.
         """
         with _unwrapped():
             reply: ControlReply = await self._router(request.session_key).control.remote(request)
@@ -276,7 +280,8 @@ class SessionRuntime:
         new ``session_id``.
 
         Raises:
-            UnknownSessionError: not live and no active stored epoch, or a malformed key.
+            UnknownSessionError: not live and no active stored epoch.
+            MalformedKeyError: a malformed key.
         """
         with _unwrapped():
             reply: ControlReply = await self._router(session_key).archive_stored.remote(session_key)

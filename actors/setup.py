@@ -107,7 +107,7 @@ class ConfigSetupFactory:
         if not self.config.ai.default_model:
             from providers.builtin import builtin_tools
 
-            tools += builtin_tools()  # the offline model's demo tools (clock, echo)
+            tools += builtin_tools()  # the offline model's demo tools (clock, echo, count_slowly)
         self._shared = (model, tools)
 
     def __call__(self, session_key: str) -> SessionSetup:
@@ -140,7 +140,9 @@ class ConfigSetupFactory:
         )
         from runtime.session.capabilities import default_probe
 
-        features = AgentFeatures.from_config(self.config)
+        features = AgentFeatures.from_config(
+            self.config, builtin_model=None if self.config.ai.default_model else model
+        )
         if features.commands is not None:  # /models reads the same store
             features.commands.capabilities = self._capabilities
         return SessionSetup(

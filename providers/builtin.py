@@ -7,8 +7,15 @@ looks only at the last message of the context:
 1. No messages: a greeting that says what it is.
 2. Last message is a tool result: ``"Tool <name> returned: <text>"`` for each trailing tool result
    (one line each; ``"Tool <name> failed: <text>"`` for error results).
-3. Last message is from the user, with text ``T`` (text blocks joined; images counted):
+3. Last message is from the user, with text ``T`` (text blocks joined; images counted; the sender
+   prefix ``[sender:id=… name=… roles=…]`` that group scenes put before the text for the model is
+   removed by :func:`runtime.memory.sender.strip_forged_prefix`, so the answer is about the user's
+   words only):
 
+   * ``T`` contains ``count`` and ``slow`` (any case: "count to 10 slowly") and the
+     ``count_slowly`` tool is available: it calls ``count_slowly`` with ``{"to": N}``, ``N`` the
+     first number in ``T`` (default 10, at most :data:`COUNT_MAX`): a turn of ~N seconds, so
+     a steer can be seen mid-turn;
    * ``T`` contains ``time`` or ``clock`` (any case) and the ``clock`` tool is available: it calls
      ``clock`` with ``{}``;
    * otherwise ``T`` contains ``tool`` and the ``echo`` tool is available: it calls ``echo`` with
@@ -26,8 +33,11 @@ structured-replies layer uses this to answer ``output_schema``/forced ``tool_cho
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -58,7 +68,10 @@ __all__ = [
     "BUILTIN_MAX_CHUNKS",
     "BUILTIN_MODEL_ID",
     "BUILTIN_PROVIDER",
+    "COUNT_MAX",
+    "COUNT_STEP_S",
     "BuiltinResponder",
+    "CountArgs",
     "builtin_model",
     "builtin_respond",
     "builtin_tools",
@@ -72,6 +85,11 @@ BUILTIN_MAX_CHUNKS = 64
 """At most this many streamed deltas per content block of a built-in reply (short replies still
 stream in 4-character chunks; a longer one in proportionally larger ones — same text)."""
 
+COUNT_MAX = 60
+"""The ``count_slowly`` demo tool counts to at most this many."""
+COUNT_STEP_S = 1.0
+"""Seconds between two steps of ``count_slowly`` (its default ``step_s``)."""
+
 BuiltinResponder = Callable[[Context, StreamOptions | None], AssistantMessage]
 
 GREETING = (
@@ -82,11 +100,14 @@ GREETING = (
 
 
 def _user_text(message: UserMessage) -> tuple[str, int]:
+    """The user's own text (the group sender prefix removed) and the number of images."""
+    from runtime.memory.sender import strip_forged_prefix
+
     if isinstance(message.content, str):
-        return message.content, 0
+        return strip_forged_prefix(message.content), 0
     text = "".join(b.text for b in message.content if isinstance(b, TextContent))
     images = sum(1 for b in message.content if isinstance(b, ImageContent))
-    return text, images
+    return strip_forged_prefix(text), images
 
 
 def _result_text(message: ToolResultMessage) -> str:
@@ -149,6 +170,10 @@ def _plain_respond(context: Context) -> AssistantMessage:
     tools = {t.name for t in context.tools or []}
     lowered = text.lower()
     call_id = f"builtin-{len(messages)}"
+    if "count" in lowered and "slow" in lowered and "count_slowly" in tools:
+        number = re.search(r"\d+", text)
+        to = min(int(number.group()), COUNT_MAX) if number else 10
+        return faux_assistant_message([faux_tool_call("count_slowly", {"to": max(to, 1)}, id=call_id)])
     if ("time" in lowered or "clock" in lowered) and "clock" in tools:
         return faux_assistant_message([faux_tool_call("clock", {}, id=call_id)])
     if "tool" in lowered and "echo" in tools:
@@ -209,6 +234,13 @@ class ClockArgs(BaseModel):
     timezone: str = Field(default="UTC", description="IANA time zone name, e.g. Europe/Paris.")
 
 
+class CountArgs(BaseModel):
+    """Arguments of the ``count_slowly`` demo tool."""
+
+    to: int = Field(default=10, ge=1, le=COUNT_MAX, description="Count from 1 up to this number.")
+    step_s: float = Field(default=COUNT_STEP_S, ge=0, le=10, description="Seconds between two numbers.")
+
+
 class EchoArgs(BaseModel):
     """Arguments of the ``echo`` demo tool."""
 
@@ -232,10 +264,46 @@ async def _echo(
     return AgentToolResult.text(params.text)
 
 
+async def _count_slowly(
+    call_id: str, params: Any, signal: AbortSignal | None, on_update: ToolUpdateFn
+) -> AgentToolResult:
+    """Count 1..``to``, one number every ``step_s`` seconds (each one reported through
+    ``on_update``); the abort signal is checked between steps and ends the count early (the
+    result says where it stopped)."""
+    counted: list[int] = []
+    for n in range(1, params.to + 1):
+        if signal is not None and signal.aborted:
+            break
+        counted.append(n)
+        on_update(AgentToolResult.text(str(n)))
+        if n < params.to:
+            await _pause(params.step_s, signal)
+    shown = " ".join(map(str, counted))
+    if len(counted) < params.to:
+        return AgentToolResult.text(f"stopped at {len(counted)} of {params.to} (aborted): {shown}")
+    return AgentToolResult.text(f"counted to {params.to}: {shown}")
+
+
+async def _pause(seconds: float, signal: AbortSignal | None) -> None:
+    """Sleep ``seconds``, returning early when ``signal`` fires."""
+    if signal is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(signal.wait(), seconds)
+
+
 def builtin_tools() -> list[AgentTool[Any]]:
     """Return the demo tools the built-in model knows: ``clock`` (current time, ISO 8601, in an
-    IANA zone, default UTC) and ``echo`` (returns its ``text``)."""
+    IANA zone, default UTC), ``echo`` (returns its ``text``) and ``count_slowly`` (counts to ``to``,
+    one number every ``step_s`` = 1 s, stopping early on abort: a turn long enough to steer)."""
     return [
         AgentTool("clock", "Return the current date and time (ISO 8601) in a time zone.", ClockArgs, _clock),
         AgentTool("echo", "Echo the given text back.", EchoArgs, _echo),
+        AgentTool(
+            "count_slowly",
+            "Count from 1 to a number slowly, one number per step (default 1 s); stops when aborted.",
+            CountArgs,
+            _count_slowly,
+        ),
     ]

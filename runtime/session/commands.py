@@ -119,6 +119,9 @@ class CommandHandler:
         names: ``command → typed name`` overrides (``ai.commands.names``).
         texts: Template overrides (``ai.commands.texts``).
         models: The configured models for ``/models`` (in config order).
+        builtin_model: The model sessions run on when none is configured (the offline built-in one,
+            ``providers.builtin``); when ``models`` is empty ``/models`` lists it, marked
+            ``(default, built-in offline model, not an LLM)``, so it agrees with ``/status``.
         capabilities: A :class:`runtime.reply.capability.CapabilityCache` (the session setup
             injects the store-backed one; default: the process-wide in-memory one).
         enabled: ``False`` turns every command into an ordinary message.
@@ -136,6 +139,7 @@ class CommandHandler:
         capabilities: Any = None,
         default_model: str | None = None,
         vision_model: str | None = None,
+        builtin_model: Model | None = None,
         enabled: bool = True,
     ) -> None:
         names = dict(names or {})
@@ -156,15 +160,17 @@ class CommandHandler:
             self.by_name[typed] = command
         self.texts = {**DEFAULT_TEXTS, **texts}
         self.models = list(models)
+        self.builtin_model = builtin_model
         self.capabilities = capabilities
         self.default_model = default_model
         self.vision_model = vision_model
         self.enabled = enabled
 
     @classmethod
-    def from_config(cls, config: Any) -> CommandHandler:
+    def from_config(cls, config: Any, *, builtin_model: Model | None = None) -> CommandHandler:
         """Build from a :class:`runtime.config.Config`: ``ai.commands``; for ``/models`` every model
-        listed under ``ai.providers`` plus the default/vision/fallback models not listed there."""
+        listed under ``ai.providers`` plus the default/vision/fallback models not listed there
+        (``builtin_model``: see the class)."""
         from runtime.session.capabilities import configured_models
 
         ai = config.ai
@@ -175,6 +181,7 @@ class CommandHandler:
             models,
             default_model=ai.default_model,
             vision_model=ai.vision_model,
+            builtin_model=builtin_model,
             enabled=ai.commands.enabled,
         )
 
@@ -231,7 +238,9 @@ class CommandHandler:
         return Reply.of_text(text)
 
     async def _models(self) -> str:
-        if not self.models:
+        builtin = [self.builtin_model] if self.builtin_model is not None and not self.models else []
+        models = self.models or builtin
+        if not models:
             return self._text("models_none")
         from runtime.reply.capability import age_text
         from runtime.session.capabilities import describe
@@ -242,7 +251,7 @@ class CommandHandler:
 
             cache = CAPABILITIES
         lines = [self._text("models_header")]
-        for m, rec in await cache.snapshot(self.models):
+        for m, rec in await cache.snapshot(models):
             row = describe(m, rec)
             detail = ""
             if row["source"] is not None:
@@ -252,7 +261,7 @@ class CommandHandler:
                 f" ({label})"
                 for label, ref in (("default", self.default_model), ("vision", self.vision_model))
                 if ref == m.ref()
-            )
+            ) + (" (default, built-in offline model, not an LLM)" if m in builtin else "")
             lines.append(
                 self._text(
                     "models_line",

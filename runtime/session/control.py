@@ -8,8 +8,9 @@ hands it to :func:`run_control`: the one place that dispatches on :class:`Contro
 
 Refusals are exceptions, never error dicts: :class:`NotMasterError` (``steer`` / ``follow_up``
 from a user who is not a master of the bot, docs/decisions.md#steer-masters-only),
-:class:`UnknownSessionError` (no live session with that key, or a malformed key) and
-:class:`BadControlRequest` (a ``steer`` / ``follow_up`` without text or sender). They share the
+:class:`UnknownSessionError` (no live session with that key), :class:`BadControlRequest` (a
+``steer`` / ``follow_up`` without text or sender) and its subclass :class:`MalformedKeyError` (a
+key that is not ``platform:bot_id:scope:scene_id``: a usage error, not an unknown session). They share the
 base :class:`ControlError`; the admin API maps them to HTTP status codes in one table
 (``actors.admin.ERROR_STATUS``). Nothing here imports Ray.
 """
@@ -30,6 +31,7 @@ __all__ = [
     "ControlKind",
     "ControlReply",
     "ControlRequest",
+    "MalformedKeyError",
     "NotMasterError",
     "UnknownSessionError",
     "run_control",
@@ -65,12 +67,18 @@ class NotMasterError(ControlError, PermissionError):
 
 
 class UnknownSessionError(ControlError, LookupError):
-    """No live session with that key (never seen, or passivated), or a malformed key."""
+    """No live session with that (well-formed) key: never seen, or passivated."""
 
 
 class BadControlRequest(ControlError):
     """A request that cannot be carried out as stated (a ``steer`` / ``follow_up`` without a
     non-empty ``text`` and ``sender_id``). Raised by :class:`ControlRequest` itself."""
+
+
+class MalformedKeyError(BadControlRequest, ValueError):
+    """The session key is not ``platform:bot_id:scope:scene_id`` (the message is
+    :class:`runtime.keys.SessionKeyError`'s: it names the part and the rule). The admin API answers
+    it 400, never 404: the caller has to fix the key, no session can ever have it."""
 
 
 class ControlRequest(BaseModel):

@@ -68,9 +68,10 @@ class AgentFeatures:
     media_policy: Any = None
 
     @classmethod
-    def from_config(cls, config: Any) -> AgentFeatures:
+    def from_config(cls, config: Any, *, builtin_model: Model | None = None) -> AgentFeatures:
         """Build from a :class:`runtime.config.Config` (``ai.vision_model``, ``fallback_models``,
-        ``mcp_servers``, ``media_url_allowlist``, ``commands``).
+        ``mcp_servers``, ``media_url_allowlist``, ``commands``); ``builtin_model``: the model the
+        sessions run on when none is configured (``/models`` lists it: ``CommandHandler``).
 
         Raises:
             runtime.config.ConfigError: a model reference names an unknown provider.
@@ -84,7 +85,7 @@ class AgentFeatures:
             fallback_models=[resolve_model_ref(ref, config) for ref in ai.fallback_models],
             mcp=McpToolset(ai.mcp_servers) if ai.mcp_servers else None,
             media_url_allowlist=list(ai.media_url_allowlist),
-            commands=CommandHandler.from_config(config),
+            commands=CommandHandler.from_config(config, builtin_model=builtin_model),
         )
 
     # ------------------------------------------------------------------ 1. commands

@@ -27,7 +27,7 @@ from actors.router_admin import archive_active_epoch
 from runtime.keys import SessionKeyError, parse_session_key
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
-from runtime.session.control import ControlReply, UnknownSessionError
+from runtime.session.control import ControlReply, MalformedKeyError, UnknownSessionError
 from tests.actors.edge_support import serve_in_thread
 from tests.actors.session_support import Harness, eventually, inbound, key_of, running_runtime
 
@@ -176,7 +176,7 @@ async def test_a_message_arriving_during_the_stored_archive_activates_on_the_new
         assert str(unknown.value) == f"no live session {key_of('71199')!r} and no active stored epoch"
         with pytest.raises(SessionKeyError) as malformed:
             parse_session_key("no-such-key")
-        with pytest.raises(UnknownSessionError) as bad_key:
+        with pytest.raises(MalformedKeyError) as bad_key:
             await router.archive_stored("no-such-key")
         assert str(bad_key.value) == str(malformed.value)
         assert await epochs(repo, key_of("71199")) == []

@@ -25,6 +25,7 @@ from actors import admin as admin_module
 from actors.admin import admin_routes
 from actors.router_admin import archive_active_epoch
 from actors.runtime import SessionInfo, UnknownSessionError
+from runtime.keys import SessionKeyError, parse_session_key
 from runtime.llm.types import UserMessage
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
@@ -191,6 +192,7 @@ def test_get_shows_a_stored_session_from_sql(served: Served) -> None:
         "pending": 0,
         "turns": 3,
         "idle_s": 1.5,
+        "actor_id": None,
         "actor": None,
     }
 
@@ -212,15 +214,34 @@ def test_archive_of_a_stored_session_archives_it_in_sql(served: Served) -> None:
     assert served.runtime.calls == [("archive", LIVE)]
 
 
-@pytest.mark.parametrize(
-    "key", ["onebot11:10001:private:unknown", "no-such-key", "onebot11:10001:private:x y"]
-)
-def test_unknown_keys_stay_404(served: Served, key: str) -> None:
+def test_unknown_keys_stay_404(served: Served) -> None:
+    key = "onebot11:10001:private:unknown"
     stored_session(served.repo, KEY, 1)
     got = served.call("GET", f"/admin/sessions/{key}")
     assert (got.status_code, got.json()) == (404, {"error": f"no live or stored session {key!r}"})
     archived = served.call("POST", f"/admin/sessions/{key}/archive")
     assert (archived.status_code, archived.json()) == (404, {"error": f"no live session {key!r}"})
+    assert [e.session_id for e in asyncio.run(served.repo.list_sessions(KEY))] == [f"{KEY}#1"]
+
+
+@pytest.mark.parametrize("key", ["no-such-key", "onebot11:10001:private:x y"])
+def test_malformed_keys_answer_400_on_every_session_route(served: Served, key: str) -> None:
+    """A key that is not platform:bot_id:scope:scene_id is the caller's mistake (400, the key
+    parser's message), not an unknown session (404); the runtime is never asked."""
+    stored_session(served.repo, KEY, 1)
+    with pytest.raises(SessionKeyError) as parsed:
+        parse_session_key(key)
+    calls = [
+        ("GET", f"/admin/sessions/{key}", None),
+        ("POST", f"/admin/sessions/{key}/archive", None),
+        ("POST", f"/admin/sessions/{key}/abort", None),
+        ("POST", f"/admin/sessions/{key}/steer", {"text": "hi", "sender_id": "20002"}),
+        ("POST", f"/admin/sessions/{key}/follow_up", {"text": "hi", "sender_id": "20002"}),
+    ]
+    for method, path, body in calls:
+        got = served.call(method, path, body)
+        assert (got.status_code, got.json()) == (400, {"error": str(parsed.value)}), path
+    assert served.runtime.calls == []
     assert [e.session_id for e in asyncio.run(served.repo.list_sessions(KEY))] == [f"{KEY}#1"]
 
 

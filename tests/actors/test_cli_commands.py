@@ -4,6 +4,7 @@ running ingress are tested in test_ingress_app.py, next to the ingress they talk
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ EXPECTED = {
     "steer": ["SESSION_KEY", "TEXT", "--as USER_ID", "--url URL"],
     "follow-up": ["SESSION_KEY", "TEXT", "--as USER_ID", "--url URL"],
     "abort": ["SESSION_KEY", "--url URL"],
+    "archive": ["SESSION_KEY", "--url URL", "--json"],
     "sessions": ["--url URL"],
     "status": ["--url URL"],
     "models": ["--url URL"],
@@ -54,3 +56,14 @@ def test_steer_without_as_is_a_usage_error() -> None:
     out = run("steer", "onebot11:1:private:2", "hi")
     assert out.returncode == 2
     assert "the following arguments are required: --as" in out.stderr
+
+
+@pytest.mark.parametrize("command", sorted(set(EXPECTED) - {"serve"}))
+def test_control_commands_document_their_exit_codes(command: str) -> None:
+    out = run(command, "--help")
+    assert "exit codes: 0 ok; 1 the admin API refused or failed" in " ".join(out.stdout.split())
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    out = run("--version")
+    assert (out.returncode, out.stdout) == (0, f"sessionray {importlib.metadata.version('sessionray')}\n")

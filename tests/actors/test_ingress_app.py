@@ -265,6 +265,36 @@ async def test_cli_control_commands_against_the_running_ingress(h: IngressHarnes
     assert (await wait_sent(h, user, 2))[1] == private_call(user, "re: more please")
     status = await asyncio.to_thread(cli, "status", "--json")
     assert status.returncode == 0 and "live_sessions" in json.loads(status.stdout)
+    # readable tables, not Python reprs: the live actor id, every turn (the follow-up's included)
+    listed = next(s for s in admin(h, "GET", "/admin/sessions").json()["sessions"] if s["session_key"] == key)
+    assert listed["turns"] == 2 and listed["actor_id"]
+    table = await asyncio.to_thread(cli, "sessions")
+    lines = table.stdout.splitlines()
+    assert lines[1].split() == [
+        "SESSION",
+        "KEY",
+        "SESSION",
+        "ID",
+        "SHARD",
+        "ACTOR",
+        "TURNS",
+        "PENDING",
+        "IDLE",
+        "S",
+    ]
+    row = next(line.split() for line in lines[2:] if line.startswith(key + " "))
+    assert row[:6] == [key, f"{key}#1", str(listed["shard"]), listed["actor_id"], "2", "0"]
+    assert "None" not in table.stdout and "{" not in table.stdout
+    shown = await asyncio.to_thread(cli, "status")
+    assert shown.returncode == 0 and "{'" not in shown.stdout and "['" not in shown.stdout
+    assert shown.stdout.splitlines()[0].split() == ["RUNTIME", "VALUE"]
+    assert any(line.split()[0] == "live_sessions" for line in shown.stdout.splitlines()[1:4])
+    aborted = await asyncio.to_thread(cli, "abort", key)
+    assert (aborted.returncode, aborted.stdout) == (0, "aborted 0 running turns (none was running)\n")
+    archived = await asyncio.to_thread(cli, "archive", key)
+    assert (archived.returncode, archived.stdout) == (0, f"archived {key}: now on {key}#2\n")
+    malformed = await asyncio.to_thread(cli, "abort", "no-such-key")
+    assert malformed.returncode == 1 and "HTTP 400: malformed session key 'no-such-key'" in malformed.stderr
     no_token = subprocess.run(
         [sys.executable, "-m", "actors.cli", "sessions", "--url", h.url, "--token-env", "EDGE_UNSET_TOKEN"],
         capture_output=True,

@@ -22,6 +22,7 @@ from runtime.session.control import (
     ControlKind,
     ControlReply,
     ControlRequest,
+    MalformedKeyError,
     NotMasterError,
     UnknownSessionError,
     run_control,
@@ -90,7 +91,8 @@ def test_each_refusal_has_one_http_status() -> None:
             NotMasterError("not a master"),
             UnknownSessionError("no live session"),
             BadControlRequest("steer needs a non-empty text and sender_id"),
+            MalformedKeyError("malformed session key 'x'"),
             SessionKeyError("bad key"),
             RuntimeError("boom"),
         )
-    ] == [403, 404, 400, 404, None]
+    ] == [403, 404, 400, 400, 400, None]

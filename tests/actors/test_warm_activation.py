@@ -90,12 +90,16 @@ def test_config_setup_factory_builds_the_session_independent_part_once(tmp_path:
     shared = factory._shared
     a, b = factory(KEY_A), factory(KEY_B)
     assert factory._shared is shared and a.model is b.model
-    assert [t.name for t in a.tools] == [t.name for t in b.tools] == ["chat_history", "clock", "echo"]
+    assert (
+        [t.name for t in a.tools]
+        == [t.name for t in b.tools]
+        == ["chat_history", "clock", "echo", "count_slowly"]
+    )
     assert a.tools[1] is b.tools[1] and a.tools[0] is not b.tools[0]  # chat_history is bound per scene
     assert a.model.ref() == "builtin/sessionray-builtin"
     clone = pickle.loads(pickle.dumps(factory))  # travels without its process-local parts
     assert (clone._shared, clone._db) == (None, None)
-    assert [t.name for t in clone(KEY_A).tools] == ["chat_history", "clock", "echo"]
+    assert [t.name for t in clone(KEY_A).tools] == ["chat_history", "clock", "echo", "count_slowly"]
     actor_db = Database(url)  # the session actor shares its database with the chat_history tool
     sharing = ConfigSetupFactory(Config(database=DatabaseConfig(url=url)))
     sharing.prepare(database=actor_db)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import re
@@ -12,9 +13,12 @@ from pathlib import Path
 import pytest
 
 from actors.chat_cli import main, run_chat
-from providers.builtin import builtin_model, builtin_respond, builtin_tools, set_builtin_responder
+from providers.builtin import CountArgs, builtin_model, builtin_respond, builtin_tools, set_builtin_responder
 from providers.faux import faux_assistant_message, faux_tool_call
 from runtime import Agent, Context, ImageContent, TextContent, ToolResultMessage, UserMessage
+from runtime.agent.tools import AgentToolResult
+from runtime.llm.abort import AbortController
+from runtime.memory.sender import convert_for_llm
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = [t.to_tool() for t in builtin_tools()]
@@ -23,6 +27,53 @@ TOOLS = [t.to_tool() for t in builtin_tools()]
 def reply(*messages: object, tools: bool = True) -> object:
     msg = builtin_respond(Context(messages=list(messages), tools=TOOLS if tools else None))  # type: ignore[arg-type]
     return (msg.text(), [(c.id, c.name, c.arguments) for c in msg.tool_calls()])
+
+
+def test_builtin_answers_the_users_text_without_the_group_sender_prefix() -> None:
+    """In a group the LLM conversion puts ``[sender:…]`` before the text; the built-in model answers
+    the user's words (runtime.memory.sender strips the prefix it renders)."""
+    stored = UserMessage(
+        content="hello there", sender={"id": "20002", "name": "Alice", "roles": ["member", "master"]}
+    )
+    (seen,) = convert_for_llm([stored], "group")
+    assert (
+        isinstance(seen, UserMessage)
+        and seen.content == "[sender:id=20002 name=Alice roles=member,master] hello there"
+    )
+    assert reply(seen) == ("You said: hello there", [])
+    blocks = seen.model_copy(update={"content": [TextContent(text=str(seen.content))]})
+    assert reply(blocks) == ("You said: hello there", [])
+    assert reply(
+        convert_for_llm([stored.model_copy(update={"content": "count to 3 slowly"})], "group")[0]
+    ) == (
+        "",
+        [("builtin-1", "count_slowly", {"to": 3})],
+    )
+    assert reply(UserMessage(content="count slowly please")) == (
+        "",
+        [("builtin-1", "count_slowly", {"to": 10})],
+    )
+
+
+async def test_count_slowly_counts_step_by_step_and_stops_on_abort() -> None:
+    tool = next(t for t in builtin_tools() if t.name == "count_slowly")
+    updates: list[str] = []
+    done = await tool.execute(
+        "c1", CountArgs(to=3, step_s=0), None, lambda r: updates.append(r.content[0].text)
+    )
+    assert (done.content[0].text, updates) == ("counted to 3: 1 2 3", ["1", "2", "3"])
+    controller = AbortController()
+    updates.clear()
+
+    def abort_after_one(result: AgentToolResult) -> None:
+        updates.append(result.content[0].text)
+        controller.abort()
+
+    # a 10 s step: the pause ends as soon as the signal fires (between steps), not after 10 s
+    stopped = await asyncio.wait_for(
+        tool.execute("c2", CountArgs(to=5, step_s=10), controller.signal, abort_after_one), 5
+    )
+    assert (stopped.content[0].text, updates) == ("stopped at 1 of 5 (aborted): 1", ["1"])
 
 
 def test_builtin_respond_is_a_documented_function_of_the_input() -> None:

@@ -154,3 +154,30 @@ async def test_models_lists_referenced_but_unlisted_models() -> None:
     assert await empty.handle(empty.parse("/models"), MEMBER, Host()) == Reply.of_text(  # type: ignore[arg-type]
         "No models are configured."
     )
+
+
+async def test_models_lists_the_builtin_model_that_status_names() -> None:
+    """No model configured: sessions run on the built-in model (actors.setup passes it), and
+    ``/models`` lists it as such instead of "No models are configured" while ``/status`` names it."""
+    from providers.builtin import builtin_model
+
+    model = builtin_model()
+    h = CommandHandler.from_config(parse_config({}), builtin_model=model)
+    h.capabilities = CapabilityCache()
+    host = BuiltinHost()
+    models = await h.handle(h.parse("/models"), MEMBER, host)  # type: ignore[arg-type]
+    assert models == Reply.of_text(
+        "Configured models:\n- builtin/sessionray-builtin (default, built-in offline model, not an LLM): "
+        "api faux, context 32768 tokens, input text, structured output unknown"
+    )
+    status = await h.handle(h.parse("/status"), MEMBER, host)  # type: ignore[arg-type]
+    assert status.preview_text().splitlines()[0] == f"Model: {model.ref()}"
+    assert model.ref() in models.preview_text()
+
+
+@dataclass
+class BuiltinHost(Host):
+    async def status(self) -> SessionStatus:
+        from providers.builtin import builtin_model
+
+        return SessionStatus(builtin_model().ref(), 0, self.epoch, self.running)

@@ -503,6 +503,32 @@ async def test_terminal_chat_is_a_client_of_the_console_platform(stack: Stack) -
     assert build_parser().parse_args(["--url", "http://x"]).user == "admin"
 
 
+async def test_terminal_chat_piped_input_waits_for_replies_and_answers_help_itself(stack: Stack) -> None:
+    """Piped input (every line available at once, then end of input): ``/help`` is answered by the
+    client (not sent: no ``re: /help``), each message's reply is printed before the next line is
+    read and before the chat ends, and the agent's tool events print as the standalone chat
+    prints them (actors.chat_cli.tool_call_line / tool_result_line)."""
+    from actors.chat_cli import tool_call_line, tool_result_line
+    from actors.console_client import HELP, run_console_chat
+
+    out: list[str] = []
+
+    async def piped() -> AsyncIterator[str]:
+        for line in ("/help\n", "slow 0\n", "hello pipe\n"):
+            yield line
+
+    code = await run_console_chat(stack.base_url, "pia", piped(), out.append, wait_replies=True)
+    assert code == 0
+    assert out[1] == HELP and "/steer TEXT" in HELP and "/followup TEXT" in HELP
+    assert [line for line in out if line.startswith("bot> ")] == [
+        "bot> tool: slept 0; then: []",
+        "bot> re: hello pipe",
+    ]
+    assert tool_call_line("sleep", {"seconds": 0.0}) in out
+    assert tool_result_line("sleep", "slept 0") in out
+    assert not any(line.startswith("[agent ") for line in out)
+
+
 async def test_terminal_chat_bad_input_gets_a_clear_error(stack: Stack) -> None:
     """A name that cannot form a session key stops before any request; a control answer that is not
     JSON is shown, not raised."""
