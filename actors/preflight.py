@@ -6,7 +6,8 @@ Checks, each reported with the config key or option that asks for it:
 * **environment** — every variable the configuration names (``bots[].access_token_env`` /
   ``secret_env`` / ``token_env``, ``ai.providers.<alias>.api_key_env``) is set; every
   ``bots[].media_dir`` and ``ai.tools_dir`` is a readable directory
-  (:mod:`runtime.config.requirements`); the ``*.tool.md`` files of ``ai.tools_dir`` load;
+  (:mod:`runtime.config.requirements`); the business tools (``ai.python_tools``, the
+  ``*.tool.md`` of ``ai.tools_dir``) load — a bad one is a configuration problem;
 * **database** — ``database.url`` parses; PostgreSQL answers ``SELECT 1`` (5 s connect timeout);
   SQLite: the file's directory exists or can be created and is writable, and an existing file is
   a SQLite database. Nothing is created or written;
@@ -53,6 +54,7 @@ __all__ = [
     "EXIT_DATABASE",
     "EXIT_ENVIRONMENT",
     "EXIT_PORT",
+    "REPO_ROOT",
     "PortInUseError",
     "PreflightFailed",
     "Problem",
@@ -60,6 +62,7 @@ __all__ = [
     "check_main",
     "config_source",
     "database_problems",
+    "ensure_repo_root_on_path",
     "environment_problems",
     "open_listeners",
     "port_problem",
@@ -80,6 +83,9 @@ EXIT_CODES: dict[int, str] = {
 
 DEFAULT_METRICS_EXPORT_PORT = 8090
 """Ray's metrics agent port for a local Ray (outside 10002–19999: docs/decisions.md#ops-ray-pitfalls)."""
+
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+"""The repository root: on the import path of ``sessionray serve`` and of every Ray worker."""
 
 DB_CONNECT_TIMEOUT_S = 5
 """How long the PostgreSQL check waits for a connection (seconds)."""
@@ -260,14 +266,26 @@ def environment_problems(config: Config, environ: Mapping[str, str] | None = Non
     ]
     dirs = directory_problems(config)
     problems += [Problem(EXIT_ENVIRONMENT, d) for d in dirs]
-    if config.ai.tools_dir and not any(d.startswith("ai.tools_dir:") for d in dirs):
-        from runtime.session.tool_md import ToolMdError, load_tool_dir
+    if not any(d.startswith("ai.tools_dir:") for d in dirs):
+        from actors.setup import business_tools
+        from runtime.session.python_tools import PythonToolError
+        from runtime.session.tool_md import ToolMdError
 
+        ensure_repo_root_on_path()
         try:
-            load_tool_dir(config.ai.tools_dir)
+            business_tools(config)
         except ToolMdError as exc:
             problems.append(Problem(EXIT_CONFIG, f"ai.tools_dir: {exc}"))
+        except PythonToolError as exc:
+            problems.append(Problem(EXIT_CONFIG, f"ai.python_tools: {exc}"))
     return problems
+
+
+def ensure_repo_root_on_path() -> None:
+    """Put :data:`REPO_ROOT` first on ``sys.path`` (Ray workers get it on ``PYTHONPATH``), so
+    ``ai.python_tools`` such as ``examples.bot.bot_tools`` import here as in the actors."""
+    if REPO_ROOT not in sys.path:
+        sys.path.insert(0, REPO_ROOT)
 
 
 def run_checks(

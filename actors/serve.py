@@ -31,7 +31,6 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,11 +42,13 @@ from actors.preflight import (
     EXIT_CONFIG,
     EXIT_PORT,
     HTTP_PORT,
+    REPO_ROOT,
     PortInUseError,
     PreflightFailed,
     Problem,
     add_start_options,
     config_source,
+    ensure_repo_root_on_path,
     open_listeners,
     run_checks,
 )
@@ -56,9 +57,6 @@ from actors.serve_banner import admin_token_for_run, banner, quiet_ray_auth, sho
 __all__ = ["DEFAULT_METRICS_EXPORT_PORT", "IngressServer", "main", "serve", "with_ingress_address"]
 
 log = logging.getLogger("sessionray.serve")
-
-_ROOT = str(Path(__file__).resolve().parent.parent)
-"""The repository root: on the import path of this process and of every Ray worker."""
 
 
 def with_ingress_address(config: Any, host: str, port: int) -> Any:
@@ -134,9 +132,8 @@ def _init_ray(address: str | None, metrics_port: int) -> None:
     # Workers import from the repository root (and the caller's PYTHONPATH), and so does this
     # process: Python tools named in ai.python_tools (e.g. examples.bot.bot_tools) are loaded
     # here once at start-up to fail early, then in every session actor.
-    python_path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    if _ROOT not in sys.path:
-        sys.path.insert(0, _ROOT)
+    python_path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    ensure_repo_root_on_path()
     # The console's internal endpoints need one shared token in the ingress and every Ray worker.
     env = {"PYTHONPATH": python_path, API_TOKEN_ENV: console_api_token(create=True) or ""}
     kwargs: dict[str, Any] = {

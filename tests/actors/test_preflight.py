@@ -132,6 +132,12 @@ def test_a_bad_tool_md_is_a_configuration_problem(tmp_path: Path) -> None:
     assert problems[0].text.startswith(f"ai.tools_dir: {tmp_path / 'broken.tool.md'}")
 
 
+def test_a_python_tool_that_does_not_import_is_a_configuration_problem() -> None:
+    problems = environment_problems(parse_config({"ai": {"python_tools": ["pf_no_such_module:tool"]}}), {})
+    assert [p.code for p in problems] == [EXIT_CONFIG]
+    assert problems[0].text.startswith("ai.python_tools: pf_no_such_module:tool")
+
+
 # --------------------------------------------------------------------------- database
 
 
@@ -378,3 +384,36 @@ def test_serve_replica_names_every_missing_variable(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("PF_R_TOKEN", "t")
     monkeypatch.setenv("PF_R_SECRET", "s")
     assert replica_class(str(config_file)).runtime is None
+
+
+def test_every_env_key_of_the_config_model_is_checked_or_deliberately_optional() -> None:
+    """A new ``*_env`` key must be added to :mod:`runtime.config.requirements` (or declared optional
+    here, like ``server.admin_token_env``: unset means the admin API is off)."""
+    from pydantic import BaseModel
+
+    from runtime.config import Config
+    from runtime.config.requirements import BOT_SECRET_KEYS
+
+    def env_keys(model: type[BaseModel], prefix: str, seen: set[type]) -> set[str]:
+        out: set[str] = set()
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            if name.endswith("_env"):
+                out.add(prefix + name)
+            for sub in _models_in(field.annotation):
+                if sub not in seen:
+                    out |= env_keys(sub, f"{prefix}{name}.", seen)
+        return out
+
+    checked = {f"bots.{k}" for k in BOT_SECRET_KEYS} | {"ai.providers.api_key_env"}
+    assert env_keys(Config, "", set()) == checked | {"server.admin_token_env"}
+
+
+def _models_in(annotation: object) -> list[type]:
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
