@@ -7,7 +7,7 @@ lax validation checks the model's arguments (:func:`runtime.agent.tools.validate
 written). Anything outside the supported subset raises :class:`SchemaFeatureError` naming the
 source, the JSON pointer and the feature — never a silent loosening.
 
-Supported subset (each one is tested in ``tests/features/test_features_schema_model.py``):
+Supported subset (each one is tested in ``tests/session/test_features_schema_model.py``):
 
 * ``type``: ``object``, ``string``, ``integer``, ``number``, ``boolean``, ``array``, ``null``, or a
   list of them (``["string", "null"]`` is how to write a nullable value);

@@ -9,7 +9,7 @@ import asyncio
 from providers.faux import faux_assistant_message, faux_tool_call, register_faux_provider
 from runtime import Agent, AgentLoopConfig, UserMessage
 from runtime.llm.abort import AbortController
-from tests.core.test_core_agent import d, two_gate_setup
+from tests.agent.test_core_agent import d, two_gate_setup
 
 
 async def test_follow_ups_stay_queued_when_the_owner_runs_them_itself() -> None:

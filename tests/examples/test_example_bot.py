@@ -302,6 +302,9 @@ async def test_tool_md_and_mcp_tools(bot: Bot) -> None:
     async with browser(bot, "erin") as tab:
         await tab.say("count: hello big world")
         assert await tab.reply("erin", 1) == 'text_stats: {"words": 3, "characters": 15, "lines": 1}'
+        # the turn's closing record is written once delivery took the reply: wait for it, so the
+        # next turn's records follow it (turns of one session may overlap)
+        await eventually(lambda: _at_least(bot.stored(key), 6), 30, "the first turn stored")
         await tab.say("faq how do I steer?")
         assert await tab.reply("erin", 2) == (
             "faq_search: Only a master of the bot may steer a running turn: /steer <text> in the chat, "
@@ -313,6 +316,7 @@ async def test_tool_md_and_mcp_tools(bot: Bot) -> None:
         ("text_stats", False),
         ("faq_search", False),
     ]
+    assert messages[3].details == {"words": 3, "characters": 15, "lines": 1}  # the handler's dict
 
 
 async def test_delegate_runs_a_sub_agent_with_the_business_tools(bot: Bot) -> None:
@@ -408,6 +412,7 @@ async def test_new_archives_the_group_conversation_masters_only(bot: Bot) -> Non
     async with browser(bot, "admin", "team") as admin, browser(bot, "bob", "team") as bob:
         await admin.say("hello team", group="team", mention=True)
         assert await admin.reply("team", 1) == "You said: hello team"
+        await eventually(lambda: _at_least(bot.stored(key), 4), 30, "the first turn stored")
         await bob.say("/new", group="team", mention=True)
         assert await admin.reply("team", 2) == "Only a master of this bot may use /new."
         # the refusal's record is stored in the same epoch; nothing was archived

@@ -1,4 +1,4 @@
-"""Fixtures for tests/structured: Prometheus counter deltas, a tiny real PNG, a fresh faux provider."""
+"""Fixtures for tests/reply: Prometheus counter deltas, a tiny real PNG, a fresh faux provider."""
 
 from __future__ import annotations
 

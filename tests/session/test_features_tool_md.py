@@ -12,7 +12,7 @@ from runtime.agent.tool_policy import ToolPermissions, get_permissions
 from runtime.agent.tools import AgentToolResult, ToolValidationError, validate_tool_call
 from runtime.llm.types import TextContent, ToolCall
 from runtime.session.tool_md import ToolMdError, load_tool_dir, load_tool_md
-from tests.features.http_stub import JsonStub
+from tests.session.http_stub import JsonStub
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tools"
 
@@ -83,7 +83,7 @@ async def test_python_entry_points_sync_and_async(tmp_path: Path) -> None:
         "add.tool.md",
         "---\nname: add\ndescription: Add.\n"
         "parameters: {type: object, properties: {a: {type: integer}, b: {type: integer}}, required: [a, b]}\n"
-        "handler: {type: python, entry_point: 'tests.features.handlers:add'}\n"
+        "handler: {type: python, entry_point: 'tests.session.handlers:add'}\n"
         "required_any_role: [master]\n---\n",
     )
     write(
@@ -91,7 +91,7 @@ async def test_python_entry_points_sync_and_async(tmp_path: Path) -> None:
         "shout.tool.md",
         "---\nname: shout\n"
         "parameters: {type: object, properties: {text: {type: string}}, required: [text]}\n"
-        "handler: {type: python, entry_point: 'tests.features.handlers:shout'}\n---\nShout the text back.\n",
+        "handler: {type: python, entry_point: 'tests.session.handlers:shout'}\n---\nShout the text back.\n",
     )
     add, shout = load_tool_dir(tmp_path)
     result = await run(add, {"a": "2", "b": 3})
@@ -103,7 +103,7 @@ async def test_python_entry_points_sync_and_async(tmp_path: Path) -> None:
     assert get_permissions(shout) is None
 
 
-HANDLER = "handler: {type: python, entry_point: 'tests.features.handlers:add'}\n"
+HANDLER = "handler: {type: python, entry_point: 'tests.session.handlers:add'}\n"
 
 BAD_FILES = [
     ("no frontmatter", "just text\n", "no YAML frontmatter (the file must start with a '---' line and close it with '---')"),
@@ -119,12 +119,12 @@ BAD_FILES = [
      "handler.url: expected an http(s) URL, got 'ftp://x'"),
     ("handler key", "---\nname: a\ndescription: d\nhandler: {type: python, entry_point: 'm:f', url: 'x'}\n---\n",
      "handler: unknown key(s) ['url'] for type python; allowed: ['entry_point', 'type']"),
-    ("import", "---\nname: a\ndescription: d\nhandler: {type: python, entry_point: 'tests.features.handlers:nope'}\n---\n",
-     "handler.entry_point 'tests.features.handlers:nope' cannot be imported: module 'tests.features.handlers' "
+    ("import", "---\nname: a\ndescription: d\nhandler: {type: python, entry_point: 'tests.session.handlers:nope'}\n---\n",
+     "handler.entry_point 'tests.session.handlers:nope' cannot be imported: module 'tests.session.handlers' "
      "has no attribute 'nope'"),
     ("not callable", "---\nname: a\ndescription: d\n"
-     "handler: {type: python, entry_point: 'tests.features.handlers:NOT_CALLABLE'}\n---\n",
-     "handler.entry_point 'tests.features.handlers:NOT_CALLABLE' is not callable"),
+     "handler: {type: python, entry_point: 'tests.session.handlers:NOT_CALLABLE'}\n---\n",
+     "handler.entry_point 'tests.session.handlers:NOT_CALLABLE' is not callable"),
     ("env unset", "---\nname: a\ndescription: d\nhandler: {type: http, url: '${SESSIONRAY_NO_SUCH_VAR}/x'}\n---\n",
      "handler: environment variable SESSIONRAY_NO_SUCH_VAR is not set"),
     ("empty scopes", f"---\nname: a\ndescription: d\nscopes: []\n{HANDLER}---\n",

@@ -19,8 +19,8 @@ from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.platforms.base import InboundMessage, Sender
 from tests.actors.edge_support import BOT_ID, delivery_pool
 from tests.actors.session_support import MASTER, Harness, eventually, key_of, submit_until_accepted
-from tests.features.feature_scripts import FeatureSetup
 from tests.platform_api_server import PlatformApiServer
+from tests.session.feature_scripts import FeatureSetup
 
 pytestmark = pytest.mark.ray
 

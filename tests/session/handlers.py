@@ -1,4 +1,4 @@
-"""Python entry points used by the ``*.tool.md`` tests (``tests.features.handlers:<name>``)."""
+"""Python entry points used by the ``*.tool.md`` tests (``tests.session.handlers:<name>``)."""
 
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ def _echo_tool(name: str) -> Any:
 
 
 ONE_TOOL = _echo_tool("echo_one")
-"""``tests.features.handlers:ONE_TOOL``: a single ``AgentTool``."""
+"""``tests.session.handlers:ONE_TOOL``: a single ``AgentTool``."""
 
 
 def make_tools() -> list[Any]:
-    """``tests.features.handlers:make_tools``: a function returning a list of tools."""
+    """``tests.session.handlers:make_tools``: a function returning a list of tools."""
     return [_echo_tool("echo_two"), _echo_tool("echo_three")]
 
 

@@ -25,7 +25,7 @@ from runtime.memory.repository import ContextRepository
 from runtime.reply.segments import Reply
 from runtime.session.core import SessionCore
 from runtime.session.turn import TurnInput
-from tests.structured.openai_stub import PROMPT_TEXT, PROSE, TOOL_TEXT, OpenAIStub, is_probe, tool_names
+from tests.reply.openai_stub import PROMPT_TEXT, PROSE, TOOL_TEXT, OpenAIStub, is_probe, tool_names
 
 ROOT = Path(__file__).resolve().parents[2]
 FAIL = "Sorry, something went wrong while answering. Please try again."

@@ -33,7 +33,7 @@ from runtime.reply.media import (
 )
 from runtime.reply.segments import FileSegment, ImageSegment, Reply, ShareData, ShareSegment, TextSegment
 from tests.platform_api_server import PlatformApiServer
-from tests.structured.conftest import png_bytes, sample
+from tests.reply.conftest import png_bytes, sample
 
 MEDIA = "sessionray_media_rejected_total"
 UNAVAILABLE = "[attachment unavailable]"

@@ -1,6 +1,6 @@
 """A small MCP server for the MCP tool tests, written with the official SDK.
 
-Run: ``python tests/features/mcp_server.py stdio`` or ``python tests/features/mcp_server.py http PORT``.
+Run: ``python tests/session/mcp_server.py stdio`` or ``python tests/session/mcp_server.py http PORT``.
 Tools: ``add(a, b)``, ``echo(text)``, ``whoami()`` (the server process id), ``fail(text)`` (a tool
 error), ``crash()`` (the process exits at once: a crash mid-session).
 """

@@ -14,7 +14,7 @@ from runtime.memory.db import Database
 from runtime.session.python_tools import PythonToolError, load_python_tools
 
 ROOT = Path(__file__).resolve().parents[2]
-H = "tests.features.handlers"
+H = "tests.session.handlers"
 
 
 def test_a_tool_a_function_and_the_example_list_load_in_order() -> None:
@@ -27,8 +27,8 @@ def test_a_tool_a_function_and_the_example_list_load_in_order() -> None:
     [
         (f"{H}:nope", f"{H}:nope: cannot be imported: module '{H}' has no attribute 'nope'"),
         (
-            "tests.features.no_such_module:x",
-            "tests.features.no_such_module:x: cannot be imported: No module named",
+            "tests.session.no_such_module:x",
+            "tests.session.no_such_module:x: cannot be imported: No module named",
         ),
         (f"{H}:NOT_CALLABLE", f"{H}:NOT_CALLABLE: expected AgentTool objects, got int"),
         (f"{H}:add", f"{H}:add: the tool function raised TypeError:"),
