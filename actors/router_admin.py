@@ -64,8 +64,10 @@ async def archive_active_epoch(repo: ContextRepository, session_key: str) -> str
 
 
 def _actor_id(actor: Any) -> str | None:
-    """The hex Ray actor id of a session actor handle (None: no actor bound yet)."""
-    return None if actor is None else str(actor._actor_id.hex())
+    """The hex Ray actor id of a session actor handle (None: no actor bound yet, or a handle that
+    carries no Ray id, such as an in-process stand-in)."""
+    ident = getattr(actor, "_actor_id", None)
+    return None if ident is None else str(ident.hex())
 
 
 class RouterAdminMixin:
