@@ -182,8 +182,12 @@ def run_two_node_scenario(two_nodes: TwoNodes, base: str, fixtures_dir: Path) ->
     listed = subprocess.run([SESSIONRAY, "sessions", "--url", base], env=two_nodes.env(),
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    first, *rows = listed.stdout.splitlines()
-    assert (first, [row.split()[0] for row in rows]) == (f"{len(USERS)} live session(s)", keys)
+    first, header, *rows = listed.stdout.splitlines()  # a count, the table's header, one row a session
+    assert (first, header.split()[:2], [row.split()[0] for row in rows]) == (
+        f"{len(USERS)} live sessions",
+        ["SESSION", "KEY"],
+        keys,
+    )
 
     # Where every actor lives: each node's processes are in that node's process session.
     session_nodes = node_of(two_nodes, "ray::SessionActor")
