@@ -167,6 +167,7 @@ def test_console_lists_console_sessions_only(s: Served) -> None:
                 "turns": 1,
                 "idle_s": 2.0,
                 "actor": None,
+                "actor_id": None,
             }
         ]
     }
