@@ -58,7 +58,23 @@ def workdir() -> Iterator[Path]:
         yield Path(d)
 
 
+RAY_START_TIMEOUT = "The current node timed out during startup"
+"""Ray 2.60 gives a new local node a fixed 30 s to register its raylet; beside the suite's own Ray
+on a loaded 2-core machine that deadline is sometimes missed before sessionray does anything."""
+
+
 def test_first_run_like_make_run(workdir: Path) -> None:
+    # One more attempt only for Ray's own start-up deadline; every other failure fails at once.
+    try:
+        first_run(workdir / "a")
+    except AssertionError as exc:
+        if RAY_START_TIMEOUT not in str(exc):
+            raise
+        first_run(workdir / "b")
+
+
+def first_run(workdir: Path) -> None:
+    workdir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SESSIONRAY_"))}
     env |= {"PYTHONPATH": str(ROOT), "RAY_TMPDIR": str(workdir), "PATH": f"{BIN}:{env.get('PATH', '')}"}
     init = subprocess.run(
