@@ -43,7 +43,7 @@ Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}
 bug)); every request
 in ``sessionray_http_requests_total{route, status}`` and
 ``sessionray_http_request_duration_seconds{route}`` with the *route template* as label (never a
-raw path: bounded labels). Router-level gauges (live sessions, warm pool size) are refreshed from
+raw path: bounded labels). Router-level gauges (live sessions, session hosts) are refreshed from
 ``runtime.status()`` when ``/metrics`` is scraped.
 
 This app runs in the driver under uvicorn (``sessionray serve``) or inside a Ray Serve replica
@@ -314,9 +314,9 @@ def _refresh_gauges(status: Any) -> None:
     live = _field(status, "live_sessions", "live")
     if live is not None:
         metrics.LIVE_SESSIONS.set(live)
-    pool = _field(status, "warm_pool_size", "warm_pool", "pool_size")
-    if pool is not None:
-        metrics.WARM_POOL_SIZE.set(pool)
+    hosts = _field(status, "hosts")
+    if hosts is not None:
+        metrics.HOSTS.set(hosts)
 
 
 def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None = None) -> Starlette:

@@ -1,6 +1,6 @@
 """The admin face of a router shard: routing of a
 :class:`~runtime.session.control.ControlRequest` (``steer`` / ``follow_up``, masters only,
-docs/decisions.md#steer-masters-only; ``abort``; ``archive``) to a live session's actor, with
+docs/decisions.md#steer-masters-only; ``abort``; ``archive``) to a live session's host, with
 refusals raised as :class:`~runtime.session.control.ControlError` subclasses
 (docs/decisions.md#typed-control-request); the archive of a session that is not live
 (:meth:`RouterAdminMixin.archive_stored`: in SQL, while the shard holds the key so no activation
@@ -9,20 +9,18 @@ can start meanwhile); and the introspection the admin API and CLI read (``sessio
 
 :class:`RouterAdminMixin` is a base class of :class:`actors.router.RouterActor` (Ray exposes the
 inherited methods as actor methods); it only reads the shard's directory, and drops an entry
-through the shard's ``_drop`` when a control call finds the session's actor lost.
+through the shard's ``_drop`` when a control call finds the session gone from its host.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 import ray
 
-from actors.admission import KeyOrder, Live
-from actors.session_actor import SessionNotBoundError
+from actors.admission import KeyOrder
 from runtime import metrics
 from runtime.memory.repository import ContextRepository
 from runtime.session.control import (
@@ -34,12 +32,10 @@ from runtime.session.control import (
     UnknownSessionError,
 )
 
-__all__ = ["DEAD", "LOST", "RouterAdminMixin", "archive_active_epoch"]
+__all__ = ["DEAD", "RouterAdminMixin", "archive_active_epoch"]
 
 DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-"""A call failed because the session's actor died (or is restarting)."""
-LOST = (*DEAD, SessionNotBoundError)
-"""The session's actor died, or restarted blank (Ray raises the actor's exception type)."""
+"""A call failed because the actor (a session host) died or is unreachable."""
 
 
 def _is_master(config: Any, platform: str, bot_id: str, sender_id: str) -> bool:
@@ -63,39 +59,30 @@ async def archive_active_epoch(repo: ContextRepository, session_key: str) -> str
     return await repo.archive_session(session_key)
 
 
-def _actor_id(actor: Any) -> str | None:
-    """The hex Ray actor id of a session actor handle (None: no actor bound yet, or a handle that
-    carries no Ray id, such as an in-process stand-in)."""
-    ident = getattr(actor, "_actor_id", None)
-    return None if ident is None else str(ident.hex())
-
-
 class RouterAdminMixin:
     """Control routing and introspection of one router shard (see the module docstring)."""
 
     config: Any
     shard: int
-    cap: int
     counts: dict[str, int]
-    _dir: dict[str, Live]
-    _recent: list[float]
+    _dir: dict[str, Any]
     _order: KeyOrder
     _sql_archives: asyncio.Lock | None = None
     """One SQL archive at a time per shard: a shard holds at most one SQL connection (rare admin calls)."""
 
-    def _get_pool(self) -> Any:  # pragma: no cover - provided by RouterActor
+    def _drop(self, entry: Any) -> None:  # pragma: no cover - provided by RouterActor
         raise NotImplementedError
 
-    def _drop(self, live: Live) -> None:  # pragma: no cover - provided by RouterActor
+    def _host_died(self, host_id: str) -> None:  # pragma: no cover - provided by RouterActor
         raise NotImplementedError
 
-    async def _settled(self, key: str) -> Live | None:  # pragma: no cover - provided by RouterActor
+    async def _settled(self, key: str) -> Any:  # pragma: no cover - provided by RouterActor
         raise NotImplementedError
 
     # ------------------------------------------------------------------ control
 
     async def control(self, request: ControlRequest) -> ControlReply:
-        """Forward ``request`` (steer, follow-up, abort, archive) to the session's actor.
+        """Forward ``request`` (steer, follow-up, abort, archive) to the session's host.
 
         ``steer`` and ``follow_up`` are for the bot's masters only
         (docs/decisions.md#steer-masters-only); a refusal is counted in
@@ -104,7 +91,7 @@ class RouterAdminMixin:
         Raises:
             NotMasterError: a master-only kind from a sender who is not a master of the bot.
             MalformedKeyError: a malformed key.
-            UnknownSessionError: no live session, or its actor was lost (the next message
+            UnknownSessionError: no live session, or its host lost it (the next message
                 re-activates the session).
         """
         from runtime.keys import SessionKeyError, parse_session_key
@@ -122,28 +109,22 @@ class RouterAdminMixin:
                 f"{request.sender_id!r} is not a master of bot {key.platform}:{key.bot_id}; "
                 f"only masters may {kind.replace('_', '-')}"
             )
-        live = self._dir.get(session_key)
-        if live is None or live.passivating:
+        entry = await self._settled(session_key)
+        if entry is None or entry.host is None:
             metrics.CONTROL.inc(kind=label, outcome="unknown")
             raise UnknownSessionError(f"no live session {session_key!r} (never seen, or passivated)")
-        assert live.ready is not None
-        await live.ready
-        live.last_used = time.monotonic()
         try:
-            reply: ControlReply = await live.actor.control.remote(request)
-        except LOST as exc:
-            # The actor died or restarted blank: the next message re-activates the session.
-            if not live.pending and self._dir.get(session_key) is live:
-                self._get_pool().report_dead.remote(live.actor)
-                self._drop(live)
+            reply: ControlReply = await entry.host.control.remote(request)
+        except UnknownSessionError:  # the host passivated it meanwhile (its ``forget`` is on the way)
+            self._drop(entry)
             metrics.CONTROL.inc(kind=label, outcome="unknown")
-            raise UnknownSessionError(f"session {session_key!r} was lost: {exc}") from None
+            raise UnknownSessionError(f"no live session {session_key!r} (passivated)") from None
+        except DEAD as exc:
+            self._host_died(entry.host_id)
+            metrics.CONTROL.inc(kind=label, outcome="unknown")
+            raise UnknownSessionError(f"session {session_key!r} was lost with its host: {exc}") from None
         if kind == ControlKind.ARCHIVE:
-            live.session_id = str(reply.result)
-        if kind.master_only and reply.result == "started":
-            # a steer / follow-up with no active turn ran as a turn of its own (not via submit)
-            live.turns += 1
-            self.counts["turns"] += 1
+            entry.session_id = str(reply.result)
         metrics.CONTROL.inc(kind=label, outcome=str(reply.result) if kind.master_only else "ok")
         return reply
 
@@ -200,59 +181,68 @@ class RouterAdminMixin:
     # ------------------------------------------------------------------ introspection
 
     async def sessions(self) -> list[dict[str, Any]]:
-        """Live sessions of this shard: ``session_key``, ``session_id``, ``shard``, ``actor_id`` (the
-        hex Ray actor id of its session actor; None while activating), ``pending``, ``turns`` (every
-        turn run: messages and the steers / follow-ups that ran as a turn of their own), ``idle_s``."""
-        now = time.monotonic()
+        """Live sessions of this shard: ``session_key``, ``session_id``, ``shard``, ``host`` (the
+        host's slot index), ``actor_id`` (the hex Ray actor id of its host), ``epoch``, and from
+        the host: ``pending``, ``turns`` (every turn run, steers / follow-ups that ran as a turn
+        of their own included), ``idle_s``. A host that does not answer lists its sessions with
+        ``pending`` 0 and ``idle_s`` None."""
+        placed = [e for e in self._dir.values() if e.host is not None]
+        by_host: dict[str, list[Any]] = {}
+        for e in placed:
+            by_host.setdefault(e.host_id, []).append(e)
+
+        async def ask(entries: list[Any]) -> dict[str, dict[str, Any]]:
+            try:
+                rows = await entries[0].host.sessions.remote([e.key for e in entries])
+            except Exception:
+                return {}
+            return {r["session_key"]: r for r in rows}
+
+        answers: dict[str, dict[str, Any]] = {}
+        for part in await asyncio.gather(*(ask(es) for es in by_host.values())):
+            answers.update(part)
         return [
             {
-                "session_key": s.key,
-                "session_id": s.session_id,
+                "session_key": e.key,
+                "session_id": answers.get(e.key, {}).get("session_id", e.session_id),
                 "shard": self.shard,
-                "actor_id": _actor_id(s.actor),
-                "pending": len(s.pending),
-                "turns": s.turns,
-                "idle_s": round(now - s.last_used, 3),
+                "host": e.index,
+                "actor_id": e.host_id or None,
+                "epoch": e.epoch,
+                "pending": answers.get(e.key, {}).get("pending", 0),
+                "turns": answers.get(e.key, {}).get("turns", 0),
+                "idle_s": answers.get(e.key, {}).get("idle_s"),
             }
-            for s in self._dir.values()
-            if not s.passivating
+            for e in placed
         ]
 
     async def session(self, session_key: str) -> dict[str, Any] | None:
-        """Details of one live session (router view plus the actor's ``status()``), or ``None``."""
-        live = self._dir.get(session_key)
-        if live is None:
+        """Details of one live session (router view plus the host's ``status(session_key)`` under
+        ``actor``), or ``None``."""
+        entry = await self._settled(session_key)
+        if entry is None or entry.host is None:
             return None
         base = next(
             (s for s in await self.sessions() if s["session_key"] == session_key),
             {"session_key": session_key},
         )
-        if live.actor is not None:
-            with contextlib.suppress(Exception):
-                base["actor"] = await live.actor.status.remote()
+        with contextlib.suppress(Exception):
+            base["actor"] = await entry.host.status.remote(session_key)
         return base
 
     async def context(self, session_key: str) -> list[dict[str, Any]]:
         """The live context of ``session_key`` as JSON dicts (empty when not live)."""
-        live = self._dir.get(session_key)
-        if live is None or live.ready is None:
+        entry = await self._settled(session_key)
+        if entry is None or entry.host is None:
             return []
-        await live.ready
-        return list(await live.actor.context_messages.remote(session_key))
+        try:
+            return list(await entry.host.context_messages.remote(session_key))
+        except UnknownSessionError:
+            return []
 
     async def status(self) -> dict[str, Any]:
-        """Counters of this shard plus ``live``, ``pending``, ``cap`` and ``throughput_msg_s`` (last
-        60 s). Among the counters: ``passivated`` (and ``passivated_<reason>``), ``handoffs``
-        (activations on an actor handed over by an LRU passivation, no pool round trip) and
-        ``hung`` (session actors killed because their ``turn`` group stopped answering)."""
-        now = time.monotonic()
-        self._recent = [t for t in self._recent if now - t <= 60.0]
-        span = min(60.0, max(1.0, now - self._recent[0])) if self._recent else 60.0
-        return {
-            "shard": self.shard,
-            "live": sum(1 for s in self._dir.values() if not s.passivating),
-            "pending": sum(len(s.pending) for s in self._dir.values()),
-            "cap": self.cap,
-            "throughput_msg_s": round(len(self._recent) / span, 3),
-            **self.counts,
-        }
+        """Counters of this shard plus ``live`` (placed sessions): ``placed``, ``forgotten``
+        (passivations its hosts told), ``moved`` (stale cache entries callers reported),
+        ``dead_hosts``, ``busy``, ``evictions`` (placements that passivated an idle session),
+        ``refused`` (steer / follow-up from a non-master)."""
+        return {"shard": self.shard, "live": len(self._dir), **self.counts}

@@ -1,17 +1,22 @@
 """``SessionRuntime``: the handle the ingress, admin API and CLI use (actor interfaces, contract 2).
 
-Topology it starts (all named actors in Ray namespace ``sessionray``)::
+Topology it starts (all named actors in Ray namespace ``sessionray``; docs/decisions.md#session-hosts)::
 
-    ingress (driver or Serve replica)
-        │ submit / steer / follow_up / abort / archive          shard = crc32(session_key) % N
+    ingress (driver or Serve replica): SessionRuntime — cache session_key → (host, epoch)
+        │ place (cache miss, "moved", host died)          shard = crc32(session_key) % N
         ▼
-    sessionray-router-{0..N-1}   RouterActor, detached   directory, dedup, mailbox, seq, lifecycle
-        │ acquire / release                 │ submit (turn group) · steer… (control group)
-        ▼                                   ▼
-    sessionray-pool   PoolSupervisor, detached ──owns──▶ SessionActor × (warm + live)
-                                                           │ DeliveryPool.deliver(job)
-                                                           ▼
-                                              sessionray-delivery-{0..M-1}  (EDGE)
+    {prefix}-router-{0..N-1}   RouterActor, detached   directory key → host, epoch, control
+        │ activate / passivate / control                 ▲ forget (host passivated a session)
+        ▼                                                │
+    SessionHost × H  (owned by {prefix}-hosts, HostSupervisor, detached) ── one SessionCore per live session
+        ▲ submit (turn group; streaming: accepted, then the TurnResult)
+        │ straight from the ingress for a cached live session   │ DeliveryPool.deliver(job)
+                                                                ▼
+                                              sessionray-delivery-{0..M-1}
+
+A message for a live session whose host the ingress has cached takes one Ray call (ingress →
+host) plus the hand-off to delivery; a cache miss adds one call to the router shard
+(docs/decisions.md#session-direct-path).
 
 :meth:`SessionRuntime.start` creates them (or attaches to running ones: ``get_if_exists``);
 :meth:`SessionRuntime.connect` only attaches (a Ray Serve replica). Control of a live session is
@@ -31,8 +36,10 @@ from typing import Any, Literal
 import ray
 from pydantic import BaseModel
 
-from actors.pool import NAMESPACE, PoolSupervisor
+from actors.admission import KeyOrder
+from actors.hosts import NAMESPACE, HostSupervisor
 from actors.router import RouterActor, shard_of
+from actors.runtime_submit import SubmitPath
 from actors.setup import ConfigSetupFactory, business_tools
 from runtime.session.control import (
     ControlError,
@@ -64,9 +71,9 @@ class SubmitResult(BaseModel):
     """Answer to :meth:`SessionRuntime.submit`.
 
     ``accepted``: the message will get a turn (``seq`` set) or was stored without one (``seq``
-    None: un-triggered). ``duplicate``: already seen (same platform, bot_id, message_id).
-    ``busy``: the session's mailbox is full or no live-session slot freed in time; answer 503 with
-    ``Retry-After: retry_after_s`` — nothing was accepted.
+    None: un-triggered). ``duplicate``: already seen (same platform, bot_id, message_id) by the
+    session's host. ``busy``: the session's mailbox is full or no host had room in time; answer
+    503 with ``Retry-After: retry_after_s`` — nothing was accepted.
     """
 
     status: Literal["accepted", "duplicate", "busy"]
@@ -83,33 +90,39 @@ class SessionInfo(BaseModel):
     pending: int
     turns: int
     """Turns run, the steers / follow-ups that ran as a turn of their own included."""
-    idle_s: float
+    idle_s: float | None
+    """None when its host did not answer."""
+    host: int = -1
+    """Slot index of the session's host."""
     actor_id: str | None = None
-    """Hex Ray actor id of the session actor (None while activating)."""
+    """Hex Ray actor id of the session's host."""
+    epoch: int = 0
+    """The router shard's placement epoch."""
     actor: dict[str, Any] | None = None
-    """The session actor's ``status()`` (only from :meth:`SessionRuntime.session`)."""
+    """The session core's ``status()`` on its host (only from :meth:`SessionRuntime.session`)."""
 
 
 class SessionRuntime:
-    """Handle on the router shards and the warm pool.
+    """Handle on the router shards and the host supervisor; sends messages to the hosts.
 
     Args:
         prefix: Name prefix of the named actors (``sessionray`` → ``sessionray-router-0``,
-            ``sessionray-pool``); tests use a unique prefix per runtime.
+            ``sessionray-hosts``); tests use a unique prefix per runtime.
     """
 
     def __init__(self, prefix: str = "sessionray") -> None:
         self.prefix = prefix
         self.config: Any = None
         self.routers: list[Any] = []
-        self.pool: Any = None
+        self.hosts: Any = None
         self.delivery: Any = None
         self._owns_delivery = False
+        self._path = SubmitPath(self._router, KeyOrder())
 
     @property
-    def pool_name(self) -> str:
-        """Name of the pool supervisor actor."""
-        return f"{self.prefix}-pool"
+    def hosts_name(self) -> str:
+        """Name of the host supervisor actor."""
+        return f"{self.prefix}-hosts"
 
     def router_name(self, i: int) -> str:
         """Name of router shard ``i``."""
@@ -123,7 +136,7 @@ class SessionRuntime:
         delivery: Any = None,
         wait_warm: bool = False,
     ) -> SessionRuntime:
-        """Create (or attach to) the pool supervisor and the router shards; Ray must be initialized.
+        """Create (or attach to) the host supervisor and the router shards; Ray must be initialized.
 
         Args:
             config: ``runtime.config.Config``.
@@ -131,10 +144,10 @@ class SessionRuntime:
                 :class:`actors.setup.ConfigSetupFactory` (the configured model, IM preset).
             delivery: A delivery pool (``pick``/``deliver``); default: EDGE's ``DeliveryPool`` with
                 ``runtime.delivery_actors`` actors.
-            wait_warm: Return only once the warm pool is full (benchmarks, tests).
+            wait_warm: Return only once ``runtime.min_hosts`` hosts answer (benchmarks, tests).
 
         With ``ai.probe_on_start`` the configured models' structured-output tiers are probed here,
-        before the pool starts.
+        before the hosts start.
 
         Raises:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
@@ -165,16 +178,16 @@ class SessionRuntime:
             self._owns_delivery = True
         self.delivery = delivery
         factory = setup_factory or ConfigSetupFactory(config)
-        self.pool = PoolSupervisor.options(  # type: ignore[attr-defined]
-            name=self.pool_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+        self.hosts = HostSupervisor.options(  # type: ignore[attr-defined]
+            name=self.hosts_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
         ).remote(config, factory, delivery)
         self.routers = [
             RouterActor.options(  # type: ignore[attr-defined]
                 name=self.router_name(i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True
-            ).remote(config, i, rt.router_shards, self.pool_name)
+            ).remote(config, i, rt.router_shards, self.hosts_name, self.router_name(i))
             for i in range(rt.router_shards)
         ]
-        await self.pool.start.remote(wait=wait_warm)
+        await self.hosts.start.remote(wait=wait_warm)
         await asyncio.gather(*(r.status.remote() for r in self.routers))
         return self
 
@@ -187,29 +200,30 @@ class SessionRuntime:
         """
         rt = cls(prefix)
         rt.config = config
-        rt.pool = ray.get_actor(rt.pool_name, namespace=NAMESPACE)
+        rt.hosts = ray.get_actor(rt.hosts_name, namespace=NAMESPACE)
         rt.routers = [
             ray.get_actor(rt.router_name(i), namespace=NAMESPACE) for i in range(config.runtime.router_shards)
         ]
         return rt
 
     async def stop(self) -> None:
-        """Kill the router shards, the pool (and every session actor it owns) and, when this
+        """Kill the router shards, the host supervisor (and every host it owns) and, when this
         handle created it, the delivery pool. Session state is all in SQL."""
+        await self._path.close()
         for r in self.routers:
             with contextlib.suppress(Exception):
                 await r.shutdown.remote()
             with contextlib.suppress(Exception):
                 ray.kill(r, no_restart=True)
-        if self.pool is not None:
+        if self.hosts is not None:
             with contextlib.suppress(Exception):
-                await self.pool.shutdown.remote()
+                await self.hosts.shutdown.remote()
             with contextlib.suppress(Exception):
-                ray.kill(self.pool, no_restart=True)
+                ray.kill(self.hosts, no_restart=True)
         if self._owns_delivery and self.delivery is not None:
             with contextlib.suppress(Exception):
                 self.delivery.stop()
-        self.routers, self.pool = [], None
+        self.routers, self.hosts = [], None
 
     def _router(self, session_key: str) -> Any:
         if not self.routers:
@@ -219,16 +233,16 @@ class SessionRuntime:
     # ------------------------------------------------------------------ inbound
 
     async def submit(self, inbound: Any) -> SubmitResult:
-        """Route an ``InboundMessage`` to its shard (see :class:`SubmitResult`).
-
-        One Ray call per message: a message waiting for a live-session slot (at
-        ``max_live_sessions``) holds up nothing else of its shard.
+        """Send an ``InboundMessage`` to its session's host (see :class:`SubmitResult` and
+        :class:`actors.runtime_submit.SubmitPath`): straight to the cached host of a live
+        session, through the key's router shard otherwise. Returns once the host accepted (or
+        refused) it; the turn runs on, watched here (a host that dies mid-turn: the message is
+        sent once more to the session's new host).
 
         Raises:
             ray.exceptions.RayActorError / ActorUnavailableError: the shard is down or restarting.
         """
-        res = await self._router(inbound.session_key).submit.remote(inbound)
-        return SubmitResult(**res)
+        return SubmitResult(**await self._path.submit(inbound))
 
     # ------------------------------------------------------------------ control
 
@@ -308,17 +322,20 @@ class SessionRuntime:
         return list(await self._router(session_key).context.remote(session_key))
 
     async def status(self) -> dict[str, Any]:
-        """``{"live_sessions", "warm_pool_size", "pending", "turns", "throughput_msg_s", "pool": {...},
-        "shards": [...]}``."""
+        """``{"live_sessions", "hosts", "pending", "turns", "throughput_msg_s", "submit": {...},
+        "supervisor": {...}, "shards": [...]}`` — ``pending``, ``turns`` and ``throughput_msg_s``
+        (last 60 s) as this process sent and watched them; ``submit`` its counters."""
         shards = await asyncio.gather(*(r.status.remote() for r in self.routers))
-        pool = await self.pool.status.remote() if self.pool is not None else {}
+        sup = await self.hosts.status.remote() if self.hosts is not None else {}
+        path = self._path.status()
         return {
             "live_sessions": sum(s["live"] for s in shards),
-            "warm_pool_size": pool.get("warm", 0),
-            "pending": sum(s["pending"] for s in shards),
-            "turns": sum(s["turns"] for s in shards),
-            "throughput_msg_s": round(sum(s["throughput_msg_s"] for s in shards), 3),
-            "pool": pool,
+            "hosts": sup.get("hosts", 0),
+            "pending": path["pending"],
+            "turns": path["turns"],
+            "throughput_msg_s": path["throughput_msg_s"],
+            "submit": path,
+            "supervisor": sup,
             "shards": list(shards),
         }
 

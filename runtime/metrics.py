@@ -200,21 +200,29 @@ HTTP_REQUESTS = Counter(
 )
 HTTP_LATENCY = Histogram("sessionray_http_request_duration_seconds", "Ingress request latency.", ("route",))
 # Sessions, pool (router level)
-LIVE_SESSIONS = Gauge("sessionray_live_sessions", "Sessions bound to a live SessionActor.")
-WARM_POOL_SIZE = Gauge("sessionray_warm_pool_size", "Blank SessionActors ready in the warm pool.")
+LIVE_SESSIONS = Gauge("sessionray_live_sessions", "Live sessions (each a SessionCore in a SessionHost).")
+HOSTS = Gauge("sessionray_hosts", "Session hosts running (SessionHost actors).")
+HOST_LIVE_SESSIONS = Gauge(
+    "sessionray_host_live_sessions", "Live sessions of one session host, by its slot index.", ("host",)
+)
+HOST_MEMORY = Gauge(
+    "sessionray_host_memory_bytes", "Unique set size (USS) of one session host process, in bytes.", ("host",)
+)
 ACTIVATIONS = Counter(
-    "sessionray_activations_total", "Session activations by source (warm, cold).", ("source",)
+    "sessionray_activations_total",
+    "Session activations by source (host; cold: a host created for it).",
+    ("source",),
 )
 ACTIVATION_LATENCY = Histogram(
-    "sessionray_activation_latency_seconds", "Time to bind a session to an actor and load it.", ("source",)
+    "sessionray_activation_latency_seconds", "Time to load a session into a host.", ("source",)
 )
 PASSIVATIONS = Counter(
     "sessionray_passivations_total",
-    "Session passivations by reason (idle, lru, memory, archive).",
+    "Session passivations by reason (idle, lru, memory, admin, shutdown).",
     ("reason",),
 )
-WARM_POOL_EXHAUSTED = Counter(
-    "sessionray_warm_pool_exhausted_total", "Activations that found the warm pool empty."
+HOSTS_CREATED_ON_DEMAND = Counter(
+    "sessionray_hosts_cold_total", "Session hosts created while an activation waited (no host had room)."
 )
 # Turns and the agent
 TURNS = Counter(

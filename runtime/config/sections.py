@@ -94,12 +94,20 @@ class ServerConfig(_Closed):
 
 
 class RuntimeConfig(_Closed):
-    """``runtime``: actor topology and session lifecycle (docs/decisions.md#session-warm-pool)."""
+    """``runtime``: actor topology and session lifecycle (docs/decisions.md#session-hosts)."""
 
     router_shards: int = Field(1, ge=1)
     delivery_actors: int = Field(2, ge=1)
-    warm_pool: int = Field(4, ge=0)
-    max_live_sessions: int = Field(64, ge=1)
+    sessions_per_host: int = Field(2000, ge=1)
+    """Live sessions one ``SessionHost`` process holds at most; 1 = a process per live session
+    (strict isolation; docs/decisions.md#session-hosts)."""
+    min_hosts: int = Field(2, ge=1)
+    """Session hosts started ahead of need; the supervisor also keeps
+    ``max(min_hosts, sessions_per_host / 4)`` free slots by starting more, up to the host limit."""
+    host_memory_mib: float = Field(4096.0, gt=0)
+    """A host whose process USS is above this (MiB) takes no more sessions (an activation then
+    passivates one of its idle sessions or goes to another host)."""
+    max_live_sessions: int = Field(10_000, ge=1)
     idle_ttl_s: float = Field(600, gt=0)
     """Seconds without a message before a session is passivated."""
     mailbox_size: int = Field(16, ge=1)
@@ -110,16 +118,10 @@ class RuntimeConfig(_Closed):
     """Turns of one session that may overlap (docs/decisions.md#session-concurrent-turns); 1 =
     strictly one after another."""
     activation_wait_s: float = Field(10.0, ge=0)
-    """How long a new session waits for a free slot over ``max_live_sessions`` before ``busy``."""
-    recycle_after_sessions: int = Field(100, ge=1)
-    """A pooled SessionActor is replaced after serving this many sessions."""
-    recycle_memory_mib: float = Field(512.0, gt=0)
-    """A pooled SessionActor whose process USS exceeds this (MiB) is replaced when returned."""
+    """How long a new session waits for room on a host (every host full of busy sessions)
+    before ``busy``."""
     dedup_window: int = Field(10_000, ge=1)
-    """(platform, bot_id, message_id) triples each router shard remembers for dedup."""
-    hung_turn_s: float = Field(120.0, gt=0)
-    """A turn pending this many seconds makes its router shard ping the session actor's ``turn``
-    group (at most once per this period); an actor that does not answer within
-    ``hung_ping_timeout_s`` is killed and the session re-bound (crash path: the turn runs once more)."""
+    """(platform, bot_id, message_id) triples each session host remembers for dedup."""
     hung_ping_timeout_s: float = Field(30.0, gt=0)
-    """Seconds a router shard waits for the ``ping_turn`` of a session actor suspected hung."""
+    """Seconds the host supervisor waits for a host's ``ping_turn`` (its sessions' event loop); a
+    host that does not answer is killed and its sessions re-activated elsewhere (crash path)."""

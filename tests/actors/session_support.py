@@ -72,7 +72,7 @@ class Harness:
 def running_runtime(tmp_path: Path, fixtures_dir: Path, **knobs: Any) -> Iterator[Harness]:
     """Start a runtime with ``runtime`` config ``knobs`` (small pool by default) and stop it after."""
     db_url = f"sqlite:///{tmp_path / 'sessionray.db'}"
-    knobs = {"warm_pool": 2, "router_shards": 1, "delivery_actors": 1, **knobs}
+    knobs = {"min_hosts": 1, "router_shards": 1, "delivery_actors": 1, **knobs}
     with PlatformApiServer(fixtures_dir) as api, delivery_pool(db_url, api.base_url) as delivery:
         config = Config(
             bots=[BotConfig(platform="onebot11", self_id=BOT_ID, api_base=api.base_url, masters=[MASTER])],

@@ -1,0 +1,506 @@
+"""``SessionHost``: one Ray actor process that hosts many live sessions
+(docs/decisions.md#session-hosts).
+
+Every live session is its own :class:`runtime.session.core.SessionCore` — its own ordered inbox,
+single writer, turns, steer / follow-up queues — inside a host. Activation loads the context from
+SQL into a new core (no process start: milliseconds); passivation closes the core and drops it
+(its state is all in SQL). ``runtime.sessions_per_host: 1`` gives each live session a process of
+its own (the strict isolation mode) with the same code.
+
+Threads and loops:
+
+* Two Ray concurrency groups: ``turn`` (:meth:`SessionHost.submit`, one call per accepted message,
+  held until its turn ended) and ``control`` (activation, passivation, control requests, status).
+  Each group has its own Ray thread, so a control call never queues behind turns
+  (docs/decisions.md#control-never-waits).
+* All cores live on **one** private asyncio loop thread (uvloop) started in ``__init__``; both
+  groups forward to it with ``run_coroutine_threadsafe``. LLM calls and tools are coroutines on
+  that loop, so one session's slow call never delays another's turn; a tool written as a plain
+  function runs in a worker thread (:mod:`runtime.agent.tool_executor`).
+
+Per session the host keeps the placement ``epoch`` the router shard gave it: a message sent with
+another epoch (or for a key the host no longer holds) is answered ``moved`` and the caller asks the
+shard again (docs/decisions.md#session-direct-path). The host assigns the inbox ``seq`` on arrival,
+enforces the mailbox bound (``busy``) and drops redelivered message ids (``duplicate``).
+
+Capacity: at most ``cap`` live sessions (and, while its USS is above ``runtime.host_memory_mib``,
+no more than it has). An activation over that passivates the least recently used *idle* session
+when the caller allows it (``evict``), else raises :class:`HostFullError`. Idle sessions are
+passivated after ``runtime.idle_ttl_s``; each passivation tells the session's router shard
+(``forget``). Crash safety: ``max_restarts=0`` and ``max_task_retries=0`` — a dead host is
+replaced by the supervisor, and callers re-send interrupted messages once through the router
+(docs/decisions.md#session-crash-recovery).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import ray
+
+from actors.host_support import (
+    new_loop,
+    open_repository,
+    process_uss_mib,
+    release_free_heap,
+    release_sql_connections,
+    skip_httpx_cli,
+    spawn_ray_task,
+    warm_up,
+)
+from actors.ray_compat import install_group_loop_fix
+from runtime import metrics
+from runtime.config import Config
+from runtime.delivery.job import DeliveryJob
+from runtime.session.control import ControlReply, ControlRequest, UnknownSessionError, run_control
+from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
+
+__all__ = ["HostFullError", "SessionHost", "SessionNotBoundError"]
+
+T = TypeVar("T")
+log = logging.getLogger("sessionray.host")
+
+install_group_loop_fix()  # before Ray builds this actor's concurrency-group loops (actors/ray_compat.py)
+
+TURN_GROUP_SIZE = 1_000_000
+"""Concurrent ``submit`` calls one host accepts: one per accepted message until its turn ended
+(bounded in practice by live sessions × ``runtime.mailbox_size``)."""
+CONTROL_GROUP_SIZE = 64
+PREPARE_WAIT_S = 10.0
+"""How long ``ping`` waits for a new host's warm-up, in seconds."""
+FRESH_S = 5.0
+"""A just activated session whose first message has not arrived is not evicted for this long, in
+seconds (the caller that placed it is sending that message)."""
+SWEEP_S = 1.0
+"""Period of the idle-passivation sweep and the USS reading, in seconds."""
+
+
+class SessionNotBoundError(UnknownSessionError):
+    """A control call reached a host that does not hold the session (passivated or moved)."""
+
+
+class HostFullError(RuntimeError):
+    """The host is at its capacity (sessions or memory) and may not (or cannot) passivate an idle
+    session for a new one."""
+
+
+@dataclass
+class _Live:
+    core: Any
+    epoch: int
+    router: str
+    """Name of the session's router shard (told on passivation)."""
+    next_seq: int = 1
+    pending: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    turns: int = 0
+    fresh: bool = True
+    """Activated and no message arrived yet: evicted only when no other session is idle (its
+    first message is on the way from the caller that placed it)."""
+
+    @property
+    def idle(self) -> bool:
+        return self.pending == 0 and bool(self.core.idle)
+
+
+@ray.remote(  # type: ignore[call-overload]
+    num_cpus=0,
+    max_restarts=0,
+    max_task_retries=0,
+    concurrency_groups={"turn": TURN_GROUP_SIZE, "control": CONTROL_GROUP_SIZE},
+)
+class SessionHost:
+    """Hosts up to ``cap`` live :class:`~runtime.session.core.SessionCore` s.
+
+    Args:
+        config: ``runtime.config.Config`` (``database.url``; ``runtime``: ``mailbox_size``,
+            ``max_concurrent_turns``, ``idle_ttl_s``, ``dedup_window``, ``host_memory_mib``).
+        setup_factory: ``(session_key) -> SessionSetup`` called at each activation.
+        delivery: A ``DeliveryPool`` (``deliver(job)``) or anything with ``pick(key).deliver``.
+        cap: Live sessions this host holds at most (``actors.hosts.host_capacity``).
+        index: The supervisor's slot number of this host (a bounded metric label).
+    """
+
+    def __init__(
+        self, config: Config, setup_factory: SetupFactory, delivery: Any, cap: int, index: int = 0
+    ) -> None:
+        skip_httpx_cli()
+        with contextlib.suppress(Exception):
+            from actors.ray_metrics import install_ray_metrics
+
+            install_ray_metrics()
+        rt = config.runtime
+        self._config, self._factory, self._delivery = config, setup_factory, delivery
+        self.cap, self.index = cap, index
+        self._mailbox, self._idle_ttl_s, self._retry_after_s = (
+            rt.mailbox_size,
+            rt.idle_ttl_s,
+            rt.busy_retry_after_s,
+        )
+        self._memory_mib, self._dedup_window = rt.host_memory_mib, rt.dedup_window
+        self._live: dict[str, _Live] = {}
+        self._opening = 0
+        """Activations in progress (each holds a slot from its first await on)."""
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._routers: dict[str, Any] = {}
+        self._repo: Any = None
+        self._uss = 0.0
+        self.stats = {"activated": 0, "passivated": 0, "accepted": 0, "busy": 0, "duplicate": 0, "moved": 0}
+        self._loop = new_loop()
+        threading.Thread(target=self._loop.run_forever, name="host-loop", daemon=True).start()
+        self._prepared: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._prepared.set_running_or_notify_cancel()
+        threading.Thread(target=self._prepare, name="host-prepare", daemon=True).start()
+
+    def _prepare(self) -> None:
+        """Warm-up in a background thread: open the repository, import the session core, run the
+        key-independent part of an activation (:func:`actors.host_support.warm_up`), then start the
+        sweep. A failed repository open is kept and retried by the first activation."""
+        try:
+            repo = open_repository(self._config)
+            import runtime.session.core  # noqa: F401  (warm the import for the first activation)
+        except BaseException as exc:
+            self._prepared.set_exception(exc)
+            return
+        try:
+            warm_up(repo, self._factory, self._loop)
+        except Exception:  # pragma: no cover - logged; the activation repeats the step and raises
+            log.warning("session host warm-up failed; the first activation pays it", exc_info=True)
+        release_free_heap()
+        self._uss = process_uss_mib()
+        self._prepared.set_result(repo)
+        asyncio.run_coroutine_threadsafe(self._sweep(), self._loop)
+
+    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    # ------------------------------------------------------------------ probes (both groups)
+
+    @ray.method(concurrency_group="control")
+    async def ping(self) -> int:
+        """This host's process id, once the warm-up ended (or ``PREPARE_WAIT_S`` passed)."""
+        if not self._prepared.done():
+            await asyncio.wait({asyncio.wrap_future(self._prepared)}, timeout=PREPARE_WAIT_S)
+        return os.getpid()
+
+    @ray.method(concurrency_group="turn")
+    async def ping_turn(self) -> int:
+        """Liveness of the ``turn`` group's event loop (see :mod:`actors.ray_compat`) and of the
+        sessions' loop: answers only when both run."""
+        return await self._on_loop(_pid())
+
+    # ------------------------------------------------------------------ activation (control group)
+
+    @ray.method(concurrency_group="control")
+    async def activate(
+        self, session_key: str, epoch: int, router: str, evict: bool = False
+    ) -> dict[str, Any]:
+        """Load ``session_key`` from SQL into a new core (idempotent for the same epoch).
+
+        Args:
+            epoch: The router shard's placement epoch of this activation.
+            router: Name of the session's router shard (told when the host passivates it).
+            evict: At capacity, passivate the least recently used idle session for it.
+
+        Returns:
+            ``{"session_id", "messages", "live", "load_ms", "pid", "evicted": key | None}``.
+
+        Raises:
+            HostFullError: at capacity and ``evict`` is false or no session is idle.
+            SessionKeyError / database errors from the repository.
+        """
+        t0 = time.perf_counter()
+        info = await self._on_loop(self._activate(session_key, epoch, router, evict))
+        info["load_ms"] = (time.perf_counter() - t0) * 1000
+        metrics.ACTIVATION_LATENCY.observe(info["load_ms"] / 1000, source="host")
+        return info
+
+    async def _activate(self, key: str, epoch: int, router: str, evict: bool) -> dict[str, Any]:
+        live = self._live.get(key)
+        if live is not None:
+            live.epoch, live.router = epoch, router  # the shard re-placed it here (it lost its entry)
+            return self._info(live, None)
+        self._opening += 1  # reserved before the first await: concurrent activations see it
+        try:
+            evicted = await self._make_room(evict)
+            return await self._open(key, epoch, router, evicted)
+        finally:
+            self._opening -= 1
+
+    async def _make_room(self, evict: bool) -> str | None:
+        """Passivate least recently used idle sessions while this host is over ``cap`` (counting
+        activations in progress), and one when its USS is above ``runtime.host_memory_mib``.
+        Returns the last evicted key.
+
+        Raises:
+            HostFullError: room is needed and ``evict`` is false or no session is idle.
+        """
+        evicted = None
+        memory = self._uss > self._memory_mib and bool(self._live)
+        while len(self._live) + self._opening > self.cap or memory:
+            idle = [(s.fresh, s.last_used, k) for k, s in self._live.items() if s.idle]
+            victims = [v for v in idle if not v[0] or time.monotonic() - v[1] > FRESH_S]
+            if not evict or not victims:
+                raise HostFullError(
+                    f"host {self.index} holds {len(self._live)}/{self.cap} sessions, {self._uss:.0f} MiB"
+                )
+            evicted = min(victims)[2]
+            await self._passivate(evicted, "memory" if memory else "lru")
+            memory = False
+        return evicted
+
+    async def _open(self, key: str, epoch: int, router: str, evicted: str | None) -> dict[str, Any]:
+        from runtime.session.core import SessionCore
+
+        if self._repo is None:
+            try:
+                self._repo = await asyncio.wrap_future(self._prepared)
+            except Exception:  # the warm-up failed (e.g. database down at start): try again now
+                self._repo = open_repository(self._config)
+        setup = self._factory(key)
+        if asyncio.iscoroutine(setup):
+            setup = await setup
+        assert isinstance(setup, SessionSetup)
+        core = await SessionCore.open(
+            key,
+            self._repo,
+            setup,
+            self._deliver,
+            max_concurrent_turns=self._config.runtime.max_concurrent_turns,
+            spawn=spawn_ray_task,
+        )
+        if key in self._live:  # a concurrent activation of the same key won (same epoch rules)
+            await core.close()
+            return self._info(self._live[key], evicted)
+        live = self._live[key] = _Live(core=core, epoch=epoch, router=router)
+        self.stats["activated"] += 1
+        metrics.ACTIVATIONS.inc(source="host")
+        metrics.LIVE_SESSIONS.set(len(self._live))
+        return self._info(live, evicted)
+
+    def _info(self, live: _Live, evicted: str | None) -> dict[str, Any]:
+        return {
+            "session_id": live.core.session_id,
+            "messages": len(live.core.writer),
+            "live": len(self._live),
+            "pid": os.getpid(),
+            "evicted": evicted,
+        }
+
+    @ray.method(concurrency_group="control")
+    async def passivate(self, session_key: str, reason: str = "admin", force: bool = False) -> bool:
+        """Passivate ``session_key`` (its state is all in SQL); False when it is busy and ``force``
+        is false, or not held here. Tells the session's router shard."""
+        return await self._on_loop(self._passivate(session_key, reason, force))
+
+    async def _passivate(self, key: str, reason: str, force: bool = False) -> bool:
+        live = self._live.get(key)
+        if live is None or (not live.idle and not force):
+            return False
+        del self._live[key]  # from here a message for it is answered "moved"
+        await live.core.close()
+        self.stats["passivated"] += 1
+        metrics.PASSIVATIONS.inc(reason=reason)
+        metrics.LIVE_SESSIONS.set(len(self._live))
+        router = self._router(live.router)
+        if router is not None:
+            router.forget.remote(key, live.epoch)
+        if not self._live:
+            await release_sql_connections(self._repo)
+        return True
+
+    def _router(self, name: str) -> Any:
+        if name not in self._routers:
+            try:
+                self._routers[name] = ray.get_actor(name, namespace="sessionray")
+            except Exception:  # a router that is gone re-learns from its own failed lookups
+                return None
+        return self._routers[name]
+
+    async def _sweep(self) -> None:
+        """Every ``SWEEP_S``: read this process's USS, passivate sessions idle for ``idle_ttl_s``."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            try:
+                self._uss = process_uss_mib()
+                metrics.HOST_MEMORY.set(self._uss * 1024 * 1024, host=str(self.index))
+                metrics.HOST_LIVE_SESSIONS.set(len(self._live), host=str(self.index))
+                now = time.monotonic()
+                for key, live in list(self._live.items()):
+                    if live.idle and now - max(live.last_used, live.core.last_activity) >= self._idle_ttl_s:
+                        await self._passivate(key, "idle")
+            except Exception:  # pragma: no cover - logged; the sweep keeps running
+                log.exception("host sweep failed")
+
+    # ------------------------------------------------------------------ messages (turn group)
+
+    @ray.method(concurrency_group="turn", num_returns="streaming")
+    async def submit(self, inbound: Any, epoch: int, attempt: int = 0) -> AsyncIterator[Any]:
+        """Accept one inbound message for a live session, then run its turn.
+
+        Yields (a Ray streaming generator: the caller answers the webhook after the first item):
+
+        1. ``{"status": "accepted" | "duplicate" | "busy" | "moved", "seq": int | None}`` (with
+           ``retry_after_s`` when busy) —
+           ``moved``: this host does not hold the session at ``epoch`` (ask the router shard);
+           ``busy``: ``runtime.mailbox_size`` messages of the session are pending.
+        2. only when accepted: the :class:`~runtime.session.turn.TurnResult` once the turn handed
+           its reply to delivery (or ended otherwise).
+        """
+        fut = asyncio.run_coroutine_threadsafe(self._accept(inbound, epoch, attempt), self._loop)
+        answer, task = await asyncio.wrap_future(fut)
+        yield answer
+        if task is not None:  # the turn runs whether or not the caller still listens
+            yield await self._on_loop(_result(task))
+
+    async def _accept(
+        self, inbound: Any, epoch: int, attempt: int
+    ) -> tuple[dict[str, Any], asyncio.Task[TurnResult] | None]:
+        live = self._live.get(inbound.session_key)
+        if live is None or live.epoch != epoch:
+            self.stats["moved"] += 1
+            return {"status": "moved", "seq": None}, None
+        dk = (inbound.platform, inbound.bot_id, inbound.message_id)
+        if dk in self._seen and attempt == 0:
+            self.stats["duplicate"] += 1
+            return {"status": "duplicate", "seq": None}, None
+        if live.pending >= self._mailbox:
+            self.stats["busy"] += 1
+            return {"status": "busy", "seq": None, "retry_after_s": self._retry_after_s}, None
+        self._seen[dk] = None
+        while len(self._seen) > self._dedup_window:
+            self._seen.popitem(last=False)
+        seq, live.next_seq, live.fresh = live.next_seq, live.next_seq + 1, False
+        live.pending += 1
+        live.last_used = time.monotonic()
+        self.stats["accepted"] += 1
+        turn = TurnInput.from_inbound(inbound, seq).model_copy(update={"attempt": attempt})
+        return {"status": "accepted", "seq": seq}, asyncio.ensure_future(self._run(live, turn))
+
+    async def _run(self, live: _Live, turn: TurnInput) -> TurnResult:
+        try:
+            result: TurnResult = await live.core.submit(turn)
+            return result
+        finally:
+            live.pending -= 1
+            live.turns += 1
+            live.last_used = time.monotonic()
+
+    async def _deliver(self, job: DeliveryJob) -> None:
+        # On the sessions' loop; returns once the delivery actor accepted the job.
+        if hasattr(self._delivery, "deliver"):  # DeliveryPool: also survives a delivery actor restart
+            await self._delivery.deliver(job)
+        else:
+            await self._delivery.pick(job.session_key).deliver.remote(job)
+
+    # ------------------------------------------------------------------ control (control group)
+
+    @ray.method(concurrency_group="control")
+    async def control(self, request: ControlRequest) -> ControlReply:
+        """Carry out ``request`` on a live session (:func:`runtime.session.control.run_control`);
+        the router shard checked the sender of the master-only kinds.
+
+        Raises:
+            SessionNotBoundError: the session is not live on this host.
+        """
+
+        async def run() -> ControlReply:
+            live = self._require(request.session_key)
+            live.last_used = time.monotonic()
+            reply = await run_control(live.core, request)
+            if request.kind.master_only and reply.result == "started":
+                live.turns += 1
+            return reply
+
+        return await self._on_loop(run())
+
+    def _require(self, key: str) -> _Live:
+        live = self._live.get(key)
+        if live is None:
+            raise SessionNotBoundError(f"session {key!r} is not live on host {self.index}")
+        return live
+
+    @ray.method(concurrency_group="control")
+    async def sessions(self, keys: list[str] | None = None) -> list[dict[str, Any]]:
+        """Per live session (all, or those of ``keys``): ``session_key``, ``session_id``,
+        ``epoch``, ``pending``, ``turns``, ``idle_s``."""
+
+        async def run() -> list[dict[str, Any]]:
+            now = time.monotonic()
+            wanted = self._live.keys() if keys is None else [k for k in keys if k in self._live]
+            return [
+                {
+                    "session_key": k,
+                    "session_id": self._live[k].core.session_id,
+                    "epoch": self._live[k].epoch,
+                    "pending": self._live[k].pending,
+                    "turns": self._live[k].turns,
+                    "idle_s": round(now - self._live[k].last_used, 3),
+                }
+                for k in list(wanted)
+            ]
+
+        return await self._on_loop(run())
+
+    @ray.method(concurrency_group="control")
+    async def status(self, session_key: str | None = None) -> dict[str, Any]:
+        """With ``session_key``: that core's ``status()`` plus ``pid`` and ``host``. Without: the
+        host's ``{"index", "pid", "live", "cap", "uss_mib", **stats}``.
+
+        Raises:
+            SessionNotBoundError: ``session_key`` is not live here.
+        """
+
+        async def run() -> dict[str, Any]:
+            if session_key is not None:
+                return {**self._require(session_key).core.status(), "pid": os.getpid(), "host": self.index}
+            return {
+                "index": self.index,
+                "pid": os.getpid(),
+                "live": len(self._live),
+                "cap": self.cap,
+                "uss_mib": round(self._uss, 2),
+                **self.stats,
+            }
+
+        return await self._on_loop(run())
+
+    @ray.method(concurrency_group="control")
+    async def context_messages(self, session_key: str) -> list[dict[str, Any]]:
+        """The live context of ``session_key`` as JSON dicts (admin/debug and tests)."""
+
+        async def run() -> list[dict[str, Any]]:
+            return [m.model_dump(mode="json") for m in self._require(session_key).core.writer.snapshot()]
+
+        return await self._on_loop(run())
+
+    @ray.method(concurrency_group="control")
+    async def shutdown(self, timeout_s: float = 5.0) -> int:
+        """Close every live session (aborting running turns); returns how many were live."""
+
+        async def run() -> int:
+            keys = list(self._live)
+            for key in keys:
+                with contextlib.suppress(Exception):
+                    await self._passivate(key, "shutdown", force=True)
+            return len(keys)
+
+        return await asyncio.wait_for(self._on_loop(run()), timeout_s + 5.0)
+
+
+async def _pid() -> int:
+    return os.getpid()
+
+
+async def _result(task: asyncio.Task[TurnResult]) -> TurnResult:
+    return await asyncio.shield(task)  # a caller that goes away never cancels the turn

@@ -1,0 +1,258 @@
+"""The ingress side of the message path: session_key → host cache, the direct call, the watch of
+each turn and the one retry after a host crash (docs/decisions.md#session-direct-path).
+
+:class:`SubmitPath` lives in every process that submits messages (the ingress: driver or Ray
+Serve replica), inside :class:`actors.runtime.SessionRuntime`:
+
+1. It caches session_key → (host, epoch) from the router shard's ``place`` answer (an LRU of
+   ``CACHE_SIZE`` keys) and sends the message straight to the host's streaming ``submit``: the
+   first item says accepted / duplicate / busy / moved. ``moved`` (the host passivated the
+   session, or it was placed again) or a dead host drops the cache entry and asks the shard again
+   with the stale epoch (at most ``MAX_HOPS`` times).
+2. Calls for one key pass in arrival order (:class:`actors.admission.KeyOrder`), so the host
+   stamps their ``seq`` in that order.
+3. An accepted message is *in flight* until the second item (its ``TurnResult``) arrives. When the
+   host dies before that, the first watcher of that (key, epoch) sends every in-flight message of
+   the key once more, in their order, with ``attempt=1`` (the session is re-activated from SQL on
+   another host; its recorded inbound marker means tools that ran are not run again:
+   docs/decisions.md#session-crash-recovery). A second loss is counted and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from actors.admission import KeyOrder
+
+__all__ = ["CACHE_SIZE", "MAX_HOPS", "SubmitPath"]
+
+log = logging.getLogger("sessionray.submit")
+
+CACHE_SIZE = 100_000
+"""Session keys whose host one ingress process remembers (LRU)."""
+MAX_HOPS = 6
+"""Host answers of ``moved`` / dead in a row before a message is answered ``busy``."""
+DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+@dataclass(frozen=True)
+class _Place:
+    host: Any
+    host_id: str
+    epoch: int
+
+
+@dataclass
+class _InFlight:
+    inbound: Any
+    place: _Place
+    seq: int
+    attempt: int
+
+
+class SubmitPath:
+    """Direct submission with a placement cache (see the module docstring).
+
+    Args:
+        router_of: ``session_key -> router shard handle``.
+        order: The per-key arrival order of this process.
+    """
+
+    def __init__(self, router_of: Callable[[str], Any], order: KeyOrder) -> None:
+        self._router_of = router_of
+        self._order = order
+        self._cache: OrderedDict[str, _Place] = OrderedDict()
+        self._inflight: dict[str, dict[int, _InFlight]] = {}
+        """Per key, by a local counter: accepted messages whose turn result has not arrived."""
+        self._ids = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._recent: list[float] = []
+        self.counts = {
+            "accepted": 0,
+            "duplicate": 0,
+            "busy": 0,
+            "ignored": 0,
+            "turns": 0,
+            "errors": 0,
+            "retried": 0,
+            "lost": 0,
+            "cache_hits": 0,
+            "cache_misses": 0,
+        }
+
+    # ------------------------------------------------------------------ submit
+
+    async def submit(self, inbound: Any) -> dict[str, Any]:
+        """Offer ``inbound`` to its session's host; ``{"status", "retry_after_s", "seq"}``.
+
+        ``busy`` also when ``MAX_HOPS`` placements in a row were stale (hosts dying or churning).
+
+        Raises:
+            ray.exceptions.RayActorError: the router shard is down.
+        """
+        if not getattr(inbound, "triggered", True):
+            self.counts["ignored"] += 1
+            return {"status": "accepted", "retry_after_s": None, "seq": None}
+        key = inbound.session_key
+        async with self._order.turn(key):
+            answer = await self._offer(inbound, 0)
+        return answer
+
+    async def _offer(
+        self, inbound: Any, attempt: int, stale: int | None = None, dead: str | None = None
+    ) -> dict[str, Any]:
+        key = inbound.session_key
+        for _ in range(MAX_HOPS):
+            place = self._cache.get(key)
+            if place is None:
+                self.counts["cache_misses"] += 1
+                res = await self._router_of(key).place.remote(key, stale, dead)
+                if res["status"] == "busy":
+                    self.counts["busy"] += 1
+                    return {"status": "busy", "retry_after_s": res["retry_after_s"], "seq": None}
+                place = _Place(res["host"], res["host_id"], res["epoch"])
+                self._remember(key, place)
+            else:
+                self.counts["cache_hits"] += 1
+                self._cache.move_to_end(key)
+            gen = place.host.submit.remote(inbound, place.epoch, attempt)
+            try:
+                first = await (await gen.__anext__())
+            except DEAD:
+                self._cache.pop(key, None)
+                stale, dead = place.epoch, place.host_id
+                continue
+            if first["status"] == "moved":
+                self._cache.pop(key, None)
+                stale, dead = place.epoch, None
+                continue
+            if first["status"] == "accepted":
+                self._track(inbound, place, gen, int(first["seq"]), attempt)
+            else:
+                self.counts[first["status"]] += 1
+            return {
+                "status": first["status"],
+                "retry_after_s": first.get("retry_after_s"),
+                "seq": first["seq"],
+            }
+        log.warning("no stable host for %s after %d tries (hosts churning); answering busy", key, MAX_HOPS)
+        self.counts["busy"] += 1
+        return {"status": "busy", "retry_after_s": 1.0, "seq": None}
+
+    def _remember(self, key: str, place: _Place) -> None:
+        self._cache[key] = place
+        self._cache.move_to_end(key)
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+
+    # ------------------------------------------------------------------ watch and retry
+
+    def _track(self, inbound: Any, place: _Place, gen: Any, seq: int, attempt: int) -> None:
+        self.counts["accepted"] += 1
+        self._recent.append(time.monotonic())
+        self._ids += 1
+        ident = self._ids
+        self._inflight.setdefault(inbound.session_key, {})[ident] = _InFlight(inbound, place, seq, attempt)
+        task = asyncio.ensure_future(self._watch(inbound.session_key, ident, gen))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch(self, key: str, ident: int, gen: Any) -> None:
+        try:
+            result = await (await gen.__anext__())
+        except DEAD as exc:
+            await self._recover(key, ident, exc)
+            return
+        except Exception as exc:  # pragma: no cover - a Ray transport error; logged
+            self._done(key, ident)
+            self.counts["errors"] += 1
+            log.warning("turn of %s ended without a result: %r", key, exc)
+            return
+        self._done(key, ident)
+        self.counts["turns"] += 1
+        if getattr(result, "outcome", "") == "error":
+            self.counts["errors"] += 1
+            log.warning(
+                "turn %s#%s failed: %s", key, getattr(result, "seq", "?"), getattr(result, "error", "")
+            )
+
+    def _done(self, key: str, ident: int) -> _InFlight | None:
+        entries = self._inflight.get(key)
+        if entries is None:
+            return None
+        entry = entries.pop(ident, None)
+        if not entries:
+            del self._inflight[key]
+        return entry
+
+    async def _recover(self, key: str, ident: int, exc: BaseException) -> None:
+        """The host died with this message in flight: resend every in-flight message of ``key`` on
+        that host, in their order, once (``attempt=1``); the others' watchers find theirs taken."""
+        mine = (self._inflight.get(key) or {}).get(ident)
+        if mine is None:
+            return  # a sibling's recovery took it
+        async with self._order.turn(key):
+            batch = sorted(
+                (i, e)
+                for i, e in (self._inflight.get(key) or {}).items()
+                if e.place.host_id == mine.place.host_id
+            )
+            for i, _ in batch:
+                self._done(key, i)
+            self._cache.pop(key, None)
+            first = True
+            for _, entry in batch:
+                if entry.attempt >= 1:
+                    self.counts["lost"] += 1
+                    log.error(
+                        "message %s of %s lost: its host died twice (%r)", entry.inbound.message_id, key, exc
+                    )
+                    continue
+                self.counts["retried"] += 1
+                try:
+                    dead = entry.place.host_id if first else None
+                    first = False
+                    await self._offer(entry.inbound, 1, entry.place.epoch, dead)
+                except Exception as err:
+                    self.counts["lost"] += 1
+                    log.error(
+                        "message %s of %s not retried after its host died: %r",
+                        entry.inbound.message_id,
+                        key,
+                        err,
+                    )
+
+    # ------------------------------------------------------------------ introspection
+
+    def status(self) -> dict[str, Any]:
+        """Counters plus ``pending`` (in-flight turns), ``cached`` keys and ``throughput_msg_s``
+        (accepted in the last 60 s)."""
+        now = time.monotonic()
+        self._recent = [t for t in self._recent if now - t <= 60.0]
+        span = min(60.0, max(1.0, now - self._recent[0])) if self._recent else 60.0
+        return {
+            **self.counts,
+            "pending": sum(len(v) for v in self._inflight.values()),
+            "cached": len(self._cache),
+            "throughput_msg_s": round(len(self._recent) / span, 3),
+        }
+
+    async def close(self) -> None:
+        """Stop watching (the turns run on in their hosts)."""
+        loop = asyncio.get_running_loop()
+        mine = [t for t in self._tasks if t.get_loop() is loop]  # a test's loop may be gone already
+        for t in mine:
+            t.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*mine, return_exceptions=True)
+        self._tasks.clear()
+        self._cache.clear()
