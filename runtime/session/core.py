@@ -1,6 +1,6 @@
 """The Ray-free heart of a live session: ordered inbox, overlapping turns, single writer, control.
 
-``actors.session_actor.SessionActor`` hosts exactly one :class:`SessionCore` per activation; the
+``actors.host.SessionHost`` hosts one :class:`SessionCore` per live session (many per process); the
 core runs on one event loop and never imports Ray, so it is unit-testable on its own.
 
 Rules:
