@@ -4,7 +4,8 @@ Routes::
 
     POST /webhooks/{platform}/{bot_id}   verify → parse → size + storability checks
                                          → (persist inbound transcript ‖ route) → 200
-    GET  /healthz                        {"status": "ok"}
+    WS   /onebot/v11/ws[/event|/api]     OneBot v11 reverse WebSocket (actors/onebot_ws.py)
+    GET  /healthz                        {"status": "ok"} (+ "onebot_ws" socket health)
     GET  /metrics                        prometheus-client text format (this process's registry)
     /admin/...                           actors/admin.py (bearer token)
     /console...                          actors/console.py (when a console bot is configured)
@@ -72,6 +73,7 @@ from actors.admin import admin_routes
 from actors.console import console_routes
 from actors.http_input import max_text_chars, text_too_long
 from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
+from actors.onebot_ws import OneBotSockets
 from runtime import metrics
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
@@ -156,6 +158,8 @@ class Ingress:
             transcripts = TranscriptStore(self.db)
         self.transcripts = transcripts
         self.max_text_chars = max_text_chars(config)
+        self.onebot_sockets: Any = None
+        """The process's ``actors.onebot_ws.OneBotSockets`` (``build_app`` sets it)."""
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).
@@ -179,13 +183,28 @@ class Ingress:
             body = await request.body()
         except ClientDisconnect:  # the platform hung up mid-body: nothing to answer, nothing done
             return Response(status_code=400)
-        headers = request.headers
+        return await self.handle_event(platform, codec, request.headers, body)
+
+    async def handle_event(
+        self, platform: str, codec: PlatformCodec, headers: Any, body: bytes, *, verified: bool = False
+    ) -> Response:
+        """One event through every webhook rule (verify → decode → size and storability checks
+        → persist ‖ route), answered as the webhook answers it (module docstring). The webhook
+        and the OneBot WebSocket (``actors.onebot_ws``, which reads the answer's status and
+        ``Retry-After``) both call it.
+
+        Args:
+            headers: The request's headers (a socket passes ``Content-Type: application/json``).
+            verified: The sender was authenticated another way (a WebSocket's handshake token):
+                ``codec.verify`` is skipped.
+        """
         if getattr(codec, "browser_facing", False) and not is_json_content_type(headers.get("content-type")):
             # a cross-site page can POST text/plain or a form without a CORS preflight; JSON it cannot
             metrics.INBOUND.inc(platform=platform, outcome="malformed")
             return JSONResponse({"error": "send the event as application/json"}, status_code=415)
         try:
-            codec.verify(headers, body)
+            if not verified:
+                codec.verify(headers, body)
         except SignatureError as exc:
             metrics.INBOUND.inc(platform=platform, outcome="bad_signature")
             return JSONResponse({"error": f"bad signature: {exc}"}, status_code=401)
@@ -270,7 +289,12 @@ class Ingress:
         )
 
     async def healthz(self, request: Request) -> Response:
-        """``GET /healthz``: 200 while this process serves."""
+        """``GET /healthz``: 200 while this process serves; with OneBot WebSocket bots also
+        ``"onebot_ws": {self_id: {...}}``, their sockets as this process sees them
+        (``runtime.platforms.onebot11_ws.ConnectionHealth.view``)."""
+        sockets = self.onebot_sockets
+        if sockets is not None and sockets.health:
+            return JSONResponse({"status": "ok", "onebot_ws": sockets.health_view()})
         return JSONResponse({"status": "ok"})
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -328,6 +352,8 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
         transcripts: Optional transcript store (default: on ``config.database.url``).
     """
     ingress = Ingress(runtime, config, transcripts)
+    sockets = OneBotSockets(ingress, config)  # OneBot v11 over WebSocket (bots[].transport)
+    ingress.onebot_sockets = sockets
     token_env = getattr(getattr(config, "server", None), "admin_token_env", None)
     # The admin's view of stored sessions reads through the ingress's own Database (one pool).
     stored = None if ingress.db is None else ContextRepository(ingress.db)
@@ -337,8 +363,10 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
         Route("/metrics", ingress.metrics_endpoint, methods=["GET"]),
         *admin_routes(runtime, token_env, repository=stored),
         *console_routes(runtime, config, transcripts=ingress.transcripts),
+        *sockets.routes(),
     ]
-    app = Starlette(routes=routes)
+    # The lifespan runs the forward-WS dialers: serve the app with lifespan "on".
+    app = Starlette(routes=routes, lifespan=sockets.lifespan)
     app.state.ingress = ingress
     app.add_middleware(
         BodySizeLimit, max_body_bytes=config.server.max_body_bytes, exempt=trusted_internal_call
