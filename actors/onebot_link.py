@@ -34,7 +34,6 @@ from typing import Any
 
 import ray
 
-from actors.delivery import NAMESPACE
 from runtime.platforms.base import ApiCall, PlatformCodec, SendResult
 from runtime.platforms.onebot11_ws import SocketAnswer, api_frame, send_result_of
 
@@ -42,6 +41,9 @@ __all__ = ["LINK_PREFIX", "LinkSender", "OneBotLink", "get_link", "link_name"]
 
 log = logging.getLogger("sessionray.onebot_link")
 
+NAMESPACE = "sessionray"
+"""Ray namespace of every named sessionray actor (the value of ``actors.delivery.NAMESPACE``; not
+imported from there, as ``actors.delivery`` imports this module)."""
 LINK_PREFIX = "sessionray-onebot"
 """Name prefix of the link actors (``sessionray-onebot-{self_id}``)."""
 MAX_BATCH = 64

@@ -272,13 +272,13 @@ class OneBotSockets:
         health = self.health[bot_id]
         health.opened(conn_id, role)
         metrics.ONEBOT_WS_CONNECTED.set(1, bot=bot_id)
-        link = self._link(bot_id)
+        link = self._link(bot_id) if role in ("Universal", "API") else None
         holder = holder or f"{self._process}:{conn_id}"
         closed = asyncio.Event()
         inbox: asyncio.Queue[bytes | None] = asyncio.Queue(INBOX_SIZE)
         worker = asyncio.ensure_future(self._inbox_worker(bot_id, inbox))
         pump = None
-        if role in ("Universal", "API"):
+        if link is not None:
             try:
                 await link.acquire.remote(holder, LEASE_TTL_S, take_over)
             except ray.exceptions.RayError as exc:  # the pump acquires once the link answers
@@ -299,7 +299,7 @@ class OneBotSockets:
     ) -> None:
         """After a socket closed: let the pump hand back what it could not write, then release
         the lease (failing calls written and not answered), then drain the inbox."""
-        if pump is not None:
+        if pump is not None and link is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pump, POLL_S + 10)
             with contextlib.suppress(ray.exceptions.RayError):
@@ -331,7 +331,9 @@ class OneBotSockets:
                     await link.requeue.remote([f["echo"] for f in frames[i:]])
                     return
 
-    async def _frame(self, bot_id: str, text: str, link: Any, inbox: asyncio.Queue[bytes | None]) -> None:
+    async def _frame(
+        self, bot_id: str, text: str, link: Any | None, inbox: asyncio.Queue[bytes | None]
+    ) -> None:
         """One text frame: an API answer goes to the link, an event to the inbox."""
         body = text.encode("utf-8", "replace")
         if len(body) > self.max_frame_bytes:
@@ -343,8 +345,9 @@ class OneBotSockets:
         except (ValueError, RecursionError):
             frame = None  # handle_event answers it as malformed (and counts it)
         if is_api_response(frame):
-            with contextlib.suppress(ray.exceptions.RayError):
-                await link.resolve.remote(str(frame["echo"]), frame)
+            if link is not None:  # (an Event-role socket carries no answers)
+                with contextlib.suppress(ray.exceptions.RayError):
+                    await link.resolve.remote(str(frame["echo"]), frame)
             return
         self.health[bot_id].event(frame)
         await inbox.put(body)

@@ -97,7 +97,15 @@ def banner(
     if any(str(b.platform) == "console" for b in config.bots):
         lines.append(f"sessionray: console        {base}/console")
     for bot in config.bots:
-        lines.append(f"sessionray: webhook        {base}/webhooks/{bot.platform}/{bot.self_id}")
+        transport = getattr(bot, "transport", "http")
+        if transport == "ws-reverse":
+            ws = f"ws://{shown_host(host)}:{port}/onebot/v11/ws"
+            lines.append(f"sessionray: onebot ws     {ws}  (reverse WebSocket of bot {bot.self_id})")
+        elif transport == "ws-forward":
+            where = f"dialing {bot.ws_url}"
+            lines.append(f"sessionray: onebot ws     {where}  (forward WebSocket of bot {bot.self_id})")
+        else:
+            lines.append(f"sessionray: webhook        {base}/webhooks/{bot.platform}/{bot.self_id}")
     lines.append(f"sessionray: metrics        {base}/metrics  (ingress)")
     if metrics_port:
         lines.append(
