@@ -1,7 +1,7 @@
 """The example bot's MCP server: a tiny FAQ about sessionray, over stdio, written with the official
 ``mcp`` SDK.
 
-The bot starts it as a subprocess of each session actor on the first turn that prepares its tools
+The bot starts it, for each live session, as a subprocess of the session's host on the first turn that prepares its tools
 (``ai.mcp_servers.faq`` in ``sessionray.yaml``; lazy connect). The model sees its tools as
 ``faq_search`` and ``faq_topics`` (prefix ``<server name>_``).
 

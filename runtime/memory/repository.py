@@ -1,10 +1,10 @@
 """``ContextRepository``: the SQL source of truth for every session's context
 (docs/decisions.md#memory-sql-truth).
 
-A session actor calls :meth:`~ContextRepository.load_context` before a turn and
+A live session calls :meth:`~ContextRepository.load_context` before a turn and
 :meth:`~ContextRepository.append_messages` as its messages end.
-Because everything lives in SQL, an actor can be passivated, recycled or killed at any time and a
-new one loads the same context back.
+Because everything lives in SQL, a session can be passivated, or its host killed, at any time and a
+new activation loads the same context back.
 
 Rules:
 
