@@ -4,10 +4,10 @@
 Every process that talks SQL holds its own connection pool, so the server must accept, in the
 worst case::
 
-    most hosts × HOST_SQL_THREADS (4)                      (a SessionHost with live sessions: 4 SQL threads, no overflow)
-  + runtime.delivery_actors × 8                            (a DeliveryActor: 8 SQL threads, no overflow)
-  + 8 per ingress process                                  (the ingress's Database, also the admin's)
-  ≤ max_connections − superuser_reserved_connections       (PostgreSQL: SHOW max_connections, default 100 − 3)
+    most hosts × HOST_SQL_THREADS (4)                 (a SessionHost: 4 SQL threads, no overflow)
+  + runtime.delivery_actors × 8                       (a DeliveryActor: 8 SQL threads, no overflow)
+  + 8 per ingress process                             (the ingress's Database, also the admin's)
+  ≤ max_connections − superuser_reserved_connections  (PostgreSQL: SHOW max_connections, 100 − 3)
 
 ``most hosts`` is the host supervisor's limit, :meth:`runtime.config.RuntimeConfig.host_capacity`
 (``max(min_hosts, ceil(max_live_sessions / sessions_per_host))``): all sessions of one host share
@@ -121,7 +121,8 @@ def budget_warning(budget: ConnectionBudget, max_connections: int, reserved: int
         f"runtime.delivery_actors → {budget.delivery} ({DEFAULT_PROCESS_CONNECTIONS} each), "
         f"ingress → {budget.ingress}. Raise runtime.sessions_per_host or lower "
         "runtime.max_live_sessions / runtime.min_hosts / runtime.delivery_actors, or raise "
-        "max_connections on the server (or put PgBouncer in front); otherwise new connections fail with 'too many clients already' (deploy/README.md, "
+        "max_connections on the server (or put PgBouncer in front); otherwise new connections fail "
+        "with 'too many clients already' (deploy/README.md, "
         '"PostgreSQL connections").'
     )
 

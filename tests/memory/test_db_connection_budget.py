@@ -109,7 +109,8 @@ def test_start_up_check_reads_the_real_server(pg_url: str, caplog: pytest.LogCap
 def test_start_up_check_is_a_no_op_on_sqlite(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path}/budget.db", threads=1)
     try:
-        assert warn_if_over_connection_budget(db, RuntimeConfig(max_live_sessions=100_000, sessions_per_host=1)) is None
+        strict = RuntimeConfig(max_live_sessions=100_000, sessions_per_host=1)
+        assert warn_if_over_connection_budget(db, strict) is None
     finally:
         db.dispose()
 

@@ -56,7 +56,8 @@ bots:
 database:
   url: sqlite:///./data/sessionray.db
 server: {host: 127.0.0.1, port: 8000, admin_token_env: SESSIONRAY_ADMIN_TOKEN}
-runtime: {router_shards: 1, delivery_actors: 2, sessions_per_host: 2000, min_hosts: 2, max_live_sessions: 64, idle_ttl_s: 600}
+runtime: {router_shards: 1, delivery_actors: 2, sessions_per_host: 2000, min_hosts: 2, max_live_sessions: 64,
+  idle_ttl_s: 600}
 """
 
 
