@@ -7,7 +7,7 @@ embedded defaults: console bot, built-in model, SQLite under ./data); run the pr
 (:mod:`actors.preflight`: variables, directories, database, ports — every problem in one message,
 a distinct exit code per class, before Ray starts) and bind the HTTP port; print where
 everything is (console URL, one webhook URL per configured bot, the metrics URLs, the admin
-CLI); start or join Ray (``--address``); start the session runtime (routers, warm pool, delivery
+CLI); start or join Ray (``--address``); start the session runtime (routers, session hosts, delivery
 pool); serve HTTP — ``ready`` is printed once the port is listening — until SIGINT/SIGTERM.
 Ctrl-C stops uvicorn, then the runtime, then Ray (``ray.shutdown``).
 

@@ -74,7 +74,7 @@ class ConfigSetupFactory:
         """Build, once per process, everything that does not depend on the session key: provider
         registration, the model, the business tools (:func:`business_tools`) and built-in tools,
         the chat-history database, and the imports of an activation. The session actor calls it
-        while it waits in the warm pool (docs/decisions.md#session-warm-pool); :meth:`__call__`
+        while a new session host warms up (docs/decisions.md#session-hosts); :meth:`__call__`
         calls it too (a no-op then).
 
         Args:

@@ -141,4 +141,4 @@ async def test_a_bad_tool_md_stops_runtime_start(ray_session: None, tmp_path: Pa
     with pytest.raises(ToolMdError) as err:
         await rt.start(config)
     assert str(err.value) == f"{bad}: /parameters/properties/a/if: unsupported JSON Schema feature 'if'"
-    assert rt.routers == [] and rt.pool is None  # nothing was started
+    assert rt.routers == [] and rt.hosts is None  # nothing was started
