@@ -100,6 +100,7 @@ class HostSupervisor:
         self._creating: dict[str, asyncio.Task[_Host | None]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._probes: set[asyncio.Task[None]] = set()
+        self._closing = False
         self.stats = {"created": 0, "cold": 0, "replaced": 0, "hung": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -117,7 +118,8 @@ class HostSupervisor:
 
     async def shutdown(self) -> int:
         """Close every host's sessions and kill the hosts; returns how many hosts there were."""
-        for t in self._tasks:
+        self._closing = True
+        for t in [*self._tasks, *self._creating.values(), *self._probes]:
             t.cancel()
         hosts = list(self._hosts.values())
         with contextlib.suppress(Exception):
@@ -153,7 +155,8 @@ class HostSupervisor:
             await asyncio.wait_for(host.handle.ping.remote(), READY_TIMEOUT_S)
             await asyncio.wait_for(host.handle.ping_turn.remote(), READY_TIMEOUT_S)
         except Exception:
-            log.warning("session host %s did not start; killing it", host.index, exc_info=True)
+            if not self._closing:
+                log.warning("session host %s did not start; killing it", host.index, exc_info=True)
             self._remove(key)
             return None
         host.ready = True
