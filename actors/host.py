@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 import ray
 
-from actors.host_state import HostFullError, SessionNotBoundError, LiveSession
+from actors.host_state import HostFullError, LiveSession, SessionNotBoundError
 from actors.host_support import (
     new_loop,
     open_repository,
