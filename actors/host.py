@@ -21,7 +21,8 @@ Threads and loops:
 Per session the host keeps the placement ``epoch`` the router shard gave it: a message sent with
 another epoch (or for a key the host no longer holds) is answered ``moved`` and the caller asks the
 shard again (docs/decisions.md#session-direct-path). The host assigns the inbox ``seq`` on arrival,
-enforces the mailbox bound (``busy``) and drops redelivered message ids (``duplicate``).
+enforces the mailbox bound (``busy``) and drops redelivered message ids (``duplicate``: seen by
+this host, or recorded in the session's loaded context).
 
 Capacity: at most ``cap`` live sessions (and, while its USS is above ``runtime.host_memory_mib``,
 no more than it has). An activation over that passivates the least recently used *idle* session
@@ -63,7 +64,14 @@ from runtime import metrics
 from runtime.config import Config
 from runtime.delivery.job import DeliveryJob
 from runtime.session.control import ControlReply, ControlRequest, run_control
-from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
+from runtime.session.turn import (
+    INBOUND_MARKER,
+    SessionSetup,
+    SetupFactory,
+    TurnInput,
+    TurnResult,
+    find_marker,
+)
 
 __all__ = ["HostFullError", "SessionHost", "SessionNotBoundError"]
 
@@ -343,7 +351,7 @@ class SessionHost:
             self.stats["moved"] += 1
             return {"status": "moved", "seq": None}, None
         dk = (inbound.platform, inbound.bot_id, inbound.message_id)
-        if dk in self._seen and attempt == 0:
+        if attempt == 0 and (dk in self._seen or _recorded(live, inbound.message_id)):
             self.stats["duplicate"] += 1
             return {"status": "duplicate", "seq": None}, None
         if live.pending >= self._mailbox:
@@ -468,6 +476,13 @@ class SessionHost:
             return len(keys)
 
         return await asyncio.wait_for(self._on_loop(run()), timeout_s + 5.0)
+
+
+def _recorded(live: LiveSession, message_id: str) -> bool:
+    """Whether the session's loaded context already records a turn of ``message_id`` (its inbound
+    marker): a redelivery that arrives after the session was passivated or moved hosts is a
+    duplicate too, not only one this host's dedup window saw."""
+    return find_marker(live.core.writer.snapshot(), INBOUND_MARKER, message_id) is not None
 
 
 async def _pid() -> int:
