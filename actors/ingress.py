@@ -57,7 +57,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import prometheus_client
@@ -186,17 +186,24 @@ class Ingress:
         return await self.handle_event(platform, codec, request.headers, body)
 
     async def handle_event(
-        self, platform: str, codec: PlatformCodec, headers: Any, body: bytes, *, verified: bool = False
+        self,
+        platform: str,
+        codec: PlatformCodec,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        verified: bool = False,
     ) -> Response:
-        """One event through every webhook rule (verify → decode → size and storability checks
-        → persist ‖ route), answered as the webhook answers it (module docstring). The webhook
-        and the OneBot WebSocket (``actors.onebot_ws``, which reads the answer's status and
-        ``Retry-After``) both call it.
+        """One inbound event, whatever carried it (an HTTP webhook, a WebSocket frame, a long-poll
+        update): verify → decode → size and storage checks → persist + submit. The answer is the
+        webhook's HTTP response (200 ``accepted``/``duplicate``/``untriggered``/``ignored``,
+        4xx for a bad event — nothing stored —, 503 ``busy``/``unavailable`` with
+        ``Retry-After``); a transport without HTTP answers reads ``status_code`` and the JSON
+        body. Exceptions none of the steps expects propagate (the webhook answers them 500).
 
         Args:
-            headers: The request's headers (a socket passes ``Content-Type: application/json``).
-            verified: The sender was authenticated another way (a WebSocket's handshake token):
-                ``codec.verify`` is skipped.
+            verified: The sender was authenticated another way (the OneBot WebSocket handshake's
+                token, ``actors.onebot_ws``): ``codec.verify`` is skipped.
         """
         if getattr(codec, "browser_facing", False) and not is_json_content_type(headers.get("content-type")):
             # a cross-site page can POST text/plain or a form without a CORS preflight; JSON it cannot
