@@ -254,8 +254,11 @@ class OneBotSockets:
                     await self.serve_socket(bot_id, "Universal", _client_socket(conn), holder=holder)
             except asyncio.CancelledError:
                 raise
-            except (OSError, TimeoutError, websockets.WebSocketException) as exc:
-                log.warning("bot %s: forward WebSocket %s: %r", bot_id, url, exc)
+            except Exception as exc:  # refused, unreachable, dropped, or a bug: log and redial
+                if isinstance(exc, OSError | TimeoutError | websockets.WebSocketException):
+                    log.warning("bot %s: forward WebSocket %s: %r", bot_id, url, exc)
+                else:
+                    log.exception("bot %s: forward WebSocket %s failed", bot_id, url)
                 with contextlib.suppress(ray.exceptions.RayError):
                     await self._link(bot_id).release.remote(holder)
             attempt += 1
