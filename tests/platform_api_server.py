@@ -281,7 +281,8 @@ class PlatformApiServer:
     def _album(self, rec: RecordedRequest) -> bytes:
         """The ``sendMediaGroup`` answer: the recorded message once per item of ``media`` (JSON body
         or multipart field), ``message_id`` counting up (after :meth:`_numbered`'s offset)."""
-        media = rec.json.get("media") if isinstance(rec.json, dict) else json.loads(rec.form.get("media", "[]"))
+        body = rec.json if isinstance(rec.json, dict) else {"media": json.loads(rec.form.get("media", "[]"))}
+        media = body.get("media")
         answer = json.loads(self._numbered(self.telegram_ok, "result"))
         first = answer["result"]
         answer["result"] = [{**first, "message_id": first["message_id"] + n} for n in range(len(media or []))]

@@ -165,11 +165,11 @@ def _assign_captions(chunks: list[_Chunk]) -> None:
         after = chunks[k + 1] if k + 1 < len(chunks) else None
         before = chunks[k - 1] if k > 0 else None
         for candidate in (after, before):
-            if isinstance(candidate, _Text) and not candidate.caption:
-                if runs_length(candidate.runs) <= CAPTION_LIMIT:
-                    candidate.caption = True
-                    chunk.caption = candidate.runs
-                    break
+            free = isinstance(candidate, _Text) and not candidate.caption
+            if free and isinstance(candidate, _Text) and runs_length(candidate.runs) <= CAPTION_LIMIT:
+                candidate.caption = True
+                chunk.caption = candidate.runs
+                break
 
 
 def _groups(items: list[MediaItem]) -> list[list[MediaItem]]:
