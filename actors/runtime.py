@@ -140,7 +140,7 @@ class SessionRuntime:
 
         Args:
             config: ``runtime.config.Config``.
-            setup_factory: ``(session_key) -> SessionSetup`` run inside session actors; default
+            setup_factory: ``(session_key) -> SessionSetup`` run inside session hosts; default
                 :class:`actors.setup.ConfigSetupFactory` (the configured model, IM preset).
             delivery: A delivery pool (``pick``/``deliver``); default: EDGE's ``DeliveryPool`` with
                 ``runtime.delivery_actors`` actors.
