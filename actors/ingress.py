@@ -197,8 +197,9 @@ class Ingress:
         self, platform: str, codec: PlatformCodec, headers: Mapping[str, str], body: bytes
     ) -> Response:
         """One inbound event, whatever carried it (an HTTP webhook, a WebSocket frame, a long-poll
-        update): verify → decode → size and storage checks → persist + submit. The answer is the
-        webhook's HTTP response (200 ``accepted``/``duplicate``/``untriggered``/``ignored``,
+        update): verify → decode → size and storage checks → the bot's inbound policy → persist +
+        submit. The answer is the webhook's HTTP response (200 ``accepted``/``duplicate``/
+        ``untriggered``/``ignored``, 200 ``denied``/``rate_limited`` — stored, not routed —,
         4xx for a bad event — nothing stored —, 503 ``busy``/``unavailable`` with
         ``Retry-After``); a transport without HTTP answers reads ``status_code`` and the JSON
         body. Exceptions none of the steps expects propagate (the webhook answers them 500)."""
