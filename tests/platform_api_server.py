@@ -2,8 +2,8 @@
 
 It answers with the recorded fixture responses (``tests/fixtures``, never edited):
 
-* ``POST /send_private_msg``, ``/send_group_msg``, ``/send_msg`` (OneBot v11) →
-  HTTP 200 ``onebot11/api_response_ok_napcat.json``;
+* ``POST /send_private_msg``, ``/send_group_msg``, ``/send_msg``, ``/send_private_forward_msg``,
+  ``/send_group_forward_msg`` (OneBot v11) → HTTP 200 ``onebot11/api_response_ok_napcat.json``;
 * ``POST /bot<token>/<method>`` (Telegram, any ``send*`` method) →
   HTTP 200 ``telegram/api_sendMessage_response.json``;
 * any other path → HTTP 404 with ``onebot11/api_response_failed_1404.json``.
@@ -47,7 +47,10 @@ from typing import Any
 
 __all__ = ["PlatformApiServer", "RecordedFile", "RecordedRequest"]
 
-ONEBOT_SEND_PATHS = frozenset({"/send_private_msg", "/send_group_msg", "/send_msg"})
+ONEBOT_SEND_PATHS = frozenset(
+    {"/send_private_msg", "/send_group_msg", "/send_msg"}
+    | {"/send_private_forward_msg", "/send_group_forward_msg"}
+)
 TELEGRAM_PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z]+)$")
 
 
