@@ -2,8 +2,8 @@
 
 It answers with the recorded fixture responses (``tests/fixtures``, never edited):
 
-* ``POST /send_private_msg``, ``/send_group_msg``, ``/send_msg`` (OneBot v11) →
-  HTTP 200 ``onebot11/api_response_ok_napcat.json``;
+* ``POST /send_private_msg``, ``/send_group_msg``, ``/send_msg``, ``/send_private_forward_msg``,
+  ``/send_group_forward_msg`` (OneBot v11) → HTTP 200 ``onebot11/api_response_ok_napcat.json``;
 * ``POST /bot<token>/<method>`` (Telegram, any ``send*`` method) →
   HTTP 200 ``telegram/api_sendMessage_response.json``; ``sendMediaGroup`` answers, as the Bot API
   does, a list of such messages, one per item of its ``media`` (ids counting up from the recorded one);
@@ -48,7 +48,10 @@ from typing import Any
 
 __all__ = ["PlatformApiServer", "RecordedFile", "RecordedRequest"]
 
-ONEBOT_SEND_PATHS = frozenset({"/send_private_msg", "/send_group_msg", "/send_msg"})
+ONEBOT_SEND_PATHS = frozenset(
+    {"/send_private_msg", "/send_group_msg", "/send_msg"}
+    | {"/send_private_forward_msg", "/send_group_forward_msg"}
+)
 TELEGRAM_PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z]+)$")
 
 
