@@ -40,7 +40,7 @@ from actors.admission import KeyOrder
 from actors.hosts import NAMESPACE, HostSupervisor
 from actors.router import RouterActor, shard_of
 from actors.runtime_submit import SubmitPath
-from actors.setup import ConfigSetupFactory, business_tools
+from actors.setup import ConfigSetupFactory, agent_code, business_tools
 from runtime.session.control import (
     ControlError,
     ControlKind,
@@ -161,6 +161,7 @@ class SessionRuntime:
         ensure_database_fits_cluster(config.database.url)
         # a bad *.tool.md or Python tool stops start-up (docs/decisions.md#tool-md-hard-fail)
         business_tools(config)
+        agent_code(config)  # ai.agent.pre_tools / deferred_tasks: a bad reference stops start-up too
         db = Database(config.database.url, threads=1)
         try:
             await asyncio.to_thread(db.create_tables)
