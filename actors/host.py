@@ -178,6 +178,8 @@ class SessionHost:
             log.warning("session host warm-up failed; the first activation pays it", exc_info=True)
         release_free_heap()
         self._uss = process_uss_mib()
+        # the first metric recorded imports Ray's metrics module: now, not in the first activation
+        metrics.HOST_MEMORY.set(self._uss * 1024 * 1024, host=str(self.index))
         self._prepared.set_result(repo)
         asyncio.run_coroutine_threadsafe(self._sweep(), self._loop)
 
