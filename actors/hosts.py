@@ -198,6 +198,8 @@ class HostSupervisor:
         )
         for (key, host), answer in zip(ready, answers, strict=True):
             if isinstance(answer, BaseException):
+                if self._hosts.get(key) is not host:  # removed meanwhile (hung probe, report_dead)
+                    continue
                 log.warning("session host %s does not answer (%r); replacing it", host.index, answer)
                 self.stats["replaced"] += 1
                 self._remove(key)
@@ -268,9 +270,10 @@ class HostSupervisor:
             await asyncio.wait_for(host.handle.ping.remote(), 5.0)
             return False
         except Exception:
-            self.stats["replaced"] += 1
-            self._remove(host_id)
-            self._top_up()
+            if self._hosts.get(host_id) is host:  # not removed meanwhile by the health loop
+                self.stats["replaced"] += 1
+                self._remove(host_id)
+                self._top_up()
             return True
 
     async def status(self) -> dict[str, Any]:
