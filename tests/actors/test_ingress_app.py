@@ -176,7 +176,7 @@ async def test_healthz_and_metrics(h: IngressHarness) -> None:
     assert 'sessionray_inbound_messages_total{outcome="accepted",platform="onebot11"}' in text
     status = await h.runtime.status()
     assert f"sessionray_live_sessions {float(status['live_sessions'])}" in text
-    assert f"sessionray_warm_pool_size {float(status['warm_pool_size'])}" in text
+    assert f"sessionray_hosts {float(status['hosts'])}" in text
 
 
 # --------------------------------------------------------------------------- admin API
@@ -234,7 +234,7 @@ async def test_admin_api_lists_steers_and_refuses(h: IngressHarness) -> None:
     archived = admin(h, "POST", f"/admin/sessions/{key}/archive").json()
     assert archived == {"status": "ok", "kind": "archive", "session_key": key, "result": f"{key}#2"}
     status = admin(h, "GET", "/admin/status").json()
-    assert {"live_sessions", "warm_pool_size", "turns", "throughput_msg_s"} <= set(status)
+    assert {"live_sessions", "hosts", "turns", "throughput_msg_s"} <= set(status)
 
 
 async def test_cli_control_commands_against_the_running_ingress(h: IngressHarness) -> None:

@@ -1,8 +1,9 @@
 """The session runtime on real local Ray: ordering, steer, follow-up, dedup, backpressure.
 
-One runtime for the module (1 router shard, one session host, at most 8 live sessions, mailbox
-of 4, one delivery actor, the platform-API test server); each test uses its own chat ids. Replies are asserted where they leave
-the system: the platform API calls."""
+One runtime per host mode (``packed``: the sessions share a host; ``strict``: each live session its
+own host process) for the module: 1 router shard, at most 8 live sessions, mailbox of 4, one
+delivery actor, the platform-API test server; each test uses its own chat ids. Replies are
+asserted where they leave the system: the platform API calls."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from actors.runtime import NotMasterError, SessionRuntime, UnknownSessionError
 from tests.actors.session_support import (
     MASTER,
+    MODES,
     Harness,
     eventually,
     inbound,
@@ -26,10 +28,20 @@ from tests.actors.session_support import (
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def h(ray_session: None, tmp_path_factory: pytest.TempPathFactory, fixtures_dir: Path) -> Iterator[Harness]:
+@pytest.fixture(scope="module", params=list(MODES))
+def h(
+    request: pytest.FixtureRequest,
+    ray_session: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    fixtures_dir: Path,
+) -> Iterator[Harness]:
     with running_runtime(
-        tmp_path_factory.mktemp("runtime"), fixtures_dir, mailbox_size=4, max_live_sessions=8, idle_ttl_s=120
+        tmp_path_factory.mktemp(f"runtime-{request.param}"),
+        fixtures_dir,
+        mailbox_size=4,
+        max_live_sessions=8,
+        idle_ttl_s=120,
+        **MODES[request.param],
     ) as harness:
         yield harness
 
