@@ -1,10 +1,10 @@
 """``ContextRepository``: the SQL source of truth for every session's context
 (docs/decisions.md#memory-sql-truth).
 
-A session actor calls :meth:`~ContextRepository.load_context` before a turn and
+A live session calls :meth:`~ContextRepository.load_context` before a turn and
 :meth:`~ContextRepository.append_messages` as its messages end.
-Because everything lives in SQL, an actor can be passivated, recycled or killed at any time and a
-new one loads the same context back.
+Because everything lives in SQL, a session can be passivated, or its host killed, at any time and a
+new activation loads the same context back.
 
 Rules:
 
@@ -186,7 +186,22 @@ class ContextRepository:
         """
         parse_session_key(session_key)
         async with self._lock(f"key:{session_key}"):
+            # Fast path, a plain read: an existing active epoch needs no write transaction (on
+            # SQLite a writer waits for the file lock that every turn's append takes; an activation
+            # of a stored session must not — docs/decisions.md#session-hosts). Epoch changes of a
+            # key happen only in the process that holds it live, under this same lock.
+            active = await self.db.run(lambda: self._active_id_sync(session_key))
+            if active is not None:
+                return active
             return await self._retrying(session_key, lambda: self._get_or_create_sync(session_key, model))
+
+    def _active_id_sync(self, session_key: str) -> str | None:
+        with self.db.session() as s:
+            return s.exec(
+                select(AgentSessionRow.session_id).where(
+                    AgentSessionRow.session_key == session_key, AgentSessionRow.status == "active"
+                )
+            ).first()
 
     async def _retrying(self, session_key: str, fn: Callable[[], str]) -> str:
         # Another process may create/replace the active epoch between our read and our insert;
