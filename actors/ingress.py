@@ -11,9 +11,13 @@ Routes::
 
 A webhook answers:
 
-* **200** ``{"status": "accepted" | "duplicate" | "ignored" | "untriggered"}`` — ``ignored`` for
-  events the codec accepts and drops (heartbeats, notices); ``untriggered`` for a group message
-  the bot is not asked to answer (stored in transcripts for ``chat_history``, no turn);
+* **200** ``{"status": "accepted" | "duplicate" | "ignored" | "untriggered" | "denied" |
+  "rate_limited"}`` — ``ignored`` for events the codec accepts and drops (heartbeats, notices);
+  ``untriggered`` for a group message the bot is not asked to answer (stored in transcripts for
+  ``chat_history``, no turn); ``denied`` / ``rate_limited`` for a message the bot's inbound policy
+  refuses (``runtime.platforms.policy``: allow/deny lists, rate limits; stored the same way,
+  never routed; with ``on_limit: notice`` a cooldown notice goes out through the delivery pool,
+  once per cooldown window, keyed by the refused message so a redelivery never sends it twice);
 * **503** with ``Retry-After`` (whole seconds, ≥ 1) when the session's mailbox is full
   (``{"status": "busy"}``, backpressure) or the database / a router shard is momentarily
   unavailable (``{"status": "unavailable"}``: SQLite lock timeout, router restarting). The
@@ -38,7 +42,8 @@ A webhook answers:
 * **404** when no bot ``{platform}/{bot_id}`` is configured.
 
 Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}`` (outcome:
-``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``bad_signature`` | ``malformed``
+``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``denied`` | ``rate_limited`` |
+``bad_signature`` | ``malformed``
 (400 and 413) | ``backpressure`` | ``unavailable`` | ``error`` (500, and the 400 of a codec
 bug)); every request
 in ``sessionray_http_requests_total{route, status}`` and
@@ -70,14 +75,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.admin import admin_routes
 from actors.console import console_routes
+from actors.delivery import DeliveryPool
 from actors.http_input import max_text_chars, text_too_long
 from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
 from runtime import metrics
+from runtime.delivery.job import DeliveryJob
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import InboundMessage, MalformedEvent, PlatformCodec, SignatureError, get_codec
 from runtime.platforms.common import is_json_content_type
+from runtime.platforms.policy import InboundPolicy, Verdict
+from runtime.reply.segments import Reply
 
 __all__ = ["DECODE_IN_THREAD_BYTES", "Ingress", "build_app"]
 
@@ -156,6 +165,9 @@ class Ingress:
             transcripts = TranscriptStore(self.db)
         self.transcripts = transcripts
         self.max_text_chars = max_text_chars(config)
+        policies = ((str(b.platform), str(b.self_id), InboundPolicy.from_config(b)) for b in config.bots)
+        self.policies = {(p, bot): policy for p, bot, policy in policies if policy is not None}
+        self._notices: set[asyncio.Task[None]] = set()  # cooldown notices on their way
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).
@@ -185,8 +197,9 @@ class Ingress:
         self, platform: str, codec: PlatformCodec, headers: Mapping[str, str], body: bytes
     ) -> Response:
         """One inbound event, whatever carried it (an HTTP webhook, a WebSocket frame, a long-poll
-        update): verify → decode → size and storage checks → persist + submit. The answer is the
-        webhook's HTTP response (200 ``accepted``/``duplicate``/``untriggered``/``ignored``,
+        update): verify → decode → size and storage checks → the bot's inbound policy → persist +
+        submit. The answer is the webhook's HTTP response (200 ``accepted``/``duplicate``/
+        ``untriggered``/``ignored``, 200 ``denied``/``rate_limited`` — stored, not routed —,
         4xx for a bad event — nothing stored —, 503 ``busy``/``unavailable`` with
         ``Retry-After``); a transport without HTTP answers reads ``status_code`` and the JSON
         body. Exceptions none of the steps expects propagate (the webhook answers them 500)."""
@@ -226,7 +239,14 @@ class Ingress:
         problem = storage_problem(msg)
         if problem is not None:
             return _malformed(platform, f"malformed event: {problem}")
+        policy = self.policies.get((msg.platform, msg.bot_id))
+        verdict = policy.check(msg) if policy is not None else None
         try:
+            if verdict is not None and verdict.outcome != "passed":
+                await self._persist(msg)  # seen, not answered (docs/decisions.md#platform-inbound-policy)
+                metrics.INBOUND.inc(platform=platform, outcome=verdict.outcome)
+                self._send_notice(msg, verdict)
+                return JSONResponse({"status": verdict.outcome})
             if not msg.triggered:
                 await self._persist(msg)
                 metrics.INBOUND.inc(platform=platform, outcome="untriggered")
@@ -253,6 +273,41 @@ class Ingress:
             return _busy("busy", getattr(result, "retry_after_s", None))
         metrics.INBOUND.inc(platform=platform, outcome=status)
         return JSONResponse({"status": status})
+
+    def _send_notice(self, msg: InboundMessage, verdict: Verdict) -> None:
+        """Hand ``verdict.notice`` (if any) to the runtime's delivery pool in the background, as a
+        reply to ``msg`` (reply id ``cooldown:<platform>:<bot>:<message id>``: the ledger sends it
+        once however often the event is redelivered). A runtime without a pool (attached from a
+        Serve replica) looks the pool's named actors up; failing that the notice is logged only."""
+        if verdict.notice is None:
+            return
+        delivery = getattr(self.runtime, "delivery", None)
+        if delivery is None:  # a Ray Serve replica's runtime: find the pool's actors by name
+            try:
+                delivery = self.runtime.delivery = DeliveryPool.lookup(self.config.runtime.delivery_actors)
+            except Exception as exc:
+                log.warning("cooldown notice for %s not sent: no delivery pool: %r", msg.session_key, exc)
+                return
+        job = DeliveryJob(
+            reply_id=f"cooldown:{msg.platform}:{msg.bot_id}:{msg.message_id}",
+            session_key=msg.session_key,
+            platform=msg.platform,
+            bot_id=msg.bot_id,
+            scene_type=msg.scene_type,
+            scene_id=msg.scene_id,
+            reply_to=msg.message_id,
+            reply=Reply.of_text(verdict.notice),
+        )
+
+        async def send() -> None:
+            try:
+                await delivery.deliver(job)
+            except Exception:
+                log.exception("cooldown notice for %s failed", msg.session_key)
+
+        task = asyncio.create_task(send())
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
 
     async def _decode(self, codec: PlatformCodec, headers: Any, body: bytes) -> InboundMessage | None:
         """``codec.parse``; in a worker thread for a body over :data:`DECODE_IN_THREAD_BYTES`, so a

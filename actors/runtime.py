@@ -40,7 +40,7 @@ from actors.admission import KeyOrder
 from actors.hosts import NAMESPACE, HostSupervisor
 from actors.router import RouterActor, shard_of
 from actors.runtime_submit import SubmitPath
-from actors.setup import ConfigSetupFactory, business_tools
+from actors.setup import ConfigSetupFactory, agent_code, business_tools
 from runtime.session.control import (
     ControlError,
     ControlKind,
@@ -140,7 +140,7 @@ class SessionRuntime:
 
         Args:
             config: ``runtime.config.Config``.
-            setup_factory: ``(session_key) -> SessionSetup`` run inside session actors; default
+            setup_factory: ``(session_key) -> SessionSetup`` run inside session hosts; default
                 :class:`actors.setup.ConfigSetupFactory` (the configured model, IM preset).
             delivery: A delivery pool (``pick``/``deliver``); default: EDGE's ``DeliveryPool`` with
                 ``runtime.delivery_actors`` actors.
@@ -161,6 +161,7 @@ class SessionRuntime:
         ensure_database_fits_cluster(config.database.url)
         # a bad *.tool.md or Python tool stops start-up (docs/decisions.md#tool-md-hard-fail)
         business_tools(config)
+        agent_code(config)  # ai.agent.pre_tools / deferred_tasks: a bad reference stops start-up too
         db = Database(config.database.url, threads=1)
         try:
             await asyncio.to_thread(db.create_tables)

@@ -25,10 +25,24 @@ IM_SYSTEM_PROMPT = (
 """The IM preset's base system prompt (the reply contract adds its own instructions)."""
 
 
+def agent_code(config: Any) -> tuple[list[Any], dict[str, Any]]:
+    """``(pre_tools, deferred_tasks)`` imported from ``ai.agent.pre_tools`` /
+    ``ai.agent.deferred_tasks``. ``SessionRuntime.start`` calls it once so a bad reference stops
+    start-up (as a bad tool does); each session host calls it again.
+
+    Raises:
+        runtime.session.python_tools.PythonToolError: a reference cannot be imported or is not callable.
+    """
+    from runtime.session.python_tools import load_deferred_tasks, load_pre_tools
+
+    agent = config.ai.agent
+    return load_pre_tools(agent.pre_tools), load_deferred_tasks(agent.deferred_tasks)
+
+
 def business_tools(config: Any) -> list[Any]:
     """The configured business tools: ``ai.python_tools`` then the ``*.tool.md`` of
     ``ai.tools_dir``. ``SessionRuntime.start`` calls it once so a bad tool stops start-up
-    (``docs/decisions.md#tool-md-hard-fail``); each session actor calls it again.
+    (``docs/decisions.md#tool-md-hard-fail``); each session host calls it again.
 
     Raises:
         runtime.session.python_tools.PythonToolError: a bad ``ai.python_tools`` entry, or a
@@ -69,17 +83,18 @@ class ConfigSetupFactory:
         self._db: Any = None
         self._shared: tuple[Any, list[Any]] | None = None
         self._capabilities: Any = None
+        self._code: tuple[list[Any], dict[str, Any]] = ([], {})
 
     def prepare(self, *, database: Any = None) -> None:
         """Build, once per process, everything that does not depend on the session key: provider
         registration, the model, the business tools (:func:`business_tools`) and built-in tools,
-        the chat-history database, and the imports of an activation. The session actor calls it
+        the chat-history database, and the imports of an activation. The session host calls it
         while a new session host warms up (docs/decisions.md#session-hosts); :meth:`__call__`
         calls it too (a no-op then).
 
         Args:
             database: A :class:`runtime.memory.db.Database` of ``database.url`` to share for the
-                ``chat_history`` tool (the session actor passes its own: one SQL thread and
+                ``chat_history`` tool (the session host passes its own: one SQL thread and
                 connection per actor); ``None`` opens one.
 
         Raises:
@@ -103,6 +118,7 @@ class ConfigSetupFactory:
 
             self._capabilities = capability_cache(self.config, self._db)
         tools = business_tools(self.config)  # validated at start-up (SessionRuntime.start)
+        self._code = agent_code(self.config)
         model = self._model()
         if not self.config.ai.default_model:
             from providers.builtin import builtin_tools
@@ -155,6 +171,10 @@ class ConfigSetupFactory:
             features=features,
             on_event=console_event_hook(self.config, session_key),  # console live events
             compaction_threshold=agent.compaction_threshold,
+            max_iterations=agent.max_iterations,
+            pre_tools=list(self._code[0]),
+            deferred_tasks=dict(self._code[1]),
+            **({"failure_text": agent.failure_text} if agent.failure_text else {}),
             capabilities=self._capabilities,  # docs/decisions.md#structured-capability-cache
             # the built-in offline model answers every tier: nothing to probe
             probe=default_probe if self.config.ai.default_model else None,
@@ -172,4 +192,4 @@ class ConfigSetupFactory:
 
     def __getstate__(self) -> dict[str, Any]:
         # process-local parts
-        return {"config": self.config, "_db": None, "_shared": None, "_capabilities": None}
+        return {"config": self.config, "_db": None, "_shared": None, "_capabilities": None, "_code": ([], {})}

@@ -19,6 +19,7 @@ from runtime.config.settings import (
     McpServerConfig,
     ModelConfig,
     ProviderConfig,
+    RateLimitConfig,
     RuntimeConfig,
     ServerConfig,
     default_bots,
@@ -28,6 +29,7 @@ from runtime.config.settings import (
     get_provider_config,
     load_config,
     parse_config,
+    parse_rate,
     resolve_model_ref,
     set_config,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "McpServerConfig",
     "ModelConfig",
     "ProviderConfig",
+    "RateLimitConfig",
     "RuntimeConfig",
     "ServerConfig",
     "default_bots",
@@ -56,6 +59,7 @@ __all__ = [
     "get_provider_config",
     "load_config",
     "parse_config",
+    "parse_rate",
     "resolve_model_ref",
     "set_config",
 ]

@@ -150,6 +150,36 @@ class AgentConfig(_Closed):
     """Offer the ``delegate`` tool: a sub-agent on the session's model, with the business tools
     (``python_tools``, ``tools_dir``) and without the IM preset
     (docs/decisions.md#session-extra-tools)."""
+    max_iterations: int | None = Field(16, ge=1)
+    """Most LLM calls in one turn; when spent, one more call asks for a summary in the reply
+    schema (docs/decisions.md#agent-iteration-budget). ``null``: unbounded."""
+    failure_text: str | None = Field(None, min_length=1)
+    """The fixed message sent when a turn cannot produce a valid reply
+    (docs/decisions.md#reply-fixed-failure); ``null``: the built-in English text."""
+    pre_tools: list[str] = Field(default_factory=list)
+    """``"module:function"`` references run in parallel before a turn's first LLM call; each gets
+    the turn (``runtime.session.turn.TurnInput``) and returns text for the model or ``None``
+    (sync or async; a sync one runs in a worker thread)."""
+    deferred_tasks: dict[str, str] = Field(default_factory=dict)
+    """Task name → ``"module:function"`` the model may hand off with ``run_deferred_task``; the
+    function takes the task's arguments (a dict) and returns text, runs as a Ray task, and its
+    result is sent as a separate message (docs/decisions.md#session-extra-tools)."""
+
+    @field_validator("pre_tools")
+    @classmethod
+    def _pre_tool_refs(cls, v: list[str]) -> list[str]:
+        bad = [r for r in v if not ENTRY_POINT_RE.fullmatch(r)]
+        if bad:
+            raise ValueError(f"not of the form 'package.module:function': {', '.join(map(repr, bad))}")
+        return v
+
+    @field_validator("deferred_tasks")
+    @classmethod
+    def _deferred_refs(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [f"{k}: {r!r}" for k, r in v.items() if not ENTRY_POINT_RE.fullmatch(r)]
+        if bad:
+            raise ValueError(f"not of the form 'package.module:function': {', '.join(bad)}")
+        return v
 
 
 class McpServerConfig(_Closed):

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from runtime.config.ai import _Closed
+from runtime.config.policy import RateLimitConfig
 
 
 class BotConfig(_Closed):
@@ -39,6 +40,21 @@ class BotConfig(_Closed):
     confine to the same place; ``~`` is expanded."""
     thinking_preview: bool = False
     """Console: also show the first 200 characters of the model's thinking in the live events."""
+    forward_api: bool = False
+    """OneBot: the implementation has ``send_group_forward_msg`` / ``send_private_forward_msg``
+    (NapCat, Lagrange, LLOneBot); outbound ``forward`` segments go through them, else as text
+    (docs/decisions.md#platform-forward-api)."""
+    allow_groups: list[str] = Field(default_factory=list)
+    """Group/channel ids the bot answers in (empty: every group). Inbound policy:
+    docs/decisions.md#platform-inbound-policy."""
+    deny_groups: list[str] = Field(default_factory=list)
+    """Group/channel ids the bot never answers in (wins over ``allow_groups``)."""
+    allow_users: list[str] = Field(default_factory=list)
+    """Sender ids the bot answers (empty: everyone); private chats and groups alike."""
+    deny_users: list[str] = Field(default_factory=list)
+    """Sender ids the bot never answers (wins over ``allow_users``)."""
+    rate_limit: RateLimitConfig | None = None
+    """Per-user / per-group token buckets (None: no limit)."""
 
     @field_validator("self_id", mode="before")
     @classmethod
@@ -50,7 +66,7 @@ class BotConfig(_Closed):
     def _absolute_media_dir(cls, v: str | None) -> str | None:
         return None if v is None else os.path.abspath(os.path.expanduser(v))
 
-    @field_validator("masters", mode="before")
+    @field_validator("masters", "allow_groups", "deny_groups", "allow_users", "deny_users", mode="before")
     @classmethod
     def _ids_str(cls, v: Any) -> Any:
         return [str(x) if isinstance(x, int) else x for x in v] if isinstance(v, list) else v

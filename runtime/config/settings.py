@@ -41,6 +41,7 @@ from runtime.config.ai import (  # re-exported: public names stay in runtime.con
     _driver_hint,
     _split_ref,
 )
+from runtime.config.policy import RateLimitConfig, parse_rate
 from runtime.config.sections import (
     BotConfig,
     DatabaseConfig,
@@ -65,6 +66,7 @@ __all__ = [
     "McpServerConfig",
     "ModelConfig",
     "ProviderConfig",
+    "RateLimitConfig",
     "RuntimeConfig",
     "ServerConfig",
     "default_bots",
@@ -74,6 +76,7 @@ __all__ = [
     "get_provider_config",
     "load_config",
     "parse_config",
+    "parse_rate",
     "resolve_model_ref",
     "set_config",
 ]
