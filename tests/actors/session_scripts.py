@@ -1,8 +1,8 @@
-"""How tests script the model *inside* session actors.
+"""How tests script the model *inside* session hosts.
 
 A faux handle registered in the test process is invisible in an actor's process, so tests pass a
 picklable :class:`ScriptedSetup` to ``SessionRuntime.start(config, setup_factory=...)``. Each
-session actor calls it at activation; it registers a faux provider in that process whose replies
+session host calls it at each activation; it registers a faux provider in that process whose replies
 are a pure function of the context the model is sent (so a crash retry, a re-activation or any
 interleaving gets the same answer for the same context):
 
@@ -64,7 +64,7 @@ def _text(m: Any) -> str:
 
 
 def square(args: dict[str, Any]) -> str:
-    """The ``square`` deferred task (runs as a Ray task in session actors)."""
+    """The ``square`` deferred task (runs as a Ray task, outside the session host)."""
     import os
 
     return f"square of {args['x']:g} is {args['x'] ** 2:g} (pid {os.getpid()})"
@@ -141,9 +141,9 @@ class ScriptedSetup:
         return scripted_reply(context)
 
     def prepare(self, *, database: Any = None) -> None:
-        """Session-independent part, run once per process while the actor waits in the warm pool:
+        """Session-independent part, run once per process in the host's warm-up:
         register the faux provider and import what a turn needs; again only when another
-        registration replaced ours (in-process tests). ``database`` (the actor's) is not needed.
+        registration replaced ours (in-process tests). ``database`` (the host's) is not needed.
         Each build writes ``<marker_dir>/prepare-<pid>-<n>`` so tests can count the builds of a
         process."""
         import os
