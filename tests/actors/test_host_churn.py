@@ -1,7 +1,8 @@
-"""Placement at the live-session cap on real local Ray (docs/decisions.md#session-lifecycle), in both
-host modes: messages of a new session that must wait for an LRU passivation keep their arrival
-order, a session whose turn runs is never the one passivated, and churn over the cap loses and
-reorders nothing and starts no process once the host limit is reached.
+"""Placement at the live-session cap on real local Ray (docs/decisions.md#session-lifecycle),
+packed mode (strict mode at the cap runs in test_host_lifecycle.py and test_session_runtime.py):
+messages of a new session that must wait for an LRU passivation keep their arrival order, a
+session whose turn runs is never the one passivated, and churn over the cap loses and reorders
+nothing and starts no process once the host limit is reached.
 
 Calls of one key pass the ingress process's ``SubmitPath`` in the order they were made (its
 ``KeyOrder`` takes the ticket before the first ``await``), so ``asyncio.gather`` of submits gives
@@ -16,27 +17,21 @@ from pathlib import Path
 import pytest
 
 from tests.actors.router_churn import churn
-from tests.actors.session_support import MASTER, MODES, Harness, eventually, inbound, key_of, running_runtime
+from tests.actors.session_support import MASTER, Harness, eventually, inbound, key_of, running_runtime
 
 pytestmark = pytest.mark.ray
 
 CAP = 2
 
 
-@pytest.fixture(scope="module", params=list(MODES))
-def h(
-    request: pytest.FixtureRequest,
-    ray_session: None,
-    tmp_path_factory: pytest.TempPathFactory,
-    fixtures_dir: Path,
-) -> Iterator[Harness]:
+@pytest.fixture(scope="module")
+def h(ray_session: None, tmp_path_factory: pytest.TempPathFactory, fixtures_dir: Path) -> Iterator[Harness]:
     with running_runtime(
-        tmp_path_factory.mktemp(f"churn-{request.param}"),
+        tmp_path_factory.mktemp("churn"),
         fixtures_dir,
         max_live_sessions=CAP,
         idle_ttl_s=600,
         activation_wait_s=60.0,
-        **MODES[request.param],
     ) as harness:
         yield harness
 

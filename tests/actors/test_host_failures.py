@@ -1,5 +1,6 @@
 """Crash safety of session hosts on real local Ray (docs/decisions.md#session-crash-recovery), in
-both host modes:
+both host modes (the idle-session and slow-turn cases in packed mode only, to bound the suite's
+time):
 
 * SIGKILL of a host's process in the middle of a turn → the ingress's watcher of the turn sees the
   host die, the session is re-activated on another host from SQL and the interrupted message sent
@@ -76,6 +77,7 @@ async def test_kill_9_mid_turn_delivers_exactly_one_reply(h: Harness) -> None:
     assert kinds == ["im_inbound", "user", "assistant", "toolResult", "assistant", "im_reply"]
 
 
+@pytest.mark.parametrize("h", ["packed"], indirect=True)
 async def test_an_idle_session_whose_host_died_is_reactivated_by_its_next_message(h: Harness) -> None:
     user = "60002"
     key = key_of(user)
@@ -92,6 +94,7 @@ async def test_an_idle_session_whose_host_died_is_reactivated_by_its_next_messag
     assert await h.host_pid(user) != victim
 
 
+@pytest.mark.parametrize("h", ["packed"], indirect=True)
 async def test_a_slow_but_healthy_turn_answers_the_probes_and_is_not_killed(h: Harness) -> None:
     user = "62000"
     before_killed, before = await killed(h), dict((await h.rt.status())["submit"])
