@@ -12,6 +12,8 @@ registers a faux provider in the actor process with replies computed from the co
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from runtime.session.turn import SessionSetup
@@ -52,9 +54,26 @@ def output_schema(config: Any) -> Any:
     value = config.ai.agent.output_schema
     if value in ("segments", False):
         return value
-    from runtime.session.output_sink import load_output_spec
+    from runtime.config import ENTRY_POINT_RE
+    from runtime.reply.custom_output import OutputSchemaError, spec_from_json_schema, spec_from_model
 
-    return load_output_spec(value)
+    if isinstance(value, dict):
+        return spec_from_json_schema(value, source="ai.agent.output_schema")
+    if ENTRY_POINT_RE.fullmatch(value):  # a pydantic model (or a JSON Schema dict) by import path
+        from runtime.session.python_tools import import_entry_point
+
+        try:
+            target = import_entry_point(value)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise OutputSchemaError(f"{value}: cannot be imported: {exc}") from None
+        if isinstance(target, dict):
+            return spec_from_json_schema(target, source=value)
+        return spec_from_model(target, source=value)
+    try:  # a path to a JSON file (made absolute when the configuration loaded)
+        schema = json.loads(Path(value).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise OutputSchemaError(f"{value}: cannot read a JSON Schema: {exc}") from None
+    return spec_from_json_schema(schema, source=value)
 
 
 def output_sink(config: Any) -> Any:

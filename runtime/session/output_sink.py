@@ -1,12 +1,11 @@
 """Where a custom-schema session's validated answers go (config ``ai.agent.output_schema`` /
 ``ai.agent.output_sink``; docs/decisions.md#structured-custom-schema).
 
-* :func:`load_output_spec` turns the configured ``output_schema`` — a JSON Schema object, a path
-  to a JSON file holding one, or a pydantic model by import path ``"module:Model"`` — into a
-  :class:`~runtime.reply.custom_output.OutputSpec` (start-up hard fail on a bad one).
-* :class:`OutputSink` delivers one validated answer: an HTTP ``POST`` of the answer's JSON to
-  ``url`` and/or a ``structured_output`` record in the session's transcript (``agent_messages``,
-  through the session's single writer; never shown to the model).
+The configured schema becomes a :class:`~runtime.reply.custom_output.OutputSpec` in
+:func:`actors.setup.output_schema` (start-up hard fail on a bad one);
+:class:`OutputSink` delivers one validated answer: an HTTP ``POST`` of the answer's JSON to
+``url`` and/or a ``structured_output`` record in the session's transcript (``agent_messages``,
+through the session's single writer; never shown to the model).
 
 The HTTP callback uses a **simple bounded retry**, not the delivery ledger: the answer already
 lives in the session's records (the turn's assistant message; with ``transcript: true`` also the
@@ -22,23 +21,19 @@ the turn's bookkeeping goes on.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from runtime import metrics
-from runtime.config.ai import ENTRY_POINT_RE
 from runtime.llm.types import AgentMessage, CustomMessage
-from runtime.reply.custom_output import OutputSchemaError, OutputSpec, spec_from_json_schema, spec_from_model
+from runtime.reply.custom_output import OutputSpec
 
 __all__ = [
     "STRUCTURED_OUTPUT_MARKER",
     "OutputSink",
     "SinkName",
-    "load_output_spec",
 ]
 
 log = logging.getLogger("sessionray.output_sink")
@@ -49,37 +44,6 @@ STRUCTURED_OUTPUT_MARKER = "structured_output"
 
 SinkName: TypeAlias = Literal["url", "transcript"]
 RecordFn: TypeAlias = Callable[[Sequence[AgentMessage]], Awaitable[Any]]
-
-
-def load_output_spec(value: str | dict[str, Any]) -> OutputSpec:
-    """The :class:`OutputSpec` of a configured ``ai.agent.output_schema`` that is neither
-    ``segments`` nor ``false``.
-
-    Args:
-        value: A JSON Schema object; ``"module:Model"`` (a pydantic model class — or a JSON Schema
-            dict — importable in every process); anything else is a path to a JSON file.
-
-    Raises:
-        OutputSchemaError: the reference cannot be imported, the file cannot be read or is not
-            JSON, or the schema breaks the rules of :mod:`runtime.reply.custom_output`.
-    """
-    if isinstance(value, dict):
-        return spec_from_json_schema(value, source="ai.agent.output_schema")
-    if ENTRY_POINT_RE.fullmatch(value):
-        from runtime.session.python_tools import import_entry_point
-
-        try:
-            target = import_entry_point(value)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise OutputSchemaError(f"{value}: cannot be imported: {exc}") from None
-        if isinstance(target, dict):
-            return spec_from_json_schema(target, source=value)
-        return spec_from_model(target, source=value)
-    try:
-        schema = json.loads(Path(value).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise OutputSchemaError(f"{value}: cannot read a JSON Schema: {exc}") from None
-    return spec_from_json_schema(schema, source=value)
 
 
 @dataclass

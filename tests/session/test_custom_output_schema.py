@@ -243,6 +243,12 @@ def test_output_schema_forms_and_refusals(tmp_path: Path) -> None:
     open_map = {"type": "object", "properties": {"a": {"type": "object"}}, "required": ["a"]}
     with pytest.raises(OutputSchemaError, match="/properties/a: an object needs properties"):
         output_schema(config(tmp_path, output_schema=open_map))
+    from actors.preflight import EXIT_CONFIG, environment_problems  # `sessionray check` / serve
+
+    [problem] = environment_problems(
+        config(tmp_path, output_schema="tests.session.output_types:OpenDecision")
+    )
+    assert problem.code == EXIT_CONFIG and problem.text.startswith("ai.agent.output_schema: ")
     with pytest.raises(ConfigError, match="only used with a custom output_schema"):
         config(tmp_path, output_sink={"url": "http://127.0.0.1:1/x"})
     with pytest.raises(ConfigError, match="would go nowhere"):
