@@ -56,13 +56,26 @@ FULL = {
 }  # fmt: skip
 QUICK = {
     "loads": (1, 4), "per_session": {1: 20, 4: 5}, "open_s": 2.0,
-    "scale": 200, "activations": 20, "churn_chats": 60, "churn_live": 10, "churn_msgs": 60,
+    "scale": 200, "activations": 20, "churn_chats": 30, "churn_live": 10, "churn_msgs": 30,
     "floor": (50, 300),
 }  # fmt: skip
 CHURN_RATE = 50.0
 """Offered load of the churn phase, msg/s."""
 BASE = {"throughput": 500_000, "churn": 700_000, "scale": 800_000, "activation": 900_000}
 """First OneBot user id of each phase's chats."""
+
+
+def _measured(load: Any, kind: str, **kwargs: Any) -> dict[str, Any]:
+    """``load.run(kind, **kwargs)`` plus ``cpu_ms_per_msg`` (CPU by role over the run: every Ray
+    actor by role, Ray's own processes, this driver = the ingress, the load process) and ``hosts``
+    (host processes alive at the start)."""
+    roles = {**ray_roles(), "ingress (driver)": [os.getpid()], "load + platform API": [load.proc.pid]}
+    pids = [pid for pids in roles.values() for pid in pids]
+    before = cpu_ticks(pids)
+    res = load.run(kind, **kwargs)
+    res["cpu_ms_per_msg"] = cpu_ms_per_msg(roles, before, cpu_ticks(pids), res["messages"])
+    res["hosts"] = len(roles.get("hosts", []))
+    return res
 
 
 def _throughput(load: Any, url: str, rt: Any, mode: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -73,66 +86,70 @@ def _throughput(load: Any, url: str, rt: Any, mode: str, p: dict[str, Any]) -> d
         common = {"url": url, "base": BASE["throughput"], "n": n, "tag": f"{mode}{n}"}
         load.run("closed", per_session=0, warm=True, **common)  # activations: not measured
         settle(rt)
-        roles = {**ray_roles(), "ingress (driver)": [os.getpid()], "load + platform API": [load.proc.pid]}
-        pids = [pid for pids in roles.values() for pid in pids]
-        before = cpu_ticks(pids)
-        res = load.run("closed", per_session=p["per_session"][n], warm=False, **common)
-        res["cpu_ms_per_msg"] = cpu_ms_per_msg(roles, before, cpu_ticks(pids), res["messages"])
-        res["hosts"] = len(roles.get("hosts", []))
-        by_load.append(res)
+        by_load.append(_measured(load, "closed", per_session=p["per_session"][n], warm=False, **common))
     ref = max((r for r in by_load if r["sessions"] <= 20), key=lambda r: r["sessions"])
     rate = ref["throughput_msg_s"] / 2
-    opened = load.run(
-        "open", url=url, base=BASE["throughput"], n=ref["sessions"], rate=rate,
+    opened = _measured(
+        load, "open", url=url, base=BASE["throughput"], n=ref["sessions"], rate=rate,
         count=max(10, math.ceil(rate * p["open_s"])), tag=f"{mode}open", seed=1,
     )  # fmt: skip
     return {"by_load": by_load, "open": opened}
 
 
+def _ok(out: dict[str, Any], *names: str) -> bool:
+    return all(name in out and "error" not in out[name] for name in names)
+
+
 def _figures(out: dict[str, Any]) -> dict[str, Any]:
-    """The headline figures of ``out`` (flat), for the JSON and the targets."""
-    packed = out["packed"]["by_load"]
-    one = packed[0]
-    at20 = next((r for r in packed if r["sessions"] == 20), None)
-    sc, ac, ch = out["scale"], out["activation"], out["churn"]
-    return {
-        "live_sessions_max": sc["live_sessions_max"],
-        "mib_per_live_session": sc["mib_per_live_session"],
-        "activation_p50_ms": ac["activation_p50_ms"],
-        "activation_p99_ms": ac["activation_p99_ms"],
-        "churn_p50_ms": ch["p50_ms"],
-        "churn_p99_ms": ch["p99_ms"],
-        "p50_ms": one["p50_ms"],
-        "p99_ms": one["p99_ms"],
-        "throughput_msg_s": max(r["throughput_msg_s"] for r in packed),
-        "throughput_msg_s_20": at20["throughput_msg_s"] if at20 else None,
-        "open_p99_ms": out["packed"]["open"]["p99_ms"],
-        "p50_vs_floor": round(one["p50_ms"] / out["floor"]["chain_p50_ms"], 2),
-        "strict_p50_ms": out["strict"]["by_load"][0]["p50_ms"],
-        "strict_throughput_msg_s_20": next(
-            (r["throughput_msg_s"] for r in out["strict"]["by_load"] if r["sessions"] == 20), None
-        ),
-        "strict_open_p99_ms": out["strict"]["open"]["p99_ms"],
-    }
+    """The headline figures of ``out`` (flat; ``None`` where a phase failed)."""
+    f: dict[str, Any] = {}
+    if _ok(out, "scale"):
+        f["live_sessions_max"] = out["scale"]["live_sessions_max"]
+        f["mib_per_live_session"] = out["scale"]["mib_per_live_session"]
+        f["activation_p50_ms"] = out["activation"]["activation_p50_ms"]
+        f["activation_p99_ms"] = out["activation"]["activation_p99_ms"]
+    if _ok(out, "churn"):
+        f["churn_p50_ms"], f["churn_p99_ms"] = out["churn"]["p50_ms"], out["churn"]["p99_ms"]
+    for mode, pre in (("packed", ""), ("strict", "strict_")):
+        if not _ok(out, mode):
+            continue
+        rows = out[mode]["by_load"]
+        at20 = next((r for r in rows if r["sessions"] == 20), None)
+        f[f"{pre}p50_ms"], f[f"{pre}p99_ms"] = rows[0]["p50_ms"], rows[0]["p99_ms"]
+        f[f"{pre}throughput_msg_s"] = max(r["throughput_msg_s"] for r in rows)
+        f[f"{pre}throughput_msg_s_20"] = at20["throughput_msg_s"] if at20 else None
+        f[f"{pre}open_p99_ms"] = out[mode]["open"]["p99_ms"]
+    if _ok(out, "packed", "floor"):
+        f["p50_vs_floor"] = round(f["p50_ms"] / out["floor"]["chain_p50_ms"], 2)
+    return f
 
 
 def _targets(f: dict[str, Any], out: dict[str, Any]) -> list[dict[str, Any]]:
-    def row(name: str, measured: Any, target: str, met: bool | None) -> dict[str, Any]:
-        return {"figure": name, "measured": measured, "target": target, "met": met}
-
-    t20 = f["throughput_msg_s_20"]
-    live, mib = f["live_sessions_max"], f["mib_per_live_session"]
-    act, churn, no_proc = f["activation_p99_ms"], f["churn_p99_ms"], out["activation"]["no_process_created"]
-    return [
-        row("live sessions at once", live, ">= 10000", live >= 10_000),
-        row("MiB per live session (USS)", mib, "<= 0.5", mib <= 0.5),
-        row("activation p99 ms (passivated → live)", act, "<= 10", act <= 10),
-        row("activation created no process", no_proc, "true", no_proc),
-        row("churn p99 ms (1000 chats, cap 100, 50 msg/s)", churn, "<= 100", churn <= 100),
-        row("throughput msg/s at 20 sessions", t20, ">= 170", None if t20 is None else t20 >= 170),
-        row("open loop p99 ms at half that", f["open_p99_ms"], "<= 50", f["open_p99_ms"] <= 50),
-        row("p50 at 1 session / 3-hop chain p50", f["p50_vs_floor"], "<= 1.5", f["p50_vs_floor"] <= 1.5),
+    """Each target with its measured figure and whether it is met (``None``: not measured)."""
+    no_proc = out["activation"]["no_process_created"] if _ok(out, "scale") else None
+    rows = [
+        ("live sessions at once", f.get("live_sessions_max"), ">= 10000", lambda v: v >= 10_000),
+        ("MiB per live session (USS)", f.get("mib_per_live_session"), "<= 0.5", lambda v: v <= 0.5),
+        ("activation p99 ms (passivated → live)", f.get("activation_p99_ms"), "<= 10", lambda v: v <= 10),
+        ("activation created no process", no_proc, "true", lambda v: v is True),
+        ("churn p99 ms (1000 chats, cap 100, 50 msg/s)", f.get("churn_p99_ms"), "<= 100", lambda v: v <= 100),
+        ("throughput msg/s at 20 sessions", f.get("throughput_msg_s_20"), ">= 170", lambda v: v >= 170),
+        ("open loop p99 ms at half that", f.get("open_p99_ms"), "<= 50", lambda v: v <= 50),
+        ("p50 at 1 session / 3-hop chain p50", f.get("p50_vs_floor"), "<= 1.5", lambda v: v <= 1.5),
     ]
+    return [
+        {"figure": name, "measured": v, "target": target, "met": None if v is None else bool(ok(v))}
+        for name, v, target, ok in rows
+    ]
+
+
+def _phase(out: dict[str, Any], name: str, fn: Any) -> None:
+    """``out[name] = fn()``; a failure is recorded as ``{"error": ...}`` and the run goes on."""
+    try:
+        out[name] = fn()
+    except Exception as exc:
+        out[name] = {"error": repr(exc)}
+        print(f"   phase {name} failed: {exc!r}", flush=True)
 
 
 def run() -> dict[str, Any]:
@@ -157,10 +174,14 @@ def run() -> dict[str, Any]:
     out: dict[str, Any] = {"quick": quick}
     load = LoadProcess(fixtures, ROOT)
     try:
-        chain_p50, ceiling = floor(*p["floor"])
-        out["floor"] = {"chain_p50_ms": round(chain_p50, 2), "ceiling_msg_s": round(ceiling, 1)}
-        with tempfile.TemporaryDirectory() as tmp_name:
-            tmp = Path(tmp_name)
+        tmp_dir = tempfile.TemporaryDirectory()
+        tmp = Path(tmp_dir.name)
+
+        def floor_phase() -> dict[str, Any]:
+            chain_p50, ceiling = floor(*p["floor"])
+            return {"chain_p50_ms": round(chain_p50, 2), "ceiling_msg_s": round(ceiling, 1)}
+
+        def scale() -> dict[str, Any]:
             n = p["scale"]
             scale_keys = [session_key(BASE["scale"] + i) for i in range(n)]
             act_keys = [session_key(BASE["activation"] + i) for i in range(p["activations"])]
@@ -170,25 +191,36 @@ def run() -> dict[str, Any]:
             seeded += seed_contexts(f"sqlite:///{tmp}/scale.db", act_keys, 50)
             with runtime(tmp, "scale", load.api_base, **knobs) as rt:
                 out["activation"] = asyncio.run(activation_phase(rt, act_keys))
-                out["scale"] = {**asyncio.run(scale_phase(rt, scale_keys)), "seed_s": round(seeded, 1)}
-            churn_knobs = {"max_live_sessions": p["churn_live"]}
-            with runtime(tmp, "churn", load.api_base, **churn_knobs) as rt, \
+                return {**asyncio.run(scale_phase(rt, scale_keys)), "seed_s": round(seeded, 1)}
+
+        def churn() -> dict[str, Any]:
+            with runtime(tmp, "churn", load.api_base, max_live_sessions=p["churn_live"]) as rt, \
                     serve_in_thread(build_app(rt, rt.config), loop="uvloop") as url:  # fmt: skip
-                churn = load.run(
-                    "open", url=url, base=BASE["churn"], n=p["churn_chats"], rate=CHURN_RATE,
+                res = _measured(
+                    load, "open", url=url, base=BASE["churn"], n=p["churn_chats"], rate=CHURN_RATE,
                     count=p["churn_msgs"], tag="churn", seed=2,
                 )  # fmt: skip
-                out["churn"] = {**churn, "max_live_sessions": p["churn_live"], **asyncio.run(host_totals(rt))}
-            modes = {
-                "packed": {},  # the production defaults (sessions_per_host 2000, max_live_sessions 10000)
-                # strict: a process per session; two slots over the largest load, so the measured
-                # loads never run at the host limit (where a new session evicts another)
-                "strict": {"sessions_per_host": 1, "max_live_sessions": max(p["loads"]) + 2},
-            }
-            for mode, mode_knobs in modes.items():
-                with runtime(tmp, mode, load.api_base, **mode_knobs) as rt, \
+                return {**res, "max_live_sessions": p["churn_live"], **asyncio.run(host_totals(rt))}
+
+        def throughput(mode: str, **knobs: Any) -> Any:
+            def go() -> dict[str, Any]:
+                with runtime(tmp, mode, load.api_base, **knobs) as rt, \
                         serve_in_thread(build_app(rt, rt.config), loop="uvloop") as url:  # fmt: skip
-                    out[mode] = _throughput(load, url, rt, mode, p)
+                    return _throughput(load, url, rt, mode, p)
+
+            return go
+
+        _phase(out, "floor", floor_phase)
+        _phase(out, "scale", scale)
+        _phase(out, "churn", churn)
+        # packed: the production defaults (sessions_per_host 2000, max_live_sessions 10000)
+        _phase(out, "packed", throughput("packed"))
+        # strict: a process per session; two slots over the largest load, so the measured loads
+        # never run at the host limit (where a new session evicts another)
+        _phase(
+            out, "strict", throughput("strict", sessions_per_host=1, max_live_sessions=max(p["loads"]) + 2)
+        )
+        tmp_dir.cleanup()
     finally:
         load.close()
         if started_ray:
@@ -213,17 +245,51 @@ def _chart(out: dict[str, Any], loads: tuple[int, ...]) -> None:
             ("packed", "p50", (30, 90, 200)), ("packed", "p99", (200, 40, 40)),
             ("strict", "p50", (40, 160, 60)), ("strict", "p99", (230, 140, 20)),
         )
+        if _ok(out, mode)
     }  # fmt: skip
+    if not series or not _ok(out, "floor"):
+        return
     line_chart(PNG, list(loads), series, {"floor": (out["floor"]["chain_p50_ms"], (120, 120, 120))}, legend)
     print(f"   wrote {PNG} ({legend})")
 
 
+def _cpu_line(cpu: dict[str, float]) -> str:
+    ranked = sorted(((r, ms) for r, ms in cpu.items() if r != "total"), key=lambda kv: -kv[1])
+    return f"CPU ms/msg {cpu['total']:.2f}: " + ", ".join(f"{r} {ms:.2f}" for r, ms in ranked)
+
+
 def _print(out: dict[str, Any]) -> None:
-    fl, sc, ac, ch = out["floor"], out["scale"], out["activation"], out["churn"]
-    print(
-        f"   raw Ray floor: 3-hop chain p50 {fl['chain_p50_ms']:.2f} ms, "
-        f"pipelined {fl['ceiling_msg_s']:.0f} msg/s"
-    )
+    for name in ("floor", "scale", "churn", "packed", "strict"):
+        if not _ok(out, name):
+            print(f"   {name}: FAILED {out.get(name, {}).get('error')}")
+    if _ok(out, "floor"):
+        fl = out["floor"]
+        print(
+            f"   raw Ray floor: 3-hop chain p50 {fl['chain_p50_ms']:.2f} ms, "
+            f"pipelined {fl['ceiling_msg_s']:.0f} msg/s"
+        )
+    if _ok(out, "scale"):
+        _print_scale(out["scale"], out["activation"])
+    if _ok(out, "churn"):
+        ch = out["churn"]
+        print(
+            f"   churn: {ch['chats']} chats over max_live_sessions {ch['max_live_sessions']}, "
+            f"{ch['rate_msg_s']:.0f} msg/s open loop: p50 {ch['p50_ms']:.1f} ms, p99 {ch['p99_ms']:.1f} ms, "
+            f"{ch['messages']} replies, {ch['busy_503']} 503s, {ch['lost']} lost, {ch['resent']} resent, "
+            f"activations {ch['activated']}, passivations {ch['passivated']}, "
+            f"send lag p99 {ch['send_lag_p99_ms']:.1f} ms"
+        )
+        print(f"   churn {_cpu_line(ch['cpu_ms_per_msg'])}")
+    for mode in ("packed", "strict"):
+        if _ok(out, mode):
+            _print_mode(mode, out[mode])
+    print("   figure                                            measured     target     met")
+    for t in out["targets"]:
+        met = "-" if t["met"] is None else ("yes" if t["met"] else "NO")
+        print(f"   {t['figure']:<49} {t['measured']!s:<12} {t['target']:<10} {met}")
+
+
+def _print_scale(sc: dict[str, Any], ac: dict[str, Any]) -> None:
     print(
         f"   activation (passivated → live, 50-message context, {ac['activations']} one at a time): "
         f"p50 {ac['activation_p50_ms']:.2f} ms, p99 {ac['activation_p99_ms']:.2f} ms, hosts created "
@@ -231,7 +297,8 @@ def _print(out: dict[str, Any]) -> None:
     )
     print(
         f"   scale: {sc['live_sessions_max']} live on {sc['hosts']} hosts (router directory "
-        f"{sc['directory_live']}), placed in {sc['activate_s']} s ({sc['activations_per_s']}/s)"
+        f"{sc['directory_live']}), seeded in {sc['seed_s']} s, placed in {sc['activate_s']} s "
+        f"({sc['activations_per_s']}/s)"
     )
     print("   memory (sum over processes)   procs   RSS MiB   USS MiB  |  with sessions: RSS MiB   USS MiB")
     for role, m in sc["memory_live"].items():
@@ -244,33 +311,23 @@ def _print(out: dict[str, Any]) -> None:
         f"   per live session: USS {sc['mib_per_live_session']:.4f} MiB, "
         f"RSS {sc['rss_mib_per_live_session']:.4f} MiB"
     )
+
+
+def _print_mode(mode: str, res: dict[str, Any]) -> None:
+    print(f"   {mode}: webhook → platform API (closed loop per session)")
+    head = ("sessions", "hosts", "p50 ms", "p99 ms", "msg/s", "503s", "lost", "ack p50")
+    print("   " + "  ".join(f"{c:>8}" for c in head))
+    for b in res["by_load"]:
+        cells = (b["sessions"], b["hosts"], f"{b['p50_ms']:.1f}", f"{b['p99_ms']:.1f}",
+                 f"{b['throughput_msg_s']:.1f}", b["busy_503"], b["lost"],
+                 f"{b['webhook_ack_p50_ms']:.1f}")  # fmt: skip
+        print("   " + "  ".join(f"{c!s:>8}" for c in cells))
+    for b in res["by_load"]:
+        print(f"   at {b['sessions']}: {_cpu_line(b['cpu_ms_per_msg'])}")
+    o = res["open"]
     print(
-        f"   churn: {ch['chats']} chats over max_live_sessions {ch['max_live_sessions']}, "
-        f"{ch['rate_msg_s']:.0f} msg/s open loop: p50 {ch['p50_ms']:.1f} ms, p99 {ch['p99_ms']:.1f} ms, "
-        f"{ch['messages']} replies, {ch['busy_503']} 503s, {ch['lost']} lost, activations "
-        f"{ch['activated']}, passivations {ch['passivated']}, send lag p99 {ch['send_lag_p99_ms']:.1f} ms"
+        f"   open loop at {o['rate_msg_s']:.1f} msg/s over {o['chats']} sessions: "
+        f"p50 {o['p50_ms']:.1f} ms, p99 {o['p99_ms']:.1f} ms, {o['messages']} replies, "
+        f"{o['busy_503']} 503s, {o['lost']} lost"
     )
-    for mode in ("packed", "strict"):
-        print(f"   {mode}: webhook → platform API (closed loop per session)")
-        head = ("sessions", "hosts", "p50 ms", "p99 ms", "msg/s", "503s", "lost", "ack p50")
-        print("   " + "  ".join(f"{c:>8}" for c in head))
-        for b in out[mode]["by_load"]:
-            cells = (b["sessions"], b["hosts"], f"{b['p50_ms']:.1f}", f"{b['p99_ms']:.1f}",
-                     f"{b['throughput_msg_s']:.1f}", b["busy_503"], b["lost"],
-                     f"{b['webhook_ack_p50_ms']:.1f}")  # fmt: skip
-            print("   " + "  ".join(f"{c!s:>8}" for c in cells))
-        for b in out[mode]["by_load"]:
-            cpu = b["cpu_ms_per_msg"]
-            ranked = sorted(cpu.items(), key=lambda kv: -kv[1])
-            parts = ", ".join(f"{r} {ms:.2f}" for r, ms in ranked if r != "total")
-            print(f"   CPU ms/msg at {b['sessions']} (total {cpu['total']:.2f}): {parts}")
-        o = out[mode]["open"]
-        print(
-            f"   open loop at {o['rate_msg_s']:.1f} msg/s over {o['chats']} sessions: "
-            f"p50 {o['p50_ms']:.1f} ms, "
-            f"p99 {o['p99_ms']:.1f} ms, {o['messages']} replies, {o['busy_503']} 503s, {o['lost']} lost"
-        )
-    print("   figure                                            measured     target     met")
-    for t in out["targets"]:
-        met = "-" if t["met"] is None else ("yes" if t["met"] else "NO")
-        print(f"   {t['figure']:<49} {t['measured']!s:<12} {t['target']:<10} {met}")
+    print(f"   open loop {_cpu_line(o['cpu_ms_per_msg'])}")

@@ -84,23 +84,30 @@ class _Client:
 
         self.client, self.api, self.fixtures = client, api, fixtures
         self.endpoint = f"{url}/webhooks/onebot11/{BOT_ID}"
-        self.busy = self.lost = 0
+        self.busy = self.lost = self.resent = 0
 
     async def send(self, user: int, text: str, t0: float | None = None) -> tuple[float, float] | None:
-        """Post ``text`` from ``user`` (a 503 is retried after 50 ms) and wait for ``re: text`` at
-        the platform API. Returns ``(webhook round trip ms, reply latency ms)`` measured from
-        ``t0`` (default: now), or None when the reply did not come (counted in ``lost``).
+        """Post ``text`` from ``user`` (a 503 or a transport error is retried after 50 ms) and wait
+        for ``re: text`` at the platform API. Returns ``(webhook round trip ms, reply latency ms)``
+        measured from ``t0`` (default: now), or None when the reply did not come (``lost``).
 
         Raises:
             RuntimeError: the webhook answered neither 200 nor 503.
         """
+        import httpx
+
         from tests.actors.edge_support import onebot_event
 
         body = onebot_event(self.fixtures, str(user), text, next(_IDS))
         done = self.api.expect(f"re: {text}")
         t0 = time.perf_counter() if t0 is None else t0
         while True:
-            resp = await self.client.post(self.endpoint, content=body, headers=_JSON)
+            try:
+                resp = await self.client.post(self.endpoint, content=body, headers=_JSON)
+            except httpx.TransportError:  # e.g. a keep-alive connection the server just closed
+                self.resent += 1  # the same message id again: the host drops it if it arrived
+                await asyncio.sleep(0.05)
+                continue
             if resp.status_code != 503:
                 break
             self.busy += 1
@@ -126,7 +133,7 @@ def _http(n: int) -> Any:
 def _figures(c: _Client, timed: list[tuple[float, float]], elapsed: float) -> dict[str, Any]:
     lat = [t[1] for t in timed]
     return {
-        "messages": len(lat), "busy_503": c.busy, "lost": c.lost,
+        "messages": len(lat), "busy_503": c.busy, "lost": c.lost, "resent": c.resent,
         "p50_ms": round(pct(lat, 0.5), 2), "p99_ms": round(pct(lat, 0.99), 2),
         "throughput_msg_s": round(len(lat) / elapsed, 1),
         "webhook_ack_p50_ms": round(pct([t[0] for t in timed], 0.5), 2),
@@ -142,7 +149,8 @@ async def run_load(
     busy/lost counts restart after it.
 
     Returns:
-        ``sessions``, ``messages`` (replies measured), ``busy_503``, ``lost``, ``p50_ms``,
+        ``sessions``, ``messages`` (replies measured), ``busy_503``, ``lost``, ``resent`` (posts
+        repeated after a transport error), ``p50_ms``,
         ``p99_ms``, ``throughput_msg_s`` (replies / wall seconds of the measured phase),
         ``webhook_ack_p50_ms`` (the webhook POST's own round trip).
     """
@@ -150,7 +158,7 @@ async def run_load(
         c = _Client(http, url, api, fixtures)
         if warm:
             await asyncio.gather(*(c.send(base + i, f"{tag}w-{i}") for i in range(n)))
-            c.busy = c.lost = 0
+            c.busy = c.lost = c.resent = 0
         timed: list[tuple[float, float]] = []
 
         async def session(i: int) -> None:
