@@ -29,9 +29,11 @@ Phases, each on a runtime of its own (own SQLite file):
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,12 +146,14 @@ def _targets(f: dict[str, Any], out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _phase(out: dict[str, Any], name: str, fn: Any) -> None:
-    """``out[name] = fn()``; a failure is recorded as ``{"error": ...}`` and the run goes on."""
+    """``out[name] = fn()``; a failure is recorded as ``{"error": ...}`` and the run goes on. The
+    phase's figures are printed as JSON when it ends (a long run shows its progress)."""
+    t0 = time.perf_counter()
     try:
         out[name] = fn()
     except Exception as exc:
         out[name] = {"error": repr(exc)}
-        print(f"   phase {name} failed: {exc!r}", flush=True)
+    print(f"   [{name} {time.perf_counter() - t0:.0f} s] {json.dumps(out[name], default=str)}", flush=True)
 
 
 def run() -> dict[str, Any]:
