@@ -190,7 +190,7 @@ SESSION_COLUMNS = (
     ("SESSION KEY", "session_key"),
     ("SESSION ID", "session_id"),
     ("SHARD", "shard"),
-    ("ACTOR", "actor_id"),
+    ("HOST", "host"),
     ("TURNS", "turns"),
     ("PENDING", "pending"),
     ("IDLE S", "idle_s"),
@@ -212,7 +212,7 @@ def sessions_main(argv: list[str]) -> int:
 
 
 def _status_text(data: dict[str, Any]) -> str:
-    """``/admin/status`` as text: its scalars as a two-column table, each nested object (``pool``)
+    """``/admin/status`` as text: its scalars as a two-column table, each nested object (``supervisor``)
     as one more, each list of objects (``shards``) as a table with one row per item."""
     scalars = [[k, v] for k, v in data.items() if not isinstance(v, dict | list)]
     parts = [table(["RUNTIME", "VALUE"], scalars)]
@@ -230,9 +230,9 @@ def _status_text(data: dict[str, Any]) -> str:
 
 
 def status_main(argv: list[str]) -> int:
-    """``sessionray status``: pool, live sessions, turns running, recent throughput (tables)."""
+    """``sessionray status``: hosts, live sessions, turns running, recent throughput (tables)."""
     args = _parser(
-        "status", "Show the runtime's status (pool, live sessions, turns, throughput)."
+        "status", "Show the runtime's status (hosts, live sessions, turns, throughput)."
     ).parse_args(argv)
     data = _request(args, "GET", "/admin/status")
     return _print(args, data, _status_text(data) if isinstance(data, dict) else _cell(data))

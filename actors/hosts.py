@@ -54,14 +54,10 @@ def actor_key(handle: Any) -> str:
 
 
 def host_capacity(rt: RuntimeConfig) -> tuple[int, int]:
-    """``(sessions per host, most hosts)`` for the ``runtime`` section.
-
-    ``most hosts = max(min_hosts, ceil(max_live_sessions / sessions_per_host))`` and each host
-    holds ``min(sessions_per_host, ceil(max_live_sessions / most hosts))``, so all hosts together
-    hold ``max_live_sessions`` (rounded up to a whole number per host)."""
-    per = min(rt.sessions_per_host, rt.max_live_sessions)
-    most = max(rt.min_hosts, math.ceil(rt.max_live_sessions / per))
-    return min(rt.sessions_per_host, math.ceil(rt.max_live_sessions / most)), most
+    """``(sessions per host, most hosts)`` for the ``runtime`` section: the formula's one home is
+    :meth:`runtime.config.RuntimeConfig.host_capacity` (the PostgreSQL connection budget in
+    ``runtime/memory`` counts the same hosts)."""
+    return rt.host_capacity()
 
 
 def headroom(rt: RuntimeConfig) -> int:
@@ -104,6 +100,7 @@ class HostSupervisor:
         self._creating: dict[str, asyncio.Task[_Host | None]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._probes: set[asyncio.Task[None]] = set()
+        self._closing = False
         self.stats = {"created": 0, "cold": 0, "replaced": 0, "hung": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -121,7 +118,8 @@ class HostSupervisor:
 
     async def shutdown(self) -> int:
         """Close every host's sessions and kill the hosts; returns how many hosts there were."""
-        for t in self._tasks:
+        self._closing = True
+        for t in [*self._tasks, *self._creating.values(), *self._probes]:
             t.cancel()
         hosts = list(self._hosts.values())
         with contextlib.suppress(Exception):
@@ -157,7 +155,8 @@ class HostSupervisor:
             await asyncio.wait_for(host.handle.ping.remote(), READY_TIMEOUT_S)
             await asyncio.wait_for(host.handle.ping_turn.remote(), READY_TIMEOUT_S)
         except Exception:
-            log.warning("session host %s did not start; killing it", host.index, exc_info=True)
+            if not self._closing:
+                log.warning("session host %s did not start; killing it", host.index, exc_info=True)
             self._remove(key)
             return None
         host.ready = True

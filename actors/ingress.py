@@ -56,7 +56,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import prometheus_client
@@ -179,7 +179,17 @@ class Ingress:
             body = await request.body()
         except ClientDisconnect:  # the platform hung up mid-body: nothing to answer, nothing done
             return Response(status_code=400)
-        headers = request.headers
+        return await self.handle_event(platform, codec, request.headers, body)
+
+    async def handle_event(
+        self, platform: str, codec: PlatformCodec, headers: Mapping[str, str], body: bytes
+    ) -> Response:
+        """One inbound event, whatever carried it (an HTTP webhook, a WebSocket frame, a long-poll
+        update): verify → decode → size and storage checks → persist + submit. The answer is the
+        webhook's HTTP response (200 ``accepted``/``duplicate``/``untriggered``/``ignored``,
+        4xx for a bad event — nothing stored —, 503 ``busy``/``unavailable`` with
+        ``Retry-After``); a transport without HTTP answers reads ``status_code`` and the JSON
+        body. Exceptions none of the steps expects propagate (the webhook answers them 500)."""
         if getattr(codec, "browser_facing", False) and not is_json_content_type(headers.get("content-type")):
             # a cross-site page can POST text/plain or a form without a CORS preflight; JSON it cannot
             metrics.INBOUND.inc(platform=platform, outcome="malformed")

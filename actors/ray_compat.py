@@ -7,15 +7,15 @@ first runs, not when it is created. If the thread of group *i* has not run yet w
 loop rebinds ``async_eventloop`` to the loop of group *i+1* (a busy machine: many actor processes
 starting on 2 cores), two threads run the same loop: one dies with ``RuntimeError: this event loop
 is already running``, and the loop of group *i* never runs. The actor stays alive, and every call
-to that group hangs forever. ``SessionActor`` has two groups (``turn``, ``control``), so a pooled
-actor could come up with a dead ``turn`` or ``control`` group (seen in ≈ 1 % of local Ray sessions).
+to that group hangs forever. ``SessionHost`` has two groups (``turn``, ``control``), so a new
+host could come up with a dead ``turn`` or ``control`` group (seen in ≈ 1 % of local Ray sessions).
 
 :func:`install_group_loop_fix` wraps ``ray._raylet.get_new_event_loop`` (the factory that loop
 calls for every group): before it builds a new loop, it waits until the loop it built just before
 is running, i.e. until the previous group's thread has read its variable. A loop that is never run
 (any other caller) costs that wait once, bounded by :data:`WAIT_S`, and only when the next loop is
-requested within :data:`WINDOW_S` of it. The pool's readiness probe (``ping`` + ``ping_turn``,
-:func:`actors.pool._ready`) stays as a second line of defence.
+requested within :data:`WINDOW_S` of it. The supervisor's readiness probe (``ping`` + ``ping_turn``,
+:meth:`actors.hosts.HostSupervisor` readiness check) stays as a second line of defence.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def install_group_loop_fix() -> bool:
 
     Returns:
         True when the wrapper is in place; False when this Ray has no such hook (then nothing
-        changes; the pool's two-group readiness probe still catches a dead group).
+        changes; the supervisor's two-group readiness probe still catches a dead group).
     """
     try:
         import ray._raylet as raylet

@@ -16,6 +16,8 @@ so every process agrees: docs/decisions.md#session-topology). Each shard, a name
   (:meth:`RouterActor.place`), which drops the entry before placing again
   (docs/decisions.md#session-direct-path);
 * **order**: calls for one key pass the shard in arrival order (:class:`actors.admission.KeyOrder`);
+* **restart**: a restarted shard first adopts the sessions the hosts hold for its keys, so no live
+  session is placed twice; its epochs start above the earlier incarnation's;
 * routing of a ``ControlRequest`` (masters only for steer / follow-up) to the session's host, the
   archive of a passivated session, and introspection (:mod:`actors.router_admin`).
 
@@ -114,7 +116,10 @@ class RouterActor(RouterAdminMixin):
         self._supervisor: Any = None
         self._dir: dict[str, Placement] = {}
         self._order = KeyOrder()
-        self._epoch = 0
+        self._epoch = time.time_ns() // 1000
+        """Placement epochs grow across restarts of this shard (µs at start), so a cached epoch
+        of an earlier incarnation is never mistaken for a current one."""
+        self._adopted: asyncio.Task[None] | None = None
         self._hosts: list[dict[str, Any]] = []
         self._hosts_at = 0.0
         self._placed: dict[str, int] = {}
@@ -127,7 +132,38 @@ class RouterActor(RouterAdminMixin):
             "busy": 0,
             "evictions": 0,
             "refused": 0,
+            "adopted": 0,
         }
+
+    async def _adopt(self) -> None:
+        """Once per incarnation, before the first placement: take over the sessions the hosts
+        already hold for this shard's keys (a restarted shard must not place a live session a
+        second time). A host that does not answer is skipped (its sessions re-place on use)."""
+        if self._adopted is None:
+            self._adopted = asyncio.create_task(self._adopt_once())
+        await asyncio.shield(self._adopted)
+
+    async def _adopt_once(self) -> None:
+        try:
+            hosts = await self._host_list(fresh=True)
+        except Exception:  # pragma: no cover - no supervisor yet: nothing to adopt
+            return
+        for host in hosts:
+            try:
+                rows = await host["handle"].sessions.remote()
+            except Exception:
+                continue
+            for row in rows:
+                key = row["session_key"]
+                if shard_of(key, self.shards) != self.shard or key in self._dir:
+                    continue
+                entry = self._dir[key] = Placement(key, int(row["epoch"]), host["handle"], host["host_id"])
+                entry.index, entry.session_id = host["index"], row["session_id"]
+                entry.ready = asyncio.create_task(_nothing())
+                self.counts["adopted"] += 1
+                with contextlib.suppress(Exception):  # the host tells this incarnation from now on
+                    await host["handle"].activate.remote(key, entry.epoch, self.name)
+        metrics.LIVE_SESSIONS.set(len(self._dir))
 
     def _get_supervisor(self) -> Any:
         if self._supervisor is None:
@@ -156,7 +192,9 @@ class RouterActor(RouterAdminMixin):
         """
         if dead_host is not None:
             self._host_died(dead_host)
-        async with self._order.turn(session_key):
+        ticket = self._order.turn(session_key)
+        await self._adopt()
+        async with ticket:
             entry = self._dir.get(session_key)
             if entry is not None and stale_epoch is not None and entry.epoch <= stale_epoch:
                 self.counts["moved"] += 1
@@ -276,6 +314,7 @@ class RouterActor(RouterAdminMixin):
 
     async def _settled(self, key: str) -> Placement | None:
         """The entry of ``key`` once its activation ended (``None`` when not live or it failed)."""
+        await self._adopt()
         entry = self._dir.get(key)
         if entry is not None and entry.ready is not None:
             with contextlib.suppress(Exception):
@@ -287,6 +326,10 @@ class RouterActor(RouterAdminMixin):
     async def shutdown(self) -> None:
         """Forget every placement (the supervisor owns and stops the hosts)."""
         self._dir.clear()
+
+
+async def _nothing() -> None:
+    return None
 
 
 class _NoRoom(Exception):

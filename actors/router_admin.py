@@ -240,6 +240,12 @@ class RouterAdminMixin:
         except UnknownSessionError:
             return []
 
+    async def pid(self) -> int:
+        """This shard's OS process id (tests kill it with SIGKILL)."""
+        import os
+
+        return os.getpid()
+
     async def status(self) -> dict[str, Any]:
         """Counters of this shard plus ``live`` (placed sessions): ``placed``, ``forgotten``
         (passivations its hosts told), ``moved`` (stale cache entries callers reported),

@@ -140,7 +140,7 @@ class SessionRuntime:
 
         Args:
             config: ``runtime.config.Config``.
-            setup_factory: ``(session_key) -> SessionSetup`` run inside session actors; default
+            setup_factory: ``(session_key) -> SessionSetup`` run inside session hosts; default
                 :class:`actors.setup.ConfigSetupFactory` (the configured model, IM preset).
             delivery: A delivery pool (``pick``/``deliver``); default: EDGE's ``DeliveryPool`` with
                 ``runtime.delivery_actors`` actors.
@@ -323,10 +323,12 @@ class SessionRuntime:
 
     async def status(self) -> dict[str, Any]:
         """``{"live_sessions", "hosts", "pending", "turns", "throughput_msg_s", "submit": {...},
-        "supervisor": {...}, "shards": [...]}`` — ``pending``, ``turns`` and ``throughput_msg_s``
-        (last 60 s) as this process sent and watched them; ``submit`` its counters."""
+        "supervisor": {...}, "host_list": [...], "shards": [...]}`` — ``pending``, ``turns`` and
+        ``throughput_msg_s`` (last 60 s) as this process sent and watched them; ``submit`` its
+        counters; ``host_list`` one row per host (``index``, ``live``, ``uss_mib``, ...)."""
         shards = await asyncio.gather(*(r.status.remote() for r in self.routers))
-        sup = await self.hosts.status.remote() if self.hosts is not None else {}
+        sup = dict(await self.hosts.status.remote()) if self.hosts is not None else {}
+        host_list = sup.pop("hosts_detail", [])
         path = self._path.status()
         return {
             "live_sessions": sum(s["live"] for s in shards),
@@ -336,6 +338,7 @@ class SessionRuntime:
             "throughput_msg_s": path["throughput_msg_s"],
             "submit": path,
             "supervisor": sup,
+            "host_list": host_list,
             "shards": list(shards),
         }
 

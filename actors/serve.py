@@ -7,7 +7,7 @@ embedded defaults: console bot, built-in model, SQLite under ./data); run the pr
 (:mod:`actors.preflight`: variables, directories, database, ports — every problem in one message,
 a distinct exit code per class, before Ray starts) and bind the HTTP port; print where
 everything is (console URL, one webhook URL per configured bot, the metrics URLs, the admin
-CLI); start or join Ray (``--address``); start the session runtime (routers, warm pool, delivery
+CLI); start or join Ray (``--address``); start the session runtime (routers, session hosts, delivery
 pool); serve HTTP — ``ready`` is printed once the port is listening — until SIGINT/SIGTERM.
 Ctrl-C stops uvicorn, then the runtime, then Ray (``ray.shutdown``).
 
@@ -131,7 +131,7 @@ def _init_ray(address: str | None, metrics_port: int) -> None:
 
     # Workers import from the repository root (and the caller's PYTHONPATH), and so does this
     # process: Python tools named in ai.python_tools (e.g. examples.bot.bot_tools) are loaded
-    # here once at start-up to fail early, then in every session actor.
+    # here once at start-up to fail early, then in every session host.
     python_path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     ensure_repo_root_on_path()
     # The console's internal endpoints need one shared token in the ingress and every Ray worker.

@@ -28,7 +28,7 @@ IM_SYSTEM_PROMPT = (
 def business_tools(config: Any) -> list[Any]:
     """The configured business tools: ``ai.python_tools`` then the ``*.tool.md`` of
     ``ai.tools_dir``. ``SessionRuntime.start`` calls it once so a bad tool stops start-up
-    (``docs/decisions.md#tool-md-hard-fail``); each session actor calls it again.
+    (``docs/decisions.md#tool-md-hard-fail``); each session host calls it again.
 
     Raises:
         runtime.session.python_tools.PythonToolError: a bad ``ai.python_tools`` entry, or a
@@ -73,13 +73,13 @@ class ConfigSetupFactory:
     def prepare(self, *, database: Any = None) -> None:
         """Build, once per process, everything that does not depend on the session key: provider
         registration, the model, the business tools (:func:`business_tools`) and built-in tools,
-        the chat-history database, and the imports of an activation. The session actor calls it
-        while it waits in the warm pool (docs/decisions.md#session-warm-pool); :meth:`__call__`
+        the chat-history database, and the imports of an activation. The session host calls it
+        while a new session host warms up (docs/decisions.md#session-hosts); :meth:`__call__`
         calls it too (a no-op then).
 
         Args:
             database: A :class:`runtime.memory.db.Database` of ``database.url`` to share for the
-                ``chat_history`` tool (the session actor passes its own: one SQL thread and
+                ``chat_history`` tool (the session host passes its own: one SQL thread and
                 connection per actor); ``None`` opens one.
 
         Raises:

@@ -16,13 +16,17 @@ Rules:
 * Exceptions from a tool or a hook never escape: they become error results naming the tool. So
   do wrong return types (a tool returning neither ``AgentToolResult`` nor ``str``, content that is
   not text/image blocks, a hook returning something other than its result class or ``None``).
-  ``execute`` may be a coroutine function or a plain function.
+  ``execute`` may be a coroutine function or a plain function; a plain function runs in a worker
+  thread (``asyncio.to_thread``), so blocking work in a tool never stalls the event loop that
+  every other session on the same host shares (docs/decisions.md#session-hosts). Its ``on_update``
+  calls are handed back to the loop thread-safely.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +63,15 @@ from runtime.metrics import TOOL_CALLS
 __all__ = ["execute_tool_calls", "length_result"]
 
 Emit = Callable[[AgentEvent], Awaitable[None]]
+
+
+def _is_async(fn: Any) -> bool:
+    """Whether calling ``fn`` gives an awaitable to run on the loop: a coroutine function, or an
+    object whose ``__call__`` is one (a ``functools.partial`` of one counts too)."""
+    target = getattr(fn, "func", fn)
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)  # noqa: B004
+    )
 
 
 def length_result(call: ToolCall) -> ToolResultMessage:
@@ -170,12 +183,25 @@ class _Batch:
         return _Prepared(index, call, tool, args)
 
     def start(self, p: _Prepared) -> None:
+        loop = asyncio.get_running_loop()
+
         def on_update(partial: AgentToolResult) -> None:
             self.queue.put_nowait(("update", p.index, partial))
 
+        def on_update_from_thread(partial: AgentToolResult) -> None:
+            loop.call_soon_threadsafe(on_update, partial)
+
         async def invoke() -> None:
             try:
-                out: object = await resolve(p.tool.execute(p.call.id, p.args, self.signal, on_update))
+                execute = p.tool.execute
+                if _is_async(execute):
+                    out: object = await resolve(execute(p.call.id, p.args, self.signal, on_update))
+                else:  # blocking work off the loop (docs/decisions.md#session-hosts)
+                    out = await resolve(
+                        await asyncio.to_thread(
+                            execute, p.call.id, p.args, self.signal, on_update_from_thread
+                        )
+                    )
                 if isinstance(out, str):
                     result, failed = AgentToolResult.text(out), False
                 elif isinstance(out, AgentToolResult):

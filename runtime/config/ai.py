@@ -214,7 +214,7 @@ class AiConfig(_Closed):
     docs/decisions.md#tool-md-hard-fail)."""
     python_tools: list[str] = Field(default_factory=list)
     """``module:attribute`` references of Python ``AgentTool`` s (a tool, a list of them, or a
-    function returning either), imported at start-up and in every session actor
+    function returning either), imported at start-up and in every session host
     (``runtime.session.python_tools``; hard fail on errors: docs/decisions.md#tool-md-hard-fail)."""
     media_url_allowlist: list[str] = Field(default_factory=list)
     """URL prefixes a reply may attach without them appearing in the context

@@ -5,6 +5,7 @@ Part of :mod:`runtime.config` (which re-exports every public name here; import f
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Literal
 
@@ -125,3 +126,16 @@ class RuntimeConfig(_Closed):
     hung_ping_timeout_s: float = Field(30.0, gt=0)
     """Seconds the host supervisor waits for a host's ``ping_turn`` (its sessions' event loop); a
     host that does not answer is killed and its sessions re-activated elsewhere (crash path)."""
+
+    def host_capacity(self) -> tuple[int, int]:
+        """``(sessions per host, most hosts)``: the host supervisor's limits for this section
+        (docs/decisions.md#session-hosts), also the host count of the PostgreSQL connection budget
+        (docs/decisions.md#memory-connection-budget).
+
+        ``most hosts = max(min_hosts, ceil(max_live_sessions / min(sessions_per_host,
+        max_live_sessions)))`` and each host holds ``min(sessions_per_host, ceil(max_live_sessions /
+        most hosts))``, so all hosts together hold ``max_live_sessions`` (rounded up to a whole
+        number per host). The defaults give ``(2000, 5)``."""
+        per = min(self.sessions_per_host, self.max_live_sessions)
+        most = max(self.min_hosts, math.ceil(self.max_live_sessions / per))
+        return min(self.sessions_per_host, math.ceil(self.max_live_sessions / most)), most

@@ -1,6 +1,6 @@
 """The Ray-free heart of a live session: ordered inbox, overlapping turns, single writer, control.
 
-``actors.session_actor.SessionActor`` hosts exactly one :class:`SessionCore` per activation; the
+``actors.host.SessionHost`` hosts one :class:`SessionCore` per live session (many per process); the
 core runs on one event loop and never imports Ray, so it is unit-testable on its own.
 
 Rules:
@@ -76,8 +76,8 @@ class SessionCore:
         writer: The session's single writer (holds the loaded context).
         deliver: Hands a reply to delivery (returns once accepted).
         next_seq: The first ``seq`` the inbox expects (1 for a fresh session; the lowest pending
-            seq when the router re-activates after a crash).
-        max_concurrent_turns: Turns of this session that may run at once (≥ 1; the session actor
+            seq when the session is re-activated after a crash).
+        max_concurrent_turns: Turns of this session that may run at once (≥ 1; the session host
             passes ``runtime.max_concurrent_turns``, whose default lives in the config model).
         run_agent_fn: The agent part of a turn (default :func:`runtime.session.turn_agent.run_agent`).
         spawn: Runs a deferred task's function (default: a thread; the actor passes a Ray task).

@@ -7,7 +7,7 @@ Each entry is a ``"module:attribute"`` reference. The attribute is
 * a function without arguments that returns either of the above (called once per process).
 
 The module is imported where the tools are used — at start-up (:func:`load_python_tools` is run
-once so a bad reference stops the start) and inside each session actor — so it must be
+once so a bad reference stops the start) and inside each session host — so it must be
 importable there (on ``PYTHONPATH``; ``sessionray serve`` puts the repository root on it).
 Loading is all-or-nothing, like ``*.tool.md`` (``docs/decisions.md#tool-md-hard-fail``).
 

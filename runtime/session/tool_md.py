@@ -42,6 +42,7 @@ file (and, for schemas, the JSON pointer and the feature) — a hard fail
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import os
@@ -238,7 +239,10 @@ def _python_execute(spec: ToolMdSpec) -> Callable[..., Any]:
         raise ToolMdError(spec.file, f"handler.entry_point {spec.handler['entry_point']!r} is not callable")
 
     async def execute(call_id: str, params: Any, signal: AbortSignal | None, on_update: ToolUpdateFn) -> Any:
-        value = fn(dump_params(params))
+        if inspect.iscoroutinefunction(fn):
+            value = fn(dump_params(params))
+        else:  # a plain function may block: off the loop every session of the host shares
+            value = await asyncio.to_thread(fn, dump_params(params))  # docs/decisions.md#session-hosts
         if inspect.isawaitable(value):
             value = await value
         return _result(value)

@@ -3,7 +3,7 @@
 A turn is: record the inbound message → agent loop with the session's tools (sender prefix when
 converting for the LLM) → validated :class:`~runtime.reply.segments.Reply` → hand it to delivery →
 record that it was handed. Everything here is plain asyncio so it is unit-testable without Ray;
-``actors/session_actor.py`` only hosts a :class:`~runtime.session.core.SessionCore` built from
+``actors/host.py`` hosts many :class:`~runtime.session.core.SessionCore` s built from
 these pieces.
 
 Records a turn leaves in ``agent_messages`` (all through the session's single writer,
@@ -176,7 +176,7 @@ class PreTool:
 
 @dataclass
 class SessionSetup:
-    """What a session's turns run with. Built inside the session actor by a :data:`SetupFactory`
+    """What a session's turns run with. Built inside the session host by a :data:`SetupFactory`
     (models, tools and faux scripts are process-local, so each actor builds its own).
 
     Attributes:
@@ -193,7 +193,7 @@ class SessionSetup:
         failure_text: The host's fixed failure message sent when a turn errors
             (docs/decisions.md#reply-fixed-failure).
         deferred_tasks: Named work the model may hand off with the ``run_deferred_task`` tool:
-            ``name -> fn(args: dict) -> str`` (sync, picklable: the session actor runs it as a Ray
+            ``name -> fn(args: dict) -> str`` (sync, picklable: the session host runs it as a Ray
             task); its result is delivered as a separate outbound message.
         features: :class:`runtime.session.features.AgentFeatures` (chat commands, vision
             routing, fallback chain, MCP tools, tool permissions, media provenance) or ``None``.
@@ -232,8 +232,8 @@ class SessionSetup:
 
 
 SetupFactory: TypeAlias = Callable[[str], "SessionSetup | Awaitable[SessionSetup]"]
-"""``(session_key) -> SessionSetup``, called in the session actor's process at activation. Must be
-picklable (it travels by value to the pool supervisor and every session actor)."""
+"""``(session_key) -> SessionSetup``, called in the session host's process at activation. Must be
+picklable (it travels by value to the host supervisor and every session host)."""
 
 
 DeliverFn: TypeAlias = Callable[[DeliveryJob], Awaitable[None]]

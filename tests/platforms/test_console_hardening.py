@@ -166,8 +166,10 @@ def test_console_lists_console_sessions_only(s: Served) -> None:
                 "pending": 0,
                 "turns": 1,
                 "idle_s": 2.0,
-                "actor": None,
+                "host": -1,
                 "actor_id": None,
+                "epoch": 0,
+                "actor": None,
             }
         ]
     }
