@@ -215,10 +215,10 @@ def run() -> dict[str, Any]:
             return go
 
         _phase(out, "floor", floor_phase)
-        _phase(out, "scale", scale)
-        _phase(out, "churn", churn)
         # packed: the production defaults (sessions_per_host 2000, max_live_sessions 10000)
         _phase(out, "packed", throughput("packed"))
+        _phase(out, "scale", scale)
+        _phase(out, "churn", churn)
         # strict: a process per session; two slots over the largest load, so the measured loads
         # never run at the host limit (where a new session evicts another)
         _phase(
