@@ -253,7 +253,12 @@ class SessionCore:
             if isinstance(final, AssistantMessage):  # the answer was produced; only the handoff is missing
                 sender = turn.sender.get("id")
                 reply = await finalize_reply(
-                    self.setup, final, messages, str(sender) if sender else None, ctl
+                    self.setup,
+                    final,
+                    messages,
+                    str(sender) if sender else None,
+                    ctl,
+                    record=self.writer.append,
                 )
         elif command is not None:
             # a chat command is answered before (and never shown to) the agent

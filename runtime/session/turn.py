@@ -42,6 +42,8 @@ from runtime.llm.types import (
     UserMessage,
 )
 from runtime.reply.capability import CapabilityCache, ProbeFn
+from runtime.reply.custom_output import OutputSpec
+from runtime.session.output_sink import OutputSink
 
 __all__ = [
     "DEFERRED_MARKER",
@@ -184,8 +186,12 @@ class SessionSetup:
         tools: Business tools the agent may call.
         system_prompt: System prompt (the IM preset for IM sessions).
         output_schema: ``"segments"`` (the structured reply, default:
-        docs/decisions.md#reply-segments) or ``False`` (plain text:
-            the final text becomes one text segment; ``@name`` never becomes a mention).
+        docs/decisions.md#reply-segments), ``False`` (plain text:
+            the final text becomes one text segment; ``@name`` never becomes a mention) or a custom
+            :class:`~runtime.reply.custom_output.OutputSpec` (the validated answer goes to
+            ``output_sink``, nothing to the chat: docs/decisions.md#structured-custom-schema).
+        output_sink: Where a custom schema's validated answers go (``None`` with a custom schema:
+            the transcript only).
         steering_mode / follow_up_mode: how queued steer / follow-up messages are drained
             (config ``ai.agent.steering_mode`` / ``follow_up_mode``; docs/decisions.md#queue-modes).
         pre_tools: Pre-executable tools.
@@ -217,7 +223,8 @@ class SessionSetup:
     model: Model
     tools: list[AgentTool[Any]] = field(default_factory=list)
     system_prompt: str = ""
-    output_schema: Literal["segments"] | Literal[False] = "segments"
+    output_schema: Literal["segments"] | Literal[False] | OutputSpec = "segments"
+    output_sink: OutputSink | None = None
     steering_mode: QueueMode = "one-at-a-time"
     follow_up_mode: QueueMode = "one-at-a-time"
     pre_tools: list[PreTool] = field(default_factory=list)
