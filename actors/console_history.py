@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.memory.transcripts import TranscriptEntry, TranscriptStore
-from runtime.reply.leak import LeakPolicy, scan_text
+from runtime.reply.leak import LeakPolicy, scrub
 
 __all__ = ["HISTORY_LIMIT", "HISTORY_MAX", "read_history", "scrub"]
 
@@ -32,19 +32,6 @@ HISTORY_LIMIT = 50
 """Messages of a scene the console shows after a reload when the page asks for no other number."""
 HISTORY_MAX = 200
 """The most messages one ``/console/api/history`` call returns (``limit`` above it is a 400)."""
-
-
-def scrub(value: Any, policy: LeakPolicy) -> Any:
-    """``value`` (JSON-shaped: dicts, lists, strings, numbers) with every string — dict values
-    and list items at any depth, not keys — passed through :func:`scan_text` (matches replaced by
-    ``policy.redaction``). Other values are returned unchanged; the input is not modified."""
-    if isinstance(value, str):
-        return scan_text(value, policy)[0]
-    if isinstance(value, dict):
-        return {k: scrub(v, policy) for k, v in value.items()}
-    if isinstance(value, list):
-        return [scrub(v, policy) for v in value]
-    return value
 
 
 def _browser_segment(seg: Any) -> Any:

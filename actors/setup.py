@@ -118,10 +118,11 @@ def business_tools(config: Any) -> list[Any]:
 class ConfigSetupFactory:
     """``(session_key) -> SessionSetup`` from ``config``: the model ``ai.default_model`` (the built-in
     offline model when unset), the ``chat_history`` tool bound to the session's scene, the
-    business tools (:func:`business_tools`), the ``delegate`` sub-agent tool when
-    ``ai.agent.delegate`` is on, the IM preset prompt, ``ai.agent`` output schema and queue
-    modes, the structured-output capability cache on the SQL store with the probe at first use
-    (``runtime.session.capabilities``), and — for console sessions only — the live-events hook
+    business tools (:func:`business_tools`), the ``generate_image`` tool when ``ai.image_model`` is
+    set and the session's bot has a ``media_dir`` (``providers.image_tool``), the ``delegate``
+    sub-agent tool when ``ai.agent.delegate`` is on, the IM preset prompt, ``ai.agent`` output
+    schema and queue modes, the structured-output capability cache on the SQL store with the probe
+    at first use (``runtime.session.capabilities``), and — for console sessions only — the live-events hook
     (``runtime.platforms.console_events``).
 
     Args:
@@ -199,6 +200,10 @@ class ConfigSetupFactory:
             make_chat_history_tool(self._db, platform=key.platform, bot_id=key.bot_id, scene_id=key.scene_id),
             *shared_tools,
         ]
+        from providers.image_tool import image_tool_for
+
+        image_tool = image_tool_for(self.config, key.platform, key.bot_id)  # ai.image_model + media_dir
+        tools += [image_tool] if image_tool is not None else []
         if agent.delegate:  # a sub-agent with the business tools, without the IM preset
             from runtime.session.turn_tools import make_subagent_tool
 

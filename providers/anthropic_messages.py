@@ -23,6 +23,13 @@ Stream rules (docs/decisions.md#llm-errors-as-events):
 structured-output layer falls back to its tool tier). ``StreamOptions.extra`` keys:
 ``http_client``, ``anthropic_version`` (header, default ``2023-06-01``), ``thinking_budget``
 (tokens, default by reasoning level).
+
+``StreamOptions.temperature`` is **not sent** by default: the current Messages API request
+(``anthropic.types.MessageCreateParams`` of the official SDK) has no sampling parameters, newer
+models answer 400 to ``temperature``, and extended thinking never took it
+(docs/decisions.md#provider-request-bodies). A model whose ``compat`` has ``send_temperature:
+true`` (an older model or a compatible server that still honours it) gets it, and even then never
+together with ``thinking``.
 """
 
 from __future__ import annotations
@@ -160,7 +167,8 @@ def build_request_body(
 
     ``max_tokens`` (tokens) defaults to ``model.max_tokens``; with reasoning on, ``thinking`` gets
     a budget from :data:`THINKING_BUDGETS` (or ``options.extra["thinking_budget"]``) and
-    ``max_tokens`` is raised above it. ``tool_choice``: ``auto``/``none``/``required`` (→ ``any``)
+    ``max_tokens`` is raised above it. ``temperature`` only with ``compat.send_temperature`` and
+    no thinking (see the module docstring). ``tool_choice``: ``auto``/``none``/``required`` (→ ``any``)
     or a tool name (→ ``{"type": "tool", "name": ...}``).
     """
     max_tokens = options.max_tokens or model.max_tokens
@@ -172,7 +180,8 @@ def build_request_body(
     }
     if context.system_prompt:
         body["system"] = context.system_prompt
-    if options.temperature is not None and reasoning == "off":
+    thinking = bool(model.reasoning and reasoning != "off")
+    if options.temperature is not None and model.compat.get("send_temperature") and not thinking:
         body["temperature"] = options.temperature
     if context.tools:
         body["tools"] = [
@@ -186,7 +195,7 @@ def build_request_body(
             body["tool_choice"] = {"type": "any"}
         elif choice:
             body["tool_choice"] = {"type": "tool", "name": choice}
-    if model.reasoning and reasoning != "off":
+    if thinking:
         budget = int(options.extra.get("thinking_budget") or THINKING_BUDGETS.get(reasoning, 8192))
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         body["max_tokens"] = max(max_tokens, budget + 1024)

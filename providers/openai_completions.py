@@ -206,10 +206,10 @@ def build_request_body(
             schema["strict"] = True
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
     if model.reasoning and reasoning != "off":
-        if compat.reasoning_format == "openai":
-            body["reasoning_effort"] = "low" if reasoning == "minimal" else reasoning
+        if compat.reasoning_format == "openai":  # the API has every unified level, ``minimal`` too
+            body["reasoning_effort"] = reasoning
         elif compat.reasoning_format == "openrouter":
-            body["reasoning"] = {"effort": "low" if reasoning == "minimal" else reasoning}
+            body["reasoning"] = {"effort": reasoning}
         elif compat.reasoning_format == "qwen":
             body["enable_thinking"] = True
     elif model.reasoning and compat.reasoning_format == "qwen":

@@ -125,14 +125,23 @@ function showReply(ev) {
   addLine("bot", ev.bot_id || "bot", segmentsNode(ev.segments), "reply");
 }
 
-// A collapsible event line: the summary carries data-testid=agent-event, the body the details.
-function foldable(cls, summary, body, bodyTestid) {
+// A collapsible event line: the summary carries data-testid=agent-event (or summaryTestid), the body the details.
+function foldable(cls, summary, body, bodyTestid, summaryTestid = "agent-event") {
   const pre = el("pre", { "data-testid": bodyTestid }, body);
-  const details = el("details", {}, el("summary", { "data-testid": "agent-event" }, summary), pre);
+  const details = el("details", {}, el("summary", { "data-testid": summaryTestid }, summary), pre);
   return el("li", { class: "event " + cls }, details);
 }
 
+// The completed-reply line: the turn's validated reply as readable text (never streamed half
+// JSON: the session publishes it only after validation, docs/decisions.md#reply-final-output).
+function previewLine(e) {
+  const text = typeof e.text === "string" ? e.text : "";
+  const head = text.length > ARGS_INLINE_CHARS ? text.slice(0, ARGS_INLINE_CHARS) + "…" : text;
+  return foldable("preview", `✔ reply ready: ${head}`, text, "reply-preview-text", "reply-preview");
+}
+
 function eventLine(e) {
+  if (e.type === "reply_preview") return previewLine(e);
   if (e.type === "tool_call") {
     const args = JSON.stringify(e.args ?? {});
     const inline = args.length > ARGS_INLINE_CHARS ? args.slice(0, ARGS_INLINE_CHARS) + "…" : args;

@@ -281,6 +281,10 @@ class AiConfig(_Closed):
     vision_model: str | None = None
     """Used instead of the default when a turn carries images (docs/decisions.md#model-routing)."""
     fallback_models: list[str] = Field(default_factory=list)
+    image_model: str | None = None
+    """``provider_alias/model_id`` of an image model on an OpenAI-compatible Images API; sessions
+    of bots with a ``media_dir`` then get the ``generate_image`` tool
+    (docs/decisions.md#llm-image-generation)."""
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
@@ -318,7 +322,7 @@ class AiConfig(_Closed):
         for alias in self.providers:
             if not alias or "/" in alias:  # refs are "alias/model_id": the first "/" ends the alias
                 raise ValueError(f"[providers.{alias}] a provider alias must be non-empty and contain no '/'")
-        for key in ("default_model", "vision_model"):
+        for key in ("default_model", "vision_model", "image_model"):
             ref = getattr(self, key)
             if ref is not None:
                 _split_ref(ref, self, key)

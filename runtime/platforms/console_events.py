@@ -8,6 +8,17 @@ only what the console shows (:func:`console_payload`) and POSTs it to the consol
 ``{api_base}/console/api/events`` (the call of :func:`runtime.platforms.console.agent_event_call`),
 which fans it out to the browsers of the session's scene.
 
+Every payload passes the leak check before it is queued
+(:func:`runtime.reply.leak.scrub` with the policy of the configuration,
+docs/decisions.md#security-console-leak-check): a configured secret or a key format in a tool
+argument, a tool result, a thinking preview or a notice reason leaves the session as
+``[redacted]`` — it never reaches the console's event stream (the console scrubs again on receipt).
+
+The completed-reply view: the sink holds a :class:`runtime.reply.preview.ReplyPreview` per turn;
+streamed text is held back, and only the turn's validated reply (its ``ReplyOutcome``) releases
+``{"type": "reply_preview", "text": <Reply.preview_text()>, "outcome", "tier"}`` — never half JSON
+(docs/decisions.md#reply-final-output). An empty (aborted) reply releases nothing.
+
 Posting is fire-and-forget: :meth:`ConsoleEventSink.__call__` never blocks and never raises. One
 background task per sink drains a bounded queue in order (so a tool's end never overtakes its
 start), each POST bounded by ``timeout_s``; a full queue, an unreachable console or an error
@@ -23,6 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.platforms.console import agent_event_call, agent_event_payload
+from runtime.reply.leak import LeakPolicy, scrub
+from runtime.reply.preview import ReplyPreview
 
 __all__ = ["THINKING_PREVIEW_CHARS", "ConsoleEventSink", "console_event_hook", "console_payload"]
 
@@ -62,8 +75,8 @@ def console_payload(event: Any, *, thinking: bool = False) -> dict[str, Any] | N
         if len(text) > THINKING_PREVIEW_CHARS:
             text = text[:THINKING_PREVIEW_CHARS] + "…"
         return {"type": "thinking", "text": text}
-    outcome = getattr(event, "outcome", None)
-    if isinstance(outcome, str) and hasattr(event, "tier") and hasattr(event, "reply"):
+    if _is_outcome(event):
+        outcome = event.outcome
         if outcome not in _NOTICE_OUTCOMES:
             return None
         words = {
@@ -79,6 +92,15 @@ def console_payload(event: Any, *, thinking: bool = False) -> dict[str, Any] | N
     return None
 
 
+def _is_outcome(event: Any) -> bool:
+    """Whether ``event`` is a turn's ``ReplyOutcome`` (duck-typed: ``outcome``, ``tier``, ``reply``)."""
+    return (
+        isinstance(getattr(event, "outcome", None), str)
+        and hasattr(event, "tier")
+        and hasattr(event, "reply")
+    )
+
+
 class ConsoleEventSink:
     """``SessionSetup.on_event`` of one console session (see the module docstring).
 
@@ -90,6 +112,8 @@ class ConsoleEventSink:
         timeout_s: Bound of each POST (seconds).
         api_token: ``X-Console-Api-Token`` to send (``$SESSIONRAY_CONSOLE_API_TOKEN``, which the
             console's ``/console/api/events`` requires) or ``None``.
+        leak: The leak policy every payload passes (default :class:`LeakPolicy` ``()``: the key
+            formats only; :func:`console_event_hook` passes the configuration's secrets too).
     """
 
     def __init__(
@@ -101,8 +125,11 @@ class ConsoleEventSink:
         thinking: bool = False,
         timeout_s: float = 2.0,
         api_token: str | None = None,
+        leak: LeakPolicy | None = None,
     ) -> None:
         self.api_base = api_base
+        self.leak = leak or LeakPolicy()
+        self._preview = ReplyPreview()
         self.api_token = api_token
         self.session_key = session_key
         self.token = token
@@ -112,18 +139,36 @@ class ConsoleEventSink:
         self._task: asyncio.Task[None] | None = None
 
     def __call__(self, event: Any) -> None:
-        """Queue ``event``'s console payload for posting; returns at once, never raises."""
+        """Queue ``event``'s console payload (leak-checked) for posting, and the completed-reply
+        preview when ``event`` is the turn's outcome; returns at once, never raises."""
         try:
-            payload = console_payload(event, thinking=self.thinking)
-            if payload is None:
-                return
-            if self._queue is None:
-                self._queue = asyncio.Queue(_QUEUE_MAX)
-            self._queue.put_nowait(payload)
-            if self._task is None or self._task.done():
-                self._task = asyncio.get_running_loop().create_task(self._drain())
+            payloads = [console_payload(event, thinking=self.thinking)]
+            if _is_outcome(event):
+                preview, self._preview = self._preview, ReplyPreview()  # the next turn starts afresh
+                text = preview.take(event)
+                if text is not None:
+                    payloads.append(
+                        {
+                            "type": "reply_preview",
+                            "text": text,
+                            "outcome": event.outcome,
+                            "tier": str(event.tier),
+                        }
+                    )
+            else:
+                self._preview.on_event(event)  # streamed text is held back
+            for payload in payloads:
+                if payload is not None:
+                    self._put(scrub(payload, self.leak))
         except Exception as exc:  # QueueFull, no running loop, a strange event: drop it
             log.debug("console event of %s dropped: %r", self.session_key, exc)
+
+    def _put(self, payload: dict[str, Any]) -> None:
+        if self._queue is None:
+            self._queue = asyncio.Queue(_QUEUE_MAX)
+        self._queue.put_nowait(payload)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain())
 
     async def drained(self) -> None:
         """Wait until every queued event was posted or dropped (tests, passivation)."""
@@ -164,8 +209,10 @@ class ConsoleEventSink:
 def console_event_hook(config: Any, session_key: str) -> Callable[[Any], None] | None:
     """The ``on_event`` hook of ``session_key``: a :class:`ConsoleEventSink` when its platform is
     ``console`` and ``config.bots`` has that console bot; ``None`` otherwise (other platforms get
-    no live events). A ``secret_env`` naming an unset variable sends no token (the console then
-    refuses the events; logged at debug level). The sink sends ``$SESSIONRAY_CONSOLE_API_TOKEN``
+    no live events). Its payloads pass the leak check with
+    :meth:`runtime.reply.leak.LeakPolicy.from_config` of ``config``. A ``secret_env`` naming an
+    unset variable sends no token (the console then refuses the events; logged at debug level).
+    The sink sends ``$SESSIONRAY_CONSOLE_API_TOKEN``
     (:func:`runtime.platforms.console.console_api_token`) as ``X-Console-Api-Token``."""
     from runtime.keys import parse_session_key
     from runtime.platforms.base import read_env
@@ -183,6 +230,11 @@ def console_event_hook(config: Any, session_key: str) -> Callable[[Any], None] |
                 token = None
             thinking = bool(getattr(bot, "thinking_preview", False))
             return ConsoleEventSink(
-                str(bot.api_base), session_key, token=token, thinking=thinking, api_token=console_api_token()
+                str(bot.api_base),
+                session_key,
+                token=token,
+                thinking=thinking,
+                api_token=console_api_token(),
+                leak=LeakPolicy.from_config(config),
             )
     return None

@@ -48,7 +48,15 @@ from runtime import metrics
 from runtime.reply.segments import MarkdownSegment, Reply, Segment, ShareData, ShareSegment, TextSegment
 from runtime.reply.textnorm import normalized_view
 
-__all__ = ["KEY_PATTERNS", "NORMALIZED_MIN_CHARS", "LeakPolicy", "LeakResult", "scan_reply", "scan_text"]
+__all__ = [
+    "KEY_PATTERNS",
+    "NORMALIZED_MIN_CHARS",
+    "LeakPolicy",
+    "LeakResult",
+    "scan_reply",
+    "scan_text",
+    "scrub",
+]
 
 CONSOLE_API_TOKEN_ENV = "SESSIONRAY_CONSOLE_API_TOKEN"
 """The environment variable holding the console's internal-endpoint token. Every worker has it,
@@ -274,6 +282,21 @@ def scan_text(text: str, policy: LeakPolicy) -> tuple[str, list[str]]:
         pos = end
     out.append(text[pos:])
     return "".join(out), _names(hits)
+
+
+def scrub(value: Any, policy: LeakPolicy) -> Any:
+    """``value`` (JSON-shaped: dicts, lists, strings, numbers) with every string — dict values
+    and list items at any depth, not keys — passed through :func:`scan_text` (matches replaced by
+    ``policy.redaction``). Other values are returned unchanged; the input is not modified. Used for
+    what the console shows: history and live agent events
+    (docs/decisions.md#security-console-leak-check)."""
+    if isinstance(value, str):
+        return scan_text(value, policy)[0]
+    if isinstance(value, dict):
+        return {k: scrub(v, policy) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, policy) for v in value]
+    return value
 
 
 def _strings(value: Any) -> list[str]:

@@ -1,13 +1,29 @@
 """Media provenance of IM replies: use references that exist in the context or came from tools;
 never invent attachment addresses (docs/decisions.md#reply-media-provenance).
 
-A reply's ``url``, ``path`` or ``file`` media value must appear in the session's context — the
-inbound messages (their media references are written into the user message by
-:func:`inbound_media_lines`), pre-turn tool results, tool results of earlier turns or of this turn
-(text *and* ``details``) — or start with one of the operator's allowlisted URL prefixes
-(``ai.media_url_allowlist``, for hosts serving the bot's own assets). ``base64`` media carry their
-bytes inline and are not references. The model's own earlier messages do not count: an address it
-invented once does not become real by repetition.
+A reply's ``url``, ``path`` or ``file`` media value must be a **whole reference** found in the
+session's context — the inbound messages (their media references are written into the user
+message by :func:`inbound_media_lines`), pre-turn tool results, tool results of earlier turns or
+of this turn (text *and* ``details``) — or start with one of the operator's allowlisted URL
+prefixes (``ai.media_url_allowlist``, for hosts serving the bot's own assets). ``base64`` media
+carry their bytes inline and are not references. The model's own earlier messages do not count:
+an address it invented once does not become real by repetition.
+
+What counts as a reference of the context (:func:`context_references`):
+
+* every string leaf of a tool result's ``details``, of a custom record's data and of a text block
+  that is a JSON document, taken whole;
+* every ``http(s)`` URL in free text, taken up to the next whitespace, quote or bracket (trailing
+  sentence punctuation dropped);
+* every token of free text between whitespace, quotes and brackets (so a file id or a path
+  written in prose counts), the value of a ``key=value`` token, and the value of an inbound
+  media line ``[image url=…]``;
+* a ``data:`` URL counts by the SHA-256 **digest of its decoded bytes** (as do image blocks of user
+  and tool messages), so a reply's data URL matches when it carries the same bytes.
+
+A prefix, a suffix or any other part of a reference is not a reference: with
+``https://example.com/cat.png`` in the context, ``https://example.com/c``, ``cat.png`` and ``e``
+are rejected.
 
 A violation is a contract violation handled like an invalid reply by :mod:`runtime.reply.im_reply`
 (one format-correction call, then the fixed failure message): :class:`ProvenanceIdentity` extends
@@ -18,16 +34,35 @@ builds it with :func:`reply_identity`. Each rejection counts
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from runtime import metrics
-from runtime.llm.types import AgentMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
+from runtime.llm.types import (
+    AgentMessage,
+    CustomMessage,
+    ImageContent,
+    TextContent,
+    ToolResultMessage,
+    UserMessage,
+)
 from runtime.reply.mentions import MentionIdentity
 
-__all__ = ["CHECKED_KINDS", "MediaProvenance", "ProvenanceIdentity", "inbound_media_lines", "reply_identity"]
+__all__ = [
+    "CHECKED_KINDS",
+    "MediaProvenance",
+    "ProvenanceIdentity",
+    "context_references",
+    "data_url_digest",
+    "inbound_media_lines",
+    "reply_identity",
+]
 
 CHECKED_KINDS = ("url", "path", "file")
 """Media kinds that are references (``base64`` is inline data)."""
@@ -44,18 +79,104 @@ def inbound_media_lines(segments: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _texts(message: AgentMessage) -> Iterable[str]:
-    if isinstance(message, UserMessage):
-        if isinstance(message.content, str):
-            yield message.content
-        else:
-            yield from (b.text for b in message.content if isinstance(b, TextContent))
-    elif isinstance(message, ToolResultMessage):
-        yield from (b.text for b in message.content if isinstance(b, TextContent))
-        if message.details is not None:
-            yield json.dumps(message.details, ensure_ascii=False, default=str)
-    elif isinstance(message, CustomMessage):
-        yield json.dumps(message.data, ensure_ascii=False, default=str)
+_URL_RE = re.compile(r"https?://[^\s\"'<>\[\]{}`|\\^]+", re.IGNORECASE)
+_DATA_URL_RE = re.compile(r"data:[^,\s\"'<>]*;base64,([A-Za-z0-9+/_-]+=*)", re.IGNORECASE)
+_MEDIA_LINE_RE = re.compile(r"^\[\w+ (?:url|path|file)=(.+)\]$", re.MULTILINE)
+_TOKEN_SPLIT = re.compile(r"[\s\"'<>\[\]{}`]+")
+_KEY_VALUE = re.compile(r"[A-Za-z_]\w*=(.+)")
+_TRAILING = ".,;:!?)"
+
+
+def data_url_digest(value: str) -> str | None:
+    """The hex SHA-256 of a ``data:…;base64,…`` URL's decoded bytes, or ``None`` when ``value`` is
+    not a base64 data URL (or its payload does not decode)."""
+    m = _DATA_URL_RE.fullmatch(value.strip())
+    return _digest(m.group(1)) if m else None
+
+
+def _digest(b64: str) -> str | None:
+    try:
+        raw = base64.b64decode(b64.replace("-", "+").replace("_", "/"), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return hashlib.sha256(raw).hexdigest() if raw else None
+
+
+def _leaves(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _leaves(v)
+
+
+def _free_text_refs(text: str, refs: set[str], digests: set[str]) -> None:
+    """Add the references written in ``text`` (see the module docstring) to ``refs``/``digests``."""
+    for m in _DATA_URL_RE.finditer(text):
+        if (d := _digest(m.group(1))) is not None:
+            digests.add(d)
+    refs.update(m.group(1).strip() for m in _MEDIA_LINE_RE.finditer(text))
+    refs.update(m.group(0).rstrip(_TRAILING) for m in _URL_RE.finditer(text))
+    for token in _TOKEN_SPLIT.split(text):
+        for t in (token, token.rstrip(_TRAILING).lstrip("(")):
+            if t:
+                refs.add(t)
+                if (kv := _KEY_VALUE.fullmatch(t)) is not None:
+                    refs.add(kv.group(1))
+
+
+def _text_refs(text: str, refs: set[str], digests: set[str]) -> None:
+    """A text block: a JSON document's string leaves whole, then the text as free text."""
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        try:
+            for leaf in _leaves(json.loads(stripped)):
+                _leaf_refs(leaf, refs, digests)
+        except ValueError:
+            pass
+    _free_text_refs(text, refs, digests)
+
+
+def _leaf_refs(leaf: str, refs: set[str], digests: set[str]) -> None:
+    """A structured string value: the whole value, its digest if it is a data URL, and the
+    references written inside it."""
+    if leaf.strip():
+        refs.add(leaf.strip())
+    if (d := data_url_digest(leaf)) is not None:
+        digests.add(d)
+    _free_text_refs(leaf, refs, digests)
+
+
+def context_references(
+    messages: Iterable[AgentMessage], extra: Iterable[str] = ()
+) -> tuple[set[str], set[str]]:
+    """``(references, digests)`` of the context: user messages, tool results (text, image blocks
+    and ``details``) and custom records, plus ``extra`` free texts (e.g. the current inbound's
+    media lines). Assistant messages are skipped: the model's own words are no source."""
+    refs: set[str] = set()
+    digests: set[str] = set()
+    for message in messages:
+        if isinstance(message, UserMessage | ToolResultMessage):
+            blocks = (
+                [TextContent(text=message.content)] if isinstance(message.content, str) else message.content
+            )
+            for b in blocks:
+                if isinstance(b, TextContent):
+                    _text_refs(b.text, refs, digests)
+                elif isinstance(b, ImageContent) and (d := _digest(b.data)) is not None:
+                    digests.add(d)
+            if isinstance(message, ToolResultMessage) and message.details is not None:
+                for leaf in _leaves(message.details):
+                    _leaf_refs(leaf, refs, digests)
+        elif isinstance(message, CustomMessage):
+            for leaf in _leaves(message.data):
+                _leaf_refs(leaf, refs, digests)
+    for text in extra:
+        _free_text_refs(text, refs, digests)
+    return refs, digests
 
 
 @dataclass(frozen=True)
@@ -63,31 +184,38 @@ class MediaProvenance:
     """Where a reply's media references may come from.
 
     Attributes:
-        corpus: Every user/tool/custom text of the context, joined (references are found as
-            substrings, so a URL inside JSON or prose counts).
+        references: Whole references of the context (:func:`context_references`).
+        digests: Hex SHA-256 digests of the data URLs and image blocks of the context.
         allowlist: URL prefixes accepted without appearing in the context.
     """
 
-    corpus: str = ""
+    references: frozenset[str] = frozenset()
+    digests: frozenset[str] = frozenset()
     allowlist: tuple[str, ...] = ()
 
     @classmethod
     def from_messages(
         cls, messages: Iterable[AgentMessage], allowlist: Iterable[str] = (), extra: Iterable[str] = ()
     ) -> MediaProvenance:
-        """Collect the context's texts (user, tool results incl. ``details``, custom records) plus
-        ``extra`` strings (e.g. the current inbound's media lines)."""
-        parts = [t for m in messages for t in _texts(m)]
-        parts += list(extra)
-        return cls("\n".join(parts), tuple(p for p in allowlist if p))
+        """Collect the context's references (user, tool results incl. ``details``, custom records)
+        plus those of the ``extra`` free texts (e.g. the current inbound's media lines)."""
+        refs, digests = context_references(messages, extra)
+        return cls(frozenset(refs), frozenset(digests), tuple(p for p in allowlist if p))
 
     def allowed(self, kind: str, value: str) -> bool:
-        """Whether a media value of ``kind`` is known (always true for ``base64``)."""
+        """Whether a media value of ``kind`` is known (always true for ``base64``): the exact
+        value is a reference of the context, a ``url`` starts with an allowlisted prefix, or a
+        ``data:`` URL's decoded bytes have a digest of the context."""
         if kind not in CHECKED_KINDS:
             return True
+        if not value:
+            return False
         if kind == "url" and any(value.startswith(p) for p in self.allowlist):
             return True
-        return bool(value) and value in self.corpus
+        if value in self.references:
+            return True
+        digest = data_url_digest(value) if kind == "url" else None
+        return digest is not None and digest in self.digests
 
     def check(self, reply: Any) -> str | None:
         """Return an error naming the first invented media reference of ``reply``, or ``None``."""
@@ -96,8 +224,9 @@ class MediaProvenance:
             if media is None or self.allowed(media.kind, media.value):
                 continue
             metrics.MEDIA_PROVENANCE_REJECTED.inc(kind=media.kind)
+            shown = media.value if len(media.value) <= 200 else media.value[:200] + "…"
             return (
-                f"{seg.type} media {media.kind} {media.value!r} does not come from this conversation or a "
+                f"{seg.type} media {media.kind} {shown!r} does not come from this conversation or a "
                 "tool result; attach only references you were given (never invent addresses), or drop it"
             )
         return None

@@ -208,13 +208,16 @@ async def finalize_reply(
     *,
     contract: Any = None,
     budget_spent: bool = False,
+    scope: str | None = None,
     record: RecordFn | None = None,
 ) -> Reply:
     """Validate the turn's final answer into a :class:`Reply` (strict validation, at most
     one format-correction call (docs/decisions.md#reply-one-correction), then the fixed failure
     message; mention targets must be known ids). ``budget_spent``: the loop stopped on
-    ``max_iterations`` — ask once more for a summary in the same schema. A cancelled turn gives an
-    empty reply (nothing is sent).
+    ``max_iterations`` — ask once more for a summary in the same schema, with the history converted
+    by the session's own converter (:func:`convert_for_session` of ``scope``, default the turn's
+    scene type: sender prefixes, forged-prefix stripping, pre-tool and deferred records), as the
+    loop's calls were. A cancelled turn gives an empty reply (nothing is sent).
 
     With a custom ``output_schema`` the reply is always empty: a validated answer goes to
     ``setup.output_sink`` (``record`` appends its transcript record), a failed one nowhere
@@ -228,7 +231,11 @@ async def finalize_reply(
     signal = ctl.abort_controller.signal
     if budget_spent and not signal.aborted:
         outcome = await contract.summarize(
-            messages, identity, system_prompt=setup.system_prompt, signal=signal
+            messages,
+            identity,
+            system_prompt=setup.system_prompt,
+            signal=signal,
+            convert_to_llm=convert_for_session(scope or ctl.turn.scene_type),
         )
     else:
         outcome = await contract.finalize(final, identity, signal=signal)
@@ -338,5 +345,6 @@ async def run_agent(
         ctl,
         contract=contract,
         budget_spent=budget_spent,
+        scope=scope,
         record=record,
     )

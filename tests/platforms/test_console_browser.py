@@ -35,6 +35,7 @@ from tests.platforms.console_browser_support import (
     chromium,
     clipped_lists,
     expect,
+    in_own_loop,
     log_texts,
     login,
     open_console,
@@ -286,6 +287,42 @@ def test_tool_calls_show_arguments_and_results(console: Console, open_page: Open
     assert args.is_visible() and args.text_content() == '{\n  "tz": "UTC"\n}'
     assert results.all_text_contents() == ["2026-01-01T00:00:00Z", "token=[redacted]"]
     assert API_TOKEN not in page.content()
+
+
+def test_validated_reply_drives_the_completed_reply_line(console: Console, open_page: OpenPage) -> None:
+    """A session's event sink, fed streamed half JSON and then the turn's validated outcome, shows
+    one completed-reply line with the reply's preview (not an agent-event line, no half JSON)."""
+    from runtime.agent.events import MessageUpdateEvent
+    from runtime.llm.events import TextDeltaEvent
+    from runtime.llm.types import AssistantMessage, TextContent
+    from runtime.platforms.console_events import ConsoleEventSink
+    from runtime.reply.im_reply import ReplyOutcome
+    from runtime.reply.segments import Reply
+
+    page = open_page(390)
+    login(page, "previewer")
+    segments = [
+        {"type": "text", "data": {"text": "it is noon "}},
+        {"type": "mention", "data": {"target": "previewer"}},
+    ]
+    reply = Reply.model_validate({"segments": segments})
+
+    async def run_turn() -> None:
+        sink = ConsoleEventSink(console.url, "console:console:private:previewer", api_token=API_TOKEN)
+        partial = AssistantMessage(content=[TextContent(text='{"segments": [')])
+        sink(
+            MessageUpdateEvent(message=partial, assistant_message_event=TextDeltaEvent(0, '{"segm', partial))
+        )
+        sink(ReplyOutcome(reply, "native", "first_try", "raw"))  # type: ignore[arg-type]
+        await sink.drained()
+
+    in_own_loop(run_turn())
+    summary = page.get_by_test_id("reply-preview")
+    expect(summary).to_have_text("✔ reply ready: it is noon @previewer")
+    assert page.get_by_test_id("agent-event").count() == 0
+    summary.click()
+    assert page.get_by_test_id("reply-preview-text").text_content() == "it is noon @previewer"
+    assert '{"segm' not in page.content()
 
 
 # --------------------------------------------------------------------------- master panel

@@ -309,18 +309,19 @@ async def test_console_event_sink_posts_in_order_and_never_raises(api_server: An
     for i in range(3):
         sink(ToolExecutionStartEvent(tool_call_id=f"c{i}", tool_name=f"t{i}", args={"i": i}))
     sink(TurnStartEvent())  # not shown: nothing posted
-    sink(_outcome("first_try"))  # not shown either
+    sink(_outcome("first_try"))  # no notice; only the completed-reply preview
     await sink.drained()
     sent = [r for r in api_server.requests if r.path == "/console/api/events"]
+    preview = {"type": "reply_preview", "text": "hi", "outcome": "first_try", "tier": "native"}
     assert [(r.json, r.headers.get("x-console-token")) for r in sent] == [
         ({"session_key": key, "event": {"type": "tool_call", "name": f"t{i}", "args": {"i": i}}}, "tok")
         for i in range(3)
-    ]
+    ] + [({"session_key": key, "event": preview}, "tok")]
     # a refusing console and an unreachable one: the event is dropped, nothing raises
     api_server.respond_with("/console/api/events", 500, b"down")
     sink(_outcome("failed"))
     await sink.drained()
-    assert len([r for r in api_server.requests if r.path == "/console/api/events"]) == 4
+    assert len([r for r in api_server.requests if r.path == "/console/api/events"]) == 6  # notice + preview
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nobody listens there

@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -435,8 +436,9 @@ async def test_console_event_stream_fans_out_by_scene(stack: Stack) -> None:
 
 
 async def test_console_session_posts_live_tool_events(stack: Stack) -> None:
-    """A console turn with one tool call: the session posts the tool's start and end to
-    /console/api/events, and the user's SSE stream carries them next to the reply."""
+    """A console turn with one tool call: the session posts the tool's start and end and the
+    validated reply's preview to /console/api/events, and the user's SSE stream carries them next
+    to the reply."""
     received: list[dict[str, Any]] = []
     async with (
         httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client,
@@ -452,13 +454,13 @@ async def test_console_session_posts_live_tool_events(stack: Stack) -> None:
             async for line in lines:
                 if line.startswith("data: "):
                     received.append(json.loads(line[6:]))
-                if len(received) == 3:
+                if len(received) == 4:
                     return
 
         try:
             await asyncio.wait_for(collect(), 60)  # bound: keepalives would otherwise wait forever
         except TimeoutError:
-            pytest.fail(f"expected 2 agent events and a reply on the stream, got {received}")
+            pytest.fail(f"expected 3 agent events and a reply on the stream, got {received}")
     agent = [e for e in received if e["type"] == "agent"]
     replies = [e for e in received if e["type"] == "reply"]
     assert agent == [
@@ -471,6 +473,16 @@ async def test_console_session_posts_live_tool_events(stack: Stack) -> None:
             "type": "agent",
             "session_key": "console:console:private:frank",
             "event": {"type": "tool_result", "name": "sleep", "is_error": False, "result": "slept 0"},
+        },
+        {  # the completed-reply line: the validated reply's preview (docs/decisions.md#reply-final-output)
+            "type": "agent",
+            "session_key": "console:console:private:frank",
+            "event": {
+                "type": "reply_preview",
+                "text": "tool: slept 0; then: []",
+                "outcome": ANY,
+                "tier": ANY,
+            },
         },
     ]
     assert [(r["scene_id"], r["reply_to"], r["segments"]) for r in replies] == [

@@ -4,15 +4,24 @@ message) while one from a tool result, the inbound or the allowlist passes
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
 
 from providers.faux import faux_assistant_message, faux_text, register_faux_provider
-from runtime.llm.types import AssistantMessage, TextContent, ToolResultMessage, UserMessage
+from runtime.llm.types import (
+    AssistantMessage,
+    CustomMessage,
+    ImageContent,
+    TextContent,
+    ToolResultMessage,
+    UserMessage,
+)
 from runtime.reply.capability import CapabilityCache
 from runtime.reply.im_reply import ImReplyConfig, ImReplyContract
-from runtime.reply.provenance import MediaProvenance, inbound_media_lines, reply_identity
+from runtime.reply.provenance import MediaProvenance, data_url_digest, inbound_media_lines, reply_identity
 from runtime.reply.segments import Reply
 
 FAIL = "Sorry, that did not work."
@@ -95,10 +104,10 @@ async def test_allowlisted_prefix_passes_and_other_kinds() -> None:
         prov.allowed("base64", "iVBORw0KGgo="),
         prov.allowed("file", "abc-123"),
         prov.allowed("file", "abc-999"),
-        prov.allowed("path", "generated/cat-42.png"),
+        prov.allowed("path", "generated/cat-42.png"),  # a part of a URL is no path of the context
         prov.allowed("path", "/etc/passwd"),
         prov.allowed("url", ""),
-    ] == [True, True, False, True, False, False]
+    ] == [True, True, False, False, False, False]
 
 
 def test_inbound_media_lines() -> None:
@@ -112,3 +121,65 @@ def test_inbound_media_lines() -> None:
         "[image url=https://qq.example/in/1.jpg]",
         "[file file=tg-file-7]",
     ]
+
+
+def test_only_whole_references_pass() -> None:
+    known = "https://example.com/cat.png"
+    prov = MediaProvenance.from_messages([UserMessage(content=f"look at {known}, it is cute")])
+    assert prov.allowed("url", known)
+    rejected = [
+        ("url", "https://example.com/c"),  # a prefix of the known URL
+        ("url", "https://example.com/"),
+        ("url", "example.com/cat.png"),
+        ("url", known + "x"),
+        ("path", "cat.png"),
+        ("file", "1"),
+        ("file", "e"),
+        ("path", "https://example.com/cat.pn"),
+    ]
+    assert [(k, v) for k, v in rejected if prov.allowed(k, v)] == []
+
+
+def test_references_in_prose_json_and_details() -> None:
+    payload = base64.b64encode(b"\x89PNG fake bytes").decode()
+    messages = [
+        ToolResultMessage(
+            tool_call_id="c1",
+            tool_name="lookup",
+            content=[TextContent(text='{"items": [{"file_id": "AgADBAAD-xyz", "path": "out/my cat.png"}]}')],
+            details={"nested": {"link": "https://cdn.example/a.png?size=1&v=2"}},
+        ),
+        ToolResultMessage(
+            tool_call_id="c2",
+            tool_name="shot",
+            content=[TextContent(text="saved to renders/7.jpg. Also see (https://x.example/y.gif).")],
+        ),
+        UserMessage(content=[TextContent(text="mine"), ImageContent(data=payload, mime_type="image/png")]),
+        CustomMessage(custom_type="pre_tool_results", data={"results": {"p": "id=tgfile-55"}}),
+    ]
+    prov = MediaProvenance.from_messages(messages, extra=["[image path=in box/1.png]"])
+    assert [
+        prov.allowed("file", "AgADBAAD-xyz"),
+        prov.allowed("path", "out/my cat.png"),  # a JSON string leaf, taken whole
+        prov.allowed("url", "https://cdn.example/a.png?size=1&v=2"),
+        prov.allowed("path", "renders/7.jpg"),  # prose, sentence punctuation dropped
+        prov.allowed("url", "https://x.example/y.gif"),
+        prov.allowed("file", "tgfile-55"),  # the value of a key=value token
+        prov.allowed("path", "in box/1.png"),  # an inbound media line
+        prov.allowed("url", f"data:image/png;base64,{payload}"),  # same bytes as the image block
+        prov.allowed("url", "data:image/png;base64," + base64.b64encode(b"other").decode()),
+        prov.allowed("file", "1"),  # "size=1" inside a URL is no key=value token
+        prov.allowed("path", "out/my cat"),  # part of a leaf with a space
+    ] == [True, True, True, True, True, True, True, True, False, False, False]
+    assert (
+        data_url_digest(f"data:image/png;base64,{payload}")
+        == hashlib.sha256(b"\x89PNG fake bytes").hexdigest()
+    )
+    assert data_url_digest("https://example.com/a.png") is None
+
+
+async def test_a_prefix_of_a_known_url_is_rejected_by_the_contract(metric: Callable[..., float]) -> None:
+    outcome, faux = await finalize(image_reply("https://cdn.example/generated/cat"), None)
+    assert (outcome.outcome, outcome.reply) == ("failed", Reply.of_text(FAIL))
+    assert faux.call_count == 1  # the one correction call (no scripted answer: it fails)
+    assert metric("sessionray_media_provenance_rejected_total", kind="url") == 1.0
