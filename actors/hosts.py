@@ -202,19 +202,19 @@ class HostSupervisor:
             return_exceptions=True,
         )
         for (key, host), answer in zip(ready, answers, strict=True):
-            if isinstance(answer, TimeoutError):  # busy, not dead: the ping_turn probe judges hangs
-                log.info("session host %s: status not answered within the bound", host.index)
+            if self._hosts.get(key) is not host:  # removed meanwhile (hung probe, report_dead)
                 continue
-            if isinstance(answer, BaseException):
-                if self._hosts.get(key) is not host:  # removed meanwhile (hung probe, report_dead)
-                    continue
+            if isinstance(answer, TimeoutError):  # busy or hung: the ping_turn probe decides
+                log.info("session host %s: status not answered within the bound", host.index)
+            elif isinstance(answer, BaseException):
                 log.warning("session host %s does not answer (%r); replacing it", host.index, answer)
                 self.stats["replaced"] += 1
                 self._remove(key)
                 continue
-            host.live, host.uss_mib = int(answer["live"]), float(answer["uss_mib"])
-            host.oldest_idle_s = float(answer.get("oldest_idle_s", 0.0))
-            if now - host.probed_at >= TURN_PROBE_S:
+            else:
+                host.live, host.uss_mib = int(answer["live"]), float(answer["uss_mib"])
+                host.oldest_idle_s = float(answer.get("oldest_idle_s", 0.0))
+            if now - host.probed_at >= TURN_PROBE_S or isinstance(answer, TimeoutError):
                 host.probed_at = now
                 probe = asyncio.create_task(self._probe_turn(key, host))
                 self._probes.add(probe)
