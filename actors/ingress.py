@@ -54,14 +54,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import prometheus_client
-from ray.exceptions import ActorUnavailableError, RayActorError
-from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -70,21 +67,24 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.admin import admin_routes
 from actors.console import console_routes
-from actors.http_input import max_text_chars, text_too_long
-from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
+from actors.http_input import max_text_chars
+from actors.inbound import DECODE_IN_THREAD_BYTES, InboundPipeline
+from actors.ingress_guard import BodySizeLimit, trusted_internal_call
+from actors.telegram_poll import polling_bots, polling_health
 from runtime import metrics
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.memory.transcripts import TranscriptStore
-from runtime.platforms.base import InboundMessage, MalformedEvent, PlatformCodec, SignatureError, get_codec
+from runtime.platforms.base import PlatformCodec, SignatureError, get_codec
 from runtime.platforms.common import is_json_content_type
 
-__all__ = ["DECODE_IN_THREAD_BYTES", "Ingress", "build_app"]
+__all__ = [
+    "DECODE_IN_THREAD_BYTES",
+    "Ingress",
+    "build_app",
+]  # the constant is re-exported from actors.inbound
 
 log = logging.getLogger("sessionray.ingress")
-
-DECODE_IN_THREAD_BYTES = 64 * 1024
-"""A webhook body larger than this (bytes) is decoded in a worker thread (``asyncio.to_thread``)."""
 
 
 class _RouteMetrics:
@@ -143,8 +143,11 @@ class Ingress:
     def __init__(self, runtime: Any, config: Any, transcripts: TranscriptStore | None = None) -> None:
         self.runtime = runtime
         self.config = config
+        # A polling bot has no webhook: with no secret set, its route would take forged updates.
         self.codecs: dict[tuple[str, str], PlatformCodec] = {
-            (str(bot.platform), str(bot.self_id)): get_codec(bot) for bot in config.bots
+            (str(bot.platform), str(bot.self_id)): get_codec(bot)
+            for bot in config.bots
+            if getattr(bot, "mode", "webhook") != "polling"
         }
         self.db: Database | None = None
         if transcripts is None:
@@ -156,6 +159,7 @@ class Ingress:
             transcripts = TranscriptStore(self.db)
         self.transcripts = transcripts
         self.max_text_chars = max_text_chars(config)
+        self.pipeline = InboundPipeline(runtime, transcripts, self.max_text_chars)
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).
@@ -193,85 +197,23 @@ class Ingress:
             log.info("webhook %s: signature not verifiable: %r", platform, exc)
             metrics.INBOUND.inc(platform=platform, outcome="bad_signature")
             return JSONResponse({"error": "bad signature: not verifiable"}, status_code=401)
-        try:
-            msg = await self._decode(codec, headers, body)
-        except MalformedEvent as exc:
-            return _malformed(platform, f"malformed event: {exc}")
-        except (RecursionError, ValueError):  # nesting too deep, bad JSON, bad UTF-8 (UnicodeError)
-            return _malformed(platform, "malformed event: the body could not be decoded")
-        except (TypeError, AttributeError, KeyError, IndexError, OverflowError):
-            # A codec bug, maybe on a legitimate payload: still 400 (a 5xx would make the platform
-            # redeliver it forever and hold back the chat's later updates), but counted as
-            # `error` and logged with the traceback so the bug is seen
-            # (docs/decisions.md#security-input-limits).
-            log.exception("webhook %s: the codec failed on the event (codec bug)", platform)
-            return _malformed(platform, "malformed event: the body could not be decoded", outcome="error")
-        if msg is None:
-            metrics.INBOUND.inc(platform=platform, outcome="ignored")
-            return JSONResponse({"status": "ignored"})
-        if len(msg.text) > self.max_text_chars:
-            metrics.INBOUND.inc(platform=platform, outcome="malformed")
-            too_long = text_too_long("message text", len(msg.text), self.max_text_chars)
-            return JSONResponse({"error": too_long}, status_code=413)
-        problem = storage_problem(msg)
-        if problem is not None:
-            return _malformed(platform, f"malformed event: {problem}")
-        try:
-            if not msg.triggered:
-                await self._persist(msg)
-                metrics.INBOUND.inc(platform=platform, outcome="untriggered")
-                return JSONResponse({"status": "untriggered"})
-            # Persist and route at once; the 200 waits for both (persist before acknowledging).
-            # Should either fail, the platform redelivers: the router then answers "duplicate"
-            # for a message it already took, and the transcript row is stored once.
-            both: list[Any] = list(
-                await asyncio.gather(self._persist(msg), self.runtime.submit(msg), return_exceptions=True)
+        outcome = await self.pipeline.run(platform, codec, headers, body)
+        if outcome.retry:
+            return JSONResponse(
+                outcome.body, status_code=503, headers={"Retry-After": str(outcome.retry_after_s)}
             )
-            for outcome in both:
-                if isinstance(outcome, BaseException):
-                    raise outcome
-            result = both[1]
-        except (OperationalError, RayActorError, ActorUnavailableError) as exc:
-            # SQLite lock timeout, database down, or a router shard restarting: the platform must
-            # redeliver (the router dedups the message id, the transcript row is stored once).
-            log.warning("webhook %s/%s unavailable: %r", platform, msg.bot_id, exc)
-            metrics.INBOUND.inc(platform=platform, outcome="unavailable")
-            return _busy("unavailable", 1.0)
-        status = str(getattr(result, "status", result))
-        if status == "busy":
-            metrics.INBOUND.inc(platform=platform, outcome="backpressure")
-            return _busy("busy", getattr(result, "retry_after_s", None))
-        metrics.INBOUND.inc(platform=platform, outcome=status)
-        return JSONResponse({"status": status})
-
-    async def _decode(self, codec: PlatformCodec, headers: Any, body: bytes) -> InboundMessage | None:
-        """``codec.parse``; in a worker thread for a body over :data:`DECODE_IN_THREAD_BYTES`, so a
-        large body (e.g. a 1 MB OneBot CQ-code string) does not stall the event loop
-        (docs/decisions.md#platform-linear-parsing)."""
-        if len(body) > DECODE_IN_THREAD_BYTES:
-            return await asyncio.to_thread(codec.parse, headers, body)
-        return codec.parse(headers, body)
-
-    async def _persist(self, msg: InboundMessage) -> None:
-        """Inbound transcript row, written when the event is accepted
-        (docs/decisions.md#memory-transcripts)."""
-        await self.transcripts.record_inbound(
-            message_id=msg.message_id,
-            platform=msg.platform,
-            bot_id=msg.bot_id,
-            scene_id=msg.scene_id,
-            scene_type=msg.scene_type,
-            sender_id=msg.sender.id,
-            sender_name=msg.sender.name,
-            sender_role=",".join(msg.sender.roles),
-            segments=msg.segments,
-            text=msg.text,
-            time_ms=msg.time_ms,
-        )
+        return JSONResponse(outcome.body, status_code=outcome.http_status)
 
     async def healthz(self, request: Request) -> Response:
-        """``GET /healthz``: 200 while this process serves."""
-        return JSONResponse({"status": "ok"})
+        """``GET /healthz``: 200 while this process serves; with ``mode: polling`` bots also
+        ``"telegram_polling": {self_id: poller status}`` (``state: "conflict"`` on a 409:
+        :func:`actors.telegram_poll.polling_health`)."""
+        body: dict[str, Any] = {"status": "ok"}
+        if polling_bots(self.config):
+            body["telegram_polling"] = await polling_health(
+                self.config, getattr(self.runtime, "prefix", "sessionray")
+            )
+        return JSONResponse(body)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         """``GET /metrics``: refresh the router-level gauges, then prometheus-client's text format."""
@@ -281,23 +223,6 @@ class Ingress:
         except Exception as exc:  # the scrape must not fail because the runtime is busy or down
             log.debug("runtime status for /metrics unavailable: %r", exc)
         return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
-
-
-def _malformed(platform: str, error: str, outcome: str = "malformed") -> Response:
-    """400 ``{"error": ...}``, counted as ``outcome`` (``malformed``; ``error`` for a codec bug):
-    nothing was stored or routed."""
-    metrics.INBOUND.inc(platform=platform, outcome=outcome)
-    return JSONResponse({"error": error}, status_code=400)
-
-
-def _busy(status: str, retry_after_s: float | None) -> Response:
-    """503 with ``Retry-After`` in whole seconds (≥ 1)."""
-    retry_after = max(1, math.ceil(float(retry_after_s or 1)))
-    return JSONResponse(
-        {"status": status, "retry_after_s": retry_after},
-        status_code=503,
-        headers={"Retry-After": str(retry_after)},
-    )
 
 
 def _field(status: Any, *names: str) -> float | None:

@@ -38,6 +38,16 @@ class BotConfig(_Closed):
     confine to the same place; ``~`` is expanded."""
     thinking_preview: bool = False
     """Console: also show the first 200 characters of the model's thinking in the live events."""
+    mode: Literal["webhook", "polling"] = "webhook"
+    """Telegram: how updates arrive — ``webhook`` (Telegram POSTs to ``/webhooks/telegram/{id}``;
+    needs public HTTPS) or ``polling`` (one ``getUpdates`` long-poll loop per bot across the
+    cluster: :mod:`actors.telegram_poll`). Only Telegram bots may poll."""
+    poll_timeout_s: int = Field(30, ge=0, le=300, strict=True)
+    """Telegram polling: the ``timeout`` of each ``getUpdates`` long poll, in seconds (0: short
+    polling, for tests only)."""
+    allowed_updates: list[str] | None = None
+    """Telegram polling: the update types asked for (``allowed_updates``); None: the types the
+    codec handles (``runtime.platforms.telegram_inbound.HANDLED_UPDATES``)."""
 
     @field_validator("self_id", mode="before")
     @classmethod
@@ -64,6 +74,8 @@ class BotConfig(_Closed):
             raise ValueError(f"a {self.platform} bot needs `self_id` (QQ number / Telegram bot id)")
         if self.platform == "telegram" and not self.token_env:
             raise ValueError("a telegram bot needs `token_env` (the variable holding the bot token)")
+        if self.mode == "polling" and self.platform != "telegram":
+            raise ValueError(f"`mode: polling` is for telegram bots only (this bot is {self.platform})")
         return self
 
 
