@@ -4,7 +4,7 @@ Routes::
 
     POST /webhooks/{platform}/{bot_id}   verify → parse → size + storability checks
                                          → (persist inbound transcript ‖ route) → 200
-    GET  /healthz                        {"status": "ok"}
+    GET  /healthz                        {"status": "ok"} (+ "telegram_polling": poller states)
     GET  /metrics                        prometheus-client text format (this process's registry)
     /admin/...                           actors/admin.py (bearer token)
     /console...                          actors/console.py (when a console bot is configured)
@@ -35,7 +35,11 @@ A webhook answers:
   or a decoded text over ``server.max_text_chars`` characters (not stored, not routed; the message
   of ``actors.http_input.text_too_long``, as on the admin and console APIs);
 * **500** ``{"error": "internal error"}`` for an unexpected exception (logged with traceback);
-* **404** when no bot ``{platform}/{bot_id}`` is configured.
+* **404** when no bot ``{platform}/{bot_id}`` is configured, or it is a ``mode: polling`` bot
+  (:mod:`actors.telegram_poll`; its updates never come by webhook).
+
+Everything from decoding to the persist ‖ route is :class:`actors.inbound.InboundPipeline`, shared
+with the Telegram poller.
 
 Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}`` (outcome:
 ``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``bad_signature`` | ``malformed``

@@ -90,7 +90,6 @@ class SessionrayIngress:
         """Start (or attach to) the session runtime, then build the ASGI app (called once per replica)."""
         from actors.ingress import build_app
         from actors.runtime import SessionRuntime
-
         from actors.telegram_poll import start_pollers
 
         self.runtime = SessionRuntime()

@@ -220,13 +220,13 @@ class PollLoop:
     async def run(self) -> None:
         """Poll until cancelled (see the module docstring); never returns otherwise."""
         logging.getLogger("httpx").setLevel(logging.WARNING)  # its request log line holds the token
-        await self._connect()
         timeout = httpx.Timeout(10.0, read=self.timeout_s + 15.0)
         async with httpx.AsyncClient(base_url=self.codec.api_base, timeout=timeout) as client:
             while True:
                 with contextlib.suppress(_Failed):
                     await self._api(client, "deleteWebhook", {"drop_pending_updates": False})
                     break
+            await self._connect()  # the committed offset is read once the webhook is gone
             while True:
                 try:
                     await self._poll_once(client)
