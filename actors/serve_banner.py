@@ -97,7 +97,10 @@ def banner(
     if any(str(b.platform) == "console" for b in config.bots):
         lines.append(f"sessionray: console        {base}/console")
     for bot in config.bots:
-        lines.append(f"sessionray: webhook        {base}/webhooks/{bot.platform}/{bot.self_id}")
+        if getattr(bot, "mode", "webhook") == "polling":
+            lines.append(f"sessionray: polling        {bot.platform}/{bot.self_id} (getUpdates; no webhook)")
+        else:
+            lines.append(f"sessionray: webhook        {base}/webhooks/{bot.platform}/{bot.self_id}")
     lines.append(f"sessionray: metrics        {base}/metrics  (ingress)")
     if metrics_port:
         lines.append(
