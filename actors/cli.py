@@ -49,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "actors.control_cli:models_main",
     ),
     "status": (
-        "show pool, live sessions, turns running and recent throughput (admin API)",
+        "show hosts, live sessions, turns running and recent throughput (admin API)",
         "actors.control_cli:status_main",
     ),
 }

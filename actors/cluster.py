@@ -1,6 +1,6 @@
 """Cluster checks run when the actor runtime starts: SQL must match the Ray cluster's shape.
 
-SQLite is a file on one machine. On a Ray cluster with more than one alive node, session actors
+SQLite is a file on one machine. On a Ray cluster with more than one alive node, session hosts
 (and delivery actors) are placed on any node, so each node would open its *own* SQLite file and
 sessions would silently lose their memory when they move. On a multi-node cluster
 (docs/decisions.md#memory-postgres-multinode) the URL must be PostgreSQL, and the runtime refuses to

@@ -2,7 +2,7 @@
 
 With ``--url`` (e.g. ``sessionray chat --url http://127.0.0.1:8000``) the terminal talks to a
 running ``sessionray serve`` exactly like the web console does: each line is POSTed to
-``/webhooks/console/{bot}`` (so it goes through the ingress, the router, a SessionActor, the
+``/webhooks/console/{bot}`` (so it goes through the ingress, the router, a session host, the
 structured reply and a DeliveryActor), replies and live agent events arrive on the console's
 Server-Sent-Events stream ``/console/api/stream`` and are printed segment by segment. ``/steer TEXT``
 and ``/followup TEXT`` send control messages for the user's own session (masters only: the server

@@ -1,7 +1,7 @@
 """The delivery pool: M ``DeliveryActor``s that send validated replies to the platforms
 (docs/decisions.md#delivery-partitioned).
 
-Flow of one :class:`DeliveryJob` (a SessionActor hands it to ``pool.pick(session_key)``)::
+Flow of one :class:`DeliveryJob` (a session host hands it to ``pool.pick(session_key)``)::
 
     ledger claim (reply_id)          ── sent/failed already → outcome "duplicate", nothing sent
     media check (runtime.reply.media)      ── unusable attachments (the bot's own media_dir confines

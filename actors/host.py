@@ -21,7 +21,8 @@ Threads and loops:
 Per session the host keeps the placement ``epoch`` the router shard gave it: a message sent with
 another epoch (or for a key the host no longer holds) is answered ``moved`` and the caller asks the
 shard again (docs/decisions.md#session-direct-path). The host assigns the inbox ``seq`` on arrival,
-enforces the mailbox bound (``busy``) and drops redelivered message ids (``duplicate``).
+enforces the mailbox bound (``busy``) and drops redelivered message ids (``duplicate``: seen by
+this host, or recorded in the session's loaded context).
 
 Capacity: at most ``cap`` live sessions (and, while its USS is above ``runtime.host_memory_mib``,
 no more than it has). An activation over that passivates the least recently used *idle* session
@@ -43,11 +44,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import ray
 
+from actors.host_state import HostFullError, LiveSession, SessionNotBoundError
 from actors.host_support import (
     new_loop,
     open_repository,
@@ -62,8 +63,15 @@ from actors.ray_compat import install_group_loop_fix
 from runtime import metrics
 from runtime.config import Config
 from runtime.delivery.job import DeliveryJob
-from runtime.session.control import ControlReply, ControlRequest, UnknownSessionError, run_control
-from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
+from runtime.session.control import ControlReply, ControlRequest, run_control
+from runtime.session.turn import (
+    INBOUND_MARKER,
+    SessionSetup,
+    SetupFactory,
+    TurnInput,
+    TurnResult,
+    find_marker,
+)
 
 __all__ = ["HostFullError", "SessionHost", "SessionNotBoundError"]
 
@@ -83,34 +91,6 @@ FRESH_S = 5.0
 seconds (the caller that placed it is sending that message)."""
 SWEEP_S = 1.0
 """Period of the idle-passivation sweep and the USS reading, in seconds."""
-
-
-class SessionNotBoundError(UnknownSessionError):
-    """A control call reached a host that does not hold the session (passivated or moved)."""
-
-
-class HostFullError(RuntimeError):
-    """The host is at its capacity (sessions or memory) and may not (or cannot) passivate an idle
-    session for a new one."""
-
-
-@dataclass
-class _Live:
-    core: Any
-    epoch: int
-    router: str
-    """Name of the session's router shard (told on passivation)."""
-    next_seq: int = 1
-    pending: int = 0
-    last_used: float = field(default_factory=time.monotonic)
-    turns: int = 0
-    fresh: bool = True
-    """Activated and no message arrived yet: evicted only when no other session is idle (its
-    first message is on the way from the caller that placed it)."""
-
-    @property
-    def idle(self) -> bool:
-        return self.pending == 0 and bool(self.core.idle)
 
 
 @ray.remote(  # type: ignore[call-overload]
@@ -148,7 +128,7 @@ class SessionHost:
             rt.busy_retry_after_s,
         )
         self._memory_mib, self._dedup_window = rt.host_memory_mib, rt.dedup_window
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, LiveSession] = {}
         self._opening = 0
         """Activations in progress (each holds a slot from its first await on)."""
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
@@ -282,13 +262,13 @@ class SessionHost:
         if key in self._live:  # a concurrent activation of the same key won (same epoch rules)
             await core.close()
             return self._info(self._live[key], evicted)
-        live = self._live[key] = _Live(core=core, epoch=epoch, router=router)
+        live = self._live[key] = LiveSession(core=core, epoch=epoch, router=router)
         self.stats["activated"] += 1
         metrics.ACTIVATIONS.inc(source="host")
         metrics.LIVE_SESSIONS.set(len(self._live))
         return self._info(live, evicted)
 
-    def _info(self, live: _Live, evicted: str | None) -> dict[str, Any]:
+    def _info(self, live: LiveSession, evicted: str | None) -> dict[str, Any]:
         return {
             "session_id": live.core.session_id,
             "messages": len(live.core.writer),
@@ -371,7 +351,7 @@ class SessionHost:
             self.stats["moved"] += 1
             return {"status": "moved", "seq": None}, None
         dk = (inbound.platform, inbound.bot_id, inbound.message_id)
-        if dk in self._seen and attempt == 0:
+        if attempt == 0 and (dk in self._seen or _recorded(live, inbound.message_id)):
             self.stats["duplicate"] += 1
             return {"status": "duplicate", "seq": None}, None
         if live.pending >= self._mailbox:
@@ -387,7 +367,7 @@ class SessionHost:
         turn = TurnInput.from_inbound(inbound, seq).model_copy(update={"attempt": attempt})
         return {"status": "accepted", "seq": seq}, asyncio.ensure_future(self._run(live, turn))
 
-    async def _run(self, live: _Live, turn: TurnInput) -> TurnResult:
+    async def _run(self, live: LiveSession, turn: TurnInput) -> TurnResult:
         try:
             result: TurnResult = await live.core.submit(turn)
             return result
@@ -424,7 +404,7 @@ class SessionHost:
 
         return await self._on_loop(run())
 
-    def _require(self, key: str) -> _Live:
+    def _require(self, key: str) -> LiveSession:
         live = self._live.get(key)
         if live is None:
             raise SessionNotBoundError(f"session {key!r} is not live on host {self.index}")
@@ -496,6 +476,13 @@ class SessionHost:
             return len(keys)
 
         return await asyncio.wait_for(self._on_loop(run()), timeout_s + 5.0)
+
+
+def _recorded(live: LiveSession, message_id: str) -> bool:
+    """Whether the session's loaded context already records a turn of ``message_id`` (its inbound
+    marker): a redelivery that arrives after the session was passivated or moved hosts is a
+    duplicate too, not only one this host's dedup window saw."""
+    return find_marker(live.core.writer.snapshot(), INBOUND_MARKER, message_id) is not None
 
 
 async def _pid() -> int:

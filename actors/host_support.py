@@ -15,6 +15,8 @@ from typing import Any
 
 import ray
 
+from runtime.memory.connection_budget import HOST_SQL_THREADS
+
 __all__ = [
     "HOST_SQL_THREADS",
     "SQLITE_BUSY_TIMEOUT_MS",
@@ -35,11 +37,6 @@ SQLITE_BUSY_TIMEOUT_MS = 15_000
 """SQLite only: how long a host's write waits for the file lock, in ms. Under load several
 processes share one SQLite file and the default 5 s made turns fail with "database is locked"
 (the runtime benchmark, 100 sessions); the ingress already waits 15 s."""
-HOST_SQL_THREADS = 4
-"""SQL threads (and pooled connections, no overflow) of one host's database, shared by all its
-sessions (docs/decisions.md#memory-connection-budget). A session's appends are serialized by its
-writer, so four threads let four sessions' SQL run at once; on SQLite the file lock serializes
-writes anyway, on PostgreSQL each thread is one server connection per host."""
 WARM_UP_SESSION_KEY = "sessionray:0:private:warm-up"
 """A well-formed session key no platform uses: the warm-up runs the activation's *read* queries
 for it (never a write), so SQLAlchemy builds its mappers and statement caches before the first
@@ -51,7 +48,7 @@ WARM_UP_TIMEOUT_S = 30.0
 def process_uss_mib(pid: int | str = "self") -> float:
     """Unique set size of process ``pid`` (default: this one) in MiB — what the process really
     costs: Private_Clean + Private_Dirty of Linux's ``/proc/<pid>/smaps_rollup``; 0.0 where that
-    file cannot be read (then memory-based recycling never triggers)."""
+    file cannot be read (then ``runtime.host_memory_mib`` never triggers)."""
     try:
         text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
@@ -163,6 +160,6 @@ def skip_httpx_cli() -> None:
 def release_free_heap() -> None:
     """Give the C heap's free pages back to the OS (glibc ``malloc_trim(0)``) after the warm-up and
     after a passivation, so freed import/parse garbage does not stay in the process's USS (the
-    figure ``recycle_memory_mib`` and the benchmark read). A no-op without glibc."""
+    figure ``runtime.host_memory_mib`` and the benchmark read). A no-op without glibc."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)

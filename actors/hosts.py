@@ -54,14 +54,10 @@ def actor_key(handle: Any) -> str:
 
 
 def host_capacity(rt: RuntimeConfig) -> tuple[int, int]:
-    """``(sessions per host, most hosts)`` for the ``runtime`` section.
-
-    ``most hosts = max(min_hosts, ceil(max_live_sessions / sessions_per_host))`` and each host
-    holds ``min(sessions_per_host, ceil(max_live_sessions / most hosts))``, so all hosts together
-    hold ``max_live_sessions`` (rounded up to a whole number per host)."""
-    per = min(rt.sessions_per_host, rt.max_live_sessions)
-    most = max(rt.min_hosts, math.ceil(rt.max_live_sessions / per))
-    return min(rt.sessions_per_host, math.ceil(rt.max_live_sessions / most)), most
+    """``(sessions per host, most hosts)`` for the ``runtime`` section: the formula's one home is
+    :meth:`runtime.config.RuntimeConfig.host_capacity` (the PostgreSQL connection budget in
+    ``runtime/memory`` counts the same hosts)."""
+    return rt.host_capacity()
 
 
 def headroom(rt: RuntimeConfig) -> int:

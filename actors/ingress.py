@@ -11,9 +11,13 @@ Routes::
 
 A webhook answers:
 
-* **200** ``{"status": "accepted" | "duplicate" | "ignored" | "untriggered"}`` — ``ignored`` for
-  events the codec accepts and drops (heartbeats, notices); ``untriggered`` for a group message
-  the bot is not asked to answer (stored in transcripts for ``chat_history``, no turn);
+* **200** ``{"status": "accepted" | "duplicate" | "ignored" | "untriggered" | "denied" |
+  "rate_limited"}`` — ``ignored`` for events the codec accepts and drops (heartbeats, notices);
+  ``untriggered`` for a group message the bot is not asked to answer (stored in transcripts for
+  ``chat_history``, no turn); ``denied`` / ``rate_limited`` for a message the bot's inbound policy
+  refuses (``runtime.platforms.policy``: allow/deny lists, rate limits; stored the same way,
+  never routed; with ``on_limit: notice`` a cooldown notice goes out through the delivery pool,
+  once per cooldown window, keyed by the refused message so a redelivery never sends it twice);
 * **503** with ``Retry-After`` (whole seconds, ≥ 1) when the session's mailbox is full
   (``{"status": "busy"}``, backpressure) or the database / a router shard is momentarily
   unavailable (``{"status": "unavailable"}``: SQLite lock timeout, router restarting). The
@@ -36,13 +40,12 @@ A webhook answers:
   of ``actors.http_input.text_too_long``, as on the admin and console APIs);
 * **500** ``{"error": "internal error"}`` for an unexpected exception (logged with traceback);
 * **404** when no bot ``{platform}/{bot_id}`` is configured, or it is a ``mode: polling`` bot
-  (:mod:`actors.telegram_poll`; its updates never come by webhook).
-
-Everything from decoding to the persist ‖ route is :class:`actors.inbound.InboundPipeline`, shared
-with the Telegram poller.
+  (:mod:`actors.telegram_poll` runs its updates through :meth:`Ingress.handle_event`; they never
+  come by webhook, and without a secret that route would take forged updates).
 
 Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}`` (outcome:
-``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``bad_signature`` | ``malformed``
+``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``denied`` | ``rate_limited`` |
+``bad_signature`` | ``malformed``
 (400 and 413) | ``backpressure`` | ``unavailable`` | ``error`` (500, and the 400 of a codec
 bug)); every request
 in ``sessionray_http_requests_total{route, status}`` and
@@ -58,11 +61,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import prometheus_client
+from ray.exceptions import ActorUnavailableError, RayActorError
+from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -71,24 +77,26 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.admin import admin_routes
 from actors.console import console_routes
-from actors.http_input import max_text_chars
-from actors.inbound import DECODE_IN_THREAD_BYTES, InboundPipeline
-from actors.ingress_guard import BodySizeLimit, trusted_internal_call
-from actors.telegram_poll import polling_bots, polling_health
+from actors.delivery import DeliveryPool
+from actors.http_input import max_text_chars, text_too_long
+from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
+from actors.telegram_poll_status import polling_bots, polling_health
 from runtime import metrics
+from runtime.delivery.job import DeliveryJob
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.memory.transcripts import TranscriptStore
-from runtime.platforms.base import PlatformCodec, SignatureError, get_codec
+from runtime.platforms.base import InboundMessage, MalformedEvent, PlatformCodec, SignatureError, get_codec
 from runtime.platforms.common import is_json_content_type
+from runtime.platforms.policy import InboundPolicy, Verdict
+from runtime.reply.segments import Reply
 
-__all__ = [
-    "DECODE_IN_THREAD_BYTES",
-    "Ingress",
-    "build_app",
-]  # the constant is re-exported from actors.inbound
+__all__ = ["DECODE_IN_THREAD_BYTES", "Ingress", "build_app"]
 
 log = logging.getLogger("sessionray.ingress")
+
+DECODE_IN_THREAD_BYTES = 64 * 1024
+"""A webhook body larger than this (bytes) is decoded in a worker thread (``asyncio.to_thread``)."""
 
 
 class _RouteMetrics:
@@ -163,7 +171,9 @@ class Ingress:
             transcripts = TranscriptStore(self.db)
         self.transcripts = transcripts
         self.max_text_chars = max_text_chars(config)
-        self.pipeline = InboundPipeline(runtime, transcripts, self.max_text_chars)
+        policies = ((str(b.platform), str(b.self_id), InboundPolicy.from_config(b)) for b in config.bots)
+        self.policies = {(p, bot): policy for p, bot, policy in policies if policy is not None}
+        self._notices: set[asyncio.Task[None]] = set()  # cooldown notices on their way
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).
@@ -187,7 +197,18 @@ class Ingress:
             body = await request.body()
         except ClientDisconnect:  # the platform hung up mid-body: nothing to answer, nothing done
             return Response(status_code=400)
-        headers = request.headers
+        return await self.handle_event(platform, codec, request.headers, body)
+
+    async def handle_event(
+        self, platform: str, codec: PlatformCodec, headers: Mapping[str, str], body: bytes
+    ) -> Response:
+        """One inbound event, whatever carried it (an HTTP webhook, a WebSocket frame, a long-poll
+        update): verify → decode → size and storage checks → the bot's inbound policy → persist +
+        submit. The answer is the webhook's HTTP response (200 ``accepted``/``duplicate``/
+        ``untriggered``/``ignored``, 200 ``denied``/``rate_limited`` — stored, not routed —,
+        4xx for a bad event — nothing stored —, 503 ``busy``/``unavailable`` with
+        ``Retry-After``); a transport without HTTP answers reads ``status_code`` and the JSON
+        body. Exceptions none of the steps expects propagate (the webhook answers them 500)."""
         if getattr(codec, "browser_facing", False) and not is_json_content_type(headers.get("content-type")):
             # a cross-site page can POST text/plain or a form without a CORS preflight; JSON it cannot
             metrics.INBOUND.inc(platform=platform, outcome="malformed")
@@ -201,12 +222,123 @@ class Ingress:
             log.info("webhook %s: signature not verifiable: %r", platform, exc)
             metrics.INBOUND.inc(platform=platform, outcome="bad_signature")
             return JSONResponse({"error": "bad signature: not verifiable"}, status_code=401)
-        outcome = await self.pipeline.run(platform, codec, headers, body)
-        if outcome.retry:
-            return JSONResponse(
-                outcome.body, status_code=503, headers={"Retry-After": str(outcome.retry_after_s)}
+        try:
+            msg = await self._decode(codec, headers, body)
+        except MalformedEvent as exc:
+            return _malformed(platform, f"malformed event: {exc}")
+        except (RecursionError, ValueError):  # nesting too deep, bad JSON, bad UTF-8 (UnicodeError)
+            return _malformed(platform, "malformed event: the body could not be decoded")
+        except (TypeError, AttributeError, KeyError, IndexError, OverflowError):
+            # A codec bug, maybe on a legitimate payload: still 400 (a 5xx would make the platform
+            # redeliver it forever and hold back the chat's later updates), but counted as
+            # `error` and logged with the traceback so the bug is seen
+            # (docs/decisions.md#security-input-limits).
+            log.exception("webhook %s: the codec failed on the event (codec bug)", platform)
+            return _malformed(platform, "malformed event: the body could not be decoded", outcome="error")
+        if msg is None:
+            metrics.INBOUND.inc(platform=platform, outcome="ignored")
+            return JSONResponse({"status": "ignored"})
+        if len(msg.text) > self.max_text_chars:
+            metrics.INBOUND.inc(platform=platform, outcome="malformed")
+            too_long = text_too_long("message text", len(msg.text), self.max_text_chars)
+            return JSONResponse({"error": too_long}, status_code=413)
+        problem = storage_problem(msg)
+        if problem is not None:
+            return _malformed(platform, f"malformed event: {problem}")
+        policy = self.policies.get((msg.platform, msg.bot_id))
+        verdict = policy.check(msg) if policy is not None else None
+        try:
+            if verdict is not None and verdict.outcome != "passed":
+                await self._persist(msg)  # seen, not answered (docs/decisions.md#platform-inbound-policy)
+                metrics.INBOUND.inc(platform=platform, outcome=verdict.outcome)
+                self._send_notice(msg, verdict)
+                return JSONResponse({"status": verdict.outcome})
+            if not msg.triggered:
+                await self._persist(msg)
+                metrics.INBOUND.inc(platform=platform, outcome="untriggered")
+                return JSONResponse({"status": "untriggered"})
+            # Persist and route at once; the 200 waits for both (persist before acknowledging).
+            # Should either fail, the platform redelivers: the router then answers "duplicate"
+            # for a message it already took, and the transcript row is stored once.
+            both: list[Any] = list(
+                await asyncio.gather(self._persist(msg), self.runtime.submit(msg), return_exceptions=True)
             )
-        return JSONResponse(outcome.body, status_code=outcome.http_status)
+            for outcome in both:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            result = both[1]
+        except (OperationalError, RayActorError, ActorUnavailableError) as exc:
+            # SQLite lock timeout, database down, or a router shard restarting: the platform must
+            # redeliver (the router dedups the message id, the transcript row is stored once).
+            log.warning("webhook %s/%s unavailable: %r", platform, msg.bot_id, exc)
+            metrics.INBOUND.inc(platform=platform, outcome="unavailable")
+            return _busy("unavailable", 1.0)
+        status = str(getattr(result, "status", result))
+        if status == "busy":
+            metrics.INBOUND.inc(platform=platform, outcome="backpressure")
+            return _busy("busy", getattr(result, "retry_after_s", None))
+        metrics.INBOUND.inc(platform=platform, outcome=status)
+        return JSONResponse({"status": status})
+
+    def _send_notice(self, msg: InboundMessage, verdict: Verdict) -> None:
+        """Hand ``verdict.notice`` (if any) to the runtime's delivery pool in the background, as a
+        reply to ``msg`` (reply id ``cooldown:<platform>:<bot>:<message id>``: the ledger sends it
+        once however often the event is redelivered). A runtime without a pool (attached from a
+        Serve replica) looks the pool's named actors up; failing that the notice is logged only."""
+        if verdict.notice is None:
+            return
+        delivery = getattr(self.runtime, "delivery", None)
+        if delivery is None:  # a Ray Serve replica's runtime: find the pool's actors by name
+            try:
+                delivery = self.runtime.delivery = DeliveryPool.lookup(self.config.runtime.delivery_actors)
+            except Exception as exc:
+                log.warning("cooldown notice for %s not sent: no delivery pool: %r", msg.session_key, exc)
+                return
+        job = DeliveryJob(
+            reply_id=f"cooldown:{msg.platform}:{msg.bot_id}:{msg.message_id}",
+            session_key=msg.session_key,
+            platform=msg.platform,
+            bot_id=msg.bot_id,
+            scene_type=msg.scene_type,
+            scene_id=msg.scene_id,
+            reply_to=msg.message_id,
+            reply=Reply.of_text(verdict.notice),
+        )
+
+        async def send() -> None:
+            try:
+                await delivery.deliver(job)
+            except Exception:
+                log.exception("cooldown notice for %s failed", msg.session_key)
+
+        task = asyncio.create_task(send())
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+    async def _decode(self, codec: PlatformCodec, headers: Any, body: bytes) -> InboundMessage | None:
+        """``codec.parse``; in a worker thread for a body over :data:`DECODE_IN_THREAD_BYTES`, so a
+        large body (e.g. a 1 MB OneBot CQ-code string) does not stall the event loop
+        (docs/decisions.md#platform-linear-parsing)."""
+        if len(body) > DECODE_IN_THREAD_BYTES:
+            return await asyncio.to_thread(codec.parse, headers, body)
+        return codec.parse(headers, body)
+
+    async def _persist(self, msg: InboundMessage) -> None:
+        """Inbound transcript row, written when the event is accepted
+        (docs/decisions.md#memory-transcripts)."""
+        await self.transcripts.record_inbound(
+            message_id=msg.message_id,
+            platform=msg.platform,
+            bot_id=msg.bot_id,
+            scene_id=msg.scene_id,
+            scene_type=msg.scene_type,
+            sender_id=msg.sender.id,
+            sender_name=msg.sender.name,
+            sender_role=",".join(msg.sender.roles),
+            segments=msg.segments,
+            text=msg.text,
+            time_ms=msg.time_ms,
+        )
 
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: 200 while this process serves; with ``mode: polling`` bots also
@@ -214,9 +346,8 @@ class Ingress:
         :func:`actors.telegram_poll.polling_health`)."""
         body: dict[str, Any] = {"status": "ok"}
         if polling_bots(self.config):
-            body["telegram_polling"] = await polling_health(
-                self.config, getattr(self.runtime, "prefix", "sessionray")
-            )
+            prefix = getattr(self.runtime, "prefix", "sessionray")
+            body["telegram_polling"] = await polling_health(self.config, prefix)
         return JSONResponse(body)
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -227,6 +358,23 @@ class Ingress:
         except Exception as exc:  # the scrape must not fail because the runtime is busy or down
             log.debug("runtime status for /metrics unavailable: %r", exc)
         return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+def _malformed(platform: str, error: str, outcome: str = "malformed") -> Response:
+    """400 ``{"error": ...}``, counted as ``outcome`` (``malformed``; ``error`` for a codec bug):
+    nothing was stored or routed."""
+    metrics.INBOUND.inc(platform=platform, outcome=outcome)
+    return JSONResponse({"error": error}, status_code=400)
+
+
+def _busy(status: str, retry_after_s: float | None) -> Response:
+    """503 with ``Retry-After`` in whole seconds (≥ 1)."""
+    retry_after = max(1, math.ceil(float(retry_after_s or 1)))
+    return JSONResponse(
+        {"status": status, "retry_after_s": retry_after},
+        status_code=503,
+        headers={"Retry-After": str(retry_after)},
+    )
 
 
 def _field(status: Any, *names: str) -> float | None:

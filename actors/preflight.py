@@ -255,8 +255,8 @@ def database_problems(url: str | None) -> list[Problem]:
 
 
 def environment_problems(config: Config, environ: Mapping[str, str] | None = None) -> list[Problem]:
-    """Unset variables (class 3, all of them, grouped by variable), unreadable directories (class 3)
-    and ``*.tool.md`` files that do not load (class 2)."""
+    """Unset variables (class 3, all of them, grouped by variable), unreadable directories (class 3),
+    ``*.tool.md`` files that do not load and a custom output schema that cannot be used (class 2)."""
     by_var: dict[str, list[str]] = {}
     for ref in missing_env(config, environ):
         by_var.setdefault(ref.var, []).append(ref.key)
@@ -278,6 +278,15 @@ def environment_problems(config: Config, environ: Mapping[str, str] | None = Non
             problems.append(Problem(EXIT_CONFIG, f"ai.tools_dir: {exc}"))
         except PythonToolError as exc:
             problems.append(Problem(EXIT_CONFIG, f"ai.python_tools: {exc}"))
+    if config.ai.agent.output_schema not in ("segments", False):
+        from actors.setup import output_schema
+        from runtime.reply.custom_output import OutputSchemaError
+
+        ensure_repo_root_on_path()
+        try:
+            output_schema(config)
+        except OutputSchemaError as exc:
+            problems.append(Problem(EXIT_CONFIG, f"ai.agent.output_schema: {exc}"))
     return problems
 
 

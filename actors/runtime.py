@@ -40,7 +40,7 @@ from actors.admission import KeyOrder
 from actors.hosts import NAMESPACE, HostSupervisor
 from actors.router import RouterActor, shard_of
 from actors.runtime_submit import SubmitPath
-from actors.setup import ConfigSetupFactory, business_tools
+from actors.setup import ConfigSetupFactory, agent_code, business_tools, output_schema
 from runtime.session.control import (
     ControlError,
     ControlKind,
@@ -140,7 +140,7 @@ class SessionRuntime:
 
         Args:
             config: ``runtime.config.Config``.
-            setup_factory: ``(session_key) -> SessionSetup`` run inside session actors; default
+            setup_factory: ``(session_key) -> SessionSetup`` run inside session hosts; default
                 :class:`actors.setup.ConfigSetupFactory` (the configured model, IM preset).
             delivery: A delivery pool (``pick``/``deliver``); default: EDGE's ``DeliveryPool`` with
                 ``runtime.delivery_actors`` actors.
@@ -153,6 +153,8 @@ class SessionRuntime:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
             runtime.session.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
             runtime.session.python_tools.PythonToolError: an ``ai.python_tools`` entry cannot be loaded.
+            runtime.reply.custom_output.OutputSchemaError: a custom ``ai.agent.output_schema``
+                cannot be used.
         """
         from actors.cluster import ensure_database_fits_cluster
         from runtime.memory.connection_budget import warn_if_over_connection_budget
@@ -161,6 +163,8 @@ class SessionRuntime:
         ensure_database_fits_cluster(config.database.url)
         # a bad *.tool.md or Python tool stops start-up (docs/decisions.md#tool-md-hard-fail)
         business_tools(config)
+        agent_code(config)  # ai.agent.pre_tools / deferred_tasks: a bad reference stops start-up too
+        output_schema(config)  # a custom ai.agent.output_schema that cannot be used stops it too
         db = Database(config.database.url, threads=1)
         try:
             await asyncio.to_thread(db.create_tables)

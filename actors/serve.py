@@ -131,7 +131,7 @@ def _init_ray(address: str | None, metrics_port: int) -> None:
 
     # Workers import from the repository root (and the caller's PYTHONPATH), and so does this
     # process: Python tools named in ai.python_tools (e.g. examples.bot.bot_tools) are loaded
-    # here once at start-up to fail early, then in every session actor.
+    # here once at start-up to fail early, then in every session host.
     python_path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     ensure_repo_root_on_path()
     # The console's internal endpoints need one shared token in the ingress and every Ray worker.

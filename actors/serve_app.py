@@ -22,7 +22,7 @@ defaults); :func:`build` builds the application for an explicit config file (Ser
 "application builder" form: ``import_path: actors.serve_app:build`` with ``args: {config: ...}``).
 
 Each replica attaches to the session runtime by actor name (namespace ``sessionray``): the first
-replica to start creates the router shards, the warm-pool supervisor and the delivery pool
+replica to start creates the router shards, the host supervisor and the delivery pool
 (``SessionRuntime.start`` is idempotent: it attaches to actors that already exist), the others only
 attach. Costs measured on this machine (docs/decisions.md#ops-ingress-placement): Serve adds ≈ 240
 MiB and p50 4 ms per request vs 0.7 ms for uvicorn in the driver, which is why ``sessionray serve``

@@ -12,11 +12,13 @@ registers a faux provider in the actor process with replies computed from the co
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from pathlib import Path
+from typing import Any
 
 from runtime.session.turn import SessionSetup
 
-__all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory", "business_tools"]
+__all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory", "business_tools", "output_schema", "output_sink"]
 
 IM_SYSTEM_PROMPT = (
     "You are a helpful assistant in an instant-messaging chat. Keep answers short and friendly. "
@@ -25,10 +27,72 @@ IM_SYSTEM_PROMPT = (
 """The IM preset's base system prompt (the reply contract adds its own instructions)."""
 
 
+def agent_code(config: Any) -> tuple[list[Any], dict[str, Any]]:
+    """``(pre_tools, deferred_tasks)`` imported from ``ai.agent.pre_tools`` /
+    ``ai.agent.deferred_tasks``. ``SessionRuntime.start`` calls it once so a bad reference stops
+    start-up (as a bad tool does); each session host calls it again.
+
+    Raises:
+        runtime.session.python_tools.PythonToolError: a reference cannot be imported or is not callable.
+    """
+    from runtime.session.python_tools import load_deferred_tasks, load_pre_tools
+
+    agent = config.ai.agent
+    return load_pre_tools(agent.pre_tools), load_deferred_tasks(agent.deferred_tasks)
+
+
+def output_schema(config: Any) -> Any:
+    """``ai.agent.output_schema`` as a session uses it: ``"segments"``, ``False`` or a custom
+    :class:`runtime.reply.custom_output.OutputSpec` (imported / read / checked here).
+    ``SessionRuntime.start`` calls it once so a bad schema stops start-up; each session host calls
+    it again (docs/decisions.md#structured-custom-schema).
+
+    Raises:
+        runtime.reply.custom_output.OutputSchemaError: the schema cannot be loaded or breaks the
+            closed/required rules.
+    """
+    value = config.ai.agent.output_schema
+    if value in ("segments", False):
+        return value
+    from runtime.config import ENTRY_POINT_RE
+    from runtime.reply.custom_output import OutputSchemaError, spec_from_json_schema, spec_from_model
+
+    if isinstance(value, dict):
+        return spec_from_json_schema(value, source="ai.agent.output_schema")
+    if ENTRY_POINT_RE.fullmatch(value):  # a pydantic model (or a JSON Schema dict) by import path
+        from runtime.session.python_tools import import_entry_point
+
+        try:
+            target = import_entry_point(value)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise OutputSchemaError(f"{value}: cannot be imported: {exc}") from None
+        if isinstance(target, dict):
+            return spec_from_json_schema(target, source=value)
+        return spec_from_model(target, source=value)
+    try:  # a path to a JSON file (made absolute when the configuration loaded)
+        schema = json.loads(Path(value).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise OutputSchemaError(f"{value}: cannot read a JSON Schema: {exc}") from None
+    return spec_from_json_schema(schema, source=value)
+
+
+def output_sink(config: Any) -> Any:
+    """The :class:`runtime.session.output_sink.OutputSink` of ``ai.agent.output_sink`` (``None``
+    when unset: the transcript only)."""
+    sink = config.ai.agent.output_sink
+    if sink is None:
+        return None
+    from runtime.session.output_sink import OutputSink
+
+    return OutputSink(
+        url=sink.url, transcript=sink.transcript, timeout_s=sink.timeout_s, attempts=sink.attempts
+    )
+
+
 def business_tools(config: Any) -> list[Any]:
     """The configured business tools: ``ai.python_tools`` then the ``*.tool.md`` of
     ``ai.tools_dir``. ``SessionRuntime.start`` calls it once so a bad tool stops start-up
-    (``docs/decisions.md#tool-md-hard-fail``); each session actor calls it again.
+    (``docs/decisions.md#tool-md-hard-fail``); each session host calls it again.
 
     Raises:
         runtime.session.python_tools.PythonToolError: a bad ``ai.python_tools`` entry, or a
@@ -69,17 +133,19 @@ class ConfigSetupFactory:
         self._db: Any = None
         self._shared: tuple[Any, list[Any]] | None = None
         self._capabilities: Any = None
+        self._code: tuple[list[Any], dict[str, Any]] = ([], {})
+        self._output: Any = "segments"
 
     def prepare(self, *, database: Any = None) -> None:
         """Build, once per process, everything that does not depend on the session key: provider
         registration, the model, the business tools (:func:`business_tools`) and built-in tools,
-        the chat-history database, and the imports of an activation. The session actor calls it
+        the chat-history database, and the imports of an activation. The session host calls it
         while a new session host warms up (docs/decisions.md#session-hosts); :meth:`__call__`
         calls it too (a no-op then).
 
         Args:
             database: A :class:`runtime.memory.db.Database` of ``database.url`` to share for the
-                ``chat_history`` tool (the session actor passes its own: one SQL thread and
+                ``chat_history`` tool (the session host passes its own: one SQL thread and
                 connection per actor); ``None`` opens one.
 
         Raises:
@@ -103,6 +169,8 @@ class ConfigSetupFactory:
 
             self._capabilities = capability_cache(self.config, self._db)
         tools = business_tools(self.config)  # validated at start-up (SessionRuntime.start)
+        self._code = agent_code(self.config)
+        self._output = output_schema(self.config)
         model = self._model()
         if not self.config.ai.default_model:
             from providers.builtin import builtin_tools
@@ -135,9 +203,6 @@ class ConfigSetupFactory:
             from runtime.session.turn_tools import make_subagent_tool
 
             tools.append(make_subagent_tool(model, shared_tools))
-        output_schema: Literal["segments"] | Literal[False] = (
-            False if agent.output_schema is False else "segments"
-        )
         from runtime.session.capabilities import default_probe
 
         features = AgentFeatures.from_config(
@@ -149,12 +214,17 @@ class ConfigSetupFactory:
             model=model,
             tools=tools,
             system_prompt=IM_SYSTEM_PROMPT,
-            output_schema=output_schema,
+            output_schema=self._output,
+            output_sink=output_sink(self.config),
             steering_mode=agent.steering_mode,
             follow_up_mode=agent.follow_up_mode,
             features=features,
             on_event=console_event_hook(self.config, session_key),  # console live events
             compaction_threshold=agent.compaction_threshold,
+            max_iterations=agent.max_iterations,
+            pre_tools=list(self._code[0]),
+            deferred_tasks=dict(self._code[1]),
+            **({"failure_text": agent.failure_text} if agent.failure_text else {}),
             capabilities=self._capabilities,  # docs/decisions.md#structured-capability-cache
             # the built-in offline model answers every tier: nothing to probe
             probe=default_probe if self.config.ai.default_model else None,
@@ -172,4 +242,11 @@ class ConfigSetupFactory:
 
     def __getstate__(self) -> dict[str, Any]:
         # process-local parts
-        return {"config": self.config, "_db": None, "_shared": None, "_capabilities": None}
+        return {
+            "config": self.config,
+            "_db": None,
+            "_shared": None,
+            "_capabilities": None,
+            "_code": ([], {}),
+            "_output": "segments",
+        }

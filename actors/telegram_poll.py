@@ -9,12 +9,14 @@ of that bot, and Ray restarts it after a crash (``max_restarts=-1``). Each incar
 1. calls ``deleteWebhook`` once (a set webhook makes ``getUpdates`` answer 409);
 2. reads the committed offset (``runtime.memory.poll_offsets``) and loops ``getUpdates(offset,
    timeout=poll_timeout_s, allowed_updates)``;
-3. runs each update through the webhook's own pipeline (:class:`actors.inbound.InboundPipeline`:
-   decode → size/storability checks → persist ‖ submit), as the bytes of its JSON;
-4. while the outcome says "again" (session mailbox full, SQL or a router shard momentarily
-   down) it waits ``retry_after_s`` and runs the same update again — it never moves past an
-   update that did not get its turn; any other outcome (accepted, duplicate, ignored,
-   untriggered, malformed) is final, and only then is ``offset = update_id + 1`` committed to SQL.
+3. runs each update through the webhook's own steps (:meth:`actors.ingress.Ingress.handle_event`:
+   decode → size/storability checks → the bot's inbound policy → persist ‖ submit), as the bytes
+   of its JSON (the codec is built without the webhook secret: a polled update carries none);
+4. while the answer is 503 (session mailbox full, SQL or a router shard momentarily down) it
+   waits its ``Retry-After`` and runs the same update again — it never moves past an
+   update that did not get its turn; any other answer (accepted, duplicate, ignored,
+   untriggered, denied, rate_limited, malformed) is final, and only then is
+   ``offset = update_id + 1`` committed to SQL.
 
 A crash between storing an update and committing its offset makes the next incarnation read the
 update again: the transcript row is stored once and the session host answers ``duplicate`` for an
@@ -41,45 +43,22 @@ from typing import Any
 import httpx
 import ray
 
-from actors.http_input import max_text_chars
-from actors.inbound import InboundPipeline
+from actors.ingress import Ingress
+from actors.telegram_poll_status import NAMESPACE, poller_name, polling_bots
 from runtime import metrics
-from runtime.memory.db import Database
 from runtime.memory.poll_offsets import PollOffsetStore, create_poll_offsets_table
-from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import get_codec
 from runtime.platforms.common import parse_retry_after
 from runtime.platforms.telegram_inbound import HANDLED_UPDATES, PLATFORM
 
-__all__ = [
-    "BACKOFF_MAX_S",
-    "NAMESPACE",
-    "TelegramPoller",
-    "poller_name",
-    "polling_bots",
-    "polling_health",
-    "start_pollers",
-    "stop_pollers",
-]
+__all__ = ["BACKOFF_MAX_S", "PollLoop", "TelegramPoller", "start_pollers", "stop_pollers"]
 
 log = logging.getLogger("sessionray.telegram_poll")
 
-NAMESPACE = "sessionray"
-"""The Ray namespace of every named sessionray actor."""
 BACKOFF_MAX_S = 30.0
 """Longest wait between failed Bot API calls (seconds); the first waits 1 s, then doubling."""
 _HEADERS = {"content-type": "application/json"}
 _RECENT_WAITS = 20
-
-
-def poller_name(self_id: str, prefix: str = "sessionray") -> str:
-    """``{prefix}-tgpoll-{self_id}``: the one poller actor of a bot."""
-    return f"{prefix}-tgpoll-{self_id}"
-
-
-def polling_bots(config: Any) -> list[Any]:
-    """The ``bots:`` entries with ``mode: polling`` (Telegram only: the config model checks it)."""
-    return [b for b in config.bots if getattr(b, "mode", "webhook") == "polling"]
 
 
 class _Failed(Exception):
@@ -122,14 +101,15 @@ class PollLoop:
 
     def __init__(self, bot: Any, config: Any, runtime: Any) -> None:
         self.bot = bot
-        self.codec: Any = get_codec(bot)
+        self.codec: Any = get_codec(bot.model_copy(update={"secret_env": None}))
         self.bot_id = str(bot.self_id)
         self.timeout_s = int(bot.poll_timeout_s)
         self.allowed = list(bot.allowed_updates) if bot.allowed_updates is not None else list(HANDLED_UPDATES)
         self.max_body_bytes = int(config.server.max_body_bytes)
-        self.db = Database(config.database.url, threads=2, busy_timeout_ms=5_000, write_retry_s=30.0)
+        self.ingress = Ingress(None, config)  # the webhook's steps; its runtime is set on connect
+        assert self.ingress.db is not None  # (it made its own: no transcript store was given)
+        self.db = self.ingress.db
         self.offsets = PollOffsetStore(self.db)
-        self.pipeline = InboundPipeline(None, TranscriptStore(self.db), max_text_chars(config))
         self._runtime = runtime
         self.offset: int | None = None
         self.state = "starting"
@@ -210,7 +190,7 @@ class PollLoop:
                 await self.db.run(lambda: create_poll_offsets_table(self.db))
                 self.offset = await self.offsets.load(PLATFORM, self.bot_id)
                 runtime = self._runtime() if callable(self._runtime) else self._runtime
-                self.pipeline.runtime = runtime
+                self.ingress.runtime = runtime
                 return
             except Exception as exc:
                 log.warning("telegram bot %s: not ready to poll yet: %r", self.bot_id, exc)
@@ -247,7 +227,7 @@ class PollLoop:
             await self._take(update)
 
     async def _take(self, update: Any) -> None:
-        """Run one update through the pipeline until its outcome is final, then commit its offset."""
+        """Run one update through the webhook's steps until its answer is final, then commit its offset."""
         uid = update.get("update_id") if isinstance(update, dict) else None
         if not isinstance(uid, int) or isinstance(uid, bool) or not 0 <= uid < 2**63 - 1:
             uid = None  # the codec refuses it as malformed; there is no offset to move past it by
@@ -267,17 +247,20 @@ class PollLoop:
     async def _until_final(self, uid: int | None, body: bytes) -> None:
         while True:
             try:
-                outcome = await self.pipeline.run(PLATFORM, self.codec, _HEADERS, body, via="polling")
+                answer = await self.ingress.handle_event(PLATFORM, self.codec, _HEADERS, body)
             except Exception as exc:  # what the webhook answers 500: run the same update again
                 log.exception("telegram bot %s: update %s failed", self.bot_id, uid)
                 metrics.INBOUND.inc(platform=PLATFORM, outcome="error")
                 self.holding, self.state, self.error = uid, "retrying", type(exc).__name__
                 await self._wait("error", None)
                 continue
-            if not outcome.retry:
+            if answer.status_code != 503:
                 break
-            self.holding, self.state, self.error = uid, "retrying", outcome.outcome
-            await self._wait(outcome.outcome, float(outcome.retry_after_s or 1))
+            reason = (
+                "backpressure" if json.loads(bytes(answer.body)).get("status") == "busy" else "unavailable"
+            )
+            self.holding, self.state, self.error = uid, "retrying", reason
+            await self._wait(reason, parse_retry_after(answer.headers.get("retry-after")) or 1.0)
         self.holding, self._backoff = None, 1.0
         if self.state == "retrying":
             self.state, self.error = "polling", None
@@ -366,22 +349,3 @@ async def stop_pollers(config: Any, prefix: str = "sessionray") -> None:
             await asyncio.wait_for(handle.stop.remote(), timeout=5)
         with contextlib.suppress(Exception):
             ray.kill(handle, no_restart=True)
-
-
-async def polling_health(config: Any, prefix: str = "sessionray", timeout_s: float = 2.0) -> dict[str, Any]:
-    """``{self_id: status}`` of every polling bot for ``GET /healthz``: the poller's
-    :meth:`PollLoop.status` (``state: "conflict"`` on 409), ``{"state": "not running"}`` without
-    a poller actor, ``{"state": "unknown"}`` when it did not answer within ``timeout_s``."""
-    out: dict[str, Any] = {}
-    for bot in polling_bots(config):
-        sid = str(bot.self_id)
-        try:
-            handle = ray.get_actor(poller_name(sid, prefix), namespace=NAMESPACE)
-        except ValueError:
-            out[sid] = {"state": "not running"}
-            continue
-        try:
-            out[sid] = await asyncio.wait_for(handle.status.remote(), timeout=timeout_s)
-        except Exception:
-            out[sid] = {"state": "unknown"}
-    return out

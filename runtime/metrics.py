@@ -257,6 +257,11 @@ STRUCTURED_DOWNGRADES = Counter(
     "Capability downgrades (native to tool to prompt).",
     ("from_mode", "to_mode"),
 )
+STRUCTURED_SINK = Counter(
+    "sessionray_structured_sink_total",
+    "Validated custom-schema answers handed to a sink (url, transcript), by outcome (delivered, failed).",
+    ("sink", "outcome"),
+)
 MEDIA_REJECTED = Counter(
     "sessionray_media_rejected_total", "Attachments replaced by a notice, by reason.", ("reason",)
 )

@@ -2,10 +2,11 @@
 
 It answers with the recorded fixture responses (``tests/fixtures``, never edited):
 
-* ``POST /send_private_msg``, ``/send_group_msg``, ``/send_msg`` (OneBot v11) →
-  HTTP 200 ``onebot11/api_response_ok_napcat.json``;
+* ``POST /send_private_msg``, ``/send_group_msg``, ``/send_msg``, ``/send_private_forward_msg``,
+  ``/send_group_forward_msg`` (OneBot v11) → HTTP 200 ``onebot11/api_response_ok_napcat.json``;
 * ``POST /bot<token>/<method>`` (Telegram, any ``send*`` method) →
-  HTTP 200 ``telegram/api_sendMessage_response.json``;
+  HTTP 200 ``telegram/api_sendMessage_response.json``; ``sendMediaGroup`` answers, as the Bot API
+  does, a list of such messages, one per item of its ``media`` (ids counting up from the recorded one);
 * any other path → HTTP 404 with ``onebot11/api_response_failed_1404.json``.
 
 With ``vary_message_ids=True`` the n-th successful send answers the recorded body with
@@ -47,7 +48,10 @@ from typing import Any
 
 __all__ = ["PlatformApiServer", "RecordedFile", "RecordedRequest"]
 
-ONEBOT_SEND_PATHS = frozenset({"/send_private_msg", "/send_group_msg", "/send_msg"})
+ONEBOT_SEND_PATHS = frozenset(
+    {"/send_private_msg", "/send_group_msg", "/send_msg"}
+    | {"/send_private_forward_msg", "/send_group_forward_msg"}
+)
 TELEGRAM_PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z]+)$")
 
 
@@ -259,6 +263,8 @@ class PlatformApiServer:
             return fixed.status, fixed.body, fixed.headers
         if rec.path in ONEBOT_SEND_PATHS:
             return 200, self._numbered(self.onebot_ok, "data"), {}
+        if tg is not None and tg.group("method") == "sendMediaGroup":
+            return 200, self._album(rec), {}
         if tg is not None and tg.group("method").startswith("send"):
             return 200, self._numbered(self.telegram_ok, "result"), {}
         return 404, self.onebot_failed, {}
@@ -273,6 +279,16 @@ class PlatformApiServer:
             self._sends += 1
         answer = json.loads(recorded)
         answer[holder]["message_id"] += n
+        return json.dumps(answer, ensure_ascii=False).encode()
+
+    def _album(self, rec: RecordedRequest) -> bytes:
+        """The ``sendMediaGroup`` answer: the recorded message once per item of ``media`` (JSON body
+        or multipart field), ``message_id`` counting up (after :meth:`_numbered`'s offset)."""
+        body = rec.json if isinstance(rec.json, dict) else {"media": json.loads(rec.form.get("media", "[]"))}
+        media = body.get("media")
+        answer = json.loads(self._numbered(self.telegram_ok, "result"))
+        first = answer["result"]
+        answer["result"] = [{**first, "message_id": first["message_id"] + n} for n in range(len(media or []))]
         return json.dumps(answer, ensure_ascii=False).encode()
 
     @staticmethod

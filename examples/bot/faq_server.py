@@ -1,9 +1,9 @@
 """The example bot's MCP server: a tiny FAQ about sessionray, over stdio, written with the official
 ``mcp`` SDK.
 
-The bot starts it as a subprocess of each session actor on the first turn that prepares its tools
-(``ai.mcp_servers.faq`` in ``sessionray.yaml``; lazy connect). The model sees its tools as
-``faq_search`` and ``faq_topics`` (prefix ``<server name>_``).
+The bot starts it, for each live session, as a subprocess of the session's host on the first turn
+that prepares its tools (``ai.mcp_servers.faq`` in ``sessionray.yaml``; lazy connect). The model
+sees its tools as ``faq_search`` and ``faq_topics`` (prefix ``<server name>_``).
 
 Try it alone: ``.venv/bin/python examples/bot/faq_server.py`` speaks MCP on stdin/stdout.
 """

@@ -6,6 +6,7 @@ Also holds the shared base of every section (:class:`ConfigError`, closed models
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal
 
@@ -134,12 +135,42 @@ class ProviderConfig(_Closed):
         return v
 
 
+class OutputSinkConfig(_Closed):
+    """``ai.agent.output_sink``: where the validated answers of a custom ``output_schema`` go
+    (``runtime.session.output_sink``; docs/decisions.md#structured-custom-schema)."""
+
+    url: str | None = None
+    """HTTP(S) callback that receives ``POST`` of each validated answer's JSON (``None``: none)."""
+    transcript: bool = True
+    """Record each validated answer in the session's transcript (``structured_output`` records)."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Bound of each callback attempt in seconds."""
+    attempts: int = Field(3, ge=1, le=10)
+    """Callback attempts in all (a transport error, timeout, 429 or 5xx is retried)."""
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.lower().startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} must start with http:// or https://")
+        return v
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> OutputSinkConfig:
+        if self.url is None and not self.transcript:
+            raise ValueError("the answers would go nowhere: set `url`, or keep `transcript: true`")
+        return self
+
+
 class AgentConfig(_Closed):
     """``ai.agent``: structured-reply and queue modes."""
 
-    output_schema: Literal["segments", False] | dict[str, Any] = "segments"
+    output_schema: Literal["segments", False] | dict[str, Any] | str = "segments"
     """``segments`` (the IM reply contract, docs/decisions.md#reply-segments), ``false`` (plain
-    text) or a JSON Schema object."""
+    text), or a custom schema (docs/decisions.md#structured-custom-schema): a JSON Schema object, a
+    ``"package.module:Model"`` pydantic model, or a path to a JSON file (made absolute at load)."""
+    output_sink: OutputSinkConfig | None = None
+    """Where a custom schema's answers go (``None``: the transcript only); only with a custom schema."""
     steering_mode: QueueMode = "one-at-a-time"
     follow_up_mode: QueueMode = "one-at-a-time"
     compaction_threshold: float | None = Field(default=0.8, gt=0, le=1)
@@ -150,6 +181,51 @@ class AgentConfig(_Closed):
     """Offer the ``delegate`` tool: a sub-agent on the session's model, with the business tools
     (``python_tools``, ``tools_dir``) and without the IM preset
     (docs/decisions.md#session-extra-tools)."""
+    max_iterations: int | None = Field(16, ge=1)
+    """Most LLM calls in one turn; when spent, one more call asks for a summary in the reply
+    schema (docs/decisions.md#agent-iteration-budget). ``null``: unbounded."""
+    failure_text: str | None = Field(None, min_length=1)
+    """The fixed message sent when a turn cannot produce a valid reply
+    (docs/decisions.md#reply-fixed-failure); ``null``: the built-in English text."""
+    pre_tools: list[str] = Field(default_factory=list)
+    """``"module:function"`` references run in parallel before a turn's first LLM call; each gets
+    the turn (``runtime.session.turn.TurnInput``) and returns text for the model or ``None``
+    (sync or async; a sync one runs in a worker thread)."""
+    deferred_tasks: dict[str, str] = Field(default_factory=dict)
+    """Task name → ``"module:function"`` the model may hand off with ``run_deferred_task``; the
+    function takes the task's arguments (a dict) and returns text, runs as a Ray task, and its
+    result is sent as a separate message (docs/decisions.md#session-extra-tools)."""
+
+    @field_validator("output_schema")
+    @classmethod
+    def _schema_ref(cls, v: Any) -> Any:
+        if isinstance(v, str) and v != "segments" and not ENTRY_POINT_RE.fullmatch(v):
+            if not v.strip():
+                raise ValueError("expected `segments`, false, a JSON Schema, `module:Model` or a file path")
+            return os.path.abspath(os.path.expanduser(v))  # a path: the same in every process
+        return v
+
+    @model_validator(mode="after")
+    def _sink_needs_schema(self) -> AgentConfig:
+        if self.output_sink is not None and self.output_schema in ("segments", False):
+            raise ValueError("output_sink is only used with a custom output_schema")
+        return self
+
+    @field_validator("pre_tools")
+    @classmethod
+    def _pre_tool_refs(cls, v: list[str]) -> list[str]:
+        bad = [r for r in v if not ENTRY_POINT_RE.fullmatch(r)]
+        if bad:
+            raise ValueError(f"not of the form 'package.module:function': {', '.join(map(repr, bad))}")
+        return v
+
+    @field_validator("deferred_tasks")
+    @classmethod
+    def _deferred_refs(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [f"{k}: {r!r}" for k, r in v.items() if not ENTRY_POINT_RE.fullmatch(r)]
+        if bad:
+            raise ValueError(f"not of the form 'package.module:function': {', '.join(bad)}")
+        return v
 
 
 class McpServerConfig(_Closed):
@@ -214,7 +290,7 @@ class AiConfig(_Closed):
     docs/decisions.md#tool-md-hard-fail)."""
     python_tools: list[str] = Field(default_factory=list)
     """``module:attribute`` references of Python ``AgentTool`` s (a tool, a list of them, or a
-    function returning either), imported at start-up and in every session actor
+    function returning either), imported at start-up and in every session host
     (``runtime.session.python_tools``; hard fail on errors: docs/decisions.md#tool-md-hard-fail)."""
     media_url_allowlist: list[str] = Field(default_factory=list)
     """URL prefixes a reply may attach without them appearing in the context

@@ -5,12 +5,14 @@ Part of :mod:`runtime.config` (which re-exports every public name here; import f
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from runtime.config.ai import _Closed
+from runtime.config.policy import RateLimitConfig
 
 
 class BotConfig(_Closed):
@@ -38,6 +40,21 @@ class BotConfig(_Closed):
     confine to the same place; ``~`` is expanded."""
     thinking_preview: bool = False
     """Console: also show the first 200 characters of the model's thinking in the live events."""
+    forward_api: bool = False
+    """OneBot: the implementation has ``send_group_forward_msg`` / ``send_private_forward_msg``
+    (NapCat, Lagrange, LLOneBot); outbound ``forward`` segments go through them, else as text
+    (docs/decisions.md#platform-forward-api)."""
+    allow_groups: list[str] = Field(default_factory=list)
+    """Group/channel ids the bot answers in (empty: every group). Inbound policy:
+    docs/decisions.md#platform-inbound-policy."""
+    deny_groups: list[str] = Field(default_factory=list)
+    """Group/channel ids the bot never answers in (wins over ``allow_groups``)."""
+    allow_users: list[str] = Field(default_factory=list)
+    """Sender ids the bot answers (empty: everyone); private chats and groups alike."""
+    deny_users: list[str] = Field(default_factory=list)
+    """Sender ids the bot never answers (wins over ``allow_users``)."""
+    rate_limit: RateLimitConfig | None = None
+    """Per-user / per-group token buckets (None: no limit)."""
     mode: Literal["webhook", "polling"] = "webhook"
     """Telegram: how updates arrive — ``webhook`` (Telegram POSTs to ``/webhooks/telegram/{id}``;
     needs public HTTPS) or ``polling`` (one ``getUpdates`` long-poll loop per bot across the
@@ -59,7 +76,7 @@ class BotConfig(_Closed):
     def _absolute_media_dir(cls, v: str | None) -> str | None:
         return None if v is None else os.path.abspath(os.path.expanduser(v))
 
-    @field_validator("masters", mode="before")
+    @field_validator("masters", "allow_groups", "deny_groups", "allow_users", "deny_users", mode="before")
     @classmethod
     def _ids_str(cls, v: Any) -> Any:
         return [str(x) if isinstance(x, int) else x for x in v] if isinstance(v, list) else v
@@ -137,3 +154,16 @@ class RuntimeConfig(_Closed):
     hung_ping_timeout_s: float = Field(30.0, gt=0)
     """Seconds the host supervisor waits for a host's ``ping_turn`` (its sessions' event loop); a
     host that does not answer is killed and its sessions re-activated elsewhere (crash path)."""
+
+    def host_capacity(self) -> tuple[int, int]:
+        """``(sessions per host, most hosts)``: the host supervisor's limits for this section
+        (docs/decisions.md#session-hosts), also the host count of the PostgreSQL connection budget
+        (docs/decisions.md#memory-connection-budget).
+
+        ``most hosts = max(min_hosts, ceil(max_live_sessions / min(sessions_per_host,
+        max_live_sessions)))`` and each host holds ``min(sessions_per_host, ceil(max_live_sessions /
+        most hosts))``, so all hosts together hold ``max_live_sessions`` (rounded up to a whole
+        number per host). The defaults give ``(2000, 5)``."""
+        per = min(self.sessions_per_host, self.max_live_sessions)
+        most = max(self.min_hosts, math.ceil(self.max_live_sessions / per))
+        return min(self.sessions_per_host, math.ceil(self.max_live_sessions / most)), most

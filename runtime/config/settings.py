@@ -36,11 +36,13 @@ from runtime.config.ai import (  # re-exported: public names stay in runtime.con
     ConfigError,
     McpServerConfig,
     ModelConfig,
+    OutputSinkConfig,
     ProviderConfig,
     _Closed,
     _driver_hint,
     _split_ref,
 )
+from runtime.config.policy import RateLimitConfig, parse_rate
 from runtime.config.sections import (
     BotConfig,
     DatabaseConfig,
@@ -64,7 +66,9 @@ __all__ = [
     "DatabaseConfig",
     "McpServerConfig",
     "ModelConfig",
+    "OutputSinkConfig",
     "ProviderConfig",
+    "RateLimitConfig",
     "RuntimeConfig",
     "ServerConfig",
     "default_bots",
@@ -74,6 +78,7 @@ __all__ = [
     "get_provider_config",
     "load_config",
     "parse_config",
+    "parse_rate",
     "resolve_model_ref",
     "set_config",
 ]

@@ -6,7 +6,7 @@ the Ray shell around :class:`~runtime.delivery.core.DeliverySender`
 
 Only :class:`DeliveryJob` (:mod:`runtime.delivery.job`, what the session wing hands over) is
 re-exported here: the sender, its settings and results (:mod:`runtime.delivery.core`) and the
-ledger (:mod:`runtime.delivery.ledger`) import an HTTP client and SQL, which a session actor
+ledger (:mod:`runtime.delivery.ledger`) import an HTTP client and SQL, which a session host
 process must not pay for when it imports this package.
 """
 

@@ -1,7 +1,7 @@
 """The SQL capability store: ``model_capabilities`` rows behind
 :class:`runtime.reply.capability.CapabilityCache` (docs/decisions.md#structured-capability-cache).
 
-Every session actor on every node reads and writes the same rows, so a model is probed once per
+Every session host on every node reads and writes the same rows, so a model is probed once per
 ``ai.capability_ttl_s`` for the whole deployment and a downgrade one process saw is seen by all
 (on the next turn: the cache reads the row at the start of each turn). One row per
 ``(provider, model)``, replaced in place (``INSERT … ON CONFLICT DO UPDATE``) on both SQLite and

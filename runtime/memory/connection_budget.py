@@ -4,24 +4,28 @@
 Every process that talks SQL holds its own connection pool, so the server must accept, in the
 worst case::
 
-    runtime.max_live_sessions × 1                          (a live SessionActor: 1 SQL thread, no overflow)
-  + runtime.warm_pool × 1                                  (a blank actor connects only during its warm-up)
-  + runtime.delivery_actors × 8                            (a DeliveryActor: 8 SQL threads, no overflow)
-  + 8 per ingress process                                  (the ingress's Database, also the admin's)
-  ≤ max_connections − superuser_reserved_connections       (PostgreSQL: SHOW max_connections, default 100 − 3)
+    most hosts × HOST_SQL_THREADS (4)                 (a SessionHost: 4 SQL threads, no overflow)
+  + runtime.delivery_actors × 8                       (a DeliveryActor: 8 SQL threads, no overflow)
+  + 8 per ingress process                             (the ingress's Database, also the admin's)
+  ≤ max_connections − superuser_reserved_connections  (PostgreSQL: SHOW max_connections, 100 − 3)
 
+``most hosts`` is the host supervisor's limit, :meth:`runtime.config.RuntimeConfig.host_capacity`
+(``max(min_hosts, ceil(max_live_sessions / sessions_per_host))``): all sessions of one host share
+its one :class:`~runtime.memory.db.Database`, so the budget grows with hosts, not with sessions.
 A :class:`~runtime.memory.db.Database` runs every SQL call on one of its ``threads`` and each call
-holds one connection. Session actors, delivery actors and the ingress open theirs with
+holds one connection. Session hosts, delivery actors and the ingress open theirs with
 ``max_overflow=0``, so the pool itself caps them at ``threads`` connections, also for SQL run
-outside those threads (``create_tables`` at start-up takes one of the same connections). The
-ingress process holds one such Database: the admin API's view of stored sessions reads through it
-(``actors/ingress.py`` → ``actors/admin.py``). At start ``SessionRuntime.start`` opens one more
-connection for a moment (``create_tables`` and this check) and closes it. The pool supervisor
-opens no SQL connection; a router shard opens one only for the moment it archives a passivated
-session (admin ``archive``; one at a time per shard, not counted below). :func:`connection_budget` is the
-arithmetic (pure), :func:`budget_warning` the text, and :func:`warn_if_over_connection_budget` the
-start-up check ``actors/runtime.py`` runs once with the configured PostgreSQL URL (a WARNING, never
-an error: the worst case is rare, and the operator decides).
+outside those threads (``create_tables`` at start-up takes one of the same connections). A host
+closes its connections after its warm-up and whenever its last live session is passivated, so an
+empty host holds none. The ingress process holds one Database: the admin API's view of stored
+sessions reads through it (``actors/ingress.py`` → ``actors/admin.py``). At start
+``SessionRuntime.start`` opens one more connection for a moment (``create_tables`` and this check)
+and closes it. The host supervisor opens no SQL connection; a router shard opens one only for the
+moment it archives a passivated session (admin ``archive``; one at a time per shard, not counted
+below). :func:`connection_budget` is the arithmetic (pure), :func:`budget_warning` the text, and
+:func:`warn_if_over_connection_budget` the start-up check ``actors/runtime.py`` runs once with the
+configured PostgreSQL URL (a WARNING, never an error: the worst case is rare, and the operator
+decides).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from runtime.memory.db import DEFAULT_SQL_THREADS, Database
 
 __all__ = [
     "DEFAULT_PROCESS_CONNECTIONS",
-    "SESSION_ACTOR_CONNECTIONS",
+    "HOST_SQL_THREADS",
     "ConnectionBudget",
     "budget_warning",
     "connection_budget",
@@ -45,9 +49,11 @@ __all__ = [
 
 log = logging.getLogger("sessionray.sql")
 
-SESSION_ACTOR_CONNECTIONS = 1
-"""Connections of one session actor, live or warming up (``actors/session_actor.py``:
-``SQL_THREADS = 1``, ``max_overflow=0``; a passivated actor closes its connection)."""
+HOST_SQL_THREADS = 4
+"""SQL threads (and pooled connections, no overflow) of one session host's database, shared by
+all its sessions (``actors/host_support.py`` opens it with this). A session's appends are
+serialized by its writer, so four threads let four sessions' SQL run at once; on SQLite the file
+lock serializes writes anyway, on PostgreSQL each thread is one server connection per host."""
 DEFAULT_PROCESS_CONNECTIONS = DEFAULT_SQL_THREADS
 """Connections of a process whose :class:`~runtime.memory.db.Database` keeps the default
 ``threads`` (8) with no pool overflow: each delivery actor and each ingress process."""
@@ -57,46 +63,44 @@ DEFAULT_PROCESS_CONNECTIONS = DEFAULT_SQL_THREADS
 class ConnectionBudget:
     """Worst-case PostgreSQL connections per kind of process, and their ``total``."""
 
-    live_sessions: int
-    warm_pool: int
+    hosts: int
+    """Connections of all session hosts (``most hosts × HOST_SQL_THREADS``)."""
     delivery: int
     ingress: int
 
     @property
     def total(self) -> int:
         """All of them together (connections)."""
-        return self.live_sessions + self.warm_pool + self.delivery + self.ingress
+        return self.hosts + self.delivery + self.ingress
 
 
 def connection_budget(
     *,
-    max_live_sessions: int,
-    warm_pool: int,
+    hosts: int,
     delivery_actors: int,
     ingress_processes: int = 1,
-    per_session: int = SESSION_ACTOR_CONNECTIONS,
+    per_host: int = HOST_SQL_THREADS,
     per_process: int = DEFAULT_PROCESS_CONNECTIONS,
 ) -> ConnectionBudget:
     """The worst case of the module docstring's formula.
 
     Args:
-        max_live_sessions: ``runtime.max_live_sessions``.
-        warm_pool: ``runtime.warm_pool`` (blank actors; each connects while it warms up).
+        hosts: Session hosts at most (the second item of
+            :meth:`runtime.config.RuntimeConfig.host_capacity`).
         delivery_actors: ``runtime.delivery_actors``.
         ingress_processes: Ingress processes (the ``sessionray serve`` driver, or the Ray Serve
             replicas of the ingress deployment).
-        per_session: Connections of one session actor.
+        per_host: Connections of one session host.
         per_process: Connections of one delivery actor or ingress process.
 
     Raises:
         ValueError: a negative count.
     """
-    counts = (max_live_sessions, warm_pool, delivery_actors, ingress_processes, per_session, per_process)
+    counts = (hosts, delivery_actors, ingress_processes, per_host, per_process)
     if min(counts) < 0:
         raise ValueError(f"connection budget counts must be >= 0, got {counts}")
     return ConnectionBudget(
-        live_sessions=max_live_sessions * per_session,
-        warm_pool=warm_pool * per_session,
+        hosts=hosts * per_host,
         delivery=delivery_actors * per_process,
         ingress=ingress_processes * per_process,
     )
@@ -112,11 +116,13 @@ def budget_warning(budget: ConnectionBudget, max_connections: int, reserved: int
     return (
         f"PostgreSQL accepts {usable} connections (max_connections={max_connections} minus "
         f"{reserved} reserved for superusers) but sessionray may open {budget.total} at worst: "
-        f"runtime.max_live_sessions → {budget.live_sessions}, runtime.warm_pool → {budget.warm_pool}, "
+        f"session hosts → {budget.hosts} ({HOST_SQL_THREADS} each; their number is "
+        "max(runtime.min_hosts, runtime.max_live_sessions / runtime.sessions_per_host)), "
         f"runtime.delivery_actors → {budget.delivery} ({DEFAULT_PROCESS_CONNECTIONS} each), "
-        f"ingress → {budget.ingress}. Lower runtime.max_live_sessions / runtime.warm_pool / "
-        "runtime.delivery_actors, or raise max_connections on the server (or put PgBouncer in "
-        "front); otherwise new connections fail with 'too many clients already' (deploy/README.md, "
+        f"ingress → {budget.ingress}. Raise runtime.sessions_per_host or lower "
+        "runtime.max_live_sessions / runtime.min_hosts / runtime.delivery_actors, or raise "
+        "max_connections on the server (or put PgBouncer in front); otherwise new connections fail "
+        "with 'too many clients already' (deploy/README.md, "
         '"PostgreSQL connections").'
     )
 
@@ -129,8 +135,8 @@ def warn_if_over_connection_budget(db: Database, runtime: Any, ingress_processes
 
     Args:
         db: A :class:`Database` on the configured URL (one connection is used briefly).
-        runtime: The ``runtime`` config section (``max_live_sessions``, ``warm_pool``,
-            ``delivery_actors``).
+        runtime: The ``runtime`` config section (a :class:`runtime.config.RuntimeConfig`:
+            its ``host_capacity()`` and ``delivery_actors``).
         ingress_processes: See :func:`connection_budget`.
 
     Returns:
@@ -145,9 +151,9 @@ def warn_if_over_connection_budget(db: Database, runtime: Any, ingress_processes
     except Exception as exc:
         log.warning("could not read PostgreSQL max_connections (%s): connection budget not checked", exc)
         return None
+    _, hosts = runtime.host_capacity()
     budget = connection_budget(
-        max_live_sessions=runtime.max_live_sessions,
-        warm_pool=runtime.warm_pool,
+        hosts=hosts,
         delivery_actors=runtime.delivery_actors,
         ingress_processes=ingress_processes,
     )

@@ -15,7 +15,7 @@ Start-up (:meth:`Database.create_tables`) only creates the memory tables that ar
 never drops, alters or rewrites an existing table (docs/decisions.md#memory-create-only).
 
 All blocking SQL runs on the database's own thread pool through :meth:`Database.run`, so a
-session actor's event loop never waits on SQL.
+session host's event loop never waits on SQL.
 
 Writers (docs/decisions.md#memory-write-path; the mechanics live in
 :mod:`runtime.memory.write_path`):
@@ -33,7 +33,7 @@ Writers (docs/decisions.md#memory-write-path; the mechanics live in
 
 Connections (docs/decisions.md#memory-connection-budget): the pool holds at most ``threads`` +
 ``max_overflow`` connections (:attr:`Database.max_connections`); :meth:`Database.release_connections`
-closes the idle ones (a passivated session actor keeps no PostgreSQL connection).
+closes the idle ones (a session host without live sessions keeps no PostgreSQL connection).
 
 Stable names other modules rely on: :meth:`Database.session` (``write=True`` for writers),
 :meth:`Database.connection` (SQLAlchemy Core, same ``write=``), :meth:`Database.run`,
@@ -144,7 +144,7 @@ class Database:
         max_overflow: Connections the pool may open beyond ``threads`` (``None``: ``threads``).
             Every SQL call of :meth:`run` holds one connection on one pool thread, so only
             callers outside the pool (start-up ``create_tables``, tests) ever use the overflow;
-            ``0`` makes ``threads`` a hard bound (a session actor: one PostgreSQL connection).
+            ``0`` makes ``threads`` a hard bound (a session host: four PostgreSQL connections at most).
 
     Raises:
         DatabaseUrlError: see :func:`normalize_url`.
@@ -288,8 +288,8 @@ class Database:
         """Close every idle pooled connection now (blocking); the next SQL call opens a new one
         (PostgreSQL: a few ms). A connection in use at that moment is not closed (it stays with
         the discarded pool until that is garbage-collected), so call it through :meth:`run`: the
-        SQL already queued on the pool runs first and every connection is back. A passivated
-        session actor holds no PostgreSQL connection
+        SQL already queued on the pool runs first and every connection is back. A session host
+        without live sessions holds no PostgreSQL connection
         (docs/decisions.md#memory-connection-budget)."""
         self.engine.dispose(close=True)
 

@@ -1,10 +1,9 @@
 """``ContextRepository``: the SQL source of truth for every session's context
 (docs/decisions.md#memory-sql-truth).
 
-A session actor calls :meth:`~ContextRepository.load_context` before a turn and
-:meth:`~ContextRepository.append_messages` as its messages end.
-Because everything lives in SQL, an actor can be passivated, recycled or killed at any time and a
-new one loads the same context back.
+A live session calls :meth:`~ContextRepository.load_context` before a turn and
+:meth:`~ContextRepository.append_messages` as its messages end. Because everything lives in SQL,
+a session can be passivated, or its host killed, at any time and a new activation loads it back.
 
 Rules:
 
@@ -21,8 +20,7 @@ Rules:
   this process on an ``asyncio.Lock``; across processes by ``BEGIN IMMEDIATE`` on SQLite and a
   transaction-scoped advisory lock on PostgreSQL, with a retry when another writer still wins
   (unique violation, deadlock victim, serialization failure).
-* **Nothing is deleted**: archiving flips ``status`` and starts the next epoch; compaction adds a
-  summary row. Old rows remain.
+* **Nothing is deleted**: archiving flips ``status``, starts the next epoch; compaction adds a summary.
 * **Forged sender prefixes are neutralised before storage**
   (docs/decisions.md#security-sender-prefix): every sender block a user typed into a message — at
   its start, after leading mentions, or anywhere else, in any bracket form — is removed or quoted
@@ -186,28 +184,20 @@ class ContextRepository:
         """
         parse_session_key(session_key)
         async with self._lock(f"key:{session_key}"):
-            # Fast path, a plain read: an existing active epoch needs no write transaction (on
-            # SQLite a writer waits for the file lock that every turn's append takes; an activation
-            # of a stored session must not — docs/decisions.md#session-hosts). Epoch changes of a
-            # key happen only in the process that holds it live, under this same lock.
+            # A stored active epoch is read without a write transaction (docs/decisions.md#session-hosts):
+            # epochs of a key change only in the process holding it live, under this same lock.
             active = await self.db.run(lambda: self._active_id_sync(session_key))
-            if active is not None:
-                return active
-            return await self._retrying(session_key, lambda: self._get_or_create_sync(session_key, model))
+            create = lambda: self._get_or_create_sync(session_key, model)  # noqa: E731
+            return active or await self._retrying(session_key, create)
 
     def _active_id_sync(self, session_key: str) -> str | None:
         with self.db.session() as s:
-            return s.exec(
-                select(AgentSessionRow.session_id).where(
-                    AgentSessionRow.session_key == session_key, AgentSessionRow.status == "active"
-                )
-            ).first()
+            q = select(AgentSessionRow.session_id).where(AgentSessionRow.session_key == session_key)
+            return s.exec(q.where(AgentSessionRow.status == "active")).first()
 
     async def _retrying(self, session_key: str, fn: Callable[[], str]) -> str:
-        # Another process may create/replace the active epoch between our read and our insert;
-        # the primary key or the one-active index then refuses ours, and a retry sees theirs.
-        # PostgreSQL deadlock victims (40P01), serialization failures (40001) and SQLite busy
-        # errors are transient: Database.run_write re-runs those itself.
+        # Another process may create the active epoch between our read and insert: the key or the
+        # one-active index refuses ours and a retry sees theirs (run_write retries transient errors).
         last: IntegrityError | None = None
         for _attempt in range(_KEY_RETRIES):
             try:

@@ -381,8 +381,8 @@ _USER_CACHE_MAX = 16_384
 """Converted user messages by ``(id(message), prefixed)``. A live session converts its whole
 context before every LLM call; the messages are the same objects turn after turn (agent messages
 are never mutated once built), so each is converted once. An entry holds its source *weakly* and
-goes when the source does (a passivated session's messages are not kept alive in a pooled
-actor); ``None`` stands for "unchanged" (the converted message is the source itself)."""
+goes when the source does (a passivated session's messages are not kept alive by its
+host); ``None`` stands for "unchanged" (the converted message is the source itself)."""
 
 
 def _forget(key: tuple[int, bool], ref: weakref.ref[UserMessage]) -> None:

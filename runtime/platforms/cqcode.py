@@ -13,6 +13,20 @@ Example (the spec's)::
 parses to ``[{"type": "text", "data": {"text": "[第一部分]"}}, {"type": "image", "data": {"file":
 "123.jpg"}}, {"type": "text", "data": {"text": "图片之后的部分，表情："}}, {"type": "face", "data":
 {"id": "123"}}]`` — the same array as the spec's array-form example. All values parse as strings.
+
+Leniency (docs/decisions.md#platform-cq-lenient): a code that does not parse stays **literal text**,
+as the OneBot v11 SDKs that bot authors use read CQ strings (NoneBot2's OneBot v11 adapter and
+aiocqhttp use the same grammar), so one odd code never costs the whole event. A code parses when
+
+* its type name is ``[A-Za-z0-9_.-]+`` (ASCII letters, digits, ``_ . -``; no spaces, no other
+  Unicode),
+* each parameter is ``,key=value`` with a key of the same characters and a value without ``,``
+  ``[`` ``]`` (the spec escapes them inside values; the value may be empty), and
+* one trailing ``,`` before ``]`` is allowed (``[CQ:face,id=14,]``, ``[CQ:rps,]``).
+
+So ``[CQ:at,qq]`` (no ``=``), ``[CQ:image,file=a,b.jpg]`` (an unescaped ``,`` in a value),
+``[CQ:at, qq=10001]`` (a stray space: the spec says a code has none) and ``[CQ:表情,id=1]`` are
+kept as the text they are. A repeated key keeps its last value.
 """
 
 from __future__ import annotations
@@ -20,13 +34,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["CQCodeError", "escape", "parse_cq", "to_cq", "unescape"]
+__all__ = ["escape", "parse_cq", "to_cq", "unescape"]
 
-_CODE = re.compile(r"\[CQ:([^,\[\]]+)((?:,[^\[\]]*)?)\]")
-
-
-class CQCodeError(ValueError):
-    """A ``[CQ:...]`` code is malformed (e.g. a parameter without ``=``)."""
+_NAME = r"[A-Za-z0-9_.-]+"
+_CODE = re.compile(rf"\[CQ:({_NAME})((?:,{_NAME}=[^,\[\]]*)*),?\]")
+"""One well-formed code: group 1 the type, group 2 its ``,key=value`` parameters (maybe empty).
+Linear: a value stops at the first ``,`` ``[`` ``]``, so a failed attempt never rescans."""
 
 
 def escape(text: str, *, in_value: bool = False) -> str:
@@ -40,17 +53,12 @@ def unescape(text: str) -> str:
     return text.replace("&#91;", "[").replace("&#93;", "]").replace("&#44;", ",").replace("&amp;", "&")
 
 
-def _params(params: str, code: str) -> dict[str, str]:
-    """The ``,key=value`` parameters of one code as a dict (values unescaped).
-
-    Raises:
-        CQCodeError: a parameter lacks ``=``.
-    """
+def _params(params: str) -> dict[str, str]:
+    """The ``,key=value`` parameters of one code (as matched by :data:`_CODE`, so every item has
+    an ``=``) as a dict, values unescaped."""
     data: dict[str, str] = {}
     for item in params[1:].split(","):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CQCodeError(f"CQ code parameter without '=': {item!r} in {code!r}")
+        key, _, value = item.partition("=")
         data[key] = unescape(value) if "&" in value else value
     return data
 
@@ -58,12 +66,10 @@ def _params(params: str, code: str) -> dict[str, str]:
 def parse_cq(message: str) -> list[dict[str, Any]]:
     """Parse a CQ-code string into OneBot segments ``[{"type", "data"}]`` (values are strings).
 
-    Adjacent plain text becomes one ``text`` segment; empty text between codes is omitted.
+    Adjacent plain text becomes one ``text`` segment; empty text between codes is omitted; a code
+    that does not parse is part of the text (module docstring). Never raises on any string.
     Linear in the length of ``message`` (docs/decisions.md#platform-linear-parsing: one ``re.split``
     pass, then one step per code; a repeated parameter string is parsed once), about 2 µs per code.
-
-    Raises:
-        CQCodeError: a code parameter lacks ``=``.
     """
     parts = _CODE.split(message)  # [text, type, params, text, type, params, ..., text]
     segments: list[dict[str, Any]] = []
@@ -77,7 +83,7 @@ def parse_cq(message: str) -> list[dict[str, Any]]:
         if params:
             data = parsed.get(params)
             if data is None:
-                data = parsed[params] = _params(params, f"[CQ:{code_type}{params}]")
+                data = parsed[params] = _params(params)
             append({"type": code_type, "data": data.copy()})
         else:
             append({"type": code_type, "data": {}})

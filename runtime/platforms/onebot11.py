@@ -28,11 +28,21 @@ audio        ``record {file}`` (same ``file`` forms)
 video        ``video {file}``
 file         ``file {file, name}``
 reply        ``reply {id}``
-forward      ``forward {id}``
+forward      with ``forward_api``: a separate ``send_group_forward_msg`` /
+             ``send_private_forward_msg`` call (below); otherwise **degraded**
+             to the text ``[forward <id>]``, counted
 face         ``face {id}`` (id as a string)
 dice / rps   ``dice {}`` / ``rps {}``
 share        ``share {url, title}``
 ============ ==================================================================
+
+``forward`` is receive-only in OneBot v11 (docs/decisions.md#platform-forward-api). With
+``forward_api: true`` (the implementation has the forward-message API: NapCat, Lagrange, LLOneBot)
+a reply is cut into runs in order: each run of other segments is one ``send_*_msg`` call, each run
+of consecutive forwards one ``POST {api_base}/send_group_forward_msg`` ``{"group_id", "messages"}``
+(``/send_private_forward_msg`` ``{"user_id", "messages"}``) whose ``messages`` holds one custom
+node per forward: ``{"type": "node", "data": {"user_id": <self_id>, "nickname": <self_id>,
+"content": [{"type": "forward", "data": {"id": <forward_id>}}]}}``.
 
 Send results: HTTP 200 with ``retcode`` 0 (ok) or 1 (queued, no message id) is a success; any
 other ``retcode`` is a failed send carrying the platform's wording (``wording`` / ``message`` /
@@ -57,49 +67,26 @@ from runtime.platforms.base import (
     Sender,
     SendResult,
     SignatureError,
-    count_degraded,
     header,
     read_env,
 )
 from runtime.platforms.common import (
-    MediaPathError,
     check_trigger,
     epoch_ms,
     http_send_result,
     int_id,
     is_triggered,
     load_event,
-    media_filename,
-    media_unavailable,
-    resolve_media_path,
     setting,
     trigger_settings,
     with_master_role,
 )
-from runtime.reply.media import file_ref_problem, refused_share_text
-from runtime.reply.segments import (
-    AudioSegment,
-    DiceSegment,
-    FaceSegment,
-    FileSegment,
-    ForwardSegment,
-    ImageSegment,
-    MarkdownSegment,
-    MentionSegment,
-    Reply,
-    ReplySegment,
-    RpsSegment,
-    ShareSegment,
-    TextSegment,
-    VideoSegment,
-)
+from runtime.platforms.onebot11_segments import PLATFORM, from_onebot_segments, plain_text, to_onebot_segments
+from runtime.reply.segments import Reply
 
 __all__ = ["CODEC_FACTORY", "MAX_SEGMENTS", "OneBot11Codec", "from_onebot_segments", "to_onebot_segments"]
 
-PLATFORM = "onebot11"
 _IGNORED_POST_TYPES = frozenset({"notice", "request", "meta_event", "message_sent"})
-_MEDIA_TYPES = {"image": "image", "audio": "record", "video": "video", "file": "file"}
-_MEDIA_TYPES_IN = {"image": "image", "record": "audio", "video": "video", "file": "file"}
 MAX_SEGMENTS = 5_000
 """Most segments one inbound message may have (array items, or CQ codes plus the text between
 them); more is a malformed event (docs/decisions.md#platform-linear-parsing: a ~1 MB body of 80,000
@@ -107,151 +94,17 @@ codes took seconds of the event loop). Real QQ messages stay far below (a text, 
 faces and images); a message at the limit parses in a few tens of ms."""
 
 
-def from_onebot_segments(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Map OneBot v11 segments to canonical segments.
-
-    ``at`` → ``mention``; ``image``/``record``/``video``/``file`` → ``image``/``audio``/``video``/
-    ``file`` with ``media: {kind: "url", value: url}`` when an http(s) URL is known, else
-    ``{kind: "file", value: file}`` (an opaque platform reference); ``reply {id}`` →
-    ``reply {message_id}``; ``forward {id}`` → ``forward {forward_id}``; ``face`` id as string;
-    ``dice``/``rps`` → empty data; ``share`` keeps url/title. Any other type (``json``, ``xml``,
-    ``poke``…) becomes a ``text`` segment ``[<type>]`` (a placeholder,
-    docs/decisions.md#platform-degrade-explicitly: the transcript and the model see that something
-    was sent; its payload is not interpreted).
-
-    Raises:
-        MalformedEvent: a segment is not ``{"type": str, "data": object}`` (``data: null`` or a
-            missing ``data`` included), or a value the mapping reads is not a string (ids: a
-            string or an integer; ``text`` must be a string).
-    """
-    out: list[dict[str, Any]] = []
-    for seg in segments:
-        if not isinstance(seg, dict) or not isinstance(seg.get("type"), str):
-            raise MalformedEvent(f"OneBot segment must be an object with a string 'type': {seg!r:.80}")
-        data = seg.get("data")
-        if not isinstance(data, dict):
-            raise MalformedEvent(f"OneBot segment 'data' must be an object: {seg!r:.80}")
-        t = seg["type"]
-        if t == "text":
-            out.append({"type": "text", "data": {"text": _str_field(data, "text", t, ids=False)}})
-        elif t == "at":
-            out.append({"type": "mention", "data": {"target": _str_field(data, "qq", t)}})
-        elif t in _MEDIA_TYPES_IN:
-            url = _str_field(data, "url", t, ids=False)
-            ref = _str_field(data, "file", t, ids=False)
-            if url.startswith(("http://", "https://")):
-                media = {"kind": "url", "value": url}
-            elif ref.startswith(("http://", "https://")):
-                media = {"kind": "url", "value": ref}
-            else:
-                media = {"kind": "file", "value": ref}
-            out.append({"type": _MEDIA_TYPES_IN[t], "data": {"media": media}})
-        elif t == "reply":
-            out.append({"type": "reply", "data": {"message_id": _str_field(data, "id", t)}})
-        elif t == "forward":
-            out.append({"type": "forward", "data": {"forward_id": _str_field(data, "id", t)}})
-        elif t == "face":
-            out.append({"type": "face", "data": {"id": _str_field(data, "id", t)}})
-        elif t in ("dice", "rps"):
-            out.append({"type": t, "data": {}})
-        elif t == "share":
-            share = {"url": _str_field(data, "url", t, ids=False)}
-            share["title"] = _str_field(data, "title", t, ids=False)
-            out.append({"type": "share", "data": share})
+def _runs(message: list[dict[str, Any]]) -> list[tuple[bool, list[dict[str, Any]]]]:
+    """``message`` cut into maximal runs, in order: ``(True, forwards)`` for consecutive ``forward``
+    segments, ``(False, others)`` for the rest."""
+    runs: list[tuple[bool, list[dict[str, Any]]]] = []
+    for seg in message:
+        forward = seg["type"] == "forward"
+        if runs and runs[-1][0] == forward:
+            runs[-1][1].append(seg)
         else:
-            out.append({"type": "text", "data": {"text": f"[{t}]"}})
-    return out
-
-
-def _str_field(data: dict[str, Any], key: str, seg_type: str, *, ids: bool = True) -> str:
-    """``data[key]`` of a OneBot segment as a string (``""`` when absent or null); with ``ids`` an
-    integer (never a boolean) is accepted too and written in decimal.
-
-    Raises:
-        MalformedEvent: any other type, naming the segment type and key.
-    """
-    value = data.get(key)
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if ids and isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    kind = "a string or an integer" if ids else "a string"
-    raise MalformedEvent(f"OneBot {seg_type} segment data.{key} must be {kind}, got {value!r:.60}")
-
-
-def plain_text(segments: list[dict[str, Any]]) -> str:
-    """Plain text of canonical segments: text verbatim, mentions as ``@<id>`` (followed by a space
-    when text follows without one, as QQ clients show it), no media."""
-    parts: list[str] = []
-    after_mention = False
-    for seg in segments:
-        if seg["type"] == "text":
-            text = seg["data"]["text"]
-            if after_mention and text and not text[0].isspace():
-                parts.append(" ")
-            parts.append(text)
-            after_mention = False
-        elif seg["type"] == "mention":
-            parts.append("@" + seg["data"]["target"])
-            after_mention = True
-    return "".join(parts)
-
-
-def to_onebot_segments(reply: Reply, media_dir: Path | None) -> list[dict[str, Any]]:
-    """Map a reply's segments to OneBot v11 segments (table in the module docstring).
-
-    ``markdown`` is the one degraded type (sent as text, counted in SEGMENTS_DEGRADED). A
-    ``path`` medium outside the media directory, or a ``file`` reference that is a URI or a path
-    (``runtime.reply.media.file_ref_problem``), becomes the "attachment unavailable" text; a ``share``
-    link that is not http(s) becomes "<title> [link unavailable]" (both counted in MEDIA_REJECTED).
-    """
-    out: list[dict[str, Any]] = []
-    for seg in reply.segments:
-        if isinstance(seg, TextSegment):
-            out.append({"type": "text", "data": {"text": seg.data.text}})
-        elif isinstance(seg, MarkdownSegment):
-            count_degraded(PLATFORM, "markdown")
-            out.append({"type": "text", "data": {"text": seg.data.content}})
-        elif isinstance(seg, MentionSegment):
-            out.append({"type": "at", "data": {"qq": seg.data.target}})
-        elif isinstance(seg, ImageSegment | AudioSegment | VideoSegment | FileSegment):
-            media = seg.data.media
-            if media.kind == "base64":
-                ref = "base64://" + media.value
-            elif media.kind == "path":
-                try:
-                    ref = resolve_media_path(media.value, media_dir).as_uri()
-                except MediaPathError as exc:
-                    out.append({"type": "text", "data": {"text": media_unavailable(PLATFORM, seg.type, exc)}})
-                    continue
-            else:
-                problem = file_ref_problem(media.value) if media.kind == "file" else None
-                if problem is not None:  # a URI or a path would be read by the implementation
-                    bad = MediaPathError(problem, "bad_file_ref")
-                    out.append({"type": "text", "data": {"text": media_unavailable(PLATFORM, seg.type, bad)}})
-                    continue
-                ref = media.value
-            data: dict[str, Any] = {"file": ref}
-            if isinstance(seg, FileSegment):
-                data["name"] = media_filename(media.kind, media.value)
-            out.append({"type": _MEDIA_TYPES[seg.type], "data": data})
-        elif isinstance(seg, ReplySegment):
-            out.append({"type": "reply", "data": {"id": seg.data.message_id}})
-        elif isinstance(seg, ForwardSegment):
-            out.append({"type": "forward", "data": {"id": seg.data.forward_id}})
-        elif isinstance(seg, FaceSegment):
-            out.append({"type": "face", "data": {"id": str(seg.data.id)}})
-        elif isinstance(seg, DiceSegment | RpsSegment):
-            out.append({"type": seg.type, "data": {}})
-        elif isinstance(seg, ShareSegment):
-            refused = refused_share_text(PLATFORM, seg)
-            if refused is not None:
-                out.append({"type": "text", "data": {"text": refused}})
-                continue
-            out.append({"type": "share", "data": {"url": seg.data.url, "title": seg.data.title}})
-    return out
+            runs.append((forward, [seg]))
+    return runs
 
 
 def _id_value(raw: str) -> int | str:
@@ -271,13 +124,15 @@ class OneBot11Codec:
         keywords: Words that trigger in ``keyword`` mode (case-insensitive substring match).
         masters: User ids allowed to steer; their inbound ``sender.roles`` get ``"master"``.
         media_dir: Directory that ``path`` media must lie under.
+        forward_api: The implementation has ``send_group_forward_msg`` /
+            ``send_private_forward_msg``: ``forward`` segments are sent through them (else as text).
     """
 
     platform = PLATFORM
     supported_segments = frozenset(
-        {"text", "mention", "image", "audio", "video", "file", "reply", "forward", "face", "dice", "rps"}
-        | {"share"}
+        {"text", "mention", "image", "audio", "video", "file", "reply", "face", "dice", "rps", "share"}
     )
+    """Sent natively; with ``forward_api`` the instance's set also has ``forward``."""
 
     def __init__(
         self,
@@ -290,6 +145,7 @@ class OneBot11Codec:
         keywords: list[str] | tuple[str, ...] = (),
         masters: list[str] | tuple[str, ...] = (),
         media_dir: Path | str | None = None,
+        forward_api: bool = False,
     ) -> None:
         check_trigger("onebot11", trigger)
         self.self_id = str(self_id)
@@ -300,6 +156,9 @@ class OneBot11Codec:
         self.keywords = tuple(keywords)
         self.masters = frozenset(str(m) for m in masters)
         self.media_dir = Path(media_dir) if media_dir else None
+        self.forward_api = forward_api
+        if forward_api:
+            self.supported_segments = OneBot11Codec.supported_segments | {"forward"}
 
     # ------------------------------------------------------------------ inbound
 
@@ -336,7 +195,9 @@ class OneBot11Codec:
             MalformedEvent: a non-JSON Content-Type or body, not a JSON object, no ``post_type``,
                 a message event lacking ``self_id``/``message_type``/``message_id``/``user_id``/
                 ``message``, a bad id or time, an unknown ``message_type``, a ``group`` message
-                without ``group_id``, a bad segment or CQ code, or an event for another ``self_id``.
+                without ``group_id``, a bad array segment, or an event for another ``self_id``. A
+                CQ code that does not parse is never an error: it stays literal text
+                (:mod:`runtime.platforms.cqcode`).
         """
         event = load_event(headers, body, "OneBot")
         if not isinstance(event, dict) or not isinstance(event.get("post_type"), str):
@@ -361,10 +222,7 @@ class OneBot11Codec:
         if isinstance(raw, str):
             if raw.count("[CQ:") > MAX_SEGMENTS:  # counted before parsing: a 1 MB body stays cheap
                 raise MalformedEvent(f"OneBot message has more than {MAX_SEGMENTS} segments")
-            try:
-                ob_segments = cqcode.parse_cq(raw)
-            except cqcode.CQCodeError as exc:
-                raise MalformedEvent(str(exc)) from exc
+            ob_segments = cqcode.parse_cq(raw)  # lenient: a code that does not parse stays text
         elif isinstance(raw, list):
             ob_segments = raw
         else:
@@ -410,23 +268,40 @@ class OneBot11Codec:
     # ------------------------------------------------------------------ outbound
 
     def render(self, reply: Reply, target: RenderTarget) -> list[ApiCall]:
-        """One ``send_private_msg`` / ``send_group_msg`` call carrying every segment, in order.
+        """One ``send_private_msg`` / ``send_group_msg`` call carrying every segment, in order —
+        with ``forward_api``, one such call per run of non-forward segments and one
+        ``send_*_forward_msg`` call (``kind="forward"``) per run of forwards, in reply order.
 
-        In group scenes ``target.reply_to`` is quoted (a leading ``reply`` segment) unless the
-        reply already has a ``reply`` segment. Empty reply → ``[]``.
+        In group scenes ``target.reply_to`` is quoted (a leading ``reply`` segment of the first
+        message call) unless the reply already has a ``reply`` segment. Empty reply → ``[]``.
         """
         if reply.is_empty():
             return []
-        message = to_onebot_segments(reply, self.media_dir)
+        message = to_onebot_segments(reply, self.media_dir, forward_api=self.forward_api)
         has_reply = any(s["type"] == "reply" for s in message)
-        if target.scene_type != "private" and target.reply_to and not has_reply:
-            message.insert(0, {"type": "reply", "data": {"id": target.reply_to}})
+        quote = target.scene_type != "private" and bool(target.reply_to) and not has_reply
         headers = {"Authorization": f"Bearer {self._access_token}"} if self._access_token else {}
-        if target.scene_type == "private":
-            path, body = "/send_private_msg", {"user_id": _id_value(target.scene_id), "message": message}
-        else:
-            path, body = "/send_group_msg", {"group_id": _id_value(target.scene_id), "message": message}
-        return [ApiCall(base_url=self.api_base, path=path, json_body=body, headers=headers)]
+        private = target.scene_type == "private"
+        where = {"user_id" if private else "group_id": _id_value(target.scene_id)}
+        calls: list[ApiCall] = []
+        for forwards, run in _runs(message):
+            if forwards:
+                kind, api = "forward", "_forward_msg"
+                body = {**where, "messages": [self._node(seg) for seg in run]}
+            else:
+                if quote:
+                    run.insert(0, {"type": "reply", "data": {"id": target.reply_to}})
+                    quote = False
+                kind, api, body = "message", "_msg", {**where, "message": run}
+            path = f"/send_{'private' if private else 'group'}{api}"
+            call = ApiCall(base_url=self.api_base, path=path, json_body=body, headers=headers, kind=kind)
+            calls.append(call)
+        return calls
+
+    def _node(self, forward: dict[str, Any]) -> dict[str, Any]:
+        """A custom forward node, sent as the bot, that carries one ``forward`` segment."""
+        me = _id_value(self.self_id)
+        return {"type": "node", "data": {"user_id": me, "nickname": self.self_id, "content": [forward]}}
 
     def parse_send_result(self, status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
         """Read an HTTP API answer: retcode 0/1 ok (message_id from ``data``); other retcodes fail
@@ -452,7 +327,7 @@ def from_config(bot: Any) -> OneBot11Codec:
     """Build the codec from a ``bots:`` entry (``platform: onebot11``).
 
     Reads ``self_id``, ``api_base``, ``secret_env``, ``access_token_env``, ``trigger``,
-    ``keyword``, ``masters``, ``media_dir``.
+    ``keyword``, ``masters``, ``media_dir``, ``forward_api``.
 
     Raises:
         ValueError: a named environment variable is unset, or a bad ``trigger``.
@@ -462,6 +337,7 @@ def from_config(bot: Any) -> OneBot11Codec:
         api_base=setting(bot, "api_base", None) or "http://127.0.0.1:5700",
         secret=read_env(setting(bot, "secret_env", None), what="OneBot X-Signature secret"),
         access_token=read_env(setting(bot, "access_token_env", None), what="OneBot access token"),
+        forward_api=bool(setting(bot, "forward_api", False)),
         **trigger_settings(bot),
     )
 

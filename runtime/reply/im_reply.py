@@ -63,6 +63,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
+from pydantic import BaseModel
+
 from runtime.llm.abort import AbortSignal
 from runtime.llm.events import AssistantMessageEventStream, DoneEvent, run_stream
 from runtime.llm.options import StreamOptions
@@ -163,6 +165,8 @@ class ReplyOutcome:
         raw: Raw output of the last attempt.
         reason: Why the first attempt was invalid (``None`` on first-try success).
         calls: LLM calls made here (0, 1 for the correction or summary, 2 for both).
+        value: A custom schema's validated instance (``reply`` is then empty; ``None`` for the IM
+            preset or a failure: :class:`runtime.reply.custom_output.CustomOutputContract`).
     """
 
     reply: Reply
@@ -171,13 +175,14 @@ class ReplyOutcome:
     raw: str = ""
     reason: str | None = None
     calls: int = 0
+    value: Any = None
 
 
-def _reply_call_to_text(message: AssistantMessage) -> AssistantMessage:
-    """Tool tier: a lone ``reply`` call becomes the message's text (the loop then stops); next to
-    business calls it is dropped (the final answer comes after their results)."""
+def _reply_call_to_text(message: AssistantMessage, name: str = REPLY_TOOL) -> AssistantMessage:
+    """Tool tier: a lone call of the output tool ``name`` becomes the message's text (the loop then
+    stops); next to business calls it is dropped (the final answer comes after their results)."""
     calls = message.tool_calls()
-    mine = [c for c in calls if c.name == REPLY_TOOL]
+    mine = [c for c in calls if c.name == name]
     if not mine:
         return message
     rest = [b for b in message.content if not (getattr(b, "type", "") == "toolCall" and b in mine)]
@@ -191,6 +196,9 @@ def _reply_call_to_text(message: AssistantMessage) -> AssistantMessage:
 class ImReplyContract:
     """The IM reply contract of one session/turn (see the module docstring for the flow).
 
+    Subclasses swap the answer type (:class:`runtime.reply.custom_output.CustomOutputContract`)
+    through the class attributes and :meth:`_validate` / :meth:`_outcome` / :meth:`_failure_reply`.
+
     Args:
         model: The session's chat model.
         output_schema: ``"segments"`` (default IM preset) or ``False`` (plain text).
@@ -201,9 +209,14 @@ class ImReplyContract:
             headers); the turn's signal is filled in per call.
 
     Raises:
-        ValueError: ``output_schema`` is neither ``"segments"`` nor ``False`` (a custom JSON Schema
-            is the caller's own contract: use :func:`runtime.reply.structured.complete_structured`).
+        ValueError: ``output_schema`` is neither ``"segments"`` nor ``False`` (a custom schema is
+            :class:`runtime.reply.custom_output.CustomOutputContract`).
     """
+
+    tool_name: str = REPLY_TOOL  # the output tool (tool tier) and the schema's name (native tier)
+    tool_description: str = "Send your final answer to the chat: the ordered message segments."
+    instructions: str | None = IM_INSTRUCTIONS  # added to every call's system prompt (None: nothing)
+    correction_prompt: str = CORRECTION_SYSTEM_PROMPT
 
     def __init__(
         self,
@@ -223,6 +236,7 @@ class ImReplyContract:
         self.cache = cache if cache is not None else CAPABILITIES
         self.base_stream_fn: StreamFn = stream_fn or default_stream
         self.options = options
+        self.output_type: type[BaseModel] = Reply
         self.schema = Reply.model_json_schema()
         self.tier: Tier = self.cache.get(model) or "native"
 
@@ -237,12 +251,12 @@ class ImReplyContract:
             options,
             self.tier,
             self.schema,
-            REPLY_TOOL,
+            self.tool_name,
             keep_tools=True,
-            tool_description="Send your final answer to the chat: the ordered message segments.",
+            tool_description=self.tool_description,
         )
-        if self.config.add_instructions:
-            ctx = ctx.model_copy(update={"system_prompt": _join(ctx.system_prompt, IM_INSTRUCTIONS)})
+        if self.config.add_instructions and self.instructions:
+            ctx = ctx.model_copy(update={"system_prompt": _join(ctx.system_prompt, self.instructions)})
         return ctx, opts
 
     def stream_fn(
@@ -258,7 +272,7 @@ class ImReplyContract:
         async def producer(out: AssistantMessageEventStream) -> None:
             async for ev in inner:
                 if isinstance(ev, DoneEvent):
-                    msg = _reply_call_to_text(ev.message)
+                    msg = _reply_call_to_text(ev.message, self.tool_name)
                     reason = (
                         "toolUse" if msg.tool_calls() else ("stop" if ev.reason == "toolUse" else ev.reason)
                     )
@@ -311,17 +325,17 @@ class ImReplyContract:
             if is_capability_error(final.error_message) and tier != "prompt":
                 await self._downgrade(tier, f"provider error: {final.error_message}")
             return self._fixed(tier, "failed", "", f"provider error: {final.error_message}")
-        raw, problem = extract_raw(final, "tool" if final.tool_calls() else "native", REPLY_TOOL)
-        valid, error = validate_raw(Reply, raw, identity.check)
+        raw, problem = extract_raw(final, "tool" if final.tool_calls() else "native", self.tool_name)
+        valid, error = self._validate(raw, identity)
         if problem is None and valid is not None and final.stop_reason != "length":
             await self.cache.note_valid(self.model, tier)
             return self._done(tier, "first_try", valid, raw, None, 0)
         error = problem or error
         if final.stop_reason == "length":
             error = f"the reply was cut off by the output budget ({error or 'incomplete'})"
-        elif (problem is not None or validate_raw(Reply, raw)[0] is None) and await self.cache.note_invalid(
-            self.model, tier, raw, error or "invalid"
-        ):
+        elif (
+            problem is not None or validate_raw(self.output_type, raw)[0] is None
+        ) and await self.cache.note_invalid(self.model, tier, raw, error or "invalid"):
             # off-schema (not a mention/provenance rule) is evidence against this tier; the
             # downgrade helps the next turn, this one still gets its correction call
             # (docs/decisions.md#structured-downgrade-on-evidence)
@@ -358,7 +372,7 @@ class ImReplyContract:
             c = c.model_copy(update={"tools": None})
         msg = await bounded_call(self.model, c, o, stream_fn=self.base_stream_fn)
         if self.output_schema is not False and self.tier == "tool":
-            msg = _reply_call_to_text(msg)
+            msg = _reply_call_to_text(msg, self.tool_name)
         if msg.stop_reason == "error" and self.output_schema is not False:
             return self._fixed(
                 self.tier, "failed", msg.text(), f"summary call failed: {msg.error_message}", calls=1
@@ -366,6 +380,20 @@ class ImReplyContract:
         out = await self.finalize(msg, identity, signal=signal)
         out.calls += 1
         return out
+
+    def _validate(self, raw: str, identity: MentionIdentity) -> tuple[Any, str | None]:
+        """Strict validation with the contract's rules: ``(value, None)`` or ``(None, error)``."""
+        return validate_raw(Reply, raw, identity.check)
+
+    def _outcome(
+        self, tier: Tier, outcome: Outcome, value: Any, raw: str, why: str | None, calls: int
+    ) -> Any:
+        """The :class:`ReplyOutcome` of a validated answer ``value``."""
+        return ReplyOutcome(value, tier, outcome, raw, why, calls)
+
+    def _failure_reply(self) -> Reply:
+        """What the chat gets when the answer failed: the fixed failure message."""
+        return Reply.of_text(self.config.failure_text)
 
     # ------------------------------------------------------------------ internals
     def _opts(self, signal: AbortSignal | None) -> StreamOptions:
@@ -379,10 +407,8 @@ class ImReplyContract:
             f"Validation error: {error}\n\n"
             f"Invalid reply ({len(raw)} characters, complete, do not shorten it):\n{raw}"
         )
-        ctx = Context(
-            system_prompt=CORRECTION_SYSTEM_PROMPT, messages=[UserMessage(content=body)], tools=None
-        )
-        ctx, opts = prepare_request(ctx, self._opts(None), tier, self.schema, REPLY_TOOL)
+        ctx = Context(system_prompt=self.correction_prompt, messages=[UserMessage(content=body)], tools=None)
+        ctx, opts = prepare_request(ctx, self._opts(None), tier, self.schema, self.tool_name)
         # never truncate: raise the output budget to fit the whole reply (≈ 1 token per char at
         # worst), within the model's declared output ceiling (compat "max_output_tokens") if any;
         # a correction cut off by the budget is treated as invalid, never sent.
@@ -419,7 +445,7 @@ class ImReplyContract:
                 "failed",
                 raw=raw,
                 reason=f"{error}; correction aborted",
-                output_type="Reply",
+                output_type=self.output_type.__name__,
                 calls=calls,
             )
             return self._aborted(tier, raw, calls)
@@ -427,8 +453,8 @@ class ImReplyContract:
             return self._fixed(
                 tier, "failed", raw, f"{error}; correction failed: {msg.error_message}", calls=calls
             )
-        raw2, problem = extract_raw(msg, tier, REPLY_TOOL)
-        reply, error2 = (None, problem) if problem else validate_raw(Reply, raw2, identity.check)
+        raw2, problem = extract_raw(msg, tier, self.tool_name)
+        reply, error2 = (None, problem) if problem else self._validate(raw2, identity)
         if reply is not None and msg.stop_reason != "length":
             return self._done(tier, "corrected", reply, raw2, error, calls)
         why = error2 or ("the correction was cut off" if msg.stop_reason == "length" else "invalid")
@@ -439,10 +465,12 @@ class ImReplyContract:
         self.tier = await self.cache.downgrade(self.model, tier, reason)
 
     def _done(
-        self, tier: Tier, outcome: Outcome, reply: Reply, raw: str, reason: str | None, calls: int
+        self, tier: Tier, outcome: Outcome, value: Any, raw: str, reason: str | None, calls: int
     ) -> ReplyOutcome:
-        record_outcome(tier, outcome, raw=raw, reason=reason, output_type="Reply", calls=calls)
-        return ReplyOutcome(reply, tier, outcome, raw, reason, calls)
+        record_outcome(
+            tier, outcome, raw=raw, reason=reason, output_type=self.output_type.__name__, calls=calls
+        )
+        return self._outcome(tier, outcome, value, raw, reason, calls)
 
     def _fixed(
         self,
@@ -455,10 +483,12 @@ class ImReplyContract:
         count: bool = True,
     ) -> ReplyOutcome:
         if count and tier != "plain":
-            record_outcome(tier, "failed", raw=raw, reason=reason, output_type="Reply", calls=calls)
+            record_outcome(
+                tier, "failed", raw=raw, reason=reason, output_type=self.output_type.__name__, calls=calls
+            )
         else:
             log.warning("IM reply failed (%s): %s", tier, reason)
-        return ReplyOutcome(Reply.of_text(self.config.failure_text), tier, outcome, raw, reason, calls)
+        return ReplyOutcome(self._failure_reply(), tier, outcome, raw, reason, calls)
 
     def _aborted(self, tier: Tier, raw: str, calls: int = 0) -> ReplyOutcome:
         log.info("IM reply: turn cancelled; nothing is sent (tier %s)", tier)

@@ -16,7 +16,10 @@ follow leading mentions of the bot — ``@bot /new`` — see :func:`command_text
   (docs/decisions.md#structured-capability-cache);
 * ``/status`` — the session's model, message count, epoch and whether a turn is running;
 * ``/steer <text>``, ``/followup <text>`` — masters only (docs/decisions.md#steer-masters-only);
-  others get a refusal.
+  others get a refusal;
+* ``/help`` — the commands the sender may use here, by the names they type, one line each
+  (``help_<command>`` texts): a master sees every command, anyone else neither ``/steer`` nor
+  ``/followup``, and in a group or channel not ``/new``/``/clear`` either.
 
 A command's answer is a :class:`~runtime.reply.segments.Reply` (one text segment) that the session
 delivers through the same segments path and delivery as an agent reply. Reply texts are
@@ -38,6 +41,7 @@ from runtime.reply.segments import Reply
 __all__ = [
     "COMMANDS",
     "DEFAULT_TEXTS",
+    "MASTER_ONLY",
     "MASTER_ONLY_IN_GROUPS",
     "CommandHandler",
     "CommandHost",
@@ -46,11 +50,14 @@ __all__ = [
     "command_text",
 ]
 
-COMMANDS = ("new", "clear", "models", "status", "steer", "followup")
+COMMANDS = ("new", "clear", "models", "status", "steer", "followup", "help")
 """Canonical command names."""
 
 MASTER_ONLY_IN_GROUPS = frozenset({"new", "clear"})
 """Commands that change a shared group/channel session: masters only outside private chats."""
+
+MASTER_ONLY = frozenset({"steer", "followup"})
+"""Commands for masters only, in every scene (docs/decisions.md#steer-masters-only)."""
 
 DEFAULT_TEXTS: dict[str, str] = {
     "new": "New conversation started (epoch {epoch}). Earlier messages are archived.",
@@ -69,6 +76,15 @@ DEFAULT_TEXTS: dict[str, str] = {
     "not_master": "Only a master of this bot may use /{name}.",
     "yes": "yes",
     "no": "no",
+    "help_header": "Commands you can use here:",
+    "help_line": "/{name} — {text}",
+    "help_new": "start a new conversation (earlier messages are archived)",
+    "help_clear": "the same as /{new}",
+    "help_models": "list the configured models",
+    "help_status": "show this conversation's model, size and state",
+    "help_steer": "steer the running turn: /{name} <text>",
+    "help_followup": "queue a follow-up message: /{name} <text>",
+    "help_help": "this list",
 }
 """Reply templates (``str.format`` fields as used above)."""
 
@@ -215,6 +231,8 @@ class CommandHandler:
         roles = {raw_roles} if isinstance(raw_roles, str) else {str(r) for r in raw_roles}
         if cmd.command in MASTER_ONLY_IN_GROUPS and scene_type != "private" and "master" not in roles:
             outcome, text = "refused", self._text("not_master", name=cmd.name)
+        elif cmd.command == "help":
+            text = self._help("master" in roles, scene_type)
         elif cmd.command in ("new", "clear"):
             text = self._text("new", epoch=await host.archive())
         elif cmd.command == "models":
@@ -236,6 +254,23 @@ class CommandHandler:
                 text = self._text("followup_ok" if result == "queued" else "followup_started")
         metrics.CHAT_COMMANDS.inc(command=cmd.command, outcome=outcome)
         return Reply.of_text(text)
+
+    def may_use(self, command: str, *, master: bool, scene_type: str) -> bool:
+        """Whether a sender (``master`` or not) may run ``command`` in a ``scene_type`` scene."""
+        if master or command in MASTER_ONLY:
+            return master
+        return scene_type == "private" or command not in MASTER_ONLY_IN_GROUPS
+
+    def _help(self, master: bool, scene_type: str) -> str:
+        """``/help``: one ``help_line`` per command the sender may use, in :data:`COMMANDS` order,
+        by the names users type."""
+        typed = {command: name for name, command in self.by_name.items()}
+        lines = [self._text("help_header")]
+        for command in COMMANDS:
+            if self.may_use(command, master=master, scene_type=scene_type):
+                about = self._text(f"help_{command}", name=typed[command], new=typed["new"])
+                lines.append(self._text("help_line", name=typed[command], text=about))
+        return "\n".join(lines)
 
     async def _models(self) -> str:
         builtin = [self.builtin_model] if self.builtin_model is not None and not self.models else []

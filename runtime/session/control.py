@@ -2,7 +2,7 @@
 
 A master's ``steer`` / ``follow_up`` and an admin's ``abort`` / ``archive`` travel as one
 :class:`ControlRequest` from where they enter (the admin API, the web console,
-``actors.runtime.SessionRuntime``) through the session's router shard to its session actor, which
+``actors.runtime.SessionRuntime``) through the session's router shard to its session host, which
 hands it to :func:`run_control`: the one place that dispatches on :class:`ControlKind` to the
 :class:`~runtime.session.core.SessionCore` methods. The answer is a :class:`ControlReply`.
 

@@ -76,8 +76,8 @@ class SessionCore:
         writer: The session's single writer (holds the loaded context).
         deliver: Hands a reply to delivery (returns once accepted).
         next_seq: The first ``seq`` the inbox expects (1 for a fresh session; the lowest pending
-            seq when the router re-activates after a crash).
-        max_concurrent_turns: Turns of this session that may run at once (≥ 1; the session actor
+            seq when the session is re-activated after a crash).
+        max_concurrent_turns: Turns of this session that may run at once (≥ 1; the session host
             passes ``runtime.max_concurrent_turns``, whose default lives in the config model).
         run_agent_fn: The agent part of a turn (default :func:`runtime.session.turn_agent.run_agent`).
         spawn: Runs a deferred task's function (default: a thread; the actor passes a Ray task).
@@ -253,7 +253,12 @@ class SessionCore:
             if isinstance(final, AssistantMessage):  # the answer was produced; only the handoff is missing
                 sender = turn.sender.get("id")
                 reply = await finalize_reply(
-                    self.setup, final, messages, str(sender) if sender else None, ctl
+                    self.setup,
+                    final,
+                    messages,
+                    str(sender) if sender else None,
+                    ctl,
+                    record=self.writer.append,
                 )
         elif command is not None:
             # a chat command is answered before (and never shown to) the agent

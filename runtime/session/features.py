@@ -17,7 +17,7 @@
    (:mod:`runtime.agent.tool_policy`) on the ``AgentLoopConfig``;
 4. **the reply** — :meth:`AgentFeatures.identity` validates mentions and media provenance.
 
-Built from the configuration by :meth:`AgentFeatures.from_config` inside the session actor.
+Built from the configuration by :meth:`AgentFeatures.from_config` inside the session host.
 """
 
 from __future__ import annotations

@@ -274,7 +274,7 @@ def _describe(exc: BaseException) -> str:
 
 
 class McpToolset:
-    """All servers of ``ai.mcp_servers`` for one session actor (connections reused across turns).
+    """All servers of ``ai.mcp_servers`` for one live session (connections reused across turns).
 
     Args:
         servers: ``name → McpServerConfig``.

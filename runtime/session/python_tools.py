@@ -1,4 +1,6 @@
-"""Python business tools named in the configuration: ``ai.python_tools``.
+"""Python code named in the configuration: ``ai.python_tools`` (business tools) and
+``ai.agent.pre_tools`` / ``ai.agent.deferred_tasks`` (:func:`load_pre_tools`,
+:func:`load_deferred_tasks`).
 
 Each entry is a ``"module:attribute"`` reference. The attribute is
 
@@ -7,7 +9,7 @@ Each entry is a ``"module:attribute"`` reference. The attribute is
 * a function without arguments that returns either of the above (called once per process).
 
 The module is imported where the tools are used — at start-up (:func:`load_python_tools` is run
-once so a bad reference stops the start) and inside each session actor — so it must be
+once so a bad reference stops the start) and inside each session host — so it must be
 importable there (on ``PYTHONPATH``; ``sessionray serve`` puts the repository root on it).
 Loading is all-or-nothing, like ``*.tool.md`` (``docs/decisions.md#tool-md-hard-fail``).
 
@@ -19,14 +21,23 @@ Example (``examples/bot/bot_tools.py``)::
 
 from __future__ import annotations
 
+import asyncio
 import importlib
-from collections.abc import Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from runtime.agent.tools import AgentTool
 from runtime.config import ENTRY_POINT_RE
+from runtime.session.turn import PreTool, TurnInput
 
-__all__ = ["PythonToolError", "import_entry_point", "load_python_tools"]
+__all__ = [
+    "PythonToolError",
+    "import_entry_point",
+    "load_deferred_tasks",
+    "load_pre_tools",
+    "load_python_tools",
+]
 
 
 class PythonToolError(ValueError):
@@ -85,3 +96,43 @@ def load_python_tools(refs: Sequence[str]) -> list[AgentTool[Any]]:
             seen[tool.name] = ref
             tools.append(tool)
     return tools
+
+
+def load_pre_tools(refs: Sequence[str]) -> list[PreTool]:
+    """``ai.agent.pre_tools``: each ``"module:function"`` as a :class:`PreTool` named after the
+    function. The function takes the turn (:class:`~runtime.session.turn.TurnInput`) and returns
+    text or ``None``; a plain function runs in a worker thread (docs/decisions.md#session-hosts).
+
+    Raises:
+        PythonToolError: a reference cannot be imported or is not callable.
+    """
+    return [PreTool(ref.partition(":")[2], _pre_tool_run(_callable(ref))) for ref in refs]
+
+
+def load_deferred_tasks(refs: Mapping[str, str]) -> dict[str, Callable[[dict[str, Any]], str]]:
+    """``ai.agent.deferred_tasks``: task name → the imported function (run later as a Ray task).
+
+    Raises:
+        PythonToolError: a reference cannot be imported or is not callable.
+    """
+    return {name: _callable(ref) for name, ref in refs.items()}
+
+
+def _callable(ref: str) -> Any:
+    try:
+        fn = import_entry_point(ref)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise PythonToolError(f"{ref}: cannot be imported: {exc}") from None
+    if not callable(fn):
+        raise PythonToolError(f"{ref}: is not callable")
+    return fn
+
+
+def _pre_tool_run(fn: Any) -> Callable[[TurnInput], Awaitable[str | None]]:
+    async def run(turn: TurnInput) -> str | None:
+        value = fn(turn) if inspect.iscoroutinefunction(fn) else await asyncio.to_thread(fn, turn)
+        if inspect.isawaitable(value):
+            value = await value
+        return None if value is None else str(value)
+
+    return run

@@ -42,6 +42,8 @@ from runtime.llm.types import (
     UserMessage,
 )
 from runtime.reply.capability import CapabilityCache, ProbeFn
+from runtime.reply.custom_output import OutputSpec
+from runtime.session.output_sink import OutputSink
 
 __all__ = [
     "DEFERRED_MARKER",
@@ -176,7 +178,7 @@ class PreTool:
 
 @dataclass
 class SessionSetup:
-    """What a session's turns run with. Built inside the session actor by a :data:`SetupFactory`
+    """What a session's turns run with. Built inside the session host by a :data:`SetupFactory`
     (models, tools and faux scripts are process-local, so each actor builds its own).
 
     Attributes:
@@ -184,8 +186,12 @@ class SessionSetup:
         tools: Business tools the agent may call.
         system_prompt: System prompt (the IM preset for IM sessions).
         output_schema: ``"segments"`` (the structured reply, default:
-        docs/decisions.md#reply-segments) or ``False`` (plain text:
-            the final text becomes one text segment; ``@name`` never becomes a mention).
+        docs/decisions.md#reply-segments), ``False`` (plain text:
+            the final text becomes one text segment; ``@name`` never becomes a mention) or a custom
+            :class:`~runtime.reply.custom_output.OutputSpec` (the validated answer goes to
+            ``output_sink``, nothing to the chat: docs/decisions.md#structured-custom-schema).
+        output_sink: Where a custom schema's validated answers go (``None`` with a custom schema:
+            the transcript only).
         steering_mode / follow_up_mode: how queued steer / follow-up messages are drained
             (config ``ai.agent.steering_mode`` / ``follow_up_mode``; docs/decisions.md#queue-modes).
         pre_tools: Pre-executable tools.
@@ -193,7 +199,7 @@ class SessionSetup:
         failure_text: The host's fixed failure message sent when a turn errors
             (docs/decisions.md#reply-fixed-failure).
         deferred_tasks: Named work the model may hand off with the ``run_deferred_task`` tool:
-            ``name -> fn(args: dict) -> str`` (sync, picklable: the session actor runs it as a Ray
+            ``name -> fn(args: dict) -> str`` (sync, picklable: the session host runs it as a Ray
             task); its result is delivered as a separate outbound message.
         features: :class:`runtime.session.features.AgentFeatures` (chat commands, vision
             routing, fallback chain, MCP tools, tool permissions, media provenance) or ``None``.
@@ -217,7 +223,8 @@ class SessionSetup:
     model: Model
     tools: list[AgentTool[Any]] = field(default_factory=list)
     system_prompt: str = ""
-    output_schema: Literal["segments"] | Literal[False] = "segments"
+    output_schema: Literal["segments"] | Literal[False] | OutputSpec = "segments"
+    output_sink: OutputSink | None = None
     steering_mode: QueueMode = "one-at-a-time"
     follow_up_mode: QueueMode = "one-at-a-time"
     pre_tools: list[PreTool] = field(default_factory=list)
@@ -232,8 +239,8 @@ class SessionSetup:
 
 
 SetupFactory: TypeAlias = Callable[[str], "SessionSetup | Awaitable[SessionSetup]"]
-"""``(session_key) -> SessionSetup``, called in the session actor's process at activation. Must be
-picklable (it travels by value to the pool supervisor and every session actor)."""
+"""``(session_key) -> SessionSetup``, called in the session host's process at activation. Must be
+picklable (it travels by value to the host supervisor and every session host)."""
 
 
 DeliverFn: TypeAlias = Callable[[DeliveryJob], Awaitable[None]]

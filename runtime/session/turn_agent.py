@@ -20,14 +20,17 @@ from runtime.agent.events import AgentEndEvent, AgentEvent, MessageEndEvent
 from runtime.llm.abort import AbortController, AbortSignal
 from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, UserMessage
 from runtime.memory.sender import convert_for_llm
+from runtime.reply.custom_output import CustomOutputContract, OutputSpec
 from runtime.reply.im_reply import ImReplyConfig, ImReplyContract, MentionIdentity
 from runtime.reply.segments import Reply
+from runtime.session.output_sink import STRUCTURED_OUTPUT_MARKER, OutputSink
 from runtime.session.turn import (
     DEFERRED_MARKER,
     PRE_TOOLS_MARKER,
     PreTool,
     SessionSetup,
     TurnInput,
+    find_marker,
 )
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "TurnControl",
     "control_message",
     "convert_for_session",
+    "deliver_output",
     "emit_event",
     "finalize_reply",
     "reply_contract",
@@ -171,7 +175,10 @@ RecordFn: TypeAlias = Callable[[Sequence[AgentMessage]], Awaitable[Any]]
 
 def reply_contract(setup: SessionSetup) -> Any:
     """The :class:`runtime.reply.im_reply.ImReplyContract` of a session's turns
-    (docs/decisions.md#reply-segments), on ``setup.capabilities`` when set."""
+    (docs/decisions.md#reply-segments) — a :class:`~runtime.reply.custom_output.CustomOutputContract`
+    with a custom ``output_schema`` — on ``setup.capabilities`` when set."""
+    if isinstance(setup.output_schema, OutputSpec):
+        return CustomOutputContract(setup.model, setup.output_schema, cache=setup.capabilities)
     return ImReplyContract(
         setup.model,
         setup.output_schema,
@@ -201,12 +208,17 @@ async def finalize_reply(
     *,
     contract: Any = None,
     budget_spent: bool = False,
+    record: RecordFn | None = None,
 ) -> Reply:
     """Validate the turn's final answer into a :class:`Reply` (strict validation, at most
     one format-correction call (docs/decisions.md#reply-one-correction), then the fixed failure
     message; mention targets must be known ids). ``budget_spent``: the loop stopped on
     ``max_iterations`` — ask once more for a summary in the same schema. A cancelled turn gives an
-    empty reply (nothing is sent)."""
+    empty reply (nothing is sent).
+
+    With a custom ``output_schema`` the reply is always empty: a validated answer goes to
+    ``setup.output_sink`` (``record`` appends its transcript record), a failed one nowhere
+    (docs/decisions.md#structured-custom-schema)."""
     contract = contract or reply_contract(setup)
     identity = (
         setup.features.identity(sender_id, messages)  # + media provenance
@@ -221,8 +233,44 @@ async def finalize_reply(
     else:
         outcome = await contract.finalize(final, identity, signal=signal)
     emit_event(setup, outcome)
+    if isinstance(setup.output_schema, OutputSpec):
+        await deliver_output(setup, setup.output_schema, outcome, ctl.turn, messages, record)
     reply: Reply = outcome.reply
     return reply
+
+
+async def deliver_output(
+    setup: SessionSetup,
+    spec: OutputSpec,
+    outcome: Any,
+    turn: TurnInput,
+    messages: Sequence[AgentMessage],
+    record: RecordFn | None,
+) -> None:
+    """Hand a custom schema's validated answer to the session's sink; a failed (or cancelled)
+    answer delivers nothing — its failure was logged and counted by the contract."""
+    if outcome.value is None:
+        if outcome.outcome != "aborted":
+            log.warning(
+                "custom output %s of %s failed at tier %s; nothing is delivered: %s",
+                spec.name,
+                turn.message_id,
+                outcome.tier,
+                outcome.reason,
+            )
+        return
+    sink = setup.output_sink or OutputSink()
+    await sink.deliver(
+        spec,
+        outcome.value,
+        key=f"{turn.session_key}/{turn.message_id}",
+        message_id=turn.message_id,
+        session_key=turn.session_key,
+        tier=str(outcome.tier),
+        outcome=str(outcome.outcome),
+        record=record,
+        recorded=find_marker(messages, STRUCTURED_OUTPUT_MARKER, turn.message_id) is not None,
+    )
 
 
 async def run_agent(
@@ -283,5 +331,12 @@ async def run_agent(
         raise agent.failure
     sender = ctl.turn.sender.get("id")
     return await finalize_reply(
-        setup, final, seen, str(sender) if sender else None, ctl, contract=contract, budget_spent=budget_spent
+        setup,
+        final,
+        seen,
+        str(sender) if sender else None,
+        ctl,
+        contract=contract,
+        budget_spent=budget_spent,
+        record=record,
     )

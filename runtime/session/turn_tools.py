@@ -1,5 +1,5 @@
 """Tools a session offers beyond the business tools (docs/decisions.md#session-extra-tools):
-``run_deferred_task`` and a sub-agent (``delegate``). Ray-free; the session actor supplies how
+``run_deferred_task`` and a sub-agent (``delegate``). Ray-free; the session host supplies how
 deferred work runs.
 
 * ``run_deferred_task(task, args)``: the model hands long work to a named function from

@@ -1,6 +1,8 @@
-"""A router shard that restarts (kill -9 of its process; Ray restarts it blank) adopts the sessions
-the hosts hold for its keys before it places anything (docs/decisions.md#session-hosts): a live
-session keeps its host and its context, and is never placed a second time."""
+"""Placement state that survives a process or a passivation (docs/decisions.md#session-hosts): a
+router shard that restarts (kill -9 of its process; Ray restarts it blank) adopts the sessions the
+hosts hold for its keys before it places anything — a live session keeps its host and context and
+is never placed a second time; and a redelivered event that arrives after its session was
+passivated is still a duplicate (the inbound marker in the reloaded context)."""
 
 from __future__ import annotations
 
@@ -57,3 +59,15 @@ async def test_a_restarted_shard_adopts_live_sessions_instead_of_placing_them_ag
     for u in users:
         ctx = await fresh.context(key_of(u))
         assert [m["content"] for m in ctx if m["role"] == "user"] == [f"{u} first", f"{u} second"]
+
+
+async def test_a_redelivery_after_passivation_is_a_duplicate(h: Harness) -> None:
+    user = "62000"
+    msg = inbound(user, "once", message_id="redelivered-1")
+    assert (await h.rt.submit(msg)).status == "accepted"
+    await eventually(lambda: h.sent(user) == ["re: once"], 120, "the reply")
+    await eventually(lambda: h.rt.passivate(key_of(user)), 60, "the passivation")
+    assert key_of(user) not in {s.session_key for s in await h.rt.sessions()}
+    assert (await h.rt.submit(msg)).status == "duplicate"  # re-activated from SQL, marker found
+    assert (await h.rt.submit(inbound(user, "next"))).status == "accepted"
+    await eventually(lambda: h.sent(user) == ["re: once", "re: next"], 120, "the next reply")

@@ -59,7 +59,7 @@ def sessionray_config(root: Path, api_base: str, port: int) -> dict[str, Any]:
         "bots": [{"platform": "onebot11", "self_id": BOT, "api_base": api_base, "masters": [USER]}],
         "database": {"url": f"sqlite:///{root}/sessionray.db"},
         "server": {"host": "127.0.0.1", "port": port},
-        "runtime": {"router_shards": 1, "delivery_actors": 1, "warm_pool": 1},
+        "runtime": {"router_shards": 1, "delivery_actors": 1, "min_hosts": 1},
     }
 
 
@@ -233,11 +233,12 @@ def test_queries_in_the_dashboard_form_match_both_spellings(stack: Stack) -> Non
 
 @pytest.mark.ray
 def test_dashboard_gauge_panels_show_the_live_values(stack: Stack) -> None:
-    """The "Live sessions" and "Warm pool size" stat panels, evaluated as Grafana would: one chat is
-    live, and the warm pool (runtime.warm_pool: 1) is refilled after its actor was bound."""
+    """The "Live sessions" and "Session hosts" stat panels, evaluated as Grafana would: one chat is
+    live, on the one session host the supervisor keeps (runtime.min_hosts: 1; 2000 slots free, so
+    no second host is started)."""
     panels = {p["title"]: p for p in dashboard()["panels"]}
     wait_for_query(stack, panels["Live sessions"]["targets"][0]["expr"], {(): 1.0})
-    wait_for_query(stack, panels["Warm pool size"]["targets"][0]["expr"], {(): 1.0})
+    wait_for_query(stack, panels["Session hosts"]["targets"][0]["expr"], {(): 1.0})
 
 
 @pytest.mark.ray

@@ -69,7 +69,7 @@ def test_alerts_cover_the_issue_list() -> None:
         "SessionrayStructuredFallbackRate",
         "SessionrayDeliveryFailureRate",
         "SessionrayTurnLatencyP99High",
-        "SessionrayWarmPoolExhausted",
+        "SessionrayHostsStartedOnDemand",
         "SessionrayPassivatedUnderMemoryPressure",
         "SessionrayProviderErrorRate",
         "SessionrayIngressDown",
@@ -93,14 +93,15 @@ def test_every_metric_in_alerts_and_dashboard_is_in_the_catalogue() -> None:
 
 
 def test_dashboard_covers_the_issue_areas() -> None:
-    """traffic, latency, structured-reply tiers, deliveries, live sessions and pool, provider tokens
+    """traffic, latency, structured-reply tiers, deliveries, live sessions and hosts, provider tokens
     and errors."""
     used = {catalogue_series_names()[n] for e in dashboard_exprs() for n in metric_names_in(e)}
     required = {
         "sessionray_inbound_messages_total", "sessionray_http_requests_total", "sessionray_turns_total",
         "sessionray_turn_latency_seconds", "sessionray_delivery_latency_seconds",
         "sessionray_structured_replies_total", "sessionray_deliveries_total",
-        "sessionray_live_sessions", "sessionray_warm_pool_size", "sessionray_activations_total",
+        "sessionray_live_sessions", "sessionray_hosts", "sessionray_host_live_sessions",
+        "sessionray_host_memory_bytes", "sessionray_hosts_cold_total", "sessionray_activations_total",
         "sessionray_passivations_total", "sessionray_llm_tokens_total", "sessionray_llm_errors_total",
         "sessionray_llm_requests_total",
     }

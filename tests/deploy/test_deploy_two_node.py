@@ -6,10 +6,10 @@
   `ray stop`, which would kill every Ray on the machine, including the `ray_session` fixture's).
 * `sessionray serve --address auto` (RAY_ADDRESS names the head) on SQLite is refused with the
   ClusterConfigError message; on PostgreSQL (a fresh database on the `pg_url` server) it runs.
-* Private chats from several users → session actors observed (with `ray list actors`) on BOTH
-  nodes; a steer is sent from the CLI and over HTTP to every live session; at least one of them
-  crosses nodes (router shard on one node, session actor on the other) and every steer's reply
-  reaches the platform API.
+* Private chats from several users → sessions observed in session hosts (process titles
+  ``ray::SessionHost``) on BOTH nodes; a steer is sent from the CLI and over HTTP to every live
+  session; at least one of them crosses nodes (router shard on one node, the session's host on the
+  other) and every steer's reply reaches the platform API.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from tests.platform_api_server import PlatformApiServer
 
 BOT = "1000000001"
 MASTER = "200000002"
-# Ray places 0-CPU actors (session actors) on a random feasible node (measured: 4/4, 5/3, 5/3 of 8
-# over two nodes), so 10 sessions all on one node has probability 2 × 2⁻¹⁰ ≈ 0.2 %.
+# The supervisor starts runtime.min_hosts: 2 session hosts with Ray's SPREAD strategy (one per
+# node), and placement puts each new session on the least loaded host, so the 10 sessions split
+# over both hosts, hence both nodes.
 USERS = [MASTER, *(str(200000003 + i) for i in range(9))]
 ADMIN_TOKEN = "two-node-admin-token"
 NODE_RESOURCES = {"head": "sessionray_test_head", "node2": "sessionray_test_node2"}
@@ -56,7 +57,7 @@ class TwoNodes:
             ],
             "database": {"url": database_url},
             "server": {"host": "127.0.0.1", "port": port, "admin_token_env": "SESSIONRAY_ADMIN_TOKEN"},
-            "runtime": {"router_shards": 1, "delivery_actors": 1, "warm_pool": 2},
+            "runtime": {"router_shards": 1, "delivery_actors": 1, "min_hosts": 2},
         }
         path = self.root / f"sessionray-{port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -173,7 +174,7 @@ def run_two_node_scenario(two_nodes: TwoNodes, base: str, fixtures_dir: Path) ->
                         "message": [{"type": "text", "data": {"text": f"hi from {user}"}}]}
         r = httpx.post(f"{base}/webhooks/onebot11/{BOT}", json=body, timeout=120)
         assert (r.status_code, r.json()) == (200, {"status": "accepted"})
-    api.wait_for_requests(len(USERS), timeout_s=300)  # 10 actor starts on a loaded machine
+    api.wait_for_requests(len(USERS), timeout_s=300)  # 10 activations and turns on a loaded machine
 
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     sessions = httpx.get(f"{base}/admin/sessions", headers=headers, timeout=30).json()["sessions"]
@@ -190,21 +191,21 @@ def run_two_node_scenario(two_nodes: TwoNodes, base: str, fixtures_dir: Path) ->
     )
 
     # Where every actor lives: each node's processes are in that node's process session.
-    session_nodes = node_of(two_nodes, "ray::SessionActor")
+    session_nodes = node_of(two_nodes, "ray::SessionHost")
     [router_node] = node_of(two_nodes, "ray::RouterActor").values()
     placement = {}
     for key in keys:
         url = f"{base}/admin/sessions/{quote(key, safe=':@')}"
 
         def idle(url: str = url) -> dict[str, Any] | None:
-            """The session's actor status once its first turn is done (no turn running: a steer
+            """The session's status (from its host) once its first turn is done (no turn running: a steer
             then starts a turn of its own instead of joining one that is closing)."""
             actor: dict[str, Any] = httpx.get(url, headers=headers, timeout=30).json()["actor"]
             return actor if actor["turns_done"] >= 1 and actor["active_turns"] == 0 else None
 
         actor = wait_for(f"{key} idle after its first turn", idle, timeout_s=60)
         placement[key] = session_nodes[actor["pid"]]
-    assert set(placement.values()) == {"head", "node2"}, placement  # session actors on both nodes
+    assert set(placement.values()) == {"head", "node2"}, placement  # session hosts on both nodes
 
     # Steer every live session: half from the CLI, half over HTTP.
     api.reset()

@@ -23,35 +23,49 @@ from tests.memory.pg_schema import _conninfo
 
 def test_the_defaults_fit_postgresqls_default_max_connections() -> None:
     rt = RuntimeConfig()
-    budget = connection_budget(
-        max_live_sessions=rt.max_live_sessions, warm_pool=rt.warm_pool, delivery_actors=rt.delivery_actors
-    )
-    # 64 live × 1 + 4 warm × 1 + 2 delivery × 8 + 1 ingress × 8
-    assert budget == ConnectionBudget(live_sessions=64, warm_pool=4, delivery=16, ingress=8)
-    assert budget.total == 92
-    assert budget_warning(budget, max_connections=100, reserved=3) is None  # 92 <= 97
+    # 10 000 live sessions / 2 000 per host = 5 hosts (more than min_hosts 2), each full
+    assert rt.host_capacity() == (2000, 5)
+    budget = connection_budget(hosts=rt.host_capacity()[1], delivery_actors=rt.delivery_actors)
+    # 5 hosts × 4 + 2 delivery × 8 + 1 ingress × 8
+    assert budget == ConnectionBudget(hosts=20, delivery=16, ingress=8)
+    assert budget.total == 44
+    assert budget_warning(budget, max_connections=100, reserved=3) is None  # 44 <= 97
+
+
+def test_the_host_count_follows_the_supervisors_limit() -> None:
+    cases = [
+        ({"max_live_sessions": 10, "sessions_per_host": 2000, "min_hosts": 2}, (5, 2)),
+        ({"max_live_sessions": 10, "sessions_per_host": 1, "min_hosts": 2}, (1, 10)),
+        ({"max_live_sessions": 4500, "sessions_per_host": 2000, "min_hosts": 1}, (1500, 3)),
+        ({"max_live_sessions": 100, "sessions_per_host": 2000, "min_hosts": 4}, (25, 4)),
+    ]
+    assert [RuntimeConfig(**knobs).host_capacity() for knobs, _ in cases] == [want for _, want in cases]
+    # strict isolation (a process per live session) multiplies the hosts term
+    strict = RuntimeConfig(max_live_sessions=50, sessions_per_host=1)
+    assert connection_budget(hosts=strict.host_capacity()[1], delivery_actors=2).hosts == 200
 
 
 def test_the_formula_scales_each_term() -> None:
-    knobs = {"max_live_sessions": 200, "warm_pool": 10, "delivery_actors": 4, "ingress_processes": 2}
-    budget = connection_budget(**knobs, per_session=2, per_process=10)
-    expected = ConnectionBudget(live_sessions=400, warm_pool=20, delivery=40, ingress=20)
-    assert (budget, budget.total) == (expected, 480)
+    knobs = {"hosts": 6, "delivery_actors": 4, "ingress_processes": 2}
+    budget = connection_budget(**knobs, per_host=3, per_process=10)
+    expected = ConnectionBudget(hosts=18, delivery=40, ingress=20)
+    assert (budget, budget.total) == (expected, 78)
     with pytest.raises(ValueError, match="must be >= 0"):
-        connection_budget(max_live_sessions=-1, warm_pool=0, delivery_actors=1)
+        connection_budget(hosts=-1, delivery_actors=1)
 
 
 def test_the_warning_names_the_config_keys_and_the_numbers() -> None:
-    budget = connection_budget(max_live_sessions=200, warm_pool=10, delivery_actors=4)
-    assert budget_warning(budget, max_connections=300, reserved=3) is None  # 250 <= 297
-    assert budget_warning(budget, max_connections=250, reserved=0) is None  # exactly full still fits
+    budget = connection_budget(hosts=50, delivery_actors=4)
+    assert budget_warning(budget, max_connections=300, reserved=3) is None  # 240 <= 297
+    assert budget_warning(budget, max_connections=240, reserved=0) is None  # exactly full still fits
     assert budget_warning(budget, max_connections=100, reserved=3) == (
         "PostgreSQL accepts 97 connections (max_connections=100 minus 3 reserved for superusers) but "
-        "sessionray may open 250 at worst: runtime.max_live_sessions → 200, runtime.warm_pool → 10, "
-        "runtime.delivery_actors → 32 (8 each), ingress → 8. Lower runtime.max_live_sessions / "
-        "runtime.warm_pool / runtime.delivery_actors, or raise max_connections on the server (or put "
-        "PgBouncer in front); otherwise new connections fail with 'too many clients already' "
-        '(deploy/README.md, "PostgreSQL connections").'
+        "sessionray may open 240 at worst: session hosts → 200 (4 each; their number is "
+        "max(runtime.min_hosts, runtime.max_live_sessions / runtime.sessions_per_host)), "
+        "runtime.delivery_actors → 32 (8 each), ingress → 8. Raise runtime.sessions_per_host or "
+        "lower runtime.max_live_sessions / runtime.min_hosts / runtime.delivery_actors, or raise "
+        "max_connections on the server (or put PgBouncer in front); otherwise new connections fail "
+        "with 'too many clients already' (deploy/README.md, \"PostgreSQL connections\")."
     )
 
 
@@ -70,20 +84,21 @@ def test_start_up_check_reads_the_real_server(pg_url: str, caplog: pytest.LogCap
     usable = max_connections - reserved
     db = Database(pg_url, threads=1)
     try:
-        # live sessions alone fill the server exactly: 8 + 8 more for delivery and ingress overflow it
-        over = RuntimeConfig(max_live_sessions=usable, warm_pool=0, delivery_actors=1)
+        # hosts alone fill the server (usable // 4 of them, one session each); 8 + 8 more for
+        # delivery and ingress overflow it
+        hosts = usable // 4
+        over = RuntimeConfig(max_live_sessions=hosts, sessions_per_host=1, min_hosts=1, delivery_actors=1)
         with caplog.at_level(logging.WARNING, logger="sessionray.sql"):
             message = warn_if_over_connection_budget(db, over)
         expected = budget_warning(
-            ConnectionBudget(live_sessions=usable, warm_pool=0, delivery=8, ingress=8),
-            max_connections,
-            reserved,
+            ConnectionBudget(hosts=hosts * 4, delivery=8, ingress=8), max_connections, reserved
         )
         assert message is not None and message == expected
         assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", expected)]
 
         caplog.clear()
-        fits = RuntimeConfig(max_live_sessions=usable - 16, warm_pool=0, delivery_actors=1)
+        fitting = (usable - 16) // 4
+        fits = RuntimeConfig(max_live_sessions=fitting, sessions_per_host=1, min_hosts=1, delivery_actors=1)
         with caplog.at_level(logging.WARNING, logger="sessionray.sql"):
             assert warn_if_over_connection_budget(db, fits) is None
         assert caplog.records == []
@@ -94,7 +109,8 @@ def test_start_up_check_reads_the_real_server(pg_url: str, caplog: pytest.LogCap
 def test_start_up_check_is_a_no_op_on_sqlite(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path}/budget.db", threads=1)
     try:
-        assert warn_if_over_connection_budget(db, RuntimeConfig(max_live_sessions=100_000)) is None
+        strict = RuntimeConfig(max_live_sessions=100_000, sessions_per_host=1)
+        assert warn_if_over_connection_budget(db, strict) is None
     finally:
         db.dispose()
 

@@ -135,7 +135,7 @@ def make_config(tmp: Path, api_base: str, port: int) -> Config:
             ),
         ],
         database=DatabaseConfig(url=f"sqlite:///{tmp / 'sessionray.db'}"),
-        runtime=RuntimeConfig(warm_pool=2, router_shards=1, delivery_actors=1, max_live_sessions=32),
+        runtime=RuntimeConfig(min_hosts=1, router_shards=1, delivery_actors=1, max_live_sessions=32),
     )
 
 

@@ -22,7 +22,8 @@ import uvicorn
 from actors.delivery import DeliveryPool, DeliverySettings
 from actors.ingress import build_app
 from actors.runtime import SessionRuntime
-from actors.telegram_poll import poller_name, start_pollers, stop_pollers
+from actors.telegram_poll import start_pollers, stop_pollers
+from actors.telegram_poll_status import poller_name
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.memory.db import Database
 from runtime.memory.poll_offsets import PollOffsetStore

@@ -240,12 +240,6 @@ def test_signature(load: Any) -> None:
         (
             b'{"post_type": "message", "self_id": 1000000001, '
             b'"message_type": "private", "message_id": 1, "user_id": 2, '
-            b'"message": "[CQ:face,id]"}',
-            "without '='",
-        ),
-        (
-            b'{"post_type": "message", "self_id": 1000000001, '
-            b'"message_type": "private", "message_id": 1, "user_id": 2, '
             b'"message": [{"data": {}}]}',
             "string 'type'",
         ),
@@ -310,7 +304,7 @@ def test_render_every_segment_type(tmp_path: Path, degraded: Any) -> None:
                         },
                     },
                     {"type": "reply", "data": {"id": "555"}},
-                    {"type": "forward", "data": {"id": "fw-9"}},
+                    {"type": "text", "data": {"text": "[forward fw-9]"}},
                     {"type": "face", "data": {"id": "14"}},
                     {"type": "dice", "data": {}},
                     {"type": "rps", "data": {}},
@@ -324,8 +318,8 @@ def test_render_every_segment_type(tmp_path: Path, degraded: Any) -> None:
         }
     ]
     assert calls[0].url == "http://127.0.0.1:5700/send_group_msg"
-    assert degraded.delta() == {("onebot11", "markdown"): 1.0}
-    assert c.supported_segments | {"markdown"} == {
+    assert degraded.delta() == {("onebot11", "markdown"): 1.0, ("onebot11", "forward"): 1.0}
+    assert c.supported_segments | {"markdown", "forward"} == {
         "text",
         "markdown",
         "mention",
@@ -340,6 +334,7 @@ def test_render_every_segment_type(tmp_path: Path, degraded: Any) -> None:
         "rps",
         "share",
     }
+    assert "forward" not in c.supported_segments  # without forward_api a forward is degraded
 
 
 def test_render_private_quotes_nothing_and_group_quotes_the_inbound() -> None:

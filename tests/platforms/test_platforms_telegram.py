@@ -284,13 +284,16 @@ def test_render_every_segment_type(tmp_path: Path, degraded: Any) -> None:
     chat = -1001293752024
     assert {c.base_url for c in calls} == {"https://api.telegram.org"}
     assert {c.path.rsplit("/", 1)[0] for c in calls} == {f"/bot{TOKEN}"}
-    assert [c.kind for c in calls] == ["message", "photo", "audio", "video", "document", "dice", "message"]
+    # The text before the media run is the photo's caption (the run is followed by dice, not text);
+    # image / audio / video / file cannot share albums in this order, so each goes alone.
+    assert [c.kind for c in calls] == ["photo", "audio", "video", "document", "dice", "message"]
     assert bodies(calls) == [
         (
-            "sendMessage",
+            "sendPhoto",
             {
                 "chat_id": chat,
-                "text": "<b>Result</b> for &lt;you&gt; &amp; <code>a&lt;b</code>\nplease 1 &lt; 2 "
+                "photo": "https://example.com/r.png",
+                "caption": "<b>Result</b> for &lt;you&gt; &amp; <code>a&lt;b</code>\nplease 1 &lt; 2 "
                 '<a href="tg://user?id=123456789">@123456789</a>'
                 '<a href="https://e.com/?a=1&amp;b=2">E &amp; co</a>'
                 "[face 14][rock-paper-scissors][forward fw-9]",
@@ -298,14 +301,13 @@ def test_render_every_segment_type(tmp_path: Path, degraded: Any) -> None:
                 "reply_parameters": {"message_id": 134546},
             },
         ),
-        ("sendPhoto", {"chat_id": chat, "photo": "https://example.com/r.png"}),
         ("sendAudio", {"chat_id": chat, "audio": "AwACAgQ"}),
-        ("sendVideo", ({"chat_id": str(chat)}, {"video": calls[3].files["video"]})),
-        ("sendDocument", ({"chat_id": str(chat)}, {"document": calls[4].files["document"]})),
+        ("sendVideo", ({"chat_id": str(chat)}, {"video": calls[2].files["video"]})),
+        ("sendDocument", ({"chat_id": str(chat)}, {"document": calls[3].files["document"]})),
         ("sendDice", {"chat_id": chat}),
         ("sendMessage", {"chat_id": chat, "text": "bye", "parse_mode": "HTML"}),
     ]
-    video, document = calls[3].files["video"], calls[4].files["document"]
+    video, document = calls[2].files["video"], calls[3].files["document"]
     assert (video.filename, video.content_type, video.data) == ("video.png", "image/png", PNG)
     assert (document.filename, document.content_type, document.data) == ("pic.png", "image/png", PNG)
     assert degraded.delta() == {("telegram", t): 1.0 for t in ("share", "face", "rps", "forward")}
@@ -335,13 +337,13 @@ def test_render_private_no_implicit_quote_and_multipart_reply_parameters() -> No
     assert c.render(Reply.of_text("  \n"), RenderTarget(scene_type="private", scene_id="1")) == []
 
 
-def test_long_text_split_on_character_boundaries() -> None:
-    text = "你" * 4000 + "😀" * 200 + "é" * 100  # 4,300 characters, 12,000 + 800 + 200 UTF-8 bytes
+def test_long_text_split_on_utf16_boundaries() -> None:
+    text = "你" * 4000 + "😀" * 200 + "é" * 100  # 4,300 code points, 4,500 UTF-16 units (😀 is 2)
     calls = codec().render(Reply.of_text(text), RenderTarget(scene_type="group", scene_id="-5", reply_to="3"))
     texts = [c.json_body["text"] for c in calls if c.json_body]
-    assert [len(t) for t in texts] == [4096, 204]
+    assert [len(t.encode("utf-16-le")) // 2 for t in texts] == [4096, 404]
     assert "".join(texts) == text
-    assert texts[0] == "你" * 4000 + "😀" * 96
+    assert texts[0] == "你" * 4000 + "😀" * 48
     assert [c.json_body.get("reply_parameters") for c in calls if c.json_body] == [{"message_id": 3}, None]
 
 
@@ -405,6 +407,7 @@ def test_render_and_send_over_http(api_server: Any) -> None:
                     "type": "image",
                     "data": {"media": {"kind": "base64", "value": base64.b64encode(PNG).decode()}},
                 },
+                {"type": "text", "data": {"text": "x" * 1025}},  # too long for a caption
             ]
         }
     )
@@ -421,14 +424,15 @@ def test_render_and_send_over_http(api_server: Any) -> None:
         SendResult(ok=True, message_id="123456789:40"),
     ]
     recs = api_server.requests
-    assert [r.path for r in recs] == [f"/bot{TOKEN}/sendMessage"] * 2 + [f"/bot{TOKEN}/sendPhoto"]
-    assert recs[1].json == {"chat_id": 1111111, "text": "look", "parse_mode": "HTML"}
-    assert recs[2].form == {"chat_id": "1111111"}
+    # "look" is the caption (a multipart string field, not JSON); the long text follows alone.
+    assert [r.path for r in recs] == [f"/bot{TOKEN}/sendPhoto"] * 2 + [f"/bot{TOKEN}/sendMessage"]
+    assert recs[1].form == {"chat_id": "1111111", "caption": "look", "parse_mode": "HTML"}
     assert (
-        recs[2].files["photo"].filename,
-        recs[2].files["photo"].content_type,
-        recs[2].files["photo"].data,
+        recs[1].files["photo"].filename,
+        recs[1].files["photo"].content_type,
+        recs[1].files["photo"].data,
     ) == ("photo.png", "image/png", PNG)
+    assert recs[2].json == {"chat_id": 1111111, "text": "x" * 1025, "parse_mode": "HTML"}
 
 
 def test_unreadable_upload_becomes_a_counted_notice(tmp_path: Path, rejected: Any) -> None:

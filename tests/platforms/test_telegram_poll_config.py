@@ -8,7 +8,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from actors.telegram_poll import _failure, polling_bots
+from actors.telegram_poll import _failure
+from actors.telegram_poll_status import polling_bots
 from runtime.config import BotConfig, Config
 
 

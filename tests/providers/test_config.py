@@ -56,7 +56,8 @@ bots:
 database:
   url: sqlite:///./data/sessionray.db
 server: {host: 127.0.0.1, port: 8000, admin_token_env: SESSIONRAY_ADMIN_TOKEN}
-runtime: {router_shards: 1, delivery_actors: 2, warm_pool: 4, max_live_sessions: 64, idle_ttl_s: 600}
+runtime: {router_shards: 1, delivery_actors: 2, sessions_per_host: 2000, min_hosts: 2, max_live_sessions: 64,
+  idle_ttl_s: 600}
 """
 
 
@@ -104,7 +105,7 @@ def test_full_file_and_get_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_missing_default_file_gives_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert load_config() == Config()
-    assert Config().runtime.warm_pool == 4 and Config().database.url == "sqlite:///./data/sessionray.db"
+    assert Config().runtime.min_hosts == 2 and Config().database.url == "sqlite:///./data/sessionray.db"
 
 
 def test_missing_named_file_is_an_error(tmp_path: Path) -> None:
@@ -114,9 +115,9 @@ def test_missing_named_file_is_an_error(tmp_path: Path) -> None:
 
 
 def test_default_file_in_cwd_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _write(tmp_path, "runtime: {warm_pool: 9}\n")
+    _write(tmp_path, "runtime: {min_hosts: 9}\n")
     monkeypatch.chdir(tmp_path)
-    assert load_config().runtime.warm_pool == 9
+    assert load_config().runtime.min_hosts == 9
 
 
 def test_driver_key_is_rejected_with_the_api_to_use(tmp_path: Path) -> None:
@@ -136,7 +137,7 @@ def test_bad_key_paths_are_named(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
         "ai:\n  providers:\n    local:\n      base_url: http://x\n      modles: []\n"
-        "bots:\n  - platform: onebot11\n    trigger: sometimes\nruntime: {warm_pool: -1}\n",
+        "bots:\n  - platform: onebot11\n    trigger: sometimes\nruntime: {min_hosts: 0}\n",
     )
     with pytest.raises(ConfigError) as info:
         load_config(path)
@@ -145,7 +146,7 @@ def test_bad_key_paths_are_named(tmp_path: Path) -> None:
         f"{path}: ai.providers.local.api: Field required",
         f"{path}: ai.providers.local.modles: Extra inputs are not permitted",
         f"{path}: bots.0.trigger: Input should be 'mention', 'always' or 'keyword'",
-        f"{path}: runtime.warm_pool: Input should be greater than or equal to 0",
+        f"{path}: runtime.min_hosts: Input should be greater than or equal to 1",
     ]
 
 

@@ -131,14 +131,14 @@ def test_config_tabs_wrong_types_and_unknown_keys(tmp_path: Path, no_config: Non
         tmp_path,
         "ai:\n  providers:\n    x:\n      api: openai-completions\n      models:\n        - id: m\n"
         "          bogus: 1\n          cost: {inputt: 1}\n          max_tokens: lots\n  agentt: {}\n"
-        "runtime: {warm_pool: many}\nfoo: 1\n",
+        "runtime: {min_hosts: many}\nfoo: 1\n",
     ).splitlines() == [
         "bad.yaml: ai.providers.x.models.0.max_tokens: Input should be a valid integer, "
         "unable to parse string as an integer",
         "bad.yaml: ai.providers.x.models.0.cost.inputt: Extra inputs are not permitted",
         "bad.yaml: ai.providers.x.models.0.bogus: Extra inputs are not permitted",
         "bad.yaml: ai.agentt: Extra inputs are not permitted",
-        "bad.yaml: runtime.warm_pool: Input should be a valid integer, unable to parse string as an integer",
+        "bad.yaml: runtime.min_hosts: Input should be a valid integer, unable to parse string as an integer",
         "bad.yaml: foo: Extra inputs are not permitted",
     ]
 

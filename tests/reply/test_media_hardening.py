@@ -219,14 +219,14 @@ def test_telegram_renderer_never_sends_a_uri_or_path_as_photo() -> None:
     calls = codec.render(reply, RenderTarget(scene_type="private", scene_id=TG_CHAT))
     assert [(c.path.rsplit("/", 1)[1], c.json_body) for c in calls] == [
         (
-            "sendMessage",
+            "sendPhoto",
             {
                 "chat_id": int(TG_CHAT),
-                "text": f"{UNAVAILABLE}{UNAVAILABLE}Click [link unavailable]",
+                "photo": "AgACAgQAAxkBAAINhGKvijUVSn2i3980bQ",
+                "caption": f"{UNAVAILABLE}{UNAVAILABLE}Click [link unavailable]",  # the text before it
                 "parse_mode": "HTML",
             },
         ),
-        ("sendPhoto", {"chat_id": int(TG_CHAT), "photo": "AgACAgQAAxkBAAINhGKvijUVSn2i3980bQ"}),
     ]
     assert increase(before) == {"bad_file_ref": 2.0, "bad_url": 1.0}
 

@@ -33,7 +33,7 @@ def h(ray_session: None, tmp_path_factory: pytest.TempPathFactory, fixtures_dir:
         config = Config(
             bots=[BotConfig(platform="onebot11", self_id=BOT_ID, api_base=api.base_url, masters=[MASTER])],
             database=DatabaseConfig(url=db_url),
-            runtime=RuntimeConfig(warm_pool=1, router_shards=1, delivery_actors=1, idle_ttl_s=120),
+            runtime=RuntimeConfig(min_hosts=1, router_shards=1, delivery_actors=1, idle_ttl_s=120),
         )
         rt = SessionRuntime(prefix=f"test-feat-{uuid.uuid4().hex[:8]}")
         factory = FeatureSetup(str(tmp / "markers"), names={"clear": "reset"})
