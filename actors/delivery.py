@@ -8,7 +8,8 @@ Flow of one :class:`DeliveryJob` (a session host hands it to ``pool.pick(session
                                         ``path`` media) and non-http(s) share links become a
                                         short notice text
     codec.render(reply, target)      ── N ApiCalls, in order
-    for each step: ledger in_flight → HTTP call → codec.parse_send_result → ledger done
+    for each step: ledger in_flight → HTTP call (a OneBot bot on a WebSocket: through its
+                   ``OneBotLink`` actor, actors.onebot_link) → codec.parse_send_result → ledger done
                    429/5xx/connect error: retry with exponential backoff + jitter, or exactly
                    the platform's Retry-After
     ledger sent/failed → outbound transcript (after the platform confirmed)
@@ -75,6 +76,7 @@ class DeliveryActor:
     """
 
     def __init__(self, index: int, settings: DeliverySettings, sweep_s: float = 30.0) -> None:
+        from actors.onebot_link import LinkSender
         from actors.ray_metrics import install_ray_metrics
 
         install_ray_metrics()
@@ -82,7 +84,8 @@ class DeliveryActor:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per platform call is noise
         self.index = index
         self.owner = f"{index}:{uuid.uuid4().hex[:12]}"
-        self.sender = DeliverySender(settings, index, self.owner)
+        # Bots on a OneBot WebSocket are reached through their link actor (actors.onebot_link).
+        self.sender = DeliverySender(settings, index, self.owner, socket_sender=LinkSender())
         self.sweep_s = sweep_s
         self._tasks: list[asyncio.Task[Any]] = []
         # Start the recovery sweep as soon as this incarnation runs (a restarted actor resumes the

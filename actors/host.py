@@ -48,7 +48,14 @@ from typing import Any, TypeVar
 
 import ray
 
-from actors.host_state import HostFullError, LiveSession, SessionNotBoundError
+from actors.host_state import (
+    HostFullError,
+    LiveSession,
+    SessionNotBoundError,
+    current_pid,
+    recorded,
+    shielded,
+)
 from actors.host_support import (
     new_loop,
     open_repository,
@@ -65,12 +72,10 @@ from runtime.config import Config
 from runtime.delivery.job import DeliveryJob
 from runtime.session.control import ControlReply, ControlRequest, run_control
 from runtime.session.turn import (
-    INBOUND_MARKER,
     SessionSetup,
     SetupFactory,
     TurnInput,
     TurnResult,
-    find_marker,
 )
 
 __all__ = ["HostFullError", "SessionHost", "SessionNotBoundError"]
@@ -89,6 +94,9 @@ PREPARE_WAIT_S = 10.0
 FRESH_S = 5.0
 """A just activated session whose first message has not arrived is not evicted for this long, in
 seconds (the caller that placed it is sending that message)."""
+TOOL_THREADS = 64
+"""Worker threads for blocking work of one host's sessions (plain-function tools, ``asyncio.to_thread``):
+more than Python's default (CPUs + 4), since a blocking tool mostly waits on I/O."""
 SWEEP_S = 1.0
 """Period of the idle-passivation sweep and the USS reading, in seconds."""
 
@@ -137,6 +145,10 @@ class SessionHost:
         self._uss = 0.0
         self.stats = {"activated": 0, "passivated": 0, "accepted": 0, "busy": 0, "duplicate": 0, "moved": 0}
         self._loop = new_loop()
+        # plain-function tools run on the loop's default executor: room for many at once
+        self._loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="host-tool")
+        )
         threading.Thread(target=self._loop.run_forever, name="host-loop", daemon=True).start()
         self._prepared: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._prepared.set_running_or_notify_cancel()
@@ -158,6 +170,8 @@ class SessionHost:
             log.warning("session host warm-up failed; the first activation pays it", exc_info=True)
         release_free_heap()
         self._uss = process_uss_mib()
+        # the first metric recorded imports Ray's metrics module: now, not in the first activation
+        metrics.HOST_MEMORY.set(self._uss * 1024 * 1024, host=str(self.index))
         self._prepared.set_result(repo)
         asyncio.run_coroutine_threadsafe(self._sweep(), self._loop)
 
@@ -177,7 +191,7 @@ class SessionHost:
     async def ping_turn(self) -> int:
         """Liveness of the ``turn`` group's event loop (see :mod:`actors.ray_compat`) and of the
         sessions' loop: answers only when both run."""
-        return await self._on_loop(_pid())
+        return await self._on_loop(current_pid())
 
     # ------------------------------------------------------------------ activation (control group)
 
@@ -265,7 +279,6 @@ class SessionHost:
         live = self._live[key] = LiveSession(core=core, epoch=epoch, router=router)
         self.stats["activated"] += 1
         metrics.ACTIVATIONS.inc(source="host")
-        metrics.LIVE_SESSIONS.set(len(self._live))
         return self._info(live, evicted)
 
     def _info(self, live: LiveSession, evicted: str | None) -> dict[str, Any]:
@@ -291,13 +304,18 @@ class SessionHost:
         await live.core.close()
         self.stats["passivated"] += 1
         metrics.PASSIVATIONS.inc(reason=reason)
-        metrics.LIVE_SESSIONS.set(len(self._live))
         router = self._router(live.router)
         if router is not None:
             router.forget.remote(key, live.epoch)
         if not self._live:
             await release_sql_connections(self._repo)
         return True
+
+    def _oldest_idle_s(self) -> float:
+        """Seconds since the least recently used idle session was used (0.0: none is idle); the
+        router evicts on the host with the oldest one first (close to a global LRU)."""
+        now = time.monotonic()
+        return max((now - s.last_used for s in self._live.values() if s.idle), default=0.0)
 
     def _router(self, name: str) -> Any:
         if name not in self._routers:
@@ -341,7 +359,7 @@ class SessionHost:
         answer, task = await asyncio.wrap_future(fut)
         yield answer
         if task is not None:  # the turn runs whether or not the caller still listens
-            yield await self._on_loop(_result(task))
+            yield await self._on_loop(shielded(task))
 
     async def _accept(
         self, inbound: Any, epoch: int, attempt: int
@@ -351,7 +369,7 @@ class SessionHost:
             self.stats["moved"] += 1
             return {"status": "moved", "seq": None}, None
         dk = (inbound.platform, inbound.bot_id, inbound.message_id)
-        if attempt == 0 and (dk in self._seen or _recorded(live, inbound.message_id)):
+        if attempt == 0 and (dk in self._seen or recorded(live, inbound.message_id)):
             self.stats["duplicate"] += 1
             return {"status": "duplicate", "seq": None}, None
         if live.pending >= self._mailbox:
@@ -448,6 +466,7 @@ class SessionHost:
                 "index": self.index,
                 "pid": os.getpid(),
                 "live": len(self._live),
+                "oldest_idle_s": round(self._oldest_idle_s(), 3),
                 "cap": self.cap,
                 "uss_mib": round(self._uss, 2),
                 **self.stats,
@@ -466,28 +485,14 @@ class SessionHost:
 
     @ray.method(concurrency_group="control")
     async def shutdown(self, timeout_s: float = 5.0) -> int:
-        """Close every live session (aborting running turns); returns how many were live."""
+        """Close every live session at once — running turns are aborted, each close waits at most
+        ``timeout_s`` — without telling the router shards (they stop too); returns how many were
+        live. Their state is all in SQL."""
 
         async def run() -> int:
-            keys = list(self._live)
-            for key in keys:
-                with contextlib.suppress(Exception):
-                    await self._passivate(key, "shutdown", force=True)
-            return len(keys)
+            lives = list(self._live.values())
+            self._live.clear()
+            await asyncio.gather(*(s.core.close(timeout_s) for s in lives), return_exceptions=True)
+            return len(lives)
 
         return await asyncio.wait_for(self._on_loop(run()), timeout_s + 5.0)
-
-
-def _recorded(live: LiveSession, message_id: str) -> bool:
-    """Whether the session's loaded context already records a turn of ``message_id`` (its inbound
-    marker): a redelivery that arrives after the session was passivated or moved hosts is a
-    duplicate too, not only one this host's dedup window saw."""
-    return find_marker(live.core.writer.snapshot(), INBOUND_MARKER, message_id) is not None
-
-
-async def _pid() -> int:
-    return os.getpid()
-
-
-async def _result(task: asyncio.Task[TurnResult]) -> TurnResult:
-    return await asyncio.shield(task)  # a caller that goes away never cancels the turn

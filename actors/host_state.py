@@ -1,16 +1,19 @@
 """A session host's record of one live session, and the errors of a host
-(docs/decisions.md#session-hosts). Plain data, no Ray: :mod:`actors.host` keeps one
+(docs/decisions.md#session-hosts), and small helpers of the host. No Ray: :mod:`actors.host` keeps one
 :class:`LiveSession` per live :class:`~runtime.session.core.SessionCore`."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.session.control import UnknownSessionError
+from runtime.session.turn import INBOUND_MARKER, TurnResult, find_marker
 
-__all__ = ["HostFullError", "LiveSession", "SessionNotBoundError"]
+__all__ = ["HostFullError", "LiveSession", "SessionNotBoundError", "current_pid", "recorded", "shielded"]
 
 
 class SessionNotBoundError(UnknownSessionError):
@@ -39,3 +42,20 @@ class LiveSession:
     @property
     def idle(self) -> bool:
         return self.pending == 0 and bool(self.core.idle)
+
+
+def recorded(live: LiveSession, message_id: str) -> bool:
+    """Whether the session's loaded context already records a turn of ``message_id`` (its inbound
+    marker): a redelivery that arrives after the session was passivated or moved hosts is a
+    duplicate too, not only one this host's dedup window saw."""
+    return find_marker(live.core.writer.snapshot(), INBOUND_MARKER, message_id) is not None
+
+
+async def current_pid() -> int:
+    """This process's id, answered on the loop that runs the coroutine (a liveness probe)."""
+    return os.getpid()
+
+
+async def shielded(task: asyncio.Task[TurnResult]) -> TurnResult:
+    """The turn's result; a caller that goes away never cancels the turn."""
+    return await asyncio.shield(task)  # a caller that goes away never cancels the turn

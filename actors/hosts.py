@@ -72,6 +72,7 @@ class _Host:
     handle: Any
     index: int
     live: int = 0
+    oldest_idle_s: float = 0.0
     uss_mib: float = 0.0
     ready: bool = False
     probed_at: float = 0.0
@@ -197,11 +198,14 @@ class HostSupervisor:
         )
         for (key, host), answer in zip(ready, answers, strict=True):
             if isinstance(answer, BaseException):
+                if self._hosts.get(key) is not host:  # removed meanwhile (hung probe, report_dead)
+                    continue
                 log.warning("session host %s does not answer (%r); replacing it", host.index, answer)
                 self.stats["replaced"] += 1
                 self._remove(key)
                 continue
             host.live, host.uss_mib = int(answer["live"]), float(answer["uss_mib"])
+            host.oldest_idle_s = float(answer.get("oldest_idle_s", 0.0))
             if now - host.probed_at >= TURN_PROBE_S:
                 host.probed_at = now
                 probe = asyncio.create_task(self._probe_turn(key, host))
@@ -227,13 +231,19 @@ class HostSupervisor:
     # ------------------------------------------------------------------ for the router shards
 
     async def hosts(self) -> list[dict[str, Any]]:
-        """The ready hosts: ``[{"host_id", "handle", "index", "live", "cap"}]`` (``live`` as of
-        the last health check)."""
-        return [
-            {"host_id": k, "handle": h.handle, "index": h.index, "live": h.live, "cap": self.cap}
-            for k, h in self._hosts.items()
-            if h.ready
-        ]
+        """The ready hosts: ``[{"host_id", "handle", "index", "live", "oldest_idle_s", "cap"}]``
+        (``live`` and ``oldest_idle_s`` as of the last health check)."""
+        return [self._row(k, h) for k, h in self._hosts.items() if h.ready]
+
+    def _row(self, key: str, h: _Host) -> dict[str, Any]:
+        return {
+            "host_id": key,
+            "handle": h.handle,
+            "index": h.index,
+            "live": h.live,
+            "oldest_idle_s": h.oldest_idle_s,
+            "cap": self.cap,
+        }
 
     async def grow(self) -> dict[str, Any] | None:
         """Every host is full: start one now (or join one starting) and return it once ready, or
@@ -248,14 +258,7 @@ class HostSupervisor:
         host = await asyncio.shield(task)
         if host is None:
             return None
-        key = actor_key(host.handle)
-        return {
-            "host_id": key,
-            "handle": host.handle,
-            "index": host.index,
-            "live": host.live,
-            "cap": self.cap,
-        }
+        return self._row(actor_key(host.handle), host)
 
     async def report_dead(self, host_id: str) -> bool:
         """A shard saw a call to ``host_id`` fail as if the host died. Returns whether it was
@@ -267,9 +270,10 @@ class HostSupervisor:
             await asyncio.wait_for(host.handle.ping.remote(), 5.0)
             return False
         except Exception:
-            self.stats["replaced"] += 1
-            self._remove(host_id)
-            self._top_up()
+            if self._hosts.get(host_id) is host:  # not removed meanwhile by the health loop
+                self.stats["replaced"] += 1
+                self._remove(host_id)
+                self._top_up()
             return True
 
     async def status(self) -> dict[str, Any]:

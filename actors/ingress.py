@@ -4,7 +4,9 @@ Routes::
 
     POST /webhooks/{platform}/{bot_id}   verify → parse → size + storability checks
                                          → (persist inbound transcript ‖ route) → 200
-    GET  /healthz                        {"status": "ok"} (+ "telegram_polling": poller states)
+    WS   /onebot/v11/ws[/event|/api]     OneBot v11 reverse WebSocket (actors/onebot_ws.py)
+    GET  /healthz                        {"status": "ok"} (+ "onebot_ws" socket health,
+                                         + "telegram_polling" poller states)
     GET  /metrics                        prometheus-client text format (this process's registry)
     /admin/...                           actors/admin.py (bearer token)
     /console...                          actors/console.py (when a console bot is configured)
@@ -80,6 +82,7 @@ from actors.console import console_routes
 from actors.delivery import DeliveryPool
 from actors.http_input import max_text_chars, text_too_long
 from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
+from actors.onebot_ws import OneBotSockets
 from actors.telegram_poll_status import polling_bots, polling_health
 from runtime import metrics
 from runtime.delivery.job import DeliveryJob
@@ -174,6 +177,8 @@ class Ingress:
         policies = ((str(b.platform), str(b.self_id), InboundPolicy.from_config(b)) for b in config.bots)
         self.policies = {(p, bot): policy for p, bot, policy in policies if policy is not None}
         self._notices: set[asyncio.Task[None]] = set()  # cooldown notices on their way
+        self.onebot_sockets: Any = None
+        """The process's ``actors.onebot_ws.OneBotSockets`` (``build_app`` sets it)."""
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).
@@ -200,7 +205,13 @@ class Ingress:
         return await self.handle_event(platform, codec, request.headers, body)
 
     async def handle_event(
-        self, platform: str, codec: PlatformCodec, headers: Mapping[str, str], body: bytes
+        self,
+        platform: str,
+        codec: PlatformCodec,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        verified: bool = False,
     ) -> Response:
         """One inbound event, whatever carried it (an HTTP webhook, a WebSocket frame, a long-poll
         update): verify → decode → size and storage checks → the bot's inbound policy → persist +
@@ -208,13 +219,19 @@ class Ingress:
         ``untriggered``/``ignored``, 200 ``denied``/``rate_limited`` — stored, not routed —,
         4xx for a bad event — nothing stored —, 503 ``busy``/``unavailable`` with
         ``Retry-After``); a transport without HTTP answers reads ``status_code`` and the JSON
-        body. Exceptions none of the steps expects propagate (the webhook answers them 500)."""
+        body. Exceptions none of the steps expects propagate (the webhook answers them 500).
+
+        Args:
+            verified: The sender was authenticated another way (the OneBot WebSocket handshake's
+                token, ``actors.onebot_ws``): ``codec.verify`` is skipped.
+        """
         if getattr(codec, "browser_facing", False) and not is_json_content_type(headers.get("content-type")):
             # a cross-site page can POST text/plain or a form without a CORS preflight; JSON it cannot
             metrics.INBOUND.inc(platform=platform, outcome="malformed")
             return JSONResponse({"error": "send the event as application/json"}, status_code=415)
         try:
-            codec.verify(headers, body)
+            if not verified:
+                codec.verify(headers, body)
         except SignatureError as exc:
             metrics.INBOUND.inc(platform=platform, outcome="bad_signature")
             return JSONResponse({"error": f"bad signature: {exc}"}, status_code=401)
@@ -341,13 +358,19 @@ class Ingress:
         )
 
     async def healthz(self, request: Request) -> Response:
-        """``GET /healthz``: 200 while this process serves; with ``mode: polling`` bots also
+        """``GET /healthz``: 200 while this process serves; with OneBot WebSocket bots also
+        ``"onebot_ws": {self_id: {...}}``, their sockets as this process sees them
+        (``runtime.platforms.onebot11_ws.ConnectionHealth.view``); with ``mode: polling`` bots
         ``"telegram_polling": {self_id: poller status}`` (``state: "conflict"`` on a 409:
-        :func:`actors.telegram_poll.polling_health`)."""
+        :func:`actors.telegram_poll_status.polling_health`)."""
         body: dict[str, Any] = {"status": "ok"}
+        sockets = self.onebot_sockets
+        if sockets is not None and sockets.health:
+            body["onebot_ws"] = sockets.health_view()
         if polling_bots(self.config):
-            prefix = getattr(self.runtime, "prefix", "sessionray")
-            body["telegram_polling"] = await polling_health(self.config, prefix)
+            body["telegram_polling"] = await polling_health(
+                self.config, getattr(self.runtime, "prefix", "sessionray")
+            )
         return JSONResponse(body)
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -405,6 +428,8 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
         transcripts: Optional transcript store (default: on ``config.database.url``).
     """
     ingress = Ingress(runtime, config, transcripts)
+    sockets = OneBotSockets(ingress, config)  # OneBot v11 over WebSocket (bots[].transport)
+    ingress.onebot_sockets = sockets
     token_env = getattr(getattr(config, "server", None), "admin_token_env", None)
     # The admin's view of stored sessions reads through the ingress's own Database (one pool).
     stored = None if ingress.db is None else ContextRepository(ingress.db)
@@ -414,8 +439,10 @@ def build_app(runtime: Any, config: Any, *, transcripts: TranscriptStore | None 
         Route("/metrics", ingress.metrics_endpoint, methods=["GET"]),
         *admin_routes(runtime, token_env, repository=stored),
         *console_routes(runtime, config, transcripts=ingress.transcripts),
+        *sockets.routes(),
     ]
-    app = Starlette(routes=routes)
+    # The lifespan runs the forward-WS dialers: serve the app with lifespan "on".
+    app = Starlette(routes=routes, lifespan=sockets.lifespan)
     app.state.ingress = ingress
     app.add_middleware(
         BodySizeLimit, max_body_bytes=config.server.max_body_bytes, exempt=trusted_internal_call

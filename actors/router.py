@@ -272,7 +272,9 @@ class RouterActor(RouterAdminMixin):
             if grown is not None and await self._try(entry, [grown], evict=False):
                 self._hosts.append(grown)
                 return
-            if await self._try(entry, sorted(self._hosts, key=self._load), evict=True):
+            # at the host limit: evict on the host whose idle session waited longest (≈ global LRU)
+            oldest_first = sorted(self._hosts, key=lambda h: -float(h.get("oldest_idle_s", 0.0)))
+            if await self._try(entry, oldest_first, evict=True):
                 self.counts["evictions"] += 1
                 return
             if time.monotonic() + delay > deadline:

@@ -247,8 +247,10 @@ class RouterAdminMixin:
         return os.getpid()
 
     async def status(self) -> dict[str, Any]:
-        """Counters of this shard plus ``live`` (placed sessions): ``placed``, ``forgotten``
+        """Counters of this shard plus ``live`` (sessions placed on a host): ``placed``, ``forgotten``
         (passivations its hosts told), ``moved`` (stale cache entries callers reported),
         ``dead_hosts``, ``busy``, ``evictions`` (placements that passivated an idle session),
         ``refused`` (steer / follow-up from a non-master)."""
-        return {"shard": self.shard, "live": len(self._dir), **self.counts}
+        # placed only, as ``sessions`` lists them: an entry still waiting for room is not live
+        live = sum(1 for e in self._dir.values() if e.host is not None)
+        return {"shard": self.shard, "live": live, **self.counts}

@@ -206,7 +206,7 @@ async def serve(
         app = build_app(runtime, config)
         server = IngressServer(
             uvicorn.Config(
-                app, host=host, port=port, loop="none", lifespan="off", log_level="warning", access_log=False
+                app, host=host, port=port, loop="none", lifespan="on", log_level="warning", access_log=False
             ),
             on_ready=ready,
         )

@@ -97,7 +97,14 @@ def banner(
     if any(str(b.platform) == "console" for b in config.bots):
         lines.append(f"sessionray: console        {base}/console")
     for bot in config.bots:
-        if getattr(bot, "mode", "webhook") == "polling":
+        transport = getattr(bot, "transport", "http")
+        if transport == "ws-reverse":
+            ws = f"ws://{shown_host(host)}:{port}/onebot/v11/ws"
+            lines.append(f"sessionray: onebot ws     {ws}  (reverse WebSocket of bot {bot.self_id})")
+        elif transport == "ws-forward":
+            where = f"dialing {bot.ws_url}"
+            lines.append(f"sessionray: onebot ws     {where}  (forward WebSocket of bot {bot.self_id})")
+        elif getattr(bot, "mode", "webhook") == "polling":
             lines.append(f"sessionray: polling        {bot.platform}/{bot.self_id} (getUpdates; no webhook)")
         else:
             lines.append(f"sessionray: webhook        {base}/webhooks/{bot.platform}/{bot.self_id}")

@@ -11,7 +11,8 @@ of that bot, and Ray restarts it after a crash (``max_restarts=-1``). Each incar
    timeout=poll_timeout_s, allowed_updates)``;
 3. runs each update through the webhook's own steps (:meth:`actors.ingress.Ingress.handle_event`:
    decode → size/storability checks → the bot's inbound policy → persist ‖ submit), as the bytes
-   of its JSON (the codec is built without the webhook secret: a polled update carries none);
+   of its JSON (``verified=True``: the update came from an HTTPS call made with the bot token;
+   it carries no webhook secret);
 4. while the answer is 503 (session mailbox full, SQL or a router shard momentarily down) it
    waits its ``Retry-After`` and runs the same update again — it never moves past an
    update that did not get its turn; any other answer (accepted, duplicate, ignored,
@@ -101,7 +102,7 @@ class PollLoop:
 
     def __init__(self, bot: Any, config: Any, runtime: Any) -> None:
         self.bot = bot
-        self.codec: Any = get_codec(bot.model_copy(update={"secret_env": None}))
+        self.codec: Any = get_codec(bot)
         self.bot_id = str(bot.self_id)
         self.timeout_s = int(bot.poll_timeout_s)
         self.allowed = list(bot.allowed_updates) if bot.allowed_updates is not None else list(HANDLED_UPDATES)
@@ -247,7 +248,7 @@ class PollLoop:
     async def _until_final(self, uid: int | None, body: bytes) -> None:
         while True:
             try:
-                answer = await self.ingress.handle_event(PLATFORM, self.codec, _HEADERS, body)
+                answer = await self.ingress.handle_event(PLATFORM, self.codec, _HEADERS, body, verified=True)
             except Exception as exc:  # what the webhook answers 500: run the same update again
                 log.exception("telegram bot %s: update %s failed", self.bot_id, uid)
                 metrics.INBOUND.inc(platform=PLATFORM, outcome="error")

@@ -198,6 +198,18 @@ HTTP_REQUESTS = Counter(
     "Ingress HTTP requests by route template and status.",
     ("route", "status"),
 )
+ONEBOT_WS_CONNECTED = Gauge(
+    "sessionray_onebot_ws_connected",
+    "1 while this ingress process holds an open OneBot WebSocket of the bot, else 0 (bots with "
+    "transport ws-reverse or ws-forward; bot is the configured self_id).",
+    ("bot",),
+)
+ONEBOT_WS_RESUBMITS = Counter(
+    "sessionray_onebot_ws_resubmits_total",
+    "OneBot WebSocket events answered busy/unavailable and submitted again in the background, by "
+    "outcome (retry: one more attempt, done, gave_up, overflow: too many waiting).",
+    ("outcome",),
+)
 HTTP_LATENCY = Histogram("sessionray_http_request_duration_seconds", "Ingress request latency.", ("route",))
 # Sessions, pool (router level)
 LIVE_SESSIONS = Gauge("sessionray_live_sessions", "Live sessions (each a SessionCore in a SessionHost).")

@@ -55,6 +55,13 @@ class BotConfig(_Closed):
     """Sender ids the bot never answers (wins over ``allow_users``)."""
     rate_limit: RateLimitConfig | None = None
     """Per-user / per-group token buckets (None: no limit)."""
+    transport: Literal["http", "ws-reverse", "ws-forward"] = "http"
+    """OneBot v11: how events arrive and API calls leave. ``http`` (events POSTed to the webhook,
+    API calls to ``api_base``); ``ws-reverse`` (the implementation dials
+    ``/onebot/v11/ws`` of the ingress); ``ws-forward`` (the ingress dials ``ws_url``)."""
+    ws_url: str | None = None
+    """OneBot v11 ``transport: ws-forward``: the implementation's WebSocket server, e.g.
+    ``ws://127.0.0.1:3001`` (required there, unused otherwise)."""
     mode: Literal["webhook", "polling"] = "webhook"
     """Telegram: how updates arrive — ``webhook`` (Telegram POSTs to ``/webhooks/telegram/{id}``;
     needs public HTTPS) or ``polling`` (one ``getUpdates`` long-poll loop per bot across the
@@ -89,6 +96,10 @@ class BotConfig(_Closed):
             self.self_id = "console"
         if not self.self_id:
             raise ValueError(f"a {self.platform} bot needs `self_id` (QQ number / Telegram bot id)")
+        if self.transport != "http" and self.platform != "onebot11":
+            raise ValueError(f"transport: {self.transport} is for onebot11 bots only")
+        if self.transport == "ws-forward" and not (self.ws_url or "").startswith(("ws://", "wss://")):
+            raise ValueError("transport: ws-forward needs `ws_url` (ws:// or wss://)")
         if self.platform == "telegram" and not self.token_env:
             raise ValueError("a telegram bot needs `token_env` (the variable holding the bot token)")
         if self.mode == "polling" and self.platform != "telegram":

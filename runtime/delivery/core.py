@@ -13,6 +13,7 @@ import logging
 import random
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -31,11 +32,16 @@ from runtime.reply.leak import LeakPolicy, scan_reply
 from runtime.reply.media import MediaPolicy, check_reply_media
 from runtime.reply.segments import AudioSegment, FileSegment, ImageSegment, Reply, VideoSegment
 
+SocketSender = Callable[[PlatformCodec, str, ApiCall, float], Awaitable[SendResult]]
+"""Sends one call of a bot whose transport is a socket: ``(codec, bot_id, call, timeout_s) →
+SendResult`` (a never-sent call is a retryable failure; a sent, unanswered one is not)."""
+
 __all__ = [
     "DeliveryJob",
     "DeliveryResult",
     "DeliverySender",
     "DeliverySettings",
+    "SocketSender",
     "bot_media_policy",
     "partition_of",
 ]
@@ -144,9 +150,17 @@ class DeliverySender:
         settings: :class:`DeliverySettings`.
         partition: Index of the delivery actor (``crc32(session_key) % M``).
         owner: ``"{partition}:{incarnation}"``, the ledger owner id.
+        socket_sender: How calls of bots with ``transport: ws-reverse | ws-forward`` are sent
+            (``actors.onebot_link.LinkSender``); None: over HTTP like every other bot.
     """
 
-    def __init__(self, settings: DeliverySettings, partition: int, owner: str) -> None:
+    def __init__(
+        self,
+        settings: DeliverySettings,
+        partition: int,
+        owner: str,
+        socket_sender: SocketSender | None = None,
+    ) -> None:
         self.settings = settings
         self.partition = partition
         self.owner = owner
@@ -156,10 +170,14 @@ class DeliverySender:
         self.transcripts = TranscriptStore(self.db)
         self.codecs: dict[tuple[str, str], PlatformCodec] = {}
         self.media_policies: dict[tuple[str, str], MediaPolicy] = {}
+        self.socket_bots: set[tuple[str, str]] = set()
+        self.socket_sender = socket_sender
         for bot in settings.bots:
             key = _bot_key(str(bot.platform), _bot_id_of(bot))
             self.codecs[key] = get_codec(bot)
             self.media_policies[key] = bot_media_policy(settings.media, bot)
+            if setting(bot, "transport", "http") != "http":
+                self.socket_bots.add(key)
         self.client = httpx.AsyncClient(timeout=settings.timeout_s)
         self._running: dict[str, asyncio.Future[DeliveryResult]] = {}
         # A step's lease must outlast all of its retries (no ledger write happens between them),
@@ -284,7 +302,7 @@ class DeliverySender:
                         self.db, job.reply_id, self.owner, i, total, self._lease_ms
                     )
                 )
-            result, n, w = await self._send_with_retries(codec, calls[i], platform)
+            result, n, w = await self._send_with_retries(codec, calls[i], platform, job.bot_id)
             attempts += n
             waits += w
             if not result.ok:
@@ -367,14 +385,19 @@ class DeliverySender:
             log.exception("outbound transcript of %s not written", job.reply_id)
 
     async def _send_with_retries(
-        self, codec: PlatformCodec, call: ApiCall, platform: str
+        self, codec: PlatformCodec, call: ApiCall, platform: str, bot_id: str = ""
     ) -> tuple[SendResult, int, list[float]]:
-        """One step: retry 429/5xx/connection failures with backoff; returns (result, attempts, waits)."""
+        """One step: retry 429/5xx/connection failures with backoff; returns (result, attempts, waits).
+        A bot with a socket transport sends through :attr:`socket_sender` (same retry rules)."""
         waits: list[float] = []
         attempt = 0
+        over_socket = (platform, str(bot_id)) in self.socket_bots
         while True:
             attempt += 1
-            result = await self._send_once(codec, call)
+            if over_socket:
+                result = await self._send_over_socket(codec, str(bot_id), call)
+            else:
+                result = await self._send_once(codec, call)
             if result.ok or not result.retryable or attempt >= self.settings.max_attempts:
                 return result, attempt, waits
             delay = self._backoff(attempt, result.retry_after_s)
@@ -391,6 +414,12 @@ class DeliverySender:
             return min(float(retry_after_s), cap)
         full = min(cap, self.settings.backoff_base_s * (2 ** (attempt - 1)))
         return full * (0.5 + random.random() / 2)
+
+    async def _send_over_socket(self, codec: PlatformCodec, bot_id: str, call: ApiCall) -> SendResult:
+        """One call of a socket-transport bot; without a ``socket_sender`` a retryable failure."""
+        if self.socket_sender is None:
+            return SendResult(ok=False, error="connect: no socket sender in this process", retryable=True)
+        return await self.socket_sender(codec, bot_id, call, self.settings.timeout_s)
 
     async def _send_once(self, codec: PlatformCodec, call: ApiCall) -> SendResult:
         kwargs: dict[str, Any] = {"headers": call.headers}

@@ -149,7 +149,7 @@ def running_ingress(tmp_path: Path, fixtures_dir: Path, **knobs: Any) -> Iterato
     os.environ[SECRET_ENV] = SECRET
     os.environ[TOKEN_ENV] = TOKEN
     db_url = f"sqlite:///{tmp_path / 'ingress.db'}"
-    knobs = {"warm_pool": 1, "router_shards": 1, "delivery_actors": 1, **knobs}
+    knobs = {"min_hosts": 1, "router_shards": 1, "delivery_actors": 1, **knobs}
     with PlatformApiServer(fixtures_dir) as api, delivery_pool(db_url, api.base_url) as delivery:
         config = Config(
             bots=[

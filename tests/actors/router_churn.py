@@ -1,15 +1,16 @@
-"""Admission under churn at the live-session cap: a measurement helper.
+"""Placement under churn at the live-session cap: a measurement helper.
 
 :func:`churn` drives ``keys`` private chats against a running runtime, each chat sending
 ``messages`` texts one after another (the next once the previous reply reached the platform API,
 optionally after ``think_ms``), every chat at the same time; with more chats than
-``runtime.max_live_sessions`` many messages need an LRU passivation and an activation. It returns
+``runtime.max_live_sessions`` many messages need an LRU passivation on a host and an activation. It returns
 the time-to-reply of every message (first ``submit`` attempt, busy answers retried, until the
 platform API received the reply) and whether every chat got exactly its replies in order.
 
 Run it as a script for before/after figures (starts its own local Ray)::
 
-    .venv/bin/python -m tests.actors.router_churn [--cap 3] [--keys 12] [--messages 5] [--runs 1]
+    .venv/bin/python -m tests.actors.router_churn [--cap 3] [--keys 12] [--messages 5] [--runs 1] \
+        [--sessions-per-host 1]
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def _main() -> None:  # pragma: no cover - manual measurement
     ap.add_argument("--messages", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--think-ms", type=float, default=50.0)
+    ap.add_argument("--sessions-per-host", type=int, default=2000)
     args = ap.parse_args()
     root = Path(__file__).resolve().parents[2]
     ray.init(
@@ -105,7 +107,13 @@ def _main() -> None:  # pragma: no cover - manual measurement
     try:
         with (
             tempfile.TemporaryDirectory() as tmp,
-            running_runtime(Path(tmp), fixtures, max_live_sessions=args.cap, idle_ttl_s=600) as h,
+            running_runtime(
+                Path(tmp),
+                fixtures,
+                max_live_sessions=args.cap,
+                idle_ttl_s=600,
+                sessions_per_host=args.sessions_per_host,
+            ) as h,
         ):
             for run in range(args.runs):
                 users = [f"{70000 + run * 1000 + i}" for i in range(args.keys)]
@@ -113,9 +121,9 @@ def _main() -> None:  # pragma: no cover - manual measurement
                 status = asyncio.run(h.rt.status())
                 shard = status["shards"][0]
                 res.pop("replies_ms")
-                extra = {k: shard.get(k) for k in ("passivated", "handoffs", "errors")}
-                pool = {k: status["pool"].get(k) for k in ("created", "cold_acquired")}
-                print(json.dumps({**res, **extra, **pool}))
+                extra = {k: shard.get(k) for k in ("forgotten", "evictions", "placed")}
+                hosts = {k: status["supervisor"].get(k) for k in ("created", "cold")}
+                print(json.dumps({**res, **extra, **hosts, "errors": status["submit"]["errors"]}))
     finally:
         ray.shutdown()
 

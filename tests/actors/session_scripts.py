@@ -1,8 +1,8 @@
-"""How tests script the model *inside* session actors.
+"""How tests script the model *inside* session hosts.
 
 A faux handle registered in the test process is invisible in an actor's process, so tests pass a
 picklable :class:`ScriptedSetup` to ``SessionRuntime.start(config, setup_factory=...)``. Each
-session actor calls it at activation; it registers a faux provider in that process whose replies
+session host calls it at each activation; it registers a faux provider in that process whose replies
 are a pure function of the context the model is sent (so a crash retry, a re-activation or any
 interleaving gets the same answer for the same context):
 
@@ -11,13 +11,18 @@ interleaving gets the same answer for the same context):
   reply ``tool: <result>; then: <user texts that arrived after the tool call, e.g. steering>``;
 * last user text ``defer square N`` → call ``run_deferred_task`` (task ``square``, ``{"x": N}``);
 * last user text ``delegate T`` → call the ``delegate`` sub-agent tool with task ``T``;
+* last user text ``block G`` / ``ablock G`` → call the gated tool ``block`` (a *plain, blocking*
+  function: ``time.sleep`` in a loop) / ``ablock`` (a coroutine: ``asyncio.sleep`` in a loop) for
+  gate ``G``; either returns ``released G`` once the test opened the gate;
 * anything else ``T``         → reply ``re: T``.
 
 Replies are segments JSON (docs/decisions.md#reply-segments) only when the IM reply contract asked
 for it (its instructions are in the system prompt); a sub-agent (no IM preset) gets plain text.
 
 The ``sleep`` tool writes ``<marker_dir>/<call id>.started`` when it starts, so tests can wait
-for "the tool runs now" and count executions.
+for "the tool runs now" and count executions. The gated tools write ``<marker_dir>/gate-G.waiting``
+when they start, wait until ``gate-G.open`` exists (at most ``GATE_LIMIT_S``), then write
+``gate-G.done``: tests order events by them instead of by wall-clock time.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -34,9 +40,16 @@ from pydantic import BaseModel
 from runtime.llm.types import AssistantMessage, Context, TextContent, ToolCall, ToolResultMessage, UserMessage
 from runtime.session.turn import SessionSetup
 
+GATE_LIMIT_S = 120.0
+"""A gated tool gives up waiting after this many seconds (a test that failed never opens it)."""
+
 
 class SleepArgs(BaseModel):
     seconds: float
+
+
+class GateArgs(BaseModel):
+    gate: str
 
 
 def reply_json(text: str) -> str:
@@ -51,7 +64,7 @@ def _text(m: Any) -> str:
 
 
 def square(args: dict[str, Any]) -> str:
-    """The ``square`` deferred task (runs as a Ray task in session actors)."""
+    """The ``square`` deferred task (runs as a Ray task, outside the session host)."""
     import os
 
     return f"square of {args['x']:g} is {args['x'] ** 2:g} (pid {os.getpid()})"
@@ -88,6 +101,9 @@ def scripted_reply(context: Context) -> AssistantMessage:
         return call("run_deferred_task", {"task": "square", "args": {"x": float(text[13:])}})
     if text.startswith("delegate "):
         return call("delegate", {"task": text[9:]})
+    if text.startswith(("block ", "ablock ")):
+        name, gate = text.split(" ", 1)
+        return call(name, {"gate": gate})
     if text.startswith("echo "):
         return answer(text[5:])
     return answer(f"re: {text}")
@@ -125,9 +141,9 @@ class ScriptedSetup:
         return scripted_reply(context)
 
     def prepare(self, *, database: Any = None) -> None:
-        """Session-independent part, run once per process while the actor waits in the warm pool:
+        """Session-independent part, run once per process in the host's warm-up:
         register the faux provider and import what a turn needs; again only when another
-        registration replaced ours (in-process tests). ``database`` (the actor's) is not needed.
+        registration replaced ours (in-process tests). ``database`` (the host's) is not needed.
         Each build writes ``<marker_dir>/prepare-<pid>-<n>`` so tests can count the builds of a
         process."""
         import os
@@ -166,11 +182,34 @@ class ScriptedSetup:
             await asyncio.sleep(params.seconds)
             return AgentToolResult.text(f"slept {params.seconds:g}")
 
+        def block(call_id: str, params: GateArgs, signal: Any, on_update: Any) -> AgentToolResult:
+            # a plain function: the tool executor runs it in a worker thread, off the host's loop
+            gate = marker_dir / f"gate-{params.gate}"
+            gate.with_suffix(".waiting").write_text(session_key)
+            deadline = time.monotonic() + GATE_LIMIT_S
+            while not gate.with_suffix(".open").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            gate.with_suffix(".done").write_text(session_key)
+            return AgentToolResult.text(f"released {params.gate}")
+
+        async def ablock(call_id: str, params: GateArgs, signal: Any, on_update: Any) -> AgentToolResult:
+            gate = marker_dir / f"gate-{params.gate}"
+            gate.with_suffix(".waiting").write_text(session_key)
+            deadline = time.monotonic() + GATE_LIMIT_S
+            while not gate.with_suffix(".open").exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            gate.with_suffix(".done").write_text(session_key)
+            return AgentToolResult.text(f"released {params.gate}")
+
         model = self._handle.get_model()
         sleep_tool = AgentTool("sleep", "Sleep for some seconds.", SleepArgs, sleep)
+        gated = [
+            AgentTool("block", "Wait for a gate (blocking).", GateArgs, block),
+            AgentTool("ablock", "Wait for a gate.", GateArgs, ablock),
+        ]
         return SessionSetup(
             model=model,
-            tools=[sleep_tool, make_subagent_tool(model, [sleep_tool])],
+            tools=[sleep_tool, *gated, make_subagent_tool(model, [sleep_tool])],
             deferred_tasks={"square": square},
             system_prompt="You are a test bot.",
             steering_mode=self.steering_mode,

@@ -1,6 +1,11 @@
 """Helpers of the session-runtime tests (CORE-ACTORS): a whole runtime per test module — router
-shard(s), warm pool, session actors with the scripted model, EDGE's delivery pool and the
-platform-API test server — plus inbound messages and bounded polling."""
+shard(s), the host supervisor and its session hosts with the scripted model, EDGE's delivery pool
+and the platform-API test server — plus inbound messages, the scripted gated tools' gates and
+bounded polling.
+
+:data:`MODES` are the two ways sessions share processes: ``packed`` (the default: many live
+sessions per host) and ``strict`` (``sessions_per_host: 1``: each live session its own host
+process). Module-scoped harness fixtures take one as their ``request.param``."""
 
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ from tests.platform_api_server import PlatformApiServer
 
 MASTER = "9000"
 """The bot's configured master."""
+
+MODES: dict[str, dict[str, Any]] = {"packed": {}, "strict": {"sessions_per_host": 1}}
+"""``runtime`` knobs of each host mode (see the module docstring)."""
 
 
 def inbound(
@@ -67,10 +75,33 @@ class Harness:
         """How many times the scripted ``sleep`` tool started (all sessions)."""
         return len(list(self.markers.glob("*.started")))
 
+    def gate_waiting(self, gate: str) -> bool:
+        """Whether a scripted gated tool (``block`` / ``ablock``) waits at (or passed) ``gate``."""
+        return (self.markers / f"gate-{gate}.waiting").exists()
+
+    def gate_done(self, gate: str) -> bool:
+        """Whether the gated tool of ``gate`` returned."""
+        return (self.markers / f"gate-{gate}.done").exists()
+
+    def open_gate(self, gate: str) -> None:
+        """Let the gated tool of ``gate`` return."""
+        (self.markers / f"gate-{gate}.open").write_text("")
+
+    async def host_pid(self, user: str) -> int:
+        """Process id of the host of ``user``'s live private session.
+
+        Raises:
+            AssertionError: the session is not live.
+        """
+        info = await self.rt.session(key_of(user))
+        assert info is not None and info.actor is not None, f"{user} is not live"
+        return int(info.actor["pid"])
+
 
 @contextmanager
 def running_runtime(tmp_path: Path, fixtures_dir: Path, **knobs: Any) -> Iterator[Harness]:
-    """Start a runtime with ``runtime`` config ``knobs`` (small pool by default) and stop it after."""
+    """Start a runtime with ``runtime`` config ``knobs`` (one host ahead of need, one shard, one
+    delivery actor by default) and stop it after."""
     db_url = f"sqlite:///{tmp_path / 'sessionray.db'}"
     knobs = {"min_hosts": 1, "router_shards": 1, "delivery_actors": 1, **knobs}
     with PlatformApiServer(fixtures_dir) as api, delivery_pool(db_url, api.base_url) as delivery:

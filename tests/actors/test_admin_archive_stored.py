@@ -5,9 +5,10 @@ archive runs activates the session on the *new* epoch, never on the archived one
 
 Ray does not order calls to an async actor, so the ordering test drives the router *class*
 in-process (``RouterActor.__ray_metadata__.modified_class``) on the test's event loop against the
-module's real warm pool and session actors, like test_router_churn.py: calls started one after
-the other reach the shard in that order. There the SQL archive is held at its start by a gate
-(then runs for real) so the test sees that the message waits for it."""
+module's real host supervisor and session hosts, with a ``SubmitPath`` of its own whose placements
+go to that shard: calls started one after the other reach the shard in that order. There the SQL
+archive is held at its start by a gate (then runs for real) so the test sees that the message
+waits for it."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ import pytest
 from starlette.applications import Starlette
 
 from actors.admin import admin_routes
+from actors.admission import KeyOrder
 from actors.router import RouterActor
 from actors.router_admin import archive_active_epoch
+from actors.runtime_submit import SubmitPath
 from runtime.keys import SessionKeyError, parse_session_key
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
@@ -39,7 +42,7 @@ TOKEN = "admin-archive-stored-token"
 
 @pytest.fixture(scope="module")
 def h(ray_session: None, tmp_path_factory: pytest.TempPathFactory, fixtures_dir: Path) -> Iterator[Harness]:
-    with running_runtime(tmp_path_factory.mktemp("archive"), fixtures_dir, warm_pool=2) as harness:
+    with running_runtime(tmp_path_factory.mktemp("archive"), fixtures_dir) as harness:
         yield harness
 
 
@@ -72,18 +75,45 @@ async def reply(h: Harness, submit: Any, user: str, text: str) -> None:
     await eventually(lambda: len(h.sent(user)) > before, 120, f"the reply to {user}")
 
 
+class _Method:
+    """``handle.method.remote(*args)`` of a Ray actor, for an object living in this process."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def remote(self, *args: Any) -> asyncio.Future[Any]:
+        return asyncio.ensure_future(self._fn(*args))
+
+
+class LocalShard:
+    """A router shard living in this process (real hosts and supervisor behind it) and a submit
+    path whose placements go to it: ``submit(inbound)`` as ``SessionRuntime.submit`` answers."""
+
+    def __init__(self, router: Any) -> None:
+        self.router = router
+        self.place = _Method(router.place)
+        self.path = SubmitPath(lambda key: self, KeyOrder())
+
+    async def submit(self, msg: Any) -> dict[str, Any]:
+        return await self.path.submit(msg)
+
+
 @contextlib.asynccontextmanager
-async def local_router(h: Harness, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
-    """A router shard living in this process, bound to the module's warm pool; its idle sessions
-    are passivated at the end (their actors go back to the pool)."""
+async def local_router(h: Harness, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalShard]:
+    """A router shard living in this process, bound to the module's host supervisor; its idle
+    sessions are passivated at the end."""
     monkeypatch.setattr("actors.ray_metrics.install_ray_metrics", lambda: None)
-    router = RouterActor.__ray_metadata__.modified_class(h.config, 0, 1, h.rt.pool_name)  # type: ignore[attr-defined]
+    router = RouterActor.__ray_metadata__.modified_class(  # type: ignore[attr-defined]
+        h.config, 0, 1, h.rt.hosts_name, "local-shard"
+    )
+    shard = LocalShard(router)
     try:
-        yield router
+        yield shard
     finally:
         for s in await router.sessions():
             with contextlib.suppress(Exception):
                 await router.passivate(s["session_key"])
+        await shard.path.close()
         await router.shutdown()
 
 
@@ -132,13 +162,14 @@ async def test_admin_archive_of_a_passivated_session_keeps_the_http_contract(
 async def test_a_message_arriving_during_the_stored_archive_activates_on_the_new_epoch(
     h: Harness, repo: ContextRepository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with local_router(h, monkeypatch) as router:
+    async with local_router(h, monkeypatch) as shard:
+        router = shard.router
         user = "71100"
         key = key_of(user)
-        await reply(h, router.submit, user, "m1")
+        await reply(h, shard.submit, user, "m1")
         await eventually(lambda: router.passivate(key), 60, "the session to be idle and passivated")
         # the SQL archive is held at its start (real SQL once released) while a message arrives:
-        # the shard holds the key, so the message neither binds nor activates meanwhile
+        # the shard holds the key, so the message's placement neither activates nor answers meanwhile
         entered, gate = asyncio.Event(), asyncio.Event()
 
         async def held(repo: ContextRepository, session_key: str) -> str | None:
@@ -149,7 +180,7 @@ async def test_a_message_arriving_during_the_stored_archive_activates_on_the_new
         monkeypatch.setattr("actors.router_admin.archive_active_epoch", held)
         archive = asyncio.ensure_future(router.archive_stored(key))
         await entered.wait()
-        message = asyncio.ensure_future(router.submit(inbound(user, "echo m2")))
+        message = asyncio.ensure_future(shard.submit(inbound(user, "echo m2")))
         for _ in range(20):
             await asyncio.sleep(0)
         assert (message.done(), key in router._dir) == (False, False)

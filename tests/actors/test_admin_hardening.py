@@ -192,7 +192,9 @@ def test_get_shows_a_stored_session_from_sql(served: Served) -> None:
         "pending": 0,
         "turns": 3,
         "idle_s": 1.5,
+        "host": -1,
         "actor_id": None,
+        "epoch": 0,
         "actor": None,
     }
 

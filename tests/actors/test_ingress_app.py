@@ -1,8 +1,8 @@
 """The ingress on real local Ray, over real HTTP: webhook → runtime → delivery → platform API;
 duplicates, signatures, malformed events, backpressure (503 + Retry-After), health and metrics.
 
-One runtime + ingress for the module (warm pool 1, mailbox 1, one delivery actor); each test
-uses its own chat (OneBot user id) and message ids."""
+One runtime + ingress for the module (one session host ahead of need, mailbox 1, one delivery
+actor); each test uses its own chat (OneBot user id) and message ids."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ async def test_healthz_and_metrics(h: IngressHarness) -> None:
     assert 'sessionray_inbound_messages_total{outcome="accepted",platform="onebot11"}' in text
     status = await h.runtime.status()
     assert f"sessionray_live_sessions {float(status['live_sessions'])}" in text
-    assert f"sessionray_warm_pool_size {float(status['warm_pool_size'])}" in text
+    assert f"sessionray_hosts {float(status['hosts'])}" in text
 
 
 # --------------------------------------------------------------------------- admin API
@@ -234,7 +234,7 @@ async def test_admin_api_lists_steers_and_refuses(h: IngressHarness) -> None:
     archived = admin(h, "POST", f"/admin/sessions/{key}/archive").json()
     assert archived == {"status": "ok", "kind": "archive", "session_key": key, "result": f"{key}#2"}
     status = admin(h, "GET", "/admin/status").json()
-    assert {"live_sessions", "warm_pool_size", "turns", "throughput_msg_s"} <= set(status)
+    assert {"live_sessions", "hosts", "turns", "throughput_msg_s"} <= set(status)
 
 
 async def test_cli_control_commands_against_the_running_ingress(h: IngressHarness) -> None:
@@ -265,7 +265,7 @@ async def test_cli_control_commands_against_the_running_ingress(h: IngressHarnes
     assert (await wait_sent(h, user, 2))[1] == private_call(user, "re: more please")
     status = await asyncio.to_thread(cli, "status", "--json")
     assert status.returncode == 0 and "live_sessions" in json.loads(status.stdout)
-    # readable tables, not Python reprs: the live actor id, every turn (the follow-up's included)
+    # readable tables, not Python reprs: the session's host slot, every turn (the follow-up's included)
     listed = next(s for s in admin(h, "GET", "/admin/sessions").json()["sessions"] if s["session_key"] == key)
     assert listed["turns"] == 2 and listed["actor_id"]
     table = await asyncio.to_thread(cli, "sessions")
@@ -276,14 +276,14 @@ async def test_cli_control_commands_against_the_running_ingress(h: IngressHarnes
         "SESSION",
         "ID",
         "SHARD",
-        "ACTOR",
+        "HOST",
         "TURNS",
         "PENDING",
         "IDLE",
         "S",
     ]
     row = next(line.split() for line in lines[2:] if line.startswith(key + " "))
-    assert row[:6] == [key, f"{key}#1", str(listed["shard"]), listed["actor_id"], "2", "0"]
+    assert row[:6] == [key, f"{key}#1", str(listed["shard"]), str(listed["host"]), "2", "0"]
     assert "None" not in table.stdout and "{" not in table.stdout
     shown = await asyncio.to_thread(cli, "status")
     assert shown.returncode == 0 and "{'" not in shown.stdout and "['" not in shown.stdout

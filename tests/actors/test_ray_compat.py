@@ -95,19 +95,20 @@ def _hook_installed(actor_self: Any) -> bool:
 
 
 @pytest.mark.usefixtures("ray_session")
-async def test_a_session_actor_worker_runs_with_the_fix(tmp_path: Path) -> None:
-    """Ray imports actors.session_actor in the worker before it builds the group loops, so the
-    guard is in place there; a fresh actor answers in both groups."""
-    from actors.session_actor import SessionActor
+async def test_a_session_host_worker_runs_with_the_fix(tmp_path: Path) -> None:
+    """Ray imports actors.host in the worker before it builds the group loops, so the guard is in
+    place there; a fresh host answers in both groups (what the supervisor checks before it counts
+    a host as ready), from the same process."""
+    from actors.host import SessionHost
     from runtime.config import Config, DatabaseConfig
     from tests.actors.session_scripts import ScriptedSetup
 
     assert install_group_loop_fix() is True
     config = Config(database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'compat.db'}"))
-    actor = SessionActor.remote(config, ScriptedSetup(str(tmp_path / "m")), _NoDelivery())  # type: ignore[attr-defined]
+    host = SessionHost.remote(config, ScriptedSetup(str(tmp_path / "m")), _NoDelivery(), 4)  # type: ignore[attr-defined]
     try:
-        pid = await actor.ping.remote()
-        assert await actor.ping_turn.remote() == pid
-        assert await actor.__ray_call__.remote(_hook_installed) is True
+        pid = await host.ping.remote()
+        assert await host.ping_turn.remote() == pid > 0
+        assert await host.__ray_call__.remote(_hook_installed) is True
     finally:
-        ray.kill(actor, no_restart=True)
+        ray.kill(host, no_restart=True)

@@ -1,8 +1,9 @@
 """The session runtime on real local Ray: ordering, steer, follow-up, dedup, backpressure.
 
-One runtime for the module (1 router shard, one session host, at most 8 live sessions, mailbox
-of 4, one delivery actor, the platform-API test server); each test uses its own chat ids. Replies are asserted where they leave
-the system: the platform API calls."""
+One runtime per host mode (``packed``: the sessions share a host; ``strict``: each live session its
+own host process) for the module: 1 router shard, at most 8 live sessions, mailbox of 4, one
+delivery actor, the platform-API test server; each test uses its own chat ids. Replies are
+asserted where they leave the system: the platform API calls."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from actors.runtime import NotMasterError, SessionRuntime, UnknownSessionError
 from tests.actors.session_support import (
     MASTER,
+    MODES,
     Harness,
     eventually,
     inbound,
@@ -26,10 +28,20 @@ from tests.actors.session_support import (
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def h(ray_session: None, tmp_path_factory: pytest.TempPathFactory, fixtures_dir: Path) -> Iterator[Harness]:
+@pytest.fixture(scope="module", params=list(MODES))
+def h(
+    request: pytest.FixtureRequest,
+    ray_session: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    fixtures_dir: Path,
+) -> Iterator[Harness]:
     with running_runtime(
-        tmp_path_factory.mktemp("runtime"), fixtures_dir, mailbox_size=4, max_live_sessions=8, idle_ttl_s=120
+        tmp_path_factory.mktemp(f"runtime-{request.param}"),
+        fixtures_dir,
+        mailbox_size=4,
+        max_live_sessions=8,
+        idle_ttl_s=120,
+        **MODES[request.param],
     ) as harness:
         yield harness
 
@@ -134,12 +146,18 @@ async def test_a_full_mailbox_answers_busy_and_the_retry_succeeds(h: Harness) ->
 
 
 async def test_status_reports_hosts_and_sessions(h: Harness) -> None:
+    # a session of its own, just used (which idle session made room for earlier ones depends on
+    # the host mode: the router passivates on the least loaded host)
+    user = "40007"
+    await submit_until_accepted(h.rt, inbound(user, "hello"))
+    await eventually(lambda: h.sent(user), 120, "the reply")
     status = await h.rt.status()
     assert status["hosts"] == status["supervisor"]["hosts"] >= 1
     assert status["live_sessions"] == len(await h.rt.sessions())
-    info = await h.rt.session(key_of("40002"))
+    key = key_of(user)
+    info = await h.rt.session(key)
     assert info is not None and info.actor is not None
-    assert (info.session_key, info.actor["session_key"]) == (key_of("40002"), key_of("40002"))
+    assert (info.session_key, info.actor["session_key"]) == (key, key)
     assert isinstance(h.rt, SessionRuntime)
 
 

@@ -1,8 +1,8 @@
-"""The memory measure behind recycling a session actor above ``runtime.recycle_memory_mib``."""
+"""The memory measure of a session host (``runtime.host_memory_mib``, ``sessionray_host_memory_bytes``)."""
 
 from __future__ import annotations
 
-from actors.session_actor import process_uss_mib
+from actors.host_support import process_uss_mib
 
 
 def test_uss_of_this_process_is_measured_and_an_unknown_pid_reads_zero() -> None:

@@ -1,7 +1,8 @@
-"""Warm activation (docs/decisions.md#session-warm-pool): a pooled session actor does its
-session-independent work while it waits — imports, the setup factory's ``prepare``, the SQL reads of
-an activation — so binding it to a session imports and builds nothing; and session-actor modules
-stay free of the imports a session actor never needs (smaller USS per live session)."""
+"""Warm activation (docs/decisions.md#session-lifecycle): a new session host does the
+session-independent work of an activation in its warm-up — imports, the setup factory's
+``prepare``, the SQL reads of an activation — so activating sessions on it (the first one
+included, and one after a passivation) imports and builds nothing; and the host's modules stay
+free of the imports a host never needs (smaller USS per host process)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from actors.session_actor import WARM_UP_SESSION_KEY, SessionActor
+from actors.host import SessionHost
+from actors.host_support import WARM_UP_SESSION_KEY
 from actors.setup import ConfigSetupFactory
 from runtime.config import Config, DatabaseConfig
 from runtime.llm.types import AssistantMessage, TextContent, UserMessage
@@ -44,38 +46,55 @@ async def _seed(url: str) -> str:
     return sid
 
 
+def _modules(host_self: Any) -> list[str]:
+    """The module names imported in the host's process (run there by ``__ray_call__``)."""
+    return sorted(sys.modules)
+
+
 @pytest.mark.usefixtures("ray_session")
-async def test_a_pooled_actor_activates_without_importing_or_rebuilding(tmp_path: Path) -> None:
+async def test_a_warmed_host_activates_sessions_without_importing_or_rebuilding(tmp_path: Path) -> None:
     import ray
 
     url = f"sqlite:///{tmp_path / 'warm.db'}"
     sid_a = await _seed(url)
     markers = tmp_path / "markers"
     config = Config(database=DatabaseConfig(url=url))
-    actor = SessionActor.remote(config, ScriptedSetup(str(markers)), _NoDelivery())  # type: ignore[attr-defined]
+    host = SessionHost.remote(config, ScriptedSetup(str(markers)), _NoDelivery(), 2)  # type: ignore[attr-defined]
     try:
-        pid = await actor.ping.remote()
-        blank = await actor.status.remote()
-        assert blank["session_key"] is None and blank["warm_up_ms"] > 0
+        pid = await host.ping.remote()  # answers once the warm-up ended
+        await host.__ray_call__.remote(_modules)  # the probe's own first-call imports
+        blank = await host.__ray_call__.remote(_modules)
+        status = await host.status.remote()
+        assert (status["pid"], status["live"], status["cap"], status["activated"]) == (pid, 0, 2, 0)
         assert sorted(p.name for p in markers.glob("prepare-*")) == [f"prepare-{pid}-1"]
 
-        a = await actor.activate.remote(KEY_A)
-        after_a = await actor.status.remote()
-        assert {k: a[k] for k in ("session_id", "messages", "pid")} == {
+        a = await host.activate.remote(KEY_A, 1, "no-router")
+        assert {k: a[k] for k in ("session_id", "messages", "pid", "live")} == {
             "session_id": sid_a,
             "messages": 2,
             "pid": pid,
+            "live": 1,
         }
-        assert after_a["modules"] == blank["modules"]  # the activation imported nothing
+        assert await host.__ray_call__.remote(_modules) == blank  # the first activation imported nothing
 
-        assert (await actor.passivate.remote())["ok"] is True
-        b = await actor.activate.remote(KEY_B)
-        assert {k: b[k] for k in ("session_id", "messages")} == {"session_id": f"{KEY_B}#1", "messages": 0}
-        assert (await actor.status.remote())["modules"] == blank["modules"]
+        b = await host.activate.remote(KEY_B, 2, "no-router")  # a second session beside it
+        assert {k: b[k] for k in ("session_id", "messages", "live")} == {
+            "session_id": f"{KEY_B}#1",
+            "messages": 0,
+            "live": 2,
+        }
+        assert await host.passivate.remote(KEY_A) is True
+        again = await host.activate.remote(KEY_A, 3, "no-router")  # re-activated from SQL
+        assert {k: again[k] for k in ("session_id", "messages", "live")} == {
+            "session_id": sid_a,
+            "messages": 2,
+            "live": 2,
+        }
+        assert await host.__ray_call__.remote(_modules) == blank
         # one build of the factory's session-independent part per process, however many sessions
         assert sorted(p.name for p in markers.glob("prepare-*")) == [f"prepare-{pid}-1"]
     finally:
-        ray.kill(actor, no_restart=True)
+        ray.kill(host, no_restart=True)
     # the warm-up only read: no row for its placeholder key
     db = Database(url)
     assert await ContextRepository(db).list_sessions(WARM_UP_SESSION_KEY) == []
@@ -100,17 +119,18 @@ def test_config_setup_factory_builds_the_session_independent_part_once(tmp_path:
     clone = pickle.loads(pickle.dumps(factory))  # travels without its process-local parts
     assert (clone._shared, clone._db) == (None, None)
     assert [t.name for t in clone(KEY_A).tools] == ["chat_history", "clock", "echo", "count_slowly"]
-    actor_db = Database(url)  # the session actor shares its database with the chat_history tool
+    actor_db = Database(url)  # the session host shares its database with the chat_history tool
     sharing = ConfigSetupFactory(Config(database=DatabaseConfig(url=url)))
     sharing.prepare(database=actor_db)
     assert sharing._db is actor_db and factory._db is not actor_db
     actor_db.dispose()
 
 
-def test_session_actor_modules_do_not_import_what_a_session_never_needs() -> None:
+def test_host_modules_do_not_import_what_a_host_never_needs() -> None:
     code = (
-        "import sys, actors.session_actor, runtime.session.core, actors.ray_metrics, runtime.metrics\n"
-        "heavy = ['prometheus_client', 'starlette', 'uvicorn', 'mcp', 'httpx', 'actors.ingress']\n"
+        "import sys, actors.host, runtime.session.core, actors.ray_metrics, runtime.metrics\n"
+        "heavy = ['prometheus_client', 'starlette', 'uvicorn', 'mcp', 'httpx', 'actors.ingress',\n"
+        "         'actors.router', 'actors.hosts', 'actors.runtime']\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
         "from runtime.metrics import PrometheusBackend\n"
         "import prometheus_client\n"
@@ -120,11 +140,11 @@ def test_session_actor_modules_do_not_import_what_a_session_never_needs() -> Non
     assert out.stdout.splitlines() == ["[]", "True"]
 
 
-def test_a_session_actor_process_imports_httpx_without_its_cli() -> None:
+def test_a_host_process_imports_httpx_without_its_cli() -> None:
     code = (
         "import sys\n"
-        "from actors.session_actor import _skip_httpx_cli\n"
-        "_skip_httpx_cli()\n"
+        "from actors.host_support import skip_httpx_cli\n"
+        "skip_httpx_cli()\n"
         "import httpx, providers.transport\n"
         "print(sorted(m for m in ('click', 'pygments', 'rich') if m in sys.modules))\n"
         "print(httpx.Client(timeout=1.0).timeout == httpx.Timeout(1.0))\n"
