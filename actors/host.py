@@ -1,36 +1,25 @@
 """``SessionHost``: one Ray actor process that hosts many live sessions
 (docs/decisions.md#session-hosts).
 
-Every live session is its own :class:`runtime.session.core.SessionCore` — its own ordered inbox,
-single writer, turns, steer / follow-up queues — inside a host. Activation loads the context from
-SQL into a new core (no process start: milliseconds); passivation closes the core and drops it
-(its state is all in SQL). ``runtime.sessions_per_host: 1`` gives each live session a process of
-its own (the strict isolation mode) with the same code.
+Every live session is its own :class:`runtime.session.core.SessionCore` (ordered inbox, single
+writer, turns, steer / follow-up queues) inside a host. Activation loads the context from SQL into
+a new core (milliseconds, no process start); passivation closes and drops it (its state is all in
+SQL). ``runtime.sessions_per_host: 1`` gives each live session its own process (strict isolation).
 
-Threads and loops:
+Threads: Ray concurrency groups ``turn`` (:meth:`SessionHost.submit`, held until the turn ended)
+and ``control`` (activation, passivation, control, status) each have a thread, so control never
+queues behind turns (docs/decisions.md#control-never-waits); all cores live on **one** private
+uvloop thread that both forward to. LLM calls and tools are coroutines there, so one session's
+slow call never delays another's; a plain-function tool runs in a worker thread.
 
-* Two Ray concurrency groups: ``turn`` (:meth:`SessionHost.submit`, one call per accepted message,
-  held until its turn ended) and ``control`` (activation, passivation, control requests, status).
-  Each group has its own Ray thread, so a control call never queues behind turns
-  (docs/decisions.md#control-never-waits).
-* All cores live on **one** private asyncio loop thread (uvloop) started in ``__init__``; both
-  groups forward to it with ``run_coroutine_threadsafe``. LLM calls and tools are coroutines on
-  that loop, so one session's slow call never delays another's turn; a tool written as a plain
-  function runs in a worker thread (:mod:`runtime.agent.tool_executor`).
-
-Per session the host keeps the placement ``epoch`` the router shard gave it: a message sent with
-another epoch (or for a key the host no longer holds) is answered ``moved`` and the caller asks the
-shard again (docs/decisions.md#session-direct-path). The host assigns the inbox ``seq`` on arrival,
-enforces the mailbox bound (``busy``) and drops redelivered message ids (``duplicate``: seen by
-this host, or recorded in the session's loaded context).
-
-Capacity: at most ``cap`` live sessions (and, while its USS is above ``runtime.host_memory_mib``,
-no more than it has). An activation over that passivates the least recently used *idle* session
-when the caller allows it (``evict``), else raises :class:`HostFullError`. Idle sessions are
-passivated after ``runtime.idle_ttl_s``; each passivation tells the session's router shard
-(``forget``). Crash safety: ``max_restarts=0`` and ``max_task_retries=0`` — a dead host is
-replaced by the supervisor, and callers re-send interrupted messages once through the router
-(docs/decisions.md#session-crash-recovery).
+Each session keeps the router shard's placement ``epoch``: a message with another epoch (or for a
+key not held) is answered ``moved`` (docs/decisions.md#session-direct-path). The host assigns the
+inbox ``seq``, bounds the mailbox (``busy``) and drops redeliveries (``duplicate``: seen here, or
+recorded in the loaded context). At ``cap`` live sessions (or above ``runtime.host_memory_mib``)
+an activation passivates the least recently used *idle* session when allowed (``evict``), else
+raises :class:`HostFullError`; idle sessions go after ``runtime.idle_ttl_s``; each passivation
+tells the router shard (``forget``). ``max_restarts=0``: a dead host is replaced by the supervisor
+and callers re-send interrupted messages once (docs/decisions.md#session-crash-recovery).
 """
 
 from __future__ import annotations
@@ -89,16 +78,15 @@ TURN_GROUP_SIZE = 1_000_000
 """Concurrent ``submit`` calls one host accepts: one per accepted message until its turn ended
 (bounded in practice by live sessions × ``runtime.mailbox_size``)."""
 CONTROL_GROUP_SIZE = 64
-PREPARE_WAIT_S = 10.0
-"""How long ``ping`` waits for a new host's warm-up, in seconds."""
+PREPARE_WAIT_S = 10.0  # how long ``ping`` waits for a new host's warm-up, in seconds
 FRESH_S = 5.0
 """A just activated session whose first message has not arrived is not evicted for this long, in
 seconds (the caller that placed it is sending that message)."""
 TOOL_THREADS = 64
 """Worker threads for blocking work of one host's sessions (plain-function tools, ``asyncio.to_thread``):
 more than Python's default (CPUs + 4), since a blocking tool mostly waits on I/O."""
-SWEEP_S = 1.0
-"""Period of the idle-passivation sweep and the USS reading, in seconds."""
+SWEEP_S, USS_EVERY = 0.5, 10
+"""Period of the sweep (beat, idle passivation) in seconds; the USS is read every 10th sweep."""
 
 
 @ray.remote(  # type: ignore[call-overload]
@@ -130,12 +118,7 @@ class SessionHost:
         rt = config.runtime
         self._config, self._factory, self._delivery = config, setup_factory, delivery
         self.cap, self.index = cap, index
-        self._mailbox, self._idle_ttl_s, self._retry_after_s = (
-            rt.mailbox_size,
-            rt.idle_ttl_s,
-            rt.busy_retry_after_s,
-        )
-        self._memory_mib, self._dedup_window = rt.host_memory_mib, rt.dedup_window
+        self._rt = rt
         self._live: dict[str, LiveSession] = {}
         self._opening = 0
         """Activations in progress (each holds a slot from its first await on)."""
@@ -143,6 +126,7 @@ class SessionHost:
         self._routers: dict[str, Any] = {}
         self._repo: Any = None
         self._uss = 0.0
+        self._beat = time.monotonic()  # last sweep of the sessions' loop (read by ping_turn)
         self.stats = {"activated": 0, "passivated": 0, "accepted": 0, "busy": 0, "duplicate": 0, "moved": 0}
         self._loop = new_loop()
         # plain-function tools run on the loop's default executor: room for many at once
@@ -190,7 +174,11 @@ class SessionHost:
     @ray.method(concurrency_group="turn")
     async def ping_turn(self) -> int:
         """Liveness of the ``turn`` group's event loop (see :mod:`actors.ray_compat`) and of the
-        sessions' loop: answers only when both run."""
+        sessions' loop: answers at once while the sessions' loop beat within the last
+        ``runtime.hung_ping_timeout_s`` (a loop that is merely busy still beats; a blocked or
+        stopped one does not), else waits for its next beat."""
+        if time.monotonic() - self._beat < self._rt.hung_ping_timeout_s:
+            return os.getpid()
         return await self._on_loop(current_pid())
 
     # ------------------------------------------------------------------ activation (control group)
@@ -240,7 +228,7 @@ class SessionHost:
             HostFullError: room is needed and ``evict`` is false or no session is idle.
         """
         evicted = None
-        memory = self._uss > self._memory_mib and bool(self._live)
+        memory = self._uss > self._rt.host_memory_mib and bool(self._live)
         while len(self._live) + self._opening > self.cap or memory:
             idle = [(s.fresh, s.last_used, k) for k, s in self._live.items() if s.idle]
             victims = [v for v in idle if not v[0] or time.monotonic() - v[1] > FRESH_S]
@@ -314,8 +302,8 @@ class SessionHost:
     def _oldest_idle_s(self) -> float:
         """Seconds since the least recently used idle session was used (0.0: none is idle); the
         router evicts on the host with the oldest one first (close to a global LRU)."""
-        now = time.monotonic()
-        return max((now - s.last_used for s in self._live.values() if s.idle), default=0.0)
+        now = time.monotonic()  # a copy first: status() reads this from the control thread
+        return max((now - s.last_used for s in list(self._live.values()) if s.idle), default=0.0)
 
     def _router(self, name: str) -> Any:
         if name not in self._routers:
@@ -326,16 +314,25 @@ class SessionHost:
         return self._routers[name]
 
     async def _sweep(self) -> None:
-        """Every ``SWEEP_S``: read this process's USS, passivate sessions idle for ``idle_ttl_s``."""
+        """Every ``SWEEP_S``: beat (``ping_turn``), passivate sessions idle for ``idle_ttl_s``;
+        every ``USS_EVERY`` sweeps read this process's USS (``smaps_rollup`` costs milliseconds
+        in a large process, so not every second)."""
+        sweeps = 0
         while True:
             await asyncio.sleep(SWEEP_S)
+            self._beat = time.monotonic()
+            sweeps += 1
             try:
-                self._uss = process_uss_mib()
-                metrics.HOST_MEMORY.set(self._uss * 1024 * 1024, host=str(self.index))
+                if sweeps % USS_EVERY == 0:
+                    self._uss = process_uss_mib()
+                    metrics.HOST_MEMORY.set(self._uss * 1024 * 1024, host=str(self.index))
                 metrics.HOST_LIVE_SESSIONS.set(len(self._live), host=str(self.index))
                 now = time.monotonic()
                 for key, live in list(self._live.items()):
-                    if live.idle and now - max(live.last_used, live.core.last_activity) >= self._idle_ttl_s:
+                    if (
+                        live.idle
+                        and now - max(live.last_used, live.core.last_activity) >= self._rt.idle_ttl_s
+                    ):
                         await self._passivate(key, "idle")
             except Exception:  # pragma: no cover - logged; the sweep keeps running
                 log.exception("host sweep failed")
@@ -372,11 +369,11 @@ class SessionHost:
         if attempt == 0 and (dk in self._seen or recorded(live, inbound.message_id)):
             self.stats["duplicate"] += 1
             return {"status": "duplicate", "seq": None}, None
-        if live.pending >= self._mailbox:
+        if live.pending >= self._rt.mailbox_size:
             self.stats["busy"] += 1
-            return {"status": "busy", "seq": None, "retry_after_s": self._retry_after_s}, None
+            return {"status": "busy", "seq": None, "retry_after_s": self._rt.busy_retry_after_s}, None
         self._seen[dk] = None
-        while len(self._seen) > self._dedup_window:
+        while len(self._seen) > self._rt.dedup_window:
             self._seen.popitem(last=False)
         seq, live.next_seq, live.fresh = live.next_seq, live.next_seq + 1, False
         live.pending += 1
@@ -459,20 +456,24 @@ class SessionHost:
             SessionNotBoundError: ``session_key`` is not live here.
         """
 
+        if session_key is None:  # plain reads, answered even while the sessions' loop is busy
+            return self._host_status()
+
         async def run() -> dict[str, Any]:
-            if session_key is not None:
-                return {**self._require(session_key).core.status(), "pid": os.getpid(), "host": self.index}
-            return {
-                "index": self.index,
-                "pid": os.getpid(),
-                "live": len(self._live),
-                "oldest_idle_s": round(self._oldest_idle_s(), 3),
-                "cap": self.cap,
-                "uss_mib": round(self._uss, 2),
-                **self.stats,
-            }
+            return {**self._require(session_key).core.status(), "pid": os.getpid(), "host": self.index}
 
         return await self._on_loop(run())
+
+    def _host_status(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "pid": os.getpid(),
+            "live": len(self._live),
+            "oldest_idle_s": round(self._oldest_idle_s(), 3),
+            "cap": self.cap,
+            "uss_mib": round(self._uss, 2),
+            **self.stats,
+        }
 
     @ray.method(concurrency_group="control")
     async def context_messages(self, session_key: str) -> list[dict[str, Any]]:

@@ -42,8 +42,12 @@ __all__ = ["NAMESPACE", "HostSupervisor", "actor_key", "headroom", "host_capacit
 log = logging.getLogger("sessionray.hosts")
 
 NAMESPACE = "sessionray"
-READY_TIMEOUT_S = 60.0
-"""Bound on a new host's first answer (process start and warm-up; slow on a loaded 2-core machine)."""
+READY_TIMEOUT_S = 300.0
+"""Bound on a new host's first answer, in seconds (process start and warm-up; minutes on a loaded
+2-core machine: a host that is merely slow is waited for, one whose process died is dropped)."""
+STARTS_AT_ONCE = 2
+"""Hosts started ahead of need at the same time (a host wanted now by :meth:`HostSupervisor.grow`
+is started regardless)."""
 HEALTH_S = 1.0
 TURN_PROBE_S = 5.0
 
@@ -173,8 +177,9 @@ class HostSupervisor:
         metrics.HOSTS.set(sum(1 for h in self._hosts.values() if h.ready))
 
     def _top_up(self) -> None:
-        """Start hosts until ``min_hosts`` exist and ``headroom`` slots are free (up to the limit)."""
-        while len(self._hosts) < self.most:
+        """Start hosts until ``min_hosts`` exist and ``headroom`` slots are free (up to the limit),
+        at most ``STARTS_AT_ONCE`` at a time (process starts compete for the same cores)."""
+        while len(self._hosts) < self.most and len(self._creating) < STARTS_AT_ONCE:
             free = sum(self.cap - h.live for h in self._hosts.values())
             if len(self._hosts) >= self.rt.min_hosts and free >= self.headroom:
                 return
@@ -197,6 +202,9 @@ class HostSupervisor:
             return_exceptions=True,
         )
         for (key, host), answer in zip(ready, answers, strict=True):
+            if isinstance(answer, TimeoutError):  # busy, not dead: the ping_turn probe judges hangs
+                log.info("session host %s: status not answered within the bound", host.index)
+                continue
             if isinstance(answer, BaseException):
                 if self._hosts.get(key) is not host:  # removed meanwhile (hung probe, report_dead)
                     continue

@@ -122,6 +122,7 @@ class RouterActor(RouterAdminMixin):
         self._adopted: asyncio.Task[None] | None = None
         self._hosts: list[dict[str, Any]] = []
         self._hosts_at = 0.0
+        self._no_growth_until = 0.0
         self._placed: dict[str, int] = {}
         """Placements on each host since the host list was read (added to its ``live``)."""
         self.counts = {
@@ -261,20 +262,24 @@ class RouterActor(RouterAdminMixin):
             _NoRoom: no host took the session in time.
         """
         deadline = time.monotonic() + self.activation_wait_s
-        delay, fresh = 0.02, False
+        delay = 0.02
         while True:
-            hosts = sorted(await self._host_list(fresh), key=self._load)
-            fresh = True
+            hosts = sorted(await self._host_list(), key=self._load)
             with_room = [h for h in hosts if self._load(h) < h["cap"]]
             if await self._try(entry, with_room, evict=False):
                 return
-            grown = await self._get_supervisor().grow.remote()
-            if grown is not None and await self._try(entry, [grown], evict=False):
-                self._hosts.append(grown)
-                return
-            # at the host limit: evict on the host whose idle session waited longest (≈ global LRU)
+            if time.monotonic() >= self._no_growth_until:  # the supervisor said "at the limit"
+                grown = await self._get_supervisor().grow.remote()
+                if grown is None:
+                    self._no_growth_until = time.monotonic() + HOSTS_TTL_S
+                elif await self._try(entry, [grown], evict=False):
+                    self._hosts.append(grown)
+                    return
+            # at the host limit: evict on the host whose idle session waited longest (≈ global
+            # LRU); hosts that reported no idle session are not asked (one call, not one per host)
             oldest_first = sorted(self._hosts, key=lambda h: -float(h.get("oldest_idle_s", 0.0)))
-            if await self._try(entry, oldest_first, evict=True):
+            idle = [h for h in oldest_first if float(h.get("oldest_idle_s", 0.0)) > 0]
+            if await self._try(entry, idle or oldest_first[:1], evict=True):
                 self.counts["evictions"] += 1
                 return
             if time.monotonic() + delay > deadline:
