@@ -5,7 +5,8 @@ Routes::
     POST /webhooks/{platform}/{bot_id}   verify → parse → size + storability checks
                                          → (persist inbound transcript ‖ route) → 200
     WS   /onebot/v11/ws[/event|/api]     OneBot v11 reverse WebSocket (actors/onebot_ws.py)
-    GET  /healthz                        {"status": "ok"} (+ "onebot_ws" socket health)
+    GET  /healthz                        {"status": "ok"} (+ "onebot_ws" socket health,
+                                         + "telegram_polling" poller states)
     GET  /metrics                        prometheus-client text format (this process's registry)
     /admin/...                           actors/admin.py (bearer token)
     /console...                          actors/console.py (when a console bot is configured)
@@ -40,7 +41,9 @@ A webhook answers:
   or a decoded text over ``server.max_text_chars`` characters (not stored, not routed; the message
   of ``actors.http_input.text_too_long``, as on the admin and console APIs);
 * **500** ``{"error": "internal error"}`` for an unexpected exception (logged with traceback);
-* **404** when no bot ``{platform}/{bot_id}`` is configured.
+* **404** when no bot ``{platform}/{bot_id}`` is configured, or it is a ``mode: polling`` bot
+  (:mod:`actors.telegram_poll` runs its updates through :meth:`Ingress.handle_event`; they never
+  come by webhook, and without a secret that route would take forged updates).
 
 Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}`` (outcome:
 ``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``denied`` | ``rate_limited`` |
@@ -80,6 +83,7 @@ from actors.delivery import DeliveryPool
 from actors.http_input import max_text_chars, text_too_long
 from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
 from actors.onebot_ws import OneBotSockets
+from actors.telegram_poll_status import polling_bots, polling_health
 from runtime import metrics
 from runtime.delivery.job import DeliveryJob
 from runtime.memory.db import Database
@@ -154,8 +158,11 @@ class Ingress:
     def __init__(self, runtime: Any, config: Any, transcripts: TranscriptStore | None = None) -> None:
         self.runtime = runtime
         self.config = config
+        # A polling bot has no webhook: with no secret set, its route would take forged updates.
         self.codecs: dict[tuple[str, str], PlatformCodec] = {
-            (str(bot.platform), str(bot.self_id)): get_codec(bot) for bot in config.bots
+            (str(bot.platform), str(bot.self_id)): get_codec(bot)
+            for bot in config.bots
+            if getattr(bot, "mode", "webhook") != "polling"
         }
         self.db: Database | None = None
         if transcripts is None:
@@ -353,11 +360,18 @@ class Ingress:
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: 200 while this process serves; with OneBot WebSocket bots also
         ``"onebot_ws": {self_id: {...}}``, their sockets as this process sees them
-        (``runtime.platforms.onebot11_ws.ConnectionHealth.view``)."""
+        (``runtime.platforms.onebot11_ws.ConnectionHealth.view``); with ``mode: polling`` bots
+        ``"telegram_polling": {self_id: poller status}`` (``state: "conflict"`` on a 409:
+        :func:`actors.telegram_poll_status.polling_health`)."""
+        body: dict[str, Any] = {"status": "ok"}
         sockets = self.onebot_sockets
         if sockets is not None and sockets.health:
-            return JSONResponse({"status": "ok", "onebot_ws": sockets.health_view()})
-        return JSONResponse({"status": "ok"})
+            body["onebot_ws"] = sockets.health_view()
+        if polling_bots(self.config):
+            body["telegram_polling"] = await polling_health(
+                self.config, getattr(self.runtime, "prefix", "sessionray")
+            )
+        return JSONResponse(body)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         """``GET /metrics``: refresh the router-level gauges, then prometheus-client's text format."""

@@ -191,6 +191,7 @@ async def serve(
 
     from actors.ingress import build_app
     from actors.runtime import SessionRuntime
+    from actors.telegram_poll import start_pollers, stop_pollers
 
     _init_ray(address, metrics_port)
     runtime = SessionRuntime()
@@ -201,6 +202,7 @@ async def serve(
 
     try:
         await runtime.start(config)
+        start_pollers(config)  # one getUpdates loop per `mode: polling` Telegram bot
         app = build_app(runtime, config)
         server = IngressServer(
             uvicorn.Config(
@@ -213,6 +215,8 @@ async def serve(
         for sock in listeners:
             sock.close()
         print("sessionray: stopping the runtime and Ray ...", flush=True)
+        with contextlib.suppress(Exception):
+            await stop_pollers(config)
         try:
             await asyncio.wait_for(runtime.stop(), timeout=30)
         except Exception as exc:  # still shut Ray down

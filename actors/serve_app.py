@@ -90,9 +90,11 @@ class SessionrayIngress:
         """Start (or attach to) the session runtime, then build the ASGI app (called once per replica)."""
         from actors.ingress import build_app
         from actors.runtime import SessionRuntime
+        from actors.telegram_poll import start_pollers
 
         self.runtime = SessionRuntime()
         await self.runtime.start(self.config)
+        start_pollers(self.config)  # the one poller per `mode: polling` bot (get_if_exists)
         log.info("sessionray ingress replica ready (%d bots)", len(self.config.bots))
         return build_app(self.runtime, self.config)
 

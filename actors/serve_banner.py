@@ -104,6 +104,8 @@ def banner(
         elif transport == "ws-forward":
             where = f"dialing {bot.ws_url}"
             lines.append(f"sessionray: onebot ws     {where}  (forward WebSocket of bot {bot.self_id})")
+        elif getattr(bot, "mode", "webhook") == "polling":
+            lines.append(f"sessionray: polling        {bot.platform}/{bot.self_id} (getUpdates; no webhook)")
         else:
             lines.append(f"sessionray: webhook        {base}/webhooks/{bot.platform}/{bot.self_id}")
     lines.append(f"sessionray: metrics        {base}/metrics  (ingress)")

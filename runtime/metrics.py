@@ -336,3 +336,17 @@ SQL_RETRIES = Counter(
     "serialization failure, deadlock or connection error before commit), by dialect.",
     ("dialect",),
 )
+# Telegram long polling (the TelegramPoller actor, one per polling bot)
+TELEGRAM_POLL_ERRORS = Counter(
+    "sessionray_telegram_poll_errors_total",
+    "Failed Telegram getUpdates/deleteWebhook calls of a polling bot, by reason (conflict: 409, "
+    "another poller or a webhook; rate_limited: 429; server_error: 5xx; network; http_error: "
+    "other 4xx or a bad answer).",
+    ("reason",),
+)
+TELEGRAM_POLL_CONFLICT = Gauge(
+    "sessionray_telegram_poll_conflict",
+    "1 while a polling Telegram bot's last getUpdates answered 409 Conflict (another getUpdates "
+    "poller or a webhook is set for its token), else 0; by the configured bot id.",
+    ("bot_id",),
+)

@@ -62,6 +62,16 @@ class BotConfig(_Closed):
     ws_url: str | None = None
     """OneBot v11 ``transport: ws-forward``: the implementation's WebSocket server, e.g.
     ``ws://127.0.0.1:3001`` (required there, unused otherwise)."""
+    mode: Literal["webhook", "polling"] = "webhook"
+    """Telegram: how updates arrive — ``webhook`` (Telegram POSTs to ``/webhooks/telegram/{id}``;
+    needs public HTTPS) or ``polling`` (one ``getUpdates`` long-poll loop per bot across the
+    cluster: :mod:`actors.telegram_poll`). Only Telegram bots may poll."""
+    poll_timeout_s: int = Field(30, ge=0, le=300, strict=True)
+    """Telegram polling: the ``timeout`` of each ``getUpdates`` long poll, in seconds (0: short
+    polling, for tests only)."""
+    allowed_updates: list[str] | None = None
+    """Telegram polling: the update types asked for (``allowed_updates``); None: the types the
+    codec handles (``runtime.platforms.telegram_inbound.HANDLED_UPDATES``)."""
 
     @field_validator("self_id", mode="before")
     @classmethod
@@ -92,6 +102,8 @@ class BotConfig(_Closed):
             raise ValueError("transport: ws-forward needs `ws_url` (ws:// or wss://)")
         if self.platform == "telegram" and not self.token_env:
             raise ValueError("a telegram bot needs `token_env` (the variable holding the bot token)")
+        if self.mode == "polling" and self.platform != "telegram":
+            raise ValueError(f"`mode: polling` is for telegram bots only (this bot is {self.platform})")
         return self
 
 

@@ -163,8 +163,12 @@ class TelegramCodec:
 
     # ------------------------------------------------------------------ outbound
 
+    def method_path(self, method: str) -> str:
+        """The Bot API path of ``method``: ``/bot<token>/<method>`` (holds the token: never log it)."""
+        return f"/bot{self._token}/{method}"
+
     def _call(self, method: str, kind: str, **fields: Any) -> ApiCall:
-        return ApiCall(base_url=self.api_base, path=f"/bot{self._token}/{method}", kind=kind, **fields)
+        return ApiCall(base_url=self.api_base, path=self.method_path(method), kind=kind, **fields)
 
     def render(
         self, reply: Reply, target: RenderTarget, attachments: Mapping[int, Any] | None = None

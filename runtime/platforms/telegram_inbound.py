@@ -26,9 +26,12 @@ from typing import Any
 from runtime.platforms.base import InboundMessage, MalformedEvent, Sender
 from runtime.platforms.common import epoch_ms, int_id, is_triggered, load_event, with_master_role
 
-__all__ = ["PLATFORM", "message_segments", "parse_update", "utf16_slice"]
+__all__ = ["HANDLED_UPDATES", "PLATFORM", "message_segments", "parse_update", "utf16_slice"]
 
 PLATFORM = "telegram"
+HANDLED_UPDATES: tuple[str, ...] = ("message",)
+"""The ``Update`` fields :func:`parse_update` turns into messages (every other update is ignored):
+what a polling bot asks ``getUpdates`` for by default (``allowed_updates``)."""
 _INBOUND_MEDIA = (("photo", "image"), ("video", "video"), ("animation", "video"), ("audio", "audio"),
                   ("voice", "audio"), ("video_note", "video"), ("document", "file"),
                   ("sticker", "image"))  # fmt: skip
