@@ -55,7 +55,6 @@ from actors.host_support import (
     spawn_ray_task,
     warm_up,
 )
-from actors.ray_compat import install_group_loop_fix
 from runtime import metrics
 from runtime.config import Config
 from runtime.delivery.job import DeliveryJob
@@ -72,7 +71,6 @@ __all__ = ["HostFullError", "SessionHost", "SessionNotBoundError"]
 T = TypeVar("T")
 log = logging.getLogger("sessionray.host")
 
-install_group_loop_fix()  # before Ray builds this actor's concurrency-group loops (actors/ray_compat.py)
 
 TURN_GROUP_SIZE = 1_000_000
 """Concurrent ``submit`` calls one host accepts: one per accepted message until its turn ended

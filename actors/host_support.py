@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from actors.ray_compat import install_group_loop_fix
 from runtime.memory.connection_budget import HOST_SQL_THREADS
 
 __all__ = [
@@ -32,6 +33,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("sessionray.host")
+
+# Ray unpickles a SessionHost in its worker by value, importing only the modules its code refers
+# to (this one, not actors.host), and only then builds the concurrency-group loops: the guard
+# against their start-up race must be installed here (actors/ray_compat.py).
+install_group_loop_fix()
 
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 """SQLite only: how long a host's write waits for the file lock, in ms. Under load several

@@ -63,7 +63,7 @@ def guarded_loop_factory(make_loop: Callable[[], Any]) -> Callable[[], Any]:
 def install_group_loop_fix() -> bool:
     """Install :func:`guarded_loop_factory` around ``ray._raylet.get_new_event_loop`` in this
     process (idempotent). Must run before Ray initialises an actor's event loops: importing
-    :mod:`actors.session_actor` does it, and Ray imports the actor's module when it loads the
+    :mod:`actors.host_support` does it, and Ray imports that module when it loads the
     class in the worker, before the loops are built.
 
     Returns:
