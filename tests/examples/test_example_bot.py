@@ -436,6 +436,17 @@ async def test_new_archives_the_group_conversation_masters_only(bot: Bot) -> Non
     assert fresh[0].data["preview"] == "New conversation started (epoch 2). Earlier messages are archived."
 
 
+async def _turns_ended(bot: Bot, session_key: str, timeout_s: float = 60.0) -> None:
+    """Poll (20 ms) until the live session runs no turn; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = await bot.rt.session(session_key)
+        if info is not None and info.actor is not None and info.actor["active_turns"] == 0:
+            return
+        assert time.monotonic() < deadline, f"a turn of {session_key} still runs"
+        await asyncio.sleep(0.02)
+
+
 async def test_a_non_master_cannot_steer(bot: Bot) -> None:
     async with browser(bot, "bob") as bob, browser(bot, "admin") as admin:
         # from the chat
@@ -454,7 +465,9 @@ async def test_a_non_master_cannot_steer(bot: Bot) -> None:
             json={"user": "bob", "session_key": "console:console:private:admin", "text": "answer in French"},
         )
         assert resp.status_code == 403
-        # the master may: no turn is running, so the text runs as a turn of its own
+        # the master may: once the "hi" turn has ended (its reply is shown a moment before the turn
+        # records it and ends), no turn is running, so the text runs as a turn of its own
+        await _turns_ended(bot, "console:console:private:admin")
         resp = await admin.client.post(
             "/console/api/steer",
             json={
