@@ -52,6 +52,18 @@ HEALTH_S = 1.0
 TURN_PROBE_S = 5.0
 
 
+def _node_for(index: int) -> Any:
+    """Where host ``index`` goes: the alive nodes in turn (soft affinity, so a full or lost node
+    falls back to any), so the hosts — and the sessions placed on them — spread over a cluster.
+    One node: Ray's default placement."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    if len(nodes) < 2:
+        return "DEFAULT"
+    return NodeAffinitySchedulingStrategy(node_id=nodes[index % len(nodes)], soft=True)
+
+
 def actor_key(handle: Any) -> str:
     """A stable id of an actor handle (its Ray actor id, hex)."""
     return str(handle._actor_id.hex())
@@ -144,7 +156,7 @@ class HostSupervisor:
 
     def _spawn_host(self) -> asyncio.Task[_Host | None]:
         index = self._free_index()
-        handle = SessionHost.options(scheduling_strategy="SPREAD").remote(  # type: ignore[attr-defined]
+        handle = SessionHost.options(scheduling_strategy=_node_for(index)).remote(  # type: ignore[attr-defined]
             *self._args, self.cap, index
         )
         key = actor_key(handle)

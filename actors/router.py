@@ -244,7 +244,8 @@ class RouterActor(RouterAdminMixin):
         self._get_supervisor().report_dead.remote(host_id)
 
     async def _host_list(self, fresh: bool = False) -> list[dict[str, Any]]:
-        if fresh or not self._hosts or time.monotonic() - self._hosts_at > HOSTS_TTL_S:
+        few = len(self._hosts) < self.config.runtime.min_hosts  # hosts still starting: ask again
+        if fresh or few or time.monotonic() - self._hosts_at > HOSTS_TTL_S:
             self._hosts = list(await self._get_supervisor().hosts.remote())
             self._hosts_at = time.monotonic()
             self._placed = {}

@@ -201,7 +201,9 @@ async def serve(
         print(f"sessionray: ready — open http://{shown_host(host)}:{port}{where} (Ctrl-C stops)", flush=True)
 
     try:
-        await runtime.start(config)
+        # the port opens once runtime.min_hosts session hosts answer: no early message waits for a
+        # process start, and sessions spread over every host (and node) from the first one
+        await runtime.start(config, wait_warm=True)
         start_pollers(config)  # one getUpdates loop per `mode: polling` Telegram bot
         app = build_app(runtime, config)
         server = IngressServer(

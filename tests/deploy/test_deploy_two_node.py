@@ -35,7 +35,7 @@ from tests.platform_api_server import PlatformApiServer
 
 BOT = "1000000001"
 MASTER = "200000002"
-# The supervisor starts runtime.min_hosts: 2 session hosts with Ray's SPREAD strategy (one per
+# The supervisor starts runtime.min_hosts: 2 session hosts placed on the alive nodes in turn (one per
 # node), and placement puts each new session on the least loaded host, so the 10 sessions split
 # over both hosts, hence both nodes.
 USERS = [MASTER, *(str(200000003 + i) for i in range(9))]
