@@ -58,4 +58,4 @@ async def current_pid() -> int:
 
 async def shielded(task: asyncio.Task[TurnResult]) -> TurnResult:
     """The turn's result; a caller that goes away never cancels the turn."""
-    return await asyncio.shield(task)  # a caller that goes away never cancels the turn
+    return await asyncio.shield(task)

@@ -29,9 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-
 from actors.admission import KeyOrder
+from actors.router_admin import DEAD
 
 __all__ = ["CACHE_SIZE", "MAX_HOPS", "SubmitPath"]
 
@@ -41,7 +40,6 @@ CACHE_SIZE = 100_000
 """Session keys whose host one ingress process remembers (LRU)."""
 MAX_HOPS = 6
 """Host answers of ``moved`` / dead in a row before a message is answered ``busy``."""
-DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
 @dataclass(frozen=True)
