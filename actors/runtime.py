@@ -229,6 +229,11 @@ class SessionRuntime:
                 self.delivery.stop()
         self.routers, self.hosts = [], None
 
+    def in_flight(self) -> int:
+        """Turns this process submitted whose result has not come back yet (``sessionray serve``
+        waits for them on SIGTERM: docs/decisions.md#ops-graceful-shutdown)."""
+        return int(self._path.status()["pending"])
+
     def _router(self, session_key: str) -> Any:
         if not self.routers:
             raise RuntimeError("SessionRuntime is not started")

@@ -165,6 +165,11 @@ class RuntimeConfig(_Closed):
     hung_ping_timeout_s: float = Field(30.0, gt=0)
     """Seconds the host supervisor waits for a host's ``ping_turn`` (its sessions' event loop); a
     host that does not answer is killed and its sessions re-activated elsewhere (crash path)."""
+    shutdown_grace_s: float = Field(10.0, ge=0)
+    """On SIGTERM/SIGINT, ``sessionray serve`` stops accepting events, then waits at most this many
+    seconds for the turns in flight to end and the delivery actors to send what they hold before it
+    stops the runtime (docs/decisions.md#ops-graceful-shutdown); what is left is replayed by the
+    next start."""
 
     def host_capacity(self) -> tuple[int, int]:
         """``(sessions per host, most hosts)``: the host supervisor's limits for this section
