@@ -50,7 +50,6 @@ from actors.preflight import (
     run_checks,
 )
 from actors.serve_banner import admin_token_for_run, banner, quiet_ray_auth, shown_host
-from actors.serve_gate import RuntimeGate, StartupGate
 from actors.serve_shutdown import REQUESTS_WAIT_S, ShutdownSignals, drain, say
 
 __all__ = ["DEFAULT_METRICS_EXPORT_PORT", "IngressServer", "main", "serve", "with_ingress_address"]
@@ -186,9 +185,11 @@ async def serve(
         print(line, flush=True)
     say("starting Ray and the session runtime ...")
 
+    # Ray is imported here, in this thread, before ray.init runs in its own thread
     from actors.ingress import build_app
     from actors.local_ray import RayThread
     from actors.runtime import SessionRuntime
+    from actors.serve_gate import RuntimeGate, StartupGate
     from actors.telegram_poll import start_pollers, stop_pollers
 
     signals = ShutdownSignals(asyncio.get_running_loop())
@@ -213,6 +214,7 @@ async def serve(
 
     async def start_runtime() -> None:
         await ray_thread.wait()
+        signals.install()
         gate.phase = "starting the session runtime"
         # the runtime is up once runtime.min_hosts session hosts answer: no early message waits
         # for a process start, and sessions spread over every host (and node) from the first one
@@ -238,7 +240,8 @@ async def serve(
         if serving.done():
             serving.result()  # the listener failed (PortInUseError)
     finally:
-        signals.request("stop")  # no-op after a signal
+        failed = sys.exc_info()[1]  # no-op after a signal:
+        signals.request(f"start-up failed: {type(failed).__name__}" if failed else "the HTTP server ended")
         await _stop(
             signals,
             server,
@@ -265,7 +268,7 @@ async def _stop(
     starting: asyncio.Future[Any],
     stop_requested: asyncio.Future[Any],
     runtime: Any,
-    gate: RuntimeGate,
+    gate: Any,
     app: Any,
     since_ms: int,
     config: Any,

@@ -57,8 +57,13 @@ class ShutdownSignals:
         self.at: float | None = None
         """``time.monotonic()`` of the first signal."""
         self._callbacks: list[Callable[[], None]] = []
+        self.install()
+
+    def install(self) -> None:
+        """(Re)install the handlers. Call it again after ``ray.init``: Ray's core worker puts a
+        handler of its own in front that logs every SIGTERM as a crash report, then calls ours."""
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
+            self.loop.add_signal_handler(sig, self._on_signal, sig)
 
     def on_request(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the first signal arrives (now, if it already did)."""

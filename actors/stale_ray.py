@@ -14,15 +14,17 @@ A clean stop removes it (:func:`forget_local_ray`).
 
 At start-up, :func:`clear_stale_ray` reads every record of this user whose driver is dead and
 stops exactly that instance's leftovers: this user's processes that are a recorded pid with the
-same start time, or a Ray process whose command line or open files are under that instance's
-session directory, and their children. Nothing else is signalled — no other user's process, no
-other Ray instance, never ``ray stop``. It waits until the recorded ports have no listener, then
-removes the record.
+same start time, or a Ray process (a ``ray::…`` worker or agent, a binary or script of the Ray
+package) whose command line or open files are under that instance's session directory, and their
+children (a ``tail -f`` of its logs is not a Ray process and is left alone). Nothing else is
+signalled — no other user's process, no other Ray instance, never ``ray stop``. It waits until
+the recorded ports have no listener among the stopped processes, then removes the record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -177,11 +179,29 @@ def _protected() -> set[int]:
     return {me.pid, *(p.pid for p in me.parents())}
 
 
-def _under(proc: psutil.Process, dirs: list[str]) -> bool:
-    prefixes = [d.rstrip("/") + "/" for d in dirs]
-    if any(any(p in arg for p in prefixes) for arg in proc.cmdline()):
+def _ray_package() -> str | None:
+    """Where the ``ray`` package is installed (found without importing it)."""
+    spec = importlib.util.find_spec("ray")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.realpath(locations[0]) + os.sep if locations else None
+
+
+def _is_ray(cmdline: list[str], package: str | None) -> bool:
+    """A Ray process: a worker or agent (``ray::…`` process title), or a binary or script of the
+    Ray package (``gcs_server``, ``raylet``, ``dashboard.py``, ``log_monitor.py`` …)."""
+    if not cmdline:
+        return False
+    if cmdline[0].startswith("ray::"):
         return True
-    return any(f.path.startswith(tuple(prefixes)) for f in proc.open_files())
+    return package is not None and any(os.path.realpath(a).startswith(package) for a in cmdline[:3] if a)
+
+
+def _under(proc: psutil.Process, cmdline: list[str], dirs: list[str]) -> bool:
+    """``proc`` names one of ``dirs`` in its command line or has a file open under one."""
+    prefixes = tuple(d.rstrip("/") + "/" for d in dirs)
+    if any(p in arg for arg in cmdline for p in prefixes):
+        return True
+    return any(f.path.startswith(prefixes) for f in proc.open_files())
 
 
 def leftovers(run: LocalRayRun) -> list[psutil.Process]:
@@ -189,6 +209,7 @@ def leftovers(run: LocalRayRun) -> list[psutil.Process]:
     recorded = {(pid, started) for pid, started, _ in run.processes}
     dirs = run.session_dirs()
     keep_out = _protected()
+    package = _ray_package()
     found: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter():
         if proc.pid in keep_out:
@@ -199,7 +220,8 @@ def leftovers(run: LocalRayRun) -> list[psutil.Process]:
             if (proc.pid, _started(proc)) in recorded:
                 found[proc.pid] = proc
                 continue
-            if dirs and "ray" in " ".join(proc.cmdline()) and _under(proc, dirs):
+            cmdline = proc.cmdline()
+            if dirs and _is_ray(cmdline, package) and _under(proc, cmdline, dirs):
                 found[proc.pid] = proc
         except psutil.Error:
             continue
