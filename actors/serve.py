@@ -3,13 +3,18 @@
 docs/decisions.md#ops-ingress-placement).
 
 Start-up order: read the configuration (``--config FILE``, else ``sessionray.yaml``, else the
-embedded defaults: console bot, built-in model, SQLite under ./data); run the pre-flight
-(:mod:`actors.preflight`: variables, directories, database, ports — every problem in one message,
-a distinct exit code per class, before Ray starts) and bind the HTTP port; print where
-everything is (console URL, one webhook URL per configured bot, the metrics URLs, the admin
-CLI); start or join Ray (``--address``); start the session runtime (routers, session hosts, delivery
-pool); serve HTTP — ``ready`` is printed once the port is listening — until SIGINT/SIGTERM.
-Ctrl-C stops uvicorn, then the runtime, then Ray (``ray.shutdown``).
+embedded defaults: console bot, built-in model, SQLite under ./data); stop what a crashed
+``sessionray serve`` of this user left of its local Ray (:mod:`actors.stale_ray`,
+docs/decisions.md#ops-stale-ray); run the pre-flight (:mod:`actors.preflight`: variables,
+directories, database, ports — every problem in one message, a distinct exit code per class,
+before Ray starts) and bind the HTTP port; print where everything is (console URL, one webhook URL
+per configured bot, the metrics URLs, the admin CLI); open the port at once — events are stored
+and answered ``queued`` while Ray (``--address``: joined) and the session runtime (routers, session
+hosts, delivery pool) start (:mod:`actors.serve_gate`, docs/decisions.md#ops-early-accept) —;
+``ready`` is printed once the runtime is up. SIGTERM or Ctrl-C stops in phases
+(:mod:`actors.serve_shutdown`, docs/decisions.md#ops-graceful-shutdown): close the listener, let
+turns in flight end and the delivery actors send for at most ``runtime.shutdown_grace_s``, stop
+the runtime, then Ray.
 
 Exit codes: 0 stopped normally; 2 configuration/usage (also: SQLite on a multi-node cluster);
 3 environment; 4 database; 5 port in use (:mod:`actors.preflight` has the table).
