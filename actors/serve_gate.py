@@ -15,6 +15,7 @@ configuration, the database and the listener are ready, before Ray and the sessi
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -60,10 +61,15 @@ class RuntimeGate:
         self._prefix = prefix
         self._target: Any = None
         self._delivery: Any = None
+        self._inbox_db: Any = None
         self.phase = "starting Ray"
 
     def attach(self, runtime: Any) -> None:
         """From now on every call goes to ``runtime`` (a started ``SessionRuntime``)."""
+        if self._delivery is not None and getattr(runtime, "delivery", None) is None:
+            runtime.delivery = self._delivery
+        if self._inbox_db is not None and hasattr(runtime, "attach_inbox"):
+            runtime.attach_inbox(self._inbox_db)
         self._target = runtime
         self.phase = "ready"
 
@@ -109,19 +115,38 @@ class RuntimeGate:
         """``SessionRuntime.status``. Raises :class:`RuntimeNotReady` before :meth:`attach`."""
         return await self.runtime.status()
 
+    def attach_inbox(self, db: Any) -> None:
+        """``SessionRuntime.attach_inbox`` (when the runtime has it): passed on now, or at
+        :meth:`attach` — the ingress hands its database over before the runtime is up."""
+        self._inbox_db = db
+        if self._target is not None and hasattr(self._target, "attach_inbox"):
+            self._target.attach_inbox(db)
+
     def __getattr__(self, name: str) -> Any:
-        """Any other runtime method: the attached runtime's; before :meth:`attach` a coroutine
-        function that raises :class:`RuntimeNotReady`."""
+        """Any other ``SessionRuntime`` attribute: the attached runtime's. Before :meth:`attach`,
+        a method of ``SessionRuntime`` raises :class:`RuntimeNotReady` when called (a coroutine
+        method when awaited); anything else is an ``AttributeError``."""
         if name.startswith("_"):
             raise AttributeError(name)
         target = self.__dict__.get("_target")
         if target is not None:
             return getattr(target, name)
+        from actors.runtime import SessionRuntime
 
-        async def not_ready(*args: Any, **kwargs: Any) -> Any:
+        method = getattr(SessionRuntime, name, None)
+        if not callable(method):
+            raise AttributeError(name)
+        if inspect.iscoroutinefunction(method):
+
+            async def not_ready(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeNotReady()
+
+            return not_ready
+
+        def not_ready_now(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeNotReady()
 
-        return not_ready
+        return not_ready_now
 
 
 class StartupGate:
