@@ -261,7 +261,7 @@ async def serve(
             pollers,
             stop_pollers,
         )
-        ray_thread.stop()
+        await asyncio.to_thread(ray_thread.stop)  # the loop still answers a third signal
         signals.close()
         say("stopped")
 

@@ -13,13 +13,15 @@ Phases, each printed as one ``sessionray: stopping: …`` line with its counts:
 
 What is left — a stored message whose turn did not end, a reply still queued in the ledger — is
 replayed by the next start (the inbox's start-up recovery, the delivery actors' sweep). A second
-signal skips what is left of the waits. Nothing here starts or stops Ray itself.
+signal skips what is left of the waits, a third exits at once. Nothing here starts or stops Ray
+itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -27,12 +29,15 @@ from typing import Any
 
 from sqlalchemy import bindparam, text
 
-__all__ = ["POLL_S", "REQUESTS_WAIT_S", "ShutdownSignals", "drain", "open_replies", "say"]
+__all__ = ["EXIT_INTERRUPTED", "POLL_S", "REQUESTS_WAIT_S", "ShutdownSignals", "drain", "open_replies", "say"]
 
 POLL_S = 0.1
 """How often the waits look again (seconds)."""
 REQUESTS_WAIT_S = 5
 """Longest wait for the HTTP requests in progress when the listener closes (seconds)."""
+
+EXIT_INTERRUPTED = 130
+"""Exit code after a third signal (the shell's code for an interrupted process)."""
 
 _FINAL = ("sent", "failed", "uncertain")
 
@@ -46,7 +51,8 @@ class ShutdownSignals:
     """SIGTERM and SIGINT handlers on the running loop for the whole life of ``serve``.
 
     The first signal sets :attr:`requested` and calls the ``on_request`` callbacks; a second one
-    sets :attr:`forced` (skip the waits). Handlers are removed by :meth:`close`.
+    sets :attr:`forced` (skip the waits); a third ends the process at once with
+    :data:`EXIT_INTERRUPTED`, as a crash would. Handlers are removed by :meth:`close`.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -81,11 +87,15 @@ class ShutdownSignals:
             callback()
 
     def _on_signal(self, sig: int) -> None:
-        if self.requested.is_set():
+        name = signal.Signals(sig).name
+        if not self.requested.is_set():
+            self.request(name)
+        elif not self.forced.is_set():
             self.forced.set()
-            say(f"{signal.Signals(sig).name} again: not waiting any longer")
-            return
-        self.request(signal.Signals(sig).name)
+            say(f"{name} again: not waiting any longer (once more: exit at once)")
+        else:  # the next start stops what is left of this process's Ray (actors.stale_ray)
+            say(f"{name} a third time: exiting now")
+            os._exit(EXIT_INTERRUPTED)
 
     def close(self) -> None:
         """Remove the handlers (signals act by default again)."""
