@@ -6,7 +6,8 @@ kernel kills them when their parent *thread* ends (``PR_SET_PDEATHSIG``). A pool
 ends after ``ray.init`` would take the local Ray down with it; this thread waits until
 :meth:`RayThread.stop` and only then ends.
 
-A local instance is recorded before and after ``ray.init`` (:mod:`actors.stale_ray`,
+A local node that misses Ray's fixed 30 s start-up deadline (a busy machine) is stopped and
+started once more. A local instance is recorded before and after ``ray.init`` (:mod:`actors.stale_ray`,
 docs/decisions.md#ops-stale-ray) so that the next start can stop what a crashed driver left, and
 the record is removed by :meth:`RayThread.stop`.
 """
@@ -22,12 +23,14 @@ import threading
 from typing import Any
 
 from actors.preflight import REPO_ROOT, ensure_repo_root_on_path
-from actors.stale_ray import forget_local_ray, record_local_ray
+from actors.stale_ray import forget_local_ray, record_local_ray, stop_own_ray
 
-__all__ = ["RayThread", "init_ray"]
+__all__ = ["RAY_START_TIMEOUT", "RayThread", "init_ray"]
 
 log = logging.getLogger("sessionray.serve")
 
+RAY_START_TIMEOUT = "The current node timed out during startup"
+"""Ray's error when a new local node did not register within its fixed 30 s."""
 _THREAD_WARNING = "SIGTERM handler is not set because current thread is not the main thread"
 
 
@@ -109,7 +112,7 @@ class RayThread:
         try:
             if not self.address:
                 self._record(None)
-            init_ray(self.address, self.metrics_port)
+            self._init()
             if not self.address:
                 self._record(_session_dir())
         except BaseException as exc:
@@ -119,6 +122,26 @@ class RayThread:
         finally:
             worker_log.removeFilter(quiet)
         self._release.wait()
+
+    def _init(self) -> None:
+        """``ray.init``; a local node that missed Ray's fixed 30 s start-up deadline (a busy
+        machine) is stopped and started once more."""
+        try:
+            init_ray(self.address, self.metrics_port)
+        except Exception as exc:
+            if self.address or RAY_START_TIMEOUT not in str(exc):
+                raise
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            stopped = stop_own_ray()
+            print(
+                "sessionray: Ray's local node missed Ray's 30 s start-up deadline (a busy machine?); "
+                f"stopped its {len(stopped)} process(es), starting it once more",
+                flush=True,
+            )
+            init_ray(self.address, self.metrics_port)
 
     def _record(self, session_dir: str | None) -> None:
         try:

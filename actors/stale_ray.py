@@ -42,9 +42,11 @@ __all__ = [
     "LocalRayRun",
     "clear_stale_ray",
     "forget_local_ray",
+    "leftovers",
     "ray_temp_root",
     "record_local_ray",
     "run_file",
+    "stop_own_ray",
 ]
 
 log = logging.getLogger("sessionray.stale_ray")
@@ -275,7 +277,7 @@ def _stop(procs: list[psutil.Process], term_wait_s: float, kill_wait_s: float) -
 def clear_stale_ray(
     root: Path | None = None,
     *,
-    term_wait_s: float = 2.0,
+    term_wait_s: float = 0.5,
     kill_wait_s: float = 5.0,
     port_wait_s: float = 5.0,
 ) -> list[Cleared]:
@@ -322,3 +324,13 @@ def clear_stale_ray(
             )
         )
     return out
+
+
+def stop_own_ray(root: Path | None = None) -> list[str]:
+    """Stop the Ray processes of this driver's own session directories (under ``root``, default
+    :func:`ray_temp_root`): what a ``ray.init`` that failed half-way started (Ray's start-up
+    deadline passed on a busy machine), before it is tried again. Returns ``pid (name)`` of each
+    process stopped."""
+    procs = leftovers(LocalRayRun.capture(root or ray_temp_root()))
+    _stop(procs, 0.5, 5.0)
+    return [_name(p) for p in procs]

@@ -86,7 +86,7 @@ def stored(db: Path, message_id: int) -> bool:
     with sqlite3.connect(db) as conn:
         try:
             rows = conn.execute(
-                "SELECT COUNT(*) FROM im_transcripts WHERE message_id = ? AND direction = 'in'",
+                "SELECT COUNT(*) FROM im_transcripts WHERE message_id = ? AND direction = 'inbound'",
                 (str(message_id),),
             ).fetchone()
         except sqlite3.OperationalError:  # the table is not there yet

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from actors.port_holders import describe_process, port_holders_text
-from actors.stale_ray import LocalRayRun, clear_stale_ray, record_local_ray, run_file
+from actors.stale_ray import LocalRayRun, clear_stale_ray, record_local_ray, run_file, stop_own_ray
 
 HOLD = "import sys, time\nf = open(sys.argv[1], 'a')\ntime.sleep(120)\n"
 """A process that keeps ``argv[1]`` open (as a Ray daemon keeps its log files open)."""
@@ -222,3 +222,20 @@ def test_port_holder_is_named_with_pid_and_command() -> None:
     )
     assert describe_process(me.pid) == text
     assert port_holders_text(port) is None  # closed: nobody listens
+
+
+def test_a_failed_start_of_this_driver_is_stopped_before_the_retry(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    root = tmp_path / "ray"
+    mine = root / f"session_2026-01-01_00-00-00_000006_{os.getpid()}"  # Ray names it after the driver
+    raylet = holding(procs, mine / "logs" / "raylet.out", title="ray::raylet")
+    other = holding(
+        procs, root / "session_2026-01-01_00-00-00_000007_1" / "logs" / "raylet.out", title="ray::x"
+    )
+
+    stopped = stop_own_ray(root)
+
+    assert [int(n.split()[0]) for n in stopped] == [raylet.pid]
+    wait_until("the half-started raylet gone", lambda: not alive(raylet))
+    assert alive(other)
