@@ -196,7 +196,10 @@ async def serve(
     from actors.runtime import SessionRuntime
     from actors.serve_gate import RuntimeGate, StartupGate
     from actors.telegram_poll import start_pollers, stop_pollers
+    from runtime.platforms.console import console_api_token
 
+    # one console API token for the ingress and every Ray worker, made before either starts
+    console_api_token(create=True)
     signals = ShutdownSignals(asyncio.get_running_loop())
     ray_thread = RayThread(address, metrics_port)
     ray_thread.start()  # ray.init runs in its own thread while the port opens
