@@ -357,5 +357,5 @@ async def _probe_on_start(config: Any, db: Any) -> None:
     from providers import register_builtin_providers
     from runtime.session.capabilities import capability_cache, probe_configured
 
-    register_builtin_providers()
+    register_builtin_providers(config.ai.providers)  # api_key_env and scripted faux providers
     await probe_configured(config, capability_cache(config, db))
