@@ -34,7 +34,8 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -200,10 +201,6 @@ async def serve(
 
     # one console API token for the ingress and every Ray worker, made before either starts
     console_api_token(create=True)
-    signals = ShutdownSignals(asyncio.get_running_loop())
-    ray_thread = RayThread(address, metrics_port)
-    ray_thread.start()  # ray.init runs in its own thread while the port opens
-    since_ms = int(time.time() * 1000)
     gate = RuntimeGate(config)
     runtime = SessionRuntime()
     shown = f"http://{shown_host(host)}:{port}"
@@ -217,8 +214,10 @@ async def serve(
 
     app = build_app(gate, config)  # opens the database
     server = _ingress_server(StartupGate(app, gate), host, port, accepting)
+    signals = ShutdownSignals(asyncio.get_running_loop())
     signals.on_request(lambda: setattr(server, "should_exit", True))
-    serving = asyncio.ensure_future(server.serve(sockets=listeners))
+    ray_thread = RayThread(address, metrics_port)
+    ray_thread.start()  # ray.init runs in its own thread while the port opens
 
     async def start_runtime() -> None:
         await ray_thread.wait()
@@ -228,88 +227,84 @@ async def serve(
         # for a process start, and sessions spread over every host (and node) from the first one
         await runtime.start(config, wait_warm=True)
 
-    starting = asyncio.ensure_future(start_runtime())
+    run = _Run(config, signals, server, asyncio.ensure_future(server.serve(sockets=listeners)), gate, runtime,
+               app.state.ingress.db, asyncio.ensure_future(start_runtime()), stop_pollers)  # fmt: skip
     stop_requested = asyncio.ensure_future(signals.requested.wait())
-    pollers = False
     try:
-        await _first(starting, stop_requested, serving)
-        if starting.done():
-            starting.result()  # a failed start raises here
+        await _first(run.starting, stop_requested, run.serving)
+        if run.starting.done():
+            run.starting.result()  # a failed start raises here
             gate.attach(runtime)
             start_pollers(config)  # one getUpdates loop per `mode: polling` Telegram bot
-            pollers = True
+            run.pollers = True
             ray_thread.refresh_record()
             listened = asyncio.ensure_future(listening.wait())
-            await _first(listened, serving)
+            await _first(listened, run.serving)
             listened.cancel()
             if listening.is_set():
                 say(f"ready — open {shown}{where} (Ctrl-C stops)")
-            await _first(stop_requested, serving)
-        if serving.done():
-            serving.result()  # the listener failed (PortInUseError)
+            await _first(stop_requested, run.serving)
+        if run.serving.done():
+            run.serving.result()  # the listener failed (PortInUseError)
     finally:
+        stop_requested.cancel()
         failed = sys.exc_info()[1]  # no-op after a signal:
         signals.request(f"start-up failed: {type(failed).__name__}" if failed else "the HTTP server ended")
-        await _stop(
-            signals,
-            server,
-            serving,
-            starting,
-            stop_requested,
-            runtime,
-            gate,
-            app,
-            since_ms,
-            config,
-            pollers,
-            stop_pollers,
-        )
+        await run.stop()
         await asyncio.to_thread(ray_thread.stop)  # the loop still answers a third signal
         signals.close()
         say("stopped")
 
 
-async def _stop(
-    signals: ShutdownSignals,
-    server: IngressServer,
-    serving: asyncio.Future[Any],
-    starting: asyncio.Future[Any],
-    stop_requested: asyncio.Future[Any],
-    runtime: Any,
-    gate: Any,
-    app: Any,
-    since_ms: int,
-    config: Any,
-    pollers: bool,
-    stop_pollers: Callable[[Any], Any],
-) -> None:
-    """The phases of :mod:`actors.serve_shutdown` (Ray itself is stopped by the caller)."""
-    grace = float(config.runtime.shutdown_grace_s)
-    deadline = (signals.at or time.monotonic()) + grace
-    gate.phase = "stopping"
-    stop_requested.cancel()
-    say(f"stopping ({signals.name}): closing the listener; up to {grace:g} s for turns and deliveries")
-    server.should_exit = True
-    open_requests = len(server.server_state.connections)
-    with contextlib.suppress(BaseException):
-        await asyncio.wait_for(asyncio.shield(serving), REQUESTS_WAIT_S + 5)
-    if pollers:
-        with contextlib.suppress(Exception):
-            await stop_pollers(config)
-    say(f"stopping: listener closed, {open_requests} open connection(s) answered or closed")
-    if not starting.done():
-        starting.cancel()
+@dataclass
+class _Run:
+    """What the start and the stop of one ``serve`` share."""
+
+    config: Any
+    signals: ShutdownSignals
+    server: IngressServer
+    serving: asyncio.Future[Any]
+    """``server.serve()``."""
+    gate: Any
+    """The :class:`~actors.serve_gate.RuntimeGate` the ingress was built over."""
+    runtime: Any
+    db: Any
+    """The ingress's database (the delivery ledger is read there while stopping)."""
+    starting: asyncio.Future[Any]
+    """Ray's and the runtime's start."""
+    stop_pollers: Callable[[Any], Awaitable[Any]]
+    pollers: bool = False
+    since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    async def stop(self) -> None:
+        """The phases of :mod:`actors.serve_shutdown` (Ray itself is stopped by the caller)."""
+        grace = float(self.config.runtime.shutdown_grace_s)
+        deadline = (self.signals.at or time.monotonic()) + grace
+        self.gate.phase = "stopping"
+        what = "turns and deliveries"
+        say(f"stopping ({self.signals.name}): closing the listener; up to {grace:g} s for {what}")
+        self.server.should_exit = True
+        open_requests = len(self.server.server_state.connections)
         with contextlib.suppress(BaseException):
-            await starting
-    db = app.state.ingress.db
-    if gate.ready and db is not None:
-        await drain(runtime, db, deadline=deadline, since_ms=since_ms, forced=signals.forced)
-    begun = time.monotonic()
-    try:
-        await asyncio.wait_for(runtime.stop(), timeout=30)
-    except Exception as exc:  # still shut Ray down
-        log.warning("runtime stop failed: %r", exc)
-    say(f"stopping: runtime stopped ({time.monotonic() - begun:.1f} s); stopping Ray")
+            await asyncio.wait_for(asyncio.shield(self.serving), REQUESTS_WAIT_S + 5)
+        if self.pollers:
+            with contextlib.suppress(Exception):
+                await self.stop_pollers(self.config)
+        say(f"stopping: listener closed, {open_requests} open connection(s) answered or closed")
+        if not self.starting.done():
+            self.starting.cancel()
+            with contextlib.suppress(BaseException):
+                await self.starting
+        if self.gate.ready and self.db is not None:
+            await drain(
+                self.runtime, self.db, deadline=deadline, since_ms=self.since_ms, forced=self.signals.forced
+            )
+        begun = time.monotonic()
+        try:
+            await asyncio.wait_for(self.runtime.stop(), timeout=30)
+        except Exception as exc:  # still shut Ray down
+            log.warning("runtime stop failed: %r", exc)
+        say(f"stopping: runtime stopped ({time.monotonic() - begun:.1f} s); stopping Ray")
 
 
 def _clear_stale_ray() -> None:
