@@ -15,6 +15,7 @@ the record is removed by :meth:`RayThread.stop`.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import logging
@@ -156,8 +157,9 @@ class RayThread:
             self._record(_session_dir())
 
     async def wait(self) -> None:
-        """Until ``ray.init`` returned. Raises what it raised."""
-        await asyncio.wrap_future(self._done)
+        """Until ``ray.init`` returned. Raises what it raised. Cancelling the wait leaves
+        ``ray.init`` running (it cannot be stopped half-way; :meth:`stop` waits for it)."""
+        await asyncio.shield(asyncio.wrap_future(self._done))
 
     @property
     def connected(self) -> bool:
@@ -166,16 +168,26 @@ class RayThread:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """``ray.shutdown`` (stops a local instance), forget its record, end the thread. Waits at
-        most ``timeout_s`` for a ``ray.init`` still running to return first."""
+        most ``timeout_s`` for a ``ray.init`` still running to return first; if it does not, the
+        record is kept and the next start stops what is left (docs/decisions.md#ops-stale-ray)."""
         with contextlib.suppress(concurrent.futures.TimeoutError, Exception):
             self._done.result(timeout=timeout_s)
-        if self._done.done():  # a failed ray.init may have started part of the instance
+        if not self._done.done():
+            log.warning(
+                "ray.init still running after %.0f s: leaving its processes to the next start", timeout_s
+            )
+            import ray
+
+            # Ray's exit hook would wait for that ray.init; this thread ends with the process,
+            # and the kernel stops the daemons it started (what else is left: the next start)
+            atexit.unregister(ray.shutdown)
+        else:  # a failed ray.init may have started part of the instance too
             import ray
 
             with contextlib.suppress(Exception):
                 ray.shutdown()
-        if self.recorded:
-            forget_local_ray()
+            if self.recorded:
+                forget_local_ray()
         self._release.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -39,7 +39,7 @@ def describe_process(pid: int) -> str:
     except psutil.Error:
         return f"pid {pid}"
     try:
-        cmd = " ".join(proc.cmdline()) or proc.name()
+        cmd = " ".join(" ".join(proc.cmdline()).split()) or proc.name()  # Ray pads its titles
     except psutil.NoSuchProcess:
         return f"pid {pid}: gone"
     except psutil.Error:

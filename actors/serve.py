@@ -251,7 +251,8 @@ async def serve(
         failed = sys.exc_info()[1]  # no-op after a signal:
         signals.request(f"start-up failed: {type(failed).__name__}" if failed else "the HTTP server ended")
         await run.stop()
-        await asyncio.to_thread(ray_thread.stop)  # the loop still answers a third signal
+        # off the loop, so a third signal is still heard; a ray.init still running gets the grace
+        await asyncio.to_thread(ray_thread.stop, max(5.0, float(config.runtime.shutdown_grace_s)))
         signals.close()
         say("stopped")
 

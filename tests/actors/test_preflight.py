@@ -213,7 +213,7 @@ def test_postgres_unreachable_names_the_url_without_password() -> None:
 
 def this_process() -> str:
     """How a port holder is named: this test process's pid and command line (≤ 120 characters)."""
-    cmd = " ".join(psutil.Process().cmdline())
+    cmd = " ".join(" ".join(psutil.Process().cmdline()).split())
     return f"pid {os.getpid()}: {cmd if len(cmd) <= 120 else cmd[:119] + '…'}"
 
 

@@ -160,7 +160,9 @@ def test_http_port_in_use(workdir: Path, listening: int) -> None:
         str(free_port()),
     )
     assert_refused_before_ray(run, 5)
-    cmd = " ".join(psutil.Process().cmdline())  # this test process holds the port: it is named
+    cmd = " ".join(
+        " ".join(psutil.Process().cmdline()).split()
+    )  # this test process holds the port: it is named
     holder = f"pid {os.getpid()}: {cmd if len(cmd) <= 120 else cmd[:119] + '…'}"
     assert (
         f"    - port {listening} on 127.0.0.1 (the HTTP ingress; server.port or --port): "

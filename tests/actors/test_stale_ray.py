@@ -217,9 +217,8 @@ def test_port_holder_is_named_with_pid_and_command() -> None:
         port = s.getsockname()[1]
         text = port_holders_text(port)
     me = psutil.Process()
-    assert text == f"pid {me.pid}: {' '.join(me.cmdline())[:119]}" + (
-        "…" * (len(" ".join(me.cmdline())) > 120)
-    )
+    cmd = " ".join(" ".join(me.cmdline()).split())  # one space between words
+    assert text == f"pid {me.pid}: {cmd if len(cmd) <= 120 else cmd[:119] + '…'}"
     assert describe_process(me.pid) == text
     assert port_holders_text(port) is None  # closed: nobody listens
 
