@@ -117,7 +117,7 @@ _FINISH = (
 )
 _RESENT = (
     update(UNCERTAIN_TABLE)
-    .where((UNCERTAIN_TABLE.c.reply_id == bindparam("r")) & (UNCERTAIN_TABLE.c.step == bindparam("step")))
+    .where((UNCERTAIN_TABLE.c.reply_id == bindparam("r")) & (UNCERTAIN_TABLE.c.step == bindparam("s")))
     .values(state="resent", owner=bindparam("o"), updated_at=bindparam("now"))
 )
 
@@ -256,7 +256,7 @@ def _record_step(
         else:  # a step sent again (or again cut off) after an operator's retry
             ids[index] = message_id
             if not uncertain:
-                conn.execute(_RESENT, {"r": reply_id, "step": index, "o": owner, "now": now})
+                conn.execute(_RESENT, {"r": reply_id, "s": index, "o": owner, "now": now})
         params: dict[str, Any] = {"r": reply_id, "o": owner, "ids": json.dumps(ids), "done": done, "now": now}
         if last:
             params["st"] = final
