@@ -349,9 +349,8 @@ class SessionHost:
            ``retry_after_s`` when busy) —
            ``moved``: this host does not hold the session at ``epoch`` (ask the router shard);
            ``busy``: ``runtime.mailbox_size`` messages of the session are pending.
-        2. only when accepted: the :class:`~runtime.session.turn.TurnResult` once the turn handed
-           its reply to delivery — recorded it in the ledger, not waiting for the platform — (or
-           ended otherwise).
+        2. only when accepted: the :class:`~runtime.session.turn.TurnResult` once the turn queued
+           its reply in the delivery ledger (not waiting for the platform), or ended otherwise.
         """
         fut = asyncio.run_coroutine_threadsafe(self._accept(inbound, epoch, attempt), self._loop)
         answer, task = await asyncio.wrap_future(fut)
