@@ -184,10 +184,9 @@ class DeliverySender:
     async def _drain(self, session_key: str) -> None:
         """Send the chat's ``queued``/``pending`` replies in ledger order until none is left, or
         one is owned by another live actor (the sweep comes back for it)."""
+        batch = 50
         while True:
-            entries = await self.db.run(lambda: outbox.chat_queue(self.db, session_key))
-            if not entries:
-                return
+            entries = await self.db.run(lambda: outbox.chat_queue(self.db, session_key, batch))
             for entry in entries:
                 if entry.reply_id in self._running:  # a direct call of it waits in this chain
                     self.wake(session_key)  # the rest after it
@@ -200,6 +199,8 @@ class DeliverySender:
                     return
                 if result.outcome == "busy":
                     return
+            if len(entries) < batch:  # a reply queued meanwhile came with its own wake-up
+                return
 
     # ------------------------------------------------------------------ one reply
 
