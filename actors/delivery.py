@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -68,6 +69,8 @@ __all__ = [
 
 log = logging.getLogger("sessionray.delivery")
 
+KICK_WAIT_S = 600.0
+"""How long a starting delivery actor keeps asking itself to start its sweep, in seconds."""
 NAMESPACE = "sessionray"
 """Ray namespace of every named sessionray actor (actor interfaces, contract 4)."""
 
@@ -102,9 +105,23 @@ class DeliveryActor:
         self.sweep_s = settings.sweep_s if sweep_s is None else sweep_s
         self._tasks: list[asyncio.Task[Any]] = []
         # Start the sweep as soon as this incarnation runs (a restarted actor resumes the replies
-        # its dead predecessor left, and the queued ones it was never told about, at once): a call
-        # to ourselves, queued now.
-        self._kick = ray.get_runtime_context().current_actor.ready.remote()
+        # its dead predecessor left, and the queued ones it was never told about, at once).
+        threading.Thread(target=self._kick, name="delivery-kick", daemon=True).start()
+
+    def _kick(self) -> None:
+        """Call our own ``ready`` until it answers (it starts the sweep): a call made while Ray
+        still counts this incarnation as restarting may fail, and nobody else may call us soon."""
+        me = ray.get_runtime_context().current_actor
+        deadline = time.monotonic() + KICK_WAIT_S
+        while True:
+            try:
+                ray.get(me.ready.remote(), timeout=60)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    log.error("delivery actor %s never started its sweep: %r", self.owner, exc)
+                    return
+                time.sleep(1.0)
 
     async def _start(self) -> None:
         if not self._tasks:
