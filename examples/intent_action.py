@@ -7,7 +7,9 @@ Run it: ``.venv/bin/python examples/intent_action.py`` (offline; one line per sc
 The decision is a small closed pydantic model — an ``Intent`` enum, an ``Action`` enum and string
 ``arguments`` — so a model can neither invent an intent nor a verb
 (docs/decisions.md#structured-tiers). Each scenario starts from a fresh capability cache in
-``mode="auto"`` unless it says otherwise, so the tier chain is visible:
+``mode="auto"`` unless it says otherwise, so the tier chain is visible. The cache takes one
+off-schema answer as enough evidence (``downgrade_after=1``; a session's cache uses
+``ai.downgrade_after``, default 2, and retries at the same tier until then):
 
 =====================  =====================================================================
 scenario               what the fake model does → what the caller gets
@@ -121,7 +123,7 @@ async def _scenario(
 ) -> dict[str, Any]:
     """Run one decision; return what the caller saw (value or error) and how it went."""
     handle.set_responses(steps)
-    cache = CapabilityCache()
+    cache = CapabilityCache(downgrade_after=1)
     model = handle.get_model()
     if known is not None:
         cache.record(model, known)

@@ -11,10 +11,16 @@ Tiers, strongest first (docs/decisions.md#structured-tiers):
 * ``prompt`` — the schema in the system prompt; the answer is the message text.
 
 ``mode="auto"`` starts at the strongest tier the model is known to support: the
-:class:`CapabilityCache` entry for ``(provider, model id)``, else ``Model.compat["structured_output"]``
-(``native``/``tool``/``prompt``), else ``native``, the first real call then acting as the probe.
-A native request that fails (a 4xx-style rejection, or a 200 whose body does not follow the schema)
-downgrades to the next tier, records the capability and counts ``STRUCTURED_DOWNGRADES``.
+:class:`CapabilityCache` entry for ``(provider, model id)`` (read from its store first, if any),
+else ``Model.compat["structured_output"]`` (``native``/``tool``/``prompt``), else ``native``, the
+first real call then acting as the probe.
+A native request the provider rejects (a 4xx-style capability error) downgrades to the next tier,
+records the capability and counts ``STRUCTURED_DOWNGRADES``. A 200 whose body does not follow the
+schema at ``native`` (not a ``check`` rule) is evidence
+(docs/decisions.md#structured-downgrade-on-evidence): with a caller's ``cache`` it is counted by
+:meth:`CapabilityCache.note_invalid` and only the ``downgrade_after``-th in a row moves the model —
+before that the call takes its one retry at ``native``; without one (the process-wide
+:data:`CAPABILITIES`) the first one moves it. Either way a downgrade continues the call at ``tool``.
 :func:`probe_capability` runs the probe explicitly with a tiny schema.
 
 Validation is strict (no coercion, no fence stripping, no JSON extraction from prose). On invalid
@@ -335,7 +341,10 @@ async def run_structured(
 ) -> StructuredOutcome[T]:
     """Like :func:`complete_structured` but returns the whole :class:`StructuredOutcome` and never
     raises for an invalid output (``outcome == "failed"`` then, ``value is None``)."""
+    counts_evidence = cache is not None  # a caller's cache applies its ``downgrade_after``
     cache = cache if cache is not None else CAPABILITIES
+    if mode == "auto":
+        await cache.resolve(model)  # a store-backed cache reads what other processes stored
     name = schema_name or output_type.__name__
     schema = strict_json_schema(output_type)
     tiers = _tiers_for(model, mode, cache)
@@ -357,6 +366,16 @@ async def run_structured(
         out.downgrades.append((src, dst))
         await cache.downgrade(model, src, reason, raw)  # stored, logged and counted by the cache
 
+    async def off_schema(raw: str, error: str) -> bool:
+        """Evidence against ``native``; whether the model moved to ``tool`` (module docstring)."""
+        if not counts_evidence:
+            await downgrade("native", "tool", f"answer ignored the schema: {error}", raw)
+            return True
+        if await cache.note_invalid(model, "native", raw, error):  # stored, logged and counted
+            out.downgrades.append(("native", "tool"))
+            return True
+        return False
+
     for i, tier in enumerate(tiers):
         out.tier = tier
         has_next = i + 1 < len(tiers)
@@ -374,9 +393,15 @@ async def run_structured(
         value, error = (None, problem) if problem else validate_raw(output_type, raw, check)
         if value is not None:
             cache.record(model, tier)
+            if counts_evidence:
+                await cache.note_valid(model, tier)  # the off-schema streak restarts
             return finish("first_try", value, raw, None)
-        if tier == "native" and has_next:  # a 200 that does not follow the schema
-            await downgrade(tier, tiers[i + 1], f"answer ignored the schema: {error}", raw)
+        if (  # a 200 that does not follow the native schema (a ``check`` rule is no evidence)
+            tier == "native"
+            and has_next
+            and validate_raw(output_type, raw)[0] is None
+            and await off_schema(raw, error or "invalid")
+        ):
             continue
         # exactly one retry carrying the validation error (docs/decisions.md#structured-one-retry)
         retry = await bounded_call(
@@ -428,7 +453,9 @@ async def complete_structured(
             are set per tier.
         default: Safe default returned (outcome ``default``) when the retry also fails, e.g.
             ``IntentResult(intent="UNKNOWN", confidence=0.0, slots={}, need_human=True)``.
-        cache: Capability cache (default: the process-wide :data:`CAPABILITIES`).
+        cache: Capability cache; off-schema ``native`` answers count against its
+            ``downgrade_after`` (a session's is store-backed, with ``ai.downgrade_after``).
+            Default: the process-wide :data:`CAPABILITIES`, where the first one moves to ``tool``.
         check: Extra rule on a schema-valid value (returns an error text or ``None``).
         retry_timeout: Bound of the retry call in seconds (``None``: unbounded).
         sleep: Deadline timer (injectable clock).

@@ -99,9 +99,17 @@ class Harness:
 
 
 @contextmanager
-def running_runtime(tmp_path: Path, fixtures_dir: Path, **knobs: Any) -> Iterator[Harness]:
+def running_runtime(
+    tmp_path: Path,
+    fixtures_dir: Path,
+    *,
+    ai: dict[str, Any] | None = None,
+    wait_warm: bool = True,
+    **knobs: Any,
+) -> Iterator[Harness]:
     """Start a runtime with ``runtime`` config ``knobs`` (one host ahead of need, one shard, one
-    delivery actor by default) and stop it after."""
+    delivery actor by default) and the ``ai`` section ``ai`` (default: none), and stop it after.
+    ``wait_warm=False`` returns before the first host answers (a test that sends no message)."""
     db_url = f"sqlite:///{tmp_path / 'sessionray.db'}"
     knobs = {"min_hosts": 1, "router_shards": 1, "delivery_actors": 1, **knobs}
     with PlatformApiServer(fixtures_dir) as api, delivery_pool(db_url, api.base_url) as delivery:
@@ -109,12 +117,12 @@ def running_runtime(tmp_path: Path, fixtures_dir: Path, **knobs: Any) -> Iterato
             bots=[BotConfig(platform="onebot11", self_id=BOT_ID, api_base=api.base_url, masters=[MASTER])],
             database=DatabaseConfig(url=db_url),
             runtime=RuntimeConfig(**knobs),
+            **({"ai": ai} if ai is not None else {}),
         )
         markers = tmp_path / "markers"
         rt = SessionRuntime(prefix=f"test-{uuid.uuid4().hex[:8]}")
-        asyncio.run(
-            rt.start(config, setup_factory=ScriptedSetup(str(markers)), delivery=delivery, wait_warm=True)
-        )
+        setup = ScriptedSetup(str(markers))
+        asyncio.run(rt.start(config, setup_factory=setup, delivery=delivery, wait_warm=wait_warm))
         try:
             yield Harness(rt, api, markers, config)
         finally:

@@ -172,3 +172,50 @@ async def test_start_up_probe_reaches_the_configured_providers(db: Database) -> 
     assert [(r.provider, r.model, r.tier, r.source) for r in await SqlCapabilityStore(db).load_all()] == [
         ("s", "m", "native", "probe")
     ]
+
+
+async def test_complete_structured_counts_off_schema_answers_in_the_shared_store(db: Database) -> None:
+    """``complete_structured`` with the sessions' store-backed cache: one off-schema native answer is
+    evidence, not a downgrade (that call is corrected at ``native``); the ``ai.downgrade_after``-th
+    in a row — seen by another process — moves the model, stored for both
+    (docs/decisions.md#structured-downgrade-on-evidence)."""
+    from pydantic import BaseModel, ConfigDict
+
+    from providers.faux import (
+        faux_assistant_message,
+        faux_text,
+        faux_tool_call,
+        register_faux_provider,
+        unregister_faux_provider,
+    )
+    from runtime.llm.types import Context, UserMessage
+    from runtime.reply.structured import complete_structured, run_structured
+    from runtime.session.capabilities import capability_cache
+
+    class Verdict(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        ok: bool
+
+    cfg = parse_config({"ai": {"downgrade_after": 2}})
+    here, there = capability_cache(cfg, db), capability_cache(cfg, db)  # two processes' views
+    handle = register_faux_provider(provider="store-evidence", models=["m"])
+    model, ctx = handle.get_model(), Context(messages=[UserMessage(content="ok?", timestamp=1)])
+    prose = faux_assistant_message([faux_text("Looks fine.")])
+    try:
+        handle.set_responses([prose, faux_assistant_message([faux_text('{"ok": true}')])])
+        assert await complete_structured(model, ctx, Verdict, cache=here) == Verdict(ok=True)
+        row = await SqlCapabilityStore(db).load("store-evidence", "m")
+        assert row is not None and (row.tier, row.failures) == ("native", 1)
+        handle.set_responses([prose, faux_assistant_message([faux_tool_call("Verdict", {"ok": False})])])
+        out = await run_structured(model, ctx, Verdict, cache=there)
+        assert (out.value, out.tier, out.outcome, out.downgrades) == (
+            Verdict(ok=False), "tool", "first_try", [("native", "tool")]
+        )  # fmt: skip
+        row = await SqlCapabilityStore(db).load("store-evidence", "m")
+        assert row is not None
+        assert (row.tier, row.source, row.evidence) == ("tool", "downgrade", "Looks fine.")
+        handle.set_responses([faux_assistant_message([faux_tool_call("Verdict", {"ok": True})])])
+        again = await run_structured(model, ctx, Verdict, cache=here)  # the first process reads the row
+        assert (again.tier, again.outcome, again.calls, handle.call_count) == ("tool", "first_try", 1, 5)
+    finally:
+        unregister_faux_provider("store-evidence")

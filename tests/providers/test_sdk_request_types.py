@@ -1,22 +1,28 @@
 """The request bodies our providers send, checked against the official SDKs' own request types
-(docs/decisions.md#provider-request-bodies): ``openai.types.chat.CompletionCreateParamsStreaming``
-and ``anthropic.types.MessageCreateParamsStreaming`` (``openai`` and ``anthropic`` are dev
-dependencies). The body is read from the real HTTP request the replay server received; it must
-validate (pydantic ``TypeAdapter`` of the SDK's TypedDict) and come back unchanged — a field the
-SDK type does not have is dropped by validation, so any difference names a field the API no
-longer takes."""
+(docs/decisions.md#provider-request-bodies): ``openai.types.chat.CompletionCreateParamsStreaming``,
+``anthropic.types.MessageCreateParamsStreaming`` and, for Gemini, the ``google.genai.types`` models
+of each part of the REST ``GenerateContentRequest`` (``openai``, ``anthropic`` and ``google-genai``
+are dev dependencies). The body is read from the real HTTP request the replay server received; it
+must validate (pydantic ``TypeAdapter`` of the SDK's type) and come back unchanged — a field the
+SDK type does not have is dropped by validation (OpenAI, Anthropic) or refused (the Google models
+forbid extra fields; a snake_case name comes back camelCase), so any difference names a field the
+API no longer takes."""
 
 from __future__ import annotations
 
 import base64
+import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 from anthropic.types.message_create_params import MessageCreateParamsStreaming
+from google.genai import types as genai
 from openai.types.chat.completion_create_params import CompletionCreateParamsStreaming
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from providers.google_generative_ai import THINKING_BUDGETS
 from runtime.llm.options import SimpleStreamOptions
 from runtime.llm.stream import stream_simple
 from runtime.llm.types import (
@@ -31,11 +37,22 @@ from runtime.llm.types import (
     ToolResultMessage,
     UserMessage,
 )
-from tests.providers.helpers import ANTHROPIC, OPENAI, model_for
+from tests.providers.helpers import ANTHROPIC, GEMINI, OPENAI, model_for
 from tests.providers.replay_server import ReplayServer, Reply
 
 OPENAI_SDK = TypeAdapter(CompletionCreateParamsStreaming)
 ANTHROPIC_SDK = TypeAdapter(MessageCreateParamsStreaming)
+GOOGLE_SDK: dict[str, TypeAdapter[Any]] = {
+    "contents": TypeAdapter(list[genai.Content]),
+    "systemInstruction": TypeAdapter(genai.Content),
+    "generationConfig": TypeAdapter(genai.GenerationConfig),
+    "tools": TypeAdapter(list[genai.Tool]),
+    "toolConfig": TypeAdapter(genai.ToolConfig),
+}
+"""The REST ``GenerateContentRequest`` fields we send → the SDK type of each (the SDK has no type
+for the REST body itself: its ``GenerateContentConfig`` is split into these same top-level fields)."""
+GOOGLE_SIGNATURE = base64.b64encode(b"opaque thought signature").decode()
+"""Gemini thought signatures are base64 bytes (``Part.thought_signature``)."""
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(24)).decode()
 SCHEMA = {
     "type": "object",
@@ -86,18 +103,55 @@ def _dropped(sent: Any, kept: Any, path: str = "") -> list[str]:
     return [] if sent == kept else [f"{path} ({sent!r} → {kept!r})"]
 
 
-def rich_context(model: Model) -> Context:
+def google_problems(body: dict[str, Any]) -> str | None:
+    """``None`` when every field of the Gemini REST ``body`` is one of :data:`GOOGLE_SDK` and its
+    value validates (JSON mode: bytes are base64) without warnings and dumps back by alias
+    unchanged, else why not."""
+    unknown = [f".{k}" for k in body if k not in GOOGLE_SDK]
+    if unknown:
+        return f"not in the REST request: {unknown}"
+    for key, value in body.items():
+        adapter = GOOGLE_SDK[key]
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            try:
+                parsed = adapter.validate_json(json.dumps(value))
+            except ValidationError as exc:
+                return f".{key}: {exc}"
+        if warned:  # the SDK's enums take an unknown value with only a warning: not a value the API has
+            return f".{key}: {'; '.join(str(w.message) for w in warned)}"
+        extras = _model_extras(parsed, f".{key}")
+        if extras:  # a model that allows extra fields keeps them: name them all the same
+            return f"not in the SDK type: {extras}"
+        kept = adapter.dump_python(parsed, mode="json", by_alias=True, exclude_none=True)
+        if kept != value:
+            return f"not in the SDK type: {_dropped(value, kept, f'.{key}')}"
+    return None
+
+
+def _model_extras(value: Any, path: str) -> list[str]:
+    if isinstance(value, BaseModel):
+        own = [f"{path}.{k}" for k in value.model_extra or {}]
+        return own + [p for name in type(value).model_fields
+                      for p in _model_extras(getattr(value, name), f"{path}.{name}")]  # fmt: skip
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _model_extras(v, f"{path}[{i}]")]
+    return []
+
+
+def rich_context(model: Model, signature: str = "sig-1", call_signature: str | None = None) -> Context:
     """Every message and block kind a session sends: system prompt, user text and image, an
-    assistant turn of this model with signed thinking, text and a tool call, a tool result with
-    text and an image, then the next user message; one tool."""
+    assistant turn of this model with signed thinking (``signature``), text and a tool call
+    (signed with ``call_signature``, as Gemini does), a tool result with text and an image, then
+    the next user message; one tool."""
     assistant = AssistantMessage(
         api=model.api,
         provider=model.provider,
         model=model.id,
         content=[
-            ThinkingContent(thinking="the user wants the time", signature="sig-1"),
+            ThinkingContent(thinking="the user wants the time", signature=signature),
             TextContent(text="let me check"),
-            ToolCall(id="t1", name="clock", arguments={"tz": "UTC"}),
+            ToolCall(id="t1", name="clock", arguments={"tz": "UTC"}, thought_signature=call_signature),
         ],
         stop_reason="toolUse",
     )
@@ -128,11 +182,17 @@ def rich_context(model: Model) -> Context:
 
 
 async def sent_body(
-    replay: ReplayServer, fixture: Path, model: Model, level: str, opts: dict[str, Any]
+    replay: ReplayServer,
+    fixture: Path,
+    model: Model,
+    level: str,
+    opts: dict[str, Any],
+    context: Context | None = None,
 ) -> Any:
+    """The JSON body of the request one call with ``opts`` sent (``context``: :func:`rich_context`)."""
     replay.enqueue(Reply.fixture(fixture))
     options = SimpleStreamOptions(api_key="sk-test-key-123456", reasoning=level, **opts)  # type: ignore[arg-type]
-    await stream_simple(model, rich_context(model), options).result()
+    await stream_simple(model, context or rich_context(model), options).result()
     return replay.requests[-1].json()
 
 
@@ -175,6 +235,31 @@ async def test_anthropic_temperature_only_by_compat_and_never_with_thinking(
     assert sdk_problems(ANTHROPIC_SDK, thinking) is None
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("reasoning", [True, False])
+async def test_google_bodies_are_sdk_requests(
+    replay: ReplayServer, fixtures_dir: Path, reasoning: bool, level: str
+) -> None:
+    model = model_for(replay, GEMINI, "gemini-2.5-flash", reasoning=reasoning, input=["text", "image"])
+    fixture = fixtures_dir / "gemini" / "stream_text.sse"
+    context = rich_context(model, signature=GOOGLE_SIGNATURE, call_signature=GOOGLE_SIGNATURE)
+    for opts in OPTION_SETS:
+        body = await sent_body(replay, fixture, model, level, opts, context)
+        assert google_problems(body) is None, (opts, body)
+        assert set(body) >= {"contents", "generationConfig", "systemInstruction", "tools"}
+        assert ("toolConfig" in body) is ("tool_choice" in opts)
+        thinking = body["generationConfig"].get("thinkingConfig")
+        if not reasoning:
+            assert thinking is None
+        elif level == "off":
+            assert thinking == {"includeThoughts": True}
+        else:
+            assert thinking == {"includeThoughts": True, "thinkingBudget": THINKING_BUDGETS[level]}
+        if "output_schema" in opts:  # the native structured tier
+            assert body["generationConfig"]["responseJsonSchema"] == SCHEMA
+            assert body["generationConfig"]["responseMimeType"] == "application/json"
+
+
 def test_the_check_names_what_the_sdk_does_not_take() -> None:
     body = {"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     assert sdk_problems(ANTHROPIC_SDK, body) is None
@@ -184,3 +269,12 @@ def test_the_check_names_what_the_sdk_does_not_take() -> None:
     chat = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     assert sdk_problems(OPENAI_SDK, {**chat, "reasoning_effort": "minimal"}) is None
     assert "reasoning_effort" in (sdk_problems(OPENAI_SDK, {**chat, "reasoning_effort": "tiny"}) or "")
+    gemini = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": {"seed": 1}}
+    assert google_problems(gemini) is None
+    assert google_problems({**gemini, "safety": []}) == "not in the REST request: ['.safety']"
+    snake = {**gemini, "generationConfig": {"max_output_tokens": 5}}
+    assert google_problems(snake) == "not in the SDK type: ['.generationConfig.max_output_tokens']"
+    unknown = {**gemini, "toolConfig": {"functionCallingConfig": {"mode": "ANY", "force": True}}}
+    assert "force" in (google_problems(unknown) or "")
+    bad_mode = {**gemini, "toolConfig": {"functionCallingConfig": {"mode": "X"}}}
+    assert google_problems(bad_mode) == ".toolConfig: X is not a valid FunctionCallingConfigMode"

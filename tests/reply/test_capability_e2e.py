@@ -32,11 +32,14 @@ FAIL = "Sorry, something went wrong while answering. Please try again."
 KEY = "onebot11:10001:private:42"
 
 
-def config(db_url: str, base_url: str, **model: Any) -> Any:
+def config(db_url: str, base_url: str, ai: dict[str, Any] | None = None, **model: Any) -> Any:
+    """The session's configuration: the stub's one model (``model``: its ``models[]`` keys) as the
+    default, and the ``ai`` section's other keys from ``ai``."""
     return parse_config(
         {
             "database": {"url": db_url},
             "ai": {
+                **(ai or {}),
                 "default_model": "stub/prose-model",
                 "providers": {
                     "stub": {
@@ -128,6 +131,66 @@ async def test_two_off_schema_turns_move_the_model_to_the_tool_tier(stub: OpenAI
     assert (rec.tier, rec.source, rec.failures) == ("tool", "downgrade", 0)
     assert rec.reason.startswith("2 consecutive off-schema answers at native: ")
     assert rec.evidence == PROSE
+
+
+async def test_downgrade_after_from_the_config_sets_how_many_off_schema_turns_it_takes(
+    stub: OpenAIStub, db_url: str
+) -> None:
+    """``ai.downgrade_after: 3`` reaches the session's cache through the config setup: two
+    off-schema turns are counted, not acted on; the third moves the model."""
+    before = downgrades("native", "tool")
+    core, sent, db = await session(config(db_url, stub.base_url, ai={"downgrade_after": 3}))
+    store = SqlCapabilityStore(db)
+    try:
+        for seq in (1, 2):
+            await core.submit(turn(seq, f"question {seq}"))
+        rec = await store.load("stub", "prose-model")
+        assert rec is not None and (rec.tier, rec.failures) == ("native", 2)
+        assert downgrades("native", "tool") - before == 0
+        await core.submit(turn(3, "question 3"))
+        rec = await store.load("stub", "prose-model")
+        assert rec is not None and (rec.tier, rec.source) == ("tool", "downgrade")
+        assert rec.reason.startswith("3 consecutive off-schema answers at native: ")
+        n = len(stub.requests)
+        await core.submit(turn(4, "question 4"))
+    finally:
+        await core.close()
+        db.dispose()
+    assert downgrades("native", "tool") - before == 1
+    assert sent.replies == [*[Reply.of_text(FAIL)] * 3, Reply.of_text(TOOL_TEXT)]
+    assert "response_format" not in stub.requests[n] and "reply" in tool_names(stub.requests[n])
+
+
+@pytest.mark.parametrize(("ttl_s", "probed"), [(60, True), (None, False)])
+async def test_capability_ttl_from_the_config_decides_when_a_stored_tier_is_probed_again(
+    stub: OpenAIStub, db_url: str, ttl_s: int | None, probed: bool
+) -> None:
+    """A stored ``tool`` tier 120 s old: with ``ai.capability_ttl_s: 60`` the session's first turn
+    probes again (the stub's tiny schema works natively: back to ``native``, the only way up);
+    with the default TTL (7 days) the stored tier is used as is."""
+    import time
+
+    from runtime.reply.capability import CapabilityRecord
+
+    cfg = config(db_url, stub.base_url, ai={"capability_ttl_s": ttl_s} if ttl_s else None)
+    stale = CapabilityRecord("stub", "prose-model", "tool", "probe", int(time.time() * 1000) - 120_000)
+    core, sent, db = await session(cfg)
+    store = SqlCapabilityStore(db)
+    await store.save(stale)
+    try:
+        await core.submit(turn(1, "hi"))
+        rec = await store.load("stub", "prose-model")
+    finally:
+        await core.close()
+        db.dispose()
+    assert any(is_probe(b) for b in stub.requests) is probed
+    assert rec is not None
+    if probed:
+        assert (rec.tier, rec.source) == ("native", "probe")
+        assert sent.replies == [Reply.of_text(FAIL)]  # native again: prose, as this model does
+    else:
+        assert rec == stale
+        assert sent.replies == [Reply.of_text(TOOL_TEXT)]
 
 
 async def test_probe_at_first_use_stores_tier_source_and_evidence(stub: OpenAIStub, db_url: str) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from providers.faux import faux_assistant_message, faux_text, faux_thinking, faux_tool_call
 from runtime import AbortController, Context, StreamOptions, UserMessage
+from runtime.reply.capability import CapabilityCache
 from runtime.reply.json_schema import strict_json_schema
 from runtime.reply.probe import probe_capability
 from runtime.reply.structured import StructuredOutputError, complete_structured, run_structured
@@ -93,7 +94,8 @@ async def test_downgrade_native_tool_prompt_and_cached_capability(faux, cache, d
     assert deltas.structured() == {("prompt", "first_try"): 2}
 
 
-async def test_native_200_off_schema_downgrades_to_tool(faux, cache, deltas) -> None:
+async def test_native_200_off_schema_downgrades_to_tool(faux, deltas) -> None:
+    cache = CapabilityCache(downgrade_after=1)  # one off-schema answer is enough evidence
     faux.set_responses(
         [
             text('{"intention": "退货", "confidence": "high"}'),
@@ -110,6 +112,67 @@ async def test_native_200_off_schema_downgrades_to_tool(faux, cache, deltas) -> 
     assert cache.get(faux.get_model()) == "tool"
     assert deltas.downgrades() == {("native", "tool"): 1}
     assert deltas.structured() == {("tool", "first_try"): 1}
+
+
+async def test_off_schema_answers_count_against_the_callers_downgrade_after(faux, deltas) -> None:
+    """docs/decisions.md#structured-downgrade-on-evidence: with the caller's cache the first
+    off-schema native answer takes its retry at ``native``; a valid first answer restarts the
+    streak; the ``downgrade_after``-th in a row moves the model and the call goes on at ``tool``."""
+    cache, model = CapabilityCache(downgrade_after=2), faux.get_model()
+    prose = text("Sure, a refund.")
+    faux.set_responses([prose, text(json.dumps(GOOD)), text(json.dumps(GOOD)), prose, text(json.dumps(GOOD))])
+    first = await run_structured(model, ctx(), Intent, cache=cache)
+    assert (first.tier, first.outcome, first.calls, first.downgrades) == ("native", "corrected", 2, [])
+    assert (cache.get(model), cache.effective(model).failures) == ("native", 1)  # type: ignore[union-attr]
+    valid = await run_structured(model, ctx(), Intent, cache=cache)
+    assert (valid.outcome, cache.effective(model).failures) == ("first_try", 0)  # type: ignore[union-attr]
+    again = await run_structured(model, ctx(), Intent, cache=cache)  # one off-schema answer again
+    assert (again.outcome, again.calls, again.downgrades) == ("corrected", 2, [])
+    assert deltas.downgrades() == {}
+    faux.set_responses([prose, faux_assistant_message([faux_tool_call("Intent", GOOD)])])
+    moved = await run_structured(model, ctx(), Intent, cache=cache)  # the second in a row
+    assert (moved.value, moved.tier, moved.outcome, moved.calls, moved.downgrades) == (
+        Intent(**GOOD), "tool", "first_try", 2, [("native", "tool")]
+    )  # fmt: skip
+    rec = cache.effective(model)
+    assert rec is not None
+    assert (rec.tier, rec.source, rec.evidence) == ("tool", "downgrade", "Sure, a refund.")
+    assert rec.reason.startswith("2 consecutive off-schema answers at native: (root): Invalid JSON")
+    assert deltas.downgrades() == {("native", "tool"): 1}
+    # at ``tool`` an answer without the output call takes the retry (no evidence counted)
+    for _ in range(2):
+        faux.set_responses([text("no call"), faux_assistant_message([faux_tool_call("Intent", GOOD)])])
+        tool = await run_structured(model, ctx(), Intent, cache=cache)
+        assert (tool.tier, tool.outcome, tool.downgrades) == ("tool", "corrected", [])
+        assert cache.get(model) == "tool"
+
+
+async def test_without_a_cache_the_first_off_schema_native_answer_moves_on(faux, deltas) -> None:
+    """The documented default (docs/replies.md#complete_structured-in-your-own-code): no cache →
+    the process-wide one, and one 200 that ignores the schema moves the call to ``tool``."""
+    from runtime.reply.capability import CAPABILITIES
+
+    faux.set_responses([text("prose"), faux_assistant_message([faux_tool_call("Intent", GOOD)])])
+    out = await run_structured(faux.get_model(), ctx(), Intent)
+    assert (out.tier, out.outcome, out.calls) == ("tool", "first_try", 2)
+    assert out.downgrades == [("native", "tool")]
+    assert CAPABILITIES.get(faux.get_model()) == "tool"  # the provider name is unique to this test
+    assert deltas.downgrades() == {("native", "tool"): 1}
+
+
+async def test_a_check_rule_failure_is_not_evidence_against_the_tier(faux, deltas) -> None:
+    """A schema-valid answer that breaks the caller's ``check`` gets the retry at the same tier and
+    moves nothing, even with ``downgrade_after=1``."""
+    cache = CapabilityCache(downgrade_after=1)
+    human = {**GOOD, "need_human": True}
+    faux.set_responses([text(json.dumps(human)), text(json.dumps(GOOD))])
+    out = await run_structured(
+        faux.get_model(), ctx(), Intent, cache=cache,
+        check=lambda v: "no human for refunds" if v.need_human else None,
+    )  # fmt: skip
+    assert (out.tier, out.outcome, out.reason) == ("native", "corrected", "no human for refunds")
+    assert out.downgrades == []
+    assert cache.get(faux.get_model()) == "native" and deltas.downgrades() == {}
 
 
 @pytest.mark.parametrize("compat", [{"structured_output": "tool"}, {"supports_json_schema": False}])
