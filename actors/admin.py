@@ -11,6 +11,8 @@ Routes (all under ``/admin``, JSON in and out)::
     POST /admin/sessions/{session_key}/follow_up        {"text", "sender_id"} → ControlRequest follow_up
     POST /admin/sessions/{session_key}/abort            ControlRequest abort
     POST /admin/sessions/{session_key}/archive          ControlRequest archive, else archive in SQL
+    GET  /admin/deliveries?state=failed|uncertain       replies that did not go out cleanly
+    POST /admin/deliveries/{reply_id}/retry             queue one again (actors.deliveries_admin)
 
 A session that is not live (passivated) is read from SQL: ``GET`` answers its
 latest epoch ``{"session_key", "live": false, "session_id", "status", "model", "created_at",
@@ -56,6 +58,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from actors.deliveries_admin import deliveries_routes
 from actors.http_input import (
     InputError,
     check_text,
@@ -251,6 +254,10 @@ def admin_routes(
 
         return endpoint
 
+    async def database() -> Database | None:
+        repo = await stored.repo()
+        return repo.db if repo is not None else None
+
     async def status(request: Request) -> Response:
         return JSONResponse(jsonable(await runtime.status()))
 
@@ -327,6 +334,7 @@ def admin_routes(
         Route("/admin/status", guarded(status), methods=["GET"]),
         Route("/admin/sessions", guarded(sessions), methods=["GET"]),
         Route("/admin/models", guarded(models), methods=["GET"]),
+        *deliveries_routes(guarded, database, runtime),
         *(
             Route(
                 f"{base}/{kind}",

@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "actors.control_cli:archive_main",
     ),
     "sessions": ("list the live sessions (admin API)", "actors.control_cli:sessions_main"),
+    "deliveries": (
+        "list failed and uncertain replies, or retry one (admin API)",
+        "actors.control_cli:deliveries_main",
+    ),
     "models": (
         "list the configured models with their structured-output tier, source and age (admin API)",
         "actors.control_cli:models_main",

@@ -12,6 +12,8 @@ They talk HTTP to a running ingress (``--url``, default ``$SESSIONRAY_URL`` or
     sessionray follow-up onebot11:10001:group:123 "then list sources" --as 20002
     sessionray abort onebot11:10001:group:123
     sessionray archive onebot11:10001:group:123
+    sessionray deliveries --state failed
+    sessionray deliveries --retry 'onebot11:10001:private:20002#1/m42'
 
 Output: ``sessions`` and ``status`` print fixed-width tables, the other commands one sentence;
 ``--json`` prints the server's JSON answer as is. Exit codes (:data:`EXIT_CODES`): 0 success; 1 the
@@ -35,6 +37,7 @@ __all__ = [
     "EXIT_CODES",
     "abort_main",
     "archive_main",
+    "deliveries_main",
     "follow_up_main",
     "models_main",
     "sessions_main",
@@ -252,4 +255,58 @@ def models_main(argv: list[str]) -> int:
             f"{row.get('model', '?'):<32} {row.get('tier') or 'unknown':<8} "
             f"{row.get('source') or '-':<10} {age_text(age) if age is not None else '-'}"
         )
+    return _print(args, data, "\n".join(lines))
+
+
+DELIVERY_COLUMNS = (
+    ("REPLY ID", "reply_id"),
+    ("STATE", "state"),
+    ("PLATFORM", "platform"),
+    ("BOT", "bot_id"),
+    ("SESSION KEY", "session_key"),
+    ("AGE S", "age_s"),
+    ("STEPS", "steps"),
+    ("ERROR", "error"),
+)
+"""The columns of ``sessionray deliveries``: header and field of ``GET /admin/deliveries``."""
+
+
+def _steps_text(steps: dict[str, Any]) -> str:
+    """``done/total``, then the uncertain steps not resent yet: ``"2/2 uncertain [0]"``."""
+    unsure = f" uncertain {steps['uncertain']}" if steps.get("uncertain") else ""
+    return f"{steps.get('done')}/{steps.get('total')}{unsure}"
+
+
+def deliveries_main(argv: list[str]) -> int:
+    """``sessionray deliveries [--state failed|uncertain|…] [--retry REPLY_ID]``: list the replies
+    that did not go out cleanly (newest first), or queue one again (docs/decisions.md#delivery-uncertain)."""
+    p = _parser(
+        "deliveries",
+        "List failed and uncertain replies (newest first), or retry one: a failed reply is queued "
+        "again with a fresh age; an uncertain one sends only its uncertain step(s) again.",
+    )
+    p.add_argument(
+        "--state",
+        choices=("failed", "uncertain", "queued", "pending", "sent"),
+        help="only replies in this state (default: failed and uncertain)",
+    )
+    p.add_argument("--limit", type=int, default=50, help="replies per page (default 50, at most 500)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many (the answer's next_offset)")
+    p.add_argument("--retry", metavar="REPLY_ID", help="queue this failed or uncertain reply again")
+    args = p.parse_args(argv)
+    if args.retry:
+        data = _request(args, "POST", f"/admin/deliveries/{quote(args.retry, safe='')}/retry")
+        return _print(args, data, f"queued {args.retry} again (was {data.get('was')})")
+    query = f"?limit={args.limit}&offset={args.offset}" + (f"&state={args.state}" if args.state else "")
+    data = _request(args, "GET", "/admin/deliveries" + query)
+    rows = [r for r in (data.get("deliveries", []) if isinstance(data, dict) else []) if isinstance(r, dict)]
+    shown = [{**r, "steps": _steps_text(r.get("steps") or {})} for r in rows]
+    counts = data.get("counts", {}) if isinstance(data, dict) else {}
+    lines = [", ".join(f"{n} {state}" for state, n in counts.items()) or "no counts"]
+    if rows:
+        lines.append(
+            table([h for h, _ in DELIVERY_COLUMNS], [[r.get(f) for _, f in DELIVERY_COLUMNS] for r in shown])
+        )
+    if isinstance(data, dict) and data.get("next_offset") is not None:
+        lines.append(f"more: --offset {data['next_offset']}")
     return _print(args, data, "\n".join(lines))

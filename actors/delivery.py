@@ -1,29 +1,41 @@
 """The delivery pool: M ``DeliveryActor``s that send validated replies to the platforms
 (docs/decisions.md#delivery-partitioned).
 
-Flow of one :class:`DeliveryJob` (a session host hands it to ``pool.pick(session_key)``)::
+How a reply gets here (docs/decisions.md#delivery-outbox): a session's turn records it in the
+ledger as ``queued`` (in the transaction of its ``im_reply`` record) and calls
+:meth:`DeliveryPool.notify` without waiting — a fire-and-forget ``notify`` to the chat's actor,
+which drains that chat's unfinished ledger rows in order. A notification lost with a dead actor
+costs nothing: every incarnation sweeps its partition's ``queued``/``pending`` rows when it starts
+(and every ``delivery.sweep_s``). :meth:`DeliveryPool.deliver` still sends a job and awaits the
+result (ingress notices, tests).
 
-    ledger claim (reply_id)          ── sent/failed already → outcome "duplicate", nothing sent
+Flow of one reply (``runtime.delivery.core.DeliverySender``)::
+
+    ledger claim (reply_id)          ── final already → outcome "duplicate", nothing sent
     media check (runtime.reply.media)      ── unusable attachments (the bot's own media_dir confines
                                         ``path`` media) and non-http(s) share links become a
                                         short notice text
     codec.render(reply, target)      ── N ApiCalls, in order
     for each step: ledger in_flight → HTTP call (a OneBot bot on a WebSocket: through its
                    ``OneBotLink`` actor, actors.onebot_link) → codec.parse_send_result → ledger done
-                   429/5xx/connect error: retry with exponential backoff + jitter, or exactly
-                   the platform's Retry-After
-    ledger sent/failed → outbound transcript (after the platform confirmed)
+                   429/5xx/connect error: retried with exponential backoff + full jitter, or
+                   exactly the platform's Retry-After, until the reply is delivery.max_age_s old
+                   (then "failed"); written but unanswered: "uncertain", not resent
+    ledger sent/failed/uncertain → outbound transcript (after the platform confirmed)
 
 Why M actors picked by a stable hash: one chat's replies always go through the same actor, so
 they leave in order; ``zlib.crc32`` is stable across processes (Python's ``hash()`` of a str is
 salted per process, so two ingress replicas would disagree; docs/decisions.md#delivery-partitioned).
+Inside an actor each chat has its own chain, so one chat waiting out an outage holds back only
+its own later replies (docs/decisions.md#delivery-outage).
 
 Crash safety (docs/decisions.md#delivery-ledger): delivery actors run with ``max_restarts=-1`` and
 ``max_task_retries=0`` (a send is not idempotent by accident). The ledger holds each job, so the
-restarted incarnation of a dead actor resumes its partition's unfinished jobs at start-up, and any
-actor resumes a job whose lease expired; a step that was on the wire when its owner died is not
-sent again (see :mod:`runtime.delivery.ledger`). A caller whose ``deliver`` call failed because
-the actor died may call again: the ledger turns it into a no-op or a resume, never a second send.
+restarted incarnation of a dead actor resumes its partition's unfinished replies at start-up, and
+any actor resumes one whose lease expired; a step that was on the wire when its owner died is
+recorded ``uncertain`` and not sent again (docs/decisions.md#delivery-uncertain). A caller whose
+``deliver`` call failed because the actor died may call again: the ledger turns it into a no-op or
+a resume, never a second send.
 
 Actors are named ``sessionray-delivery-{i}`` in namespace ``sessionray`` (detached, so a Ray
 Serve ingress replica finds them by name).
@@ -34,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -56,6 +69,8 @@ __all__ = [
 
 log = logging.getLogger("sessionray.delivery")
 
+KICK_WAIT_S = 600.0
+"""How long a starting delivery actor keeps asking itself to start its sweep, in seconds."""
 NAMESPACE = "sessionray"
 """Ray namespace of every named sessionray actor (actor interfaces, contract 4)."""
 
@@ -72,10 +87,11 @@ class DeliveryActor:
     Args:
         index: This actor's partition (``0 <= index < size``).
         settings: :class:`DeliverySettings`.
-        sweep_s: Period of the sweep for jobs whose lease expired, in seconds (0: off).
+        sweep_s: Period of the sweep for unfinished replies nobody woke it for, in seconds (0:
+            only once, at start-up); None: ``settings.sweep_s``.
     """
 
-    def __init__(self, index: int, settings: DeliverySettings, sweep_s: float = 30.0) -> None:
+    def __init__(self, index: int, settings: DeliverySettings, sweep_s: float | None = None) -> None:
         from actors.onebot_link import LinkSender
         from actors.ray_metrics import install_ray_metrics
 
@@ -86,11 +102,26 @@ class DeliveryActor:
         self.owner = f"{index}:{uuid.uuid4().hex[:12]}"
         # Bots on a OneBot WebSocket are reached through their link actor (actors.onebot_link).
         self.sender = DeliverySender(settings, index, self.owner, socket_sender=LinkSender())
-        self.sweep_s = sweep_s
+        self.sweep_s = settings.sweep_s if sweep_s is None else sweep_s
         self._tasks: list[asyncio.Task[Any]] = []
-        # Start the recovery sweep as soon as this incarnation runs (a restarted actor resumes the
-        # jobs its dead predecessor left even if no caller asks): a call to ourselves, queued now.
-        self._kick = ray.get_runtime_context().current_actor.ready.remote()
+        # Start the sweep as soon as this incarnation runs (a restarted actor resumes the replies
+        # its dead predecessor left, and the queued ones it was never told about, at once).
+        threading.Thread(target=self._kick, name="delivery-kick", daemon=True).start()
+
+    def _kick(self) -> None:
+        """Call our own ``ready`` until it answers (it starts the sweep): a call made while Ray
+        still counts this incarnation as restarting may fail, and nobody else may call us soon."""
+        me = ray.get_runtime_context().current_actor
+        deadline = time.monotonic() + KICK_WAIT_S
+        while True:
+            try:
+                ray.get(me.ready.remote(), timeout=60)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    log.error("delivery actor %s never started its sweep: %r", self.owner, exc)
+                    return
+                time.sleep(1.0)
 
     async def _start(self) -> None:
         if not self._tasks:
@@ -99,7 +130,7 @@ class DeliveryActor:
     async def _sweep_loop(self) -> None:
         while True:
             try:
-                await self.sender.resume_unfinished()
+                await self.sender.sweep()
             except Exception:
                 log.exception("delivery sweep failed")
             if self.sweep_s <= 0:
@@ -110,6 +141,17 @@ class DeliveryActor:
         """Send ``job`` (idempotent per ``job.reply_id``); see :class:`DeliveryResult`."""
         await self._start()
         return await self.sender.deliver(job)
+
+    async def notify(self, session_key: str) -> None:
+        """A reply of ``session_key`` was queued in the ledger: send the chat's unfinished replies
+        in order (returns at once; callers do not wait for it)."""
+        await self._start()
+        self.sender.wake(session_key)
+
+    async def sweep(self) -> int:
+        """Wake every chat of this partition with unfinished replies now; returns how many."""
+        await self._start()
+        return await self.sender.sweep()
 
     async def ready(self) -> str:
         """Start the recovery sweep and return this incarnation's owner id (``"{index}:{hex}"``)."""
@@ -148,7 +190,7 @@ class DeliveryPool:
         size: int,
         *,
         prefix: str = "sessionray-delivery",
-        sweep_s: float = 30.0,
+        sweep_s: float | None = None,
     ) -> DeliveryPool:
         """Create (or attach to existing) ``size`` detached named actors in namespace ``sessionray``.
 
@@ -180,6 +222,18 @@ class DeliveryPool:
     def pick(self, session_key: str) -> Any:
         """The actor handle for ``session_key``: ``handles[crc32(session_key) % M]``."""
         return self.handles[partition_of(session_key, self.size)]
+
+    def partition(self, session_key: str) -> int:
+        """``crc32(session_key) % M``: the ledger ``partition`` of the chat's replies."""
+        return partition_of(session_key, self.size)
+
+    def notify(self, session_key: str) -> None:
+        """Tell the chat's actor that a reply of ``session_key`` was queued in the ledger, without
+        waiting (fire and forget: a lost notification is made good by the actor's sweep)."""
+        try:
+            self.pick(session_key).notify.remote(session_key)
+        except Exception as exc:  # e.g. the actor is being restarted: its start-up sweep finds it
+            log.warning("delivery notification for %s not sent (%r); the sweep finds it", session_key, exc)
 
     async def deliver(self, job: DeliveryJob, *, restart_wait_s: float = 60.0) -> DeliveryResult:
         """``pick(job.session_key).deliver(job)``; if the actor died mid-call, call again until its

@@ -100,7 +100,8 @@ class SessionHost:
         config: ``runtime.config.Config`` (``database.url``; ``runtime``: ``mailbox_size``,
             ``max_concurrent_turns``, ``idle_ttl_s``, ``dedup_window``, ``host_memory_mib``).
         setup_factory: ``(session_key) -> SessionSetup`` called at each activation.
-        delivery: A ``DeliveryPool`` (``deliver(job)``) or anything with ``pick(key).deliver``.
+        delivery: A ``DeliveryPool`` (``notify(session_key)``, ``size``) or anything with
+            ``pick(key).notify``: told, without waiting, of each reply a turn queued in the ledger.
         cap: Live sessions this host holds at most (``actors.hosts.host_capacity``).
         index: The supervisor's slot number of this host (a bounded metric label).
     """
@@ -258,6 +259,7 @@ class SessionHost:
             self._deliver,
             max_concurrent_turns=self._config.runtime.max_concurrent_turns,
             spawn=spawn_ray_task,
+            delivery_partitions=int(getattr(self._delivery, "size", None) or self._rt.delivery_actors),
         )
         if key in self._live:  # a concurrent activation of the same key won (same epoch rules)
             await core.close()
@@ -347,8 +349,8 @@ class SessionHost:
            ``retry_after_s`` when busy) —
            ``moved``: this host does not hold the session at ``epoch`` (ask the router shard);
            ``busy``: ``runtime.mailbox_size`` messages of the session are pending.
-        2. only when accepted: the :class:`~runtime.session.turn.TurnResult` once the turn handed
-           its reply to delivery (or ended otherwise).
+        2. only when accepted: the :class:`~runtime.session.turn.TurnResult` once the turn queued
+           its reply in the delivery ledger (not waiting for the platform), or ended otherwise.
         """
         fut = asyncio.run_coroutine_threadsafe(self._accept(inbound, epoch, attempt), self._loop)
         answer, task = await asyncio.wrap_future(fut)
@@ -390,11 +392,12 @@ class SessionHost:
             live.last_used = time.monotonic()
 
     async def _deliver(self, job: DeliveryJob) -> None:
-        # On the sessions' loop; returns once the delivery actor accepted the job.
-        if hasattr(self._delivery, "deliver"):  # DeliveryPool: also survives a delivery actor restart
-            await self._delivery.deliver(job)
+        # On the sessions' loop, after the turn queued the reply in the ledger: tell the chat's
+        # delivery actor and do not wait (docs/decisions.md#delivery-outbox).
+        if hasattr(self._delivery, "notify"):  # DeliveryPool
+            self._delivery.notify(job.session_key)
         else:
-            await self._delivery.pick(job.session_key).deliver.remote(job)
+            self._delivery.pick(job.session_key).notify.remote(job.session_key)
 
     # ------------------------------------------------------------------ control (control group)
 

@@ -10,7 +10,7 @@ Topology it starts (all named actors in Ray namespace ``sessionray``; docs/decis
         ▼                                                │
     SessionHost × H  (owned by {prefix}-hosts, HostSupervisor, detached) ── one SessionCore per live session
         ▲ submit (turn group; streaming: accepted, then the TurnResult)
-        │ straight from the ingress for a cached live session   │ DeliveryPool.deliver(job)
+        │ straight from the ingress for a cached live session   │ DeliveryPool.notify(key)
                                                                 ▼
                                               sessionray-delivery-{0..M-1}
 

@@ -288,8 +288,25 @@ SEGMENTS_DEGRADED = Counter(
 # Delivery
 DELIVERIES = Counter(
     "sessionray_deliveries_total",
-    "Platform sends by outcome (ok, failed, duplicate).",
+    "Replies by final state (ok, failed, uncertain) and replays of a final one (duplicate).",
     ("platform", "outcome"),
+)
+DELIVERY_FAILURES = Counter(
+    "sessionray_delivery_failures_total",
+    "Replies that ended failed, by reason (expired: older than delivery.max_age_s; rejected: a "
+    "non-retryable platform answer; unconfigured: no such bot).",
+    ("platform", "reason"),
+)
+DELIVERY_UNCERTAIN_STEPS = Counter(
+    "sessionray_delivery_uncertain_steps_total",
+    "Platform calls that may or may not have arrived (on the wire when their sender died, or "
+    "written and never answered); not resent unless an operator retries.",
+    ("platform",),
+)
+DELIVERY_BACKLOG = Gauge(
+    "sessionray_delivery_backlog",
+    "Replies in the delivery ledger by state (queued, pending, failed, uncertain), per delivery actor.",
+    ("state",),
 )
 DELIVERY_LATENCY = Histogram(
     "sessionray_delivery_latency_seconds", "Platform API send latency.", ("platform",)

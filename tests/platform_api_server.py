@@ -19,10 +19,15 @@ Scripted behaviour for tests:
   Telegram paths);
 * :meth:`PlatformApiServer.respond_with` — a path always answers the given status and body,
   e.g. ``server.respond_with("/send_group_msg", 200, server.onebot_failed)``
-  for the failed-retcode case (:meth:`fail_retcode` is that shortcut).
+  for the failed-retcode case (:meth:`fail_retcode` is that shortcut);
+* :meth:`PlatformApiServer.outage` — a fault window of N seconds from now: every request (or those
+  of some paths) answers 500, or 429 with a ``Retry-After`` (seconds or an HTTP-date), or the port
+  is closed (connection refused; open connections are cut) and opened again on the same port when
+  the window ends. :attr:`PlatformApiServer.outage_over` is set when it ended.
 
 Every request is recorded (:attr:`PlatformApiServer.requests`): method, path, headers (lower-case
-keys), parsed JSON body, multipart text fields and files — so tests assert exact API calls.
+keys), parsed JSON body, multipart text fields and files, and the HTTP status it was answered
+with — so tests assert exact API calls (:meth:`PlatformApiServer.answered_ok`: those answered 200).
 
 Usage::
 
@@ -36,15 +41,19 @@ the scripts are guarded by a lock.
 
 from __future__ import annotations
 
+import contextlib
 import email.parser
 import email.policy
+import email.utils
 import json
 import re
+import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["PlatformApiServer", "RecordedFile", "RecordedRequest"]
 
@@ -79,6 +88,8 @@ class RecordedRequest:
     """Multipart text fields."""
     files: dict[str, RecordedFile] = field(default_factory=dict)
     """Multipart files by field name."""
+    status: int = 0
+    """The HTTP status it was answered with (0 until answered)."""
 
 
 @dataclass
@@ -122,6 +133,12 @@ class PlatformApiServer:
         self._fixed: dict[str, _Scripted] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._port = 0
+        self._conns: set[socket.socket] = set()
+        self._fault: tuple[str, float, dict[str, str], frozenset[str] | None] | None = None
+        self.outage_over = threading.Event()
+        """Set when the last :meth:`outage` window ended (set while there was none)."""
+        self.outage_over.set()
         self.onebot_ok = self.fixture("onebot11/api_response_ok_napcat.json")
         self.onebot_failed = self.fixture("onebot11/api_response_failed_1404.json")
         self.telegram_ok = self.fixture("telegram/api_sendMessage_response.json")
@@ -134,12 +151,12 @@ class PlatformApiServer:
 
     @property
     def base_url(self) -> str:
-        """``http://127.0.0.1:<port>`` (the port is picked by the OS)."""
-        assert self._server is not None, "server not started"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        """``http://127.0.0.1:<port>`` (the port is picked by the OS; the same after an outage)."""
+        assert self._port, "server not started"
+        return f"http://127.0.0.1:{self._port}"
 
     def start(self) -> PlatformApiServer:
-        """Bind 127.0.0.1 on a free port and serve in a daemon thread."""
+        """Bind 127.0.0.1 on a free port (or the port it had) and serve in a daemon thread."""
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -150,6 +167,16 @@ class PlatformApiServer:
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
+
+            def setup(self) -> None:
+                super().setup()
+                with outer._lock:
+                    outer._conns.add(self.connection)
+
+            def finish(self) -> None:
+                with outer._lock:
+                    outer._conns.discard(self.connection)
+                super().finish()
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -166,8 +193,9 @@ class PlatformApiServer:
             do_POST = _handle
             do_GET = _handle
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
         self._server.daemon_threads = True
+        self._port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="platform-api", daemon=True)
         self._thread.start()
         return self
@@ -181,6 +209,13 @@ class PlatformApiServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    def _cut_connections(self) -> None:
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> PlatformApiServer:
         return self.start()
@@ -208,6 +243,55 @@ class PlatformApiServer:
         with self._lock:
             self._fixed[path] = _Scripted(status, body, dict(headers or {}))
 
+    def outage(
+        self,
+        kind: Literal["500", "429", "refused"],
+        seconds: float,
+        *,
+        retry_after: float | str | None = None,
+        paths: set[str] | None = None,
+    ) -> None:
+        """A fault window of ``seconds`` from now (see module docstring).
+
+        Args:
+            kind: ``500``, ``429`` (with ``Retry-After: retry_after``: seconds, or the string
+                ``"date"`` for an HTTP-date ``retry_after_s`` ahead, default 1 s) or ``refused``
+                (the port is closed, open connections cut; reopened on the same port at the end).
+            seconds: Length of the window.
+            retry_after: See ``kind``; ``"date"`` sends the end of the window as an HTTP-date.
+            paths: Only requests of these paths fail (``500``/``429`` only); None: all.
+        """
+        until = time.monotonic() + seconds
+        self.outage_over.clear()
+        if kind == "refused":
+            assert paths is None, "a closed port refuses every path"
+            self.stop()
+            self._cut_connections()
+            timer = threading.Timer(seconds, self._end_refusal)
+            timer.daemon = True
+            timer.start()
+            return
+        headers: dict[str, str] = {}
+        if kind == "429":
+            if retry_after == "date":
+                headers["Retry-After"] = email.utils.formatdate(time.time() + seconds, usegmt=True)
+            else:
+                headers["Retry-After"] = _fmt_seconds(float(retry_after if retry_after is not None else 1))
+        with self._lock:
+            self._fault = (kind, until, headers, frozenset(paths) if paths else None)
+        timer = threading.Timer(seconds, self.outage_over.set)
+        timer.daemon = True
+        timer.start()
+
+    def _end_refusal(self) -> None:
+        self.start()
+        self.outage_over.set()
+
+    def answered_ok(self, path: str | None = None) -> list[RecordedRequest]:
+        """The recorded requests answered HTTP 200 (of ``path``, if given), in arrival order."""
+        with self._lock:
+            return [r for r in self.requests if r.status == 200 and (path is None or r.path == path)]
+
     def fail_retcode(self, path: str) -> None:
         """Make a OneBot send path answer HTTP 200 with the recorded ``retcode: 1404`` failure."""
         self.respond_with(path, 200, self.onebot_failed)
@@ -217,6 +301,7 @@ class PlatformApiServer:
         with self._lock:
             self._failures.clear()
             self._fixed.clear()
+            self._fault = None
 
     def reset(self) -> None:
         """Forget recorded requests and every script."""
@@ -224,6 +309,7 @@ class PlatformApiServer:
             self.requests.clear()
             self._failures.clear()
             self._fixed.clear()
+            self._fault = None
 
     def wait_for_requests(self, n: int, timeout_s: float = 30.0) -> list[RecordedRequest]:
         """Block until at least ``n`` requests were recorded (event-driven, no sleep polling).
@@ -241,6 +327,13 @@ class PlatformApiServer:
     def _answer(
         self, method: str, path: str, raw_headers: dict[str, str], body: bytes
     ) -> tuple[int, bytes, dict[str, str]]:
+        rec, out = self._decide(method, path, raw_headers, body)
+        rec.status = out[0]
+        return out
+
+    def _decide(
+        self, method: str, path: str, raw_headers: dict[str, str], body: bytes
+    ) -> tuple[RecordedRequest, tuple[int, bytes, dict[str, str]]]:
         headers = {k.lower(): v for k, v in raw_headers.items()}
         ctype = headers.get("content-type", "")
         parsed: Any = None
@@ -255,19 +348,27 @@ class PlatformApiServer:
         with self._cond:
             self.requests.append(rec)
             self._cond.notify_all()
+            fault = self._fault
+            if (
+                fault is not None
+                and time.monotonic() < fault[1]
+                and (fault[3] is None or rec.path in fault[3])
+            ):
+                f = _Scripted(int(fault[0]), b"", fault[2])
+                return rec, (f.status, self._default_failure(f, tg is not None), f.headers)
             if self._failures:
                 f = self._failures.pop(0)
-                return f.status, f.body or self._default_failure(f, tg is not None), f.headers
+                return rec, (f.status, f.body or self._default_failure(f, tg is not None), f.headers)
             fixed = self._fixed.get(rec.path)
         if fixed is not None:
-            return fixed.status, fixed.body, fixed.headers
+            return rec, (fixed.status, fixed.body, fixed.headers)
         if rec.path in ONEBOT_SEND_PATHS:
-            return 200, self._numbered(self.onebot_ok, "data"), {}
+            return rec, (200, self._numbered(self.onebot_ok, "data"), {})
         if tg is not None and tg.group("method") == "sendMediaGroup":
-            return 200, self._album(rec), {}
+            return rec, (200, self._album(rec), {})
         if tg is not None and tg.group("method").startswith("send"):
-            return 200, self._numbered(self.telegram_ok, "result"), {}
-        return 404, self.onebot_failed, {}
+            return rec, (200, self._numbered(self.telegram_ok, "result"), {})
+        return rec, (404, self.onebot_failed, {})
 
     def _numbered(self, recorded: bytes, holder: str) -> bytes:
         """The recorded success answer; with ``vary_message_ids`` the n-th one (0-based) carries
@@ -297,7 +398,8 @@ class PlatformApiServer:
             out: dict[str, Any] = {"ok": False, "error_code": f.status, "description": _tg_wording(f.status)}
             if f.status == 429:
                 ra = f.headers.get("Retry-After", "1")
-                out["parameters"] = {"retry_after": int(float(ra))}
+                seconds = float(ra) if ra.replace(".", "", 1).isdigit() else 1.0
+                out["parameters"] = {"retry_after": int(seconds)}
             return json.dumps(out).encode()
         return json.dumps({"status": "failed", "retcode": f.status, "data": None}).encode()
 

@@ -133,6 +133,26 @@ class ServerConfig(_Closed):
     413 and neither stored nor routed."""
 
 
+class DeliveryConfig(_Closed):
+    """``delivery``: how replies wait out platform outages (docs/decisions.md#delivery-outage)."""
+
+    max_age_s: float = Field(3600.0, gt=0)
+    """A reply still not sent this many seconds after its turn recorded it is ``failed`` (counted,
+    logged, listed by ``GET /admin/deliveries``; an operator may retry it)."""
+    backoff_base_s: float = Field(0.5, gt=0)
+    """First wait before retrying a 429/5xx/connection failure, in seconds; doubles per retry
+    (full jitter: a random wait between 0 and that)."""
+    backoff_max_s: float = Field(60.0, gt=0)
+    """Longest wait between two tries without a ``Retry-After``, in seconds (the platform's
+    ``Retry-After`` is honoured as given)."""
+    timeout_s: float = Field(30.0, gt=0)
+    """HTTP timeout of one platform call, in seconds (a call written and not answered in time is
+    ``uncertain``, never resent by itself)."""
+    sweep_s: float = Field(30.0, ge=0)
+    """How often each delivery actor looks for queued replies nobody told it about, in seconds
+    (0: only when it starts)."""
+
+
 class RuntimeConfig(_Closed):
     """``runtime``: actor topology and session lifecycle (docs/decisions.md#session-hosts)."""
 

@@ -13,7 +13,7 @@ How model lookup finds its configuration: :func:`load_config` stores the loaded
 file (or the embedded defaults) on first use. Pass ``config=`` to use another one explicitly.
 
 The section models live in :mod:`runtime.config.ai` (``ai:`` and the shared base) and
-:mod:`runtime.config.sections` (``bots``, ``database``, ``server``, ``runtime``); every public
+:mod:`runtime.config.sections` (``bots``, ``database``, ``server``, ``runtime``, ``delivery``); every public
 name is re-exported here, so import from ``runtime.config``.
 """
 
@@ -46,6 +46,7 @@ from runtime.config.policy import RateLimitConfig, parse_rate
 from runtime.config.sections import (
     BotConfig,
     DatabaseConfig,
+    DeliveryConfig,
     RuntimeConfig,
     ServerConfig,
     default_bots,
@@ -64,6 +65,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DatabaseConfig",
+    "DeliveryConfig",
     "McpServerConfig",
     "ModelConfig",
     "OutputSinkConfig",
@@ -95,6 +97,7 @@ class Config(_Closed):
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
 
     @model_validator(mode="after")
     def _console_api_base(self) -> Config:

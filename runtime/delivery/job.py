@@ -1,4 +1,5 @@
-"""The one type a reply crosses the session/delivery boundary in: :class:`DeliveryJob`.
+"""The one type a reply crosses the session/delivery boundary in: :class:`DeliveryJob` (and
+:func:`partition_of`, the delivery actor of a chat).
 
 The session core builds it (``runtime.session.core``), the delivery actor sends it
 (:class:`runtime.delivery.core.DeliverySender`). It lives apart from the sender so the session
@@ -9,12 +10,14 @@ client and SQL ledger: a session host process keeps ``httpx`` out until a provid
 
 from __future__ import annotations
 
+import zlib
+
 from pydantic import BaseModel, ConfigDict
 
 from runtime.platforms.base import SceneType
 from runtime.reply.segments import Reply
 
-__all__ = ["DeliveryJob"]
+__all__ = ["DeliveryJob", "partition_of"]
 
 
 class DeliveryJob(BaseModel):
@@ -36,3 +39,14 @@ class DeliveryJob(BaseModel):
     reply_to: str | None = None
     """The inbound message id being answered (codecs may quote it in groups)."""
     reply: Reply
+
+
+def partition_of(session_key: str, size: int) -> int:
+    """``crc32(session_key) % size``: the delivery actor index of a session (stable across processes).
+
+    Raises:
+        ValueError: ``size`` < 1.
+    """
+    if size < 1:
+        raise ValueError(f"delivery pool size must be >= 1, got {size}")
+    return zlib.crc32(session_key.encode("utf-8")) % size

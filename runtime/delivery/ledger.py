@@ -1,148 +1,119 @@
-"""The delivery idempotency ledger: one SQL row per reply, keyed by the reply's id
-(docs/decisions.md#delivery-ledger).
+"""The delivery ledger: one SQL row per reply, keyed by the reply's id
+(docs/decisions.md#delivery-ledger, docs/decisions.md#delivery-outbox).
 
 A reply is rendered into N platform API calls ("steps"). The ledger records, per reply:
 
 * the whole delivery job (``job_json``), so any delivery actor can finish it;
+* its state (``status``): ``queued`` (recorded by the session's turn, no owner yet: see
+  :mod:`runtime.delivery.outbox`), ``pending`` (owned and being sent), and the final ``sent``,
+  ``failed`` and ``uncertain``;
 * who owns it (``owner`` = ``"{partition}:{incarnation}"`` of a DeliveryActor) and until when
   (``lease_until``, Unix ms);
-* how many steps are confirmed (``steps_done``) and which step is on the wire (``in_flight``,
-  ``-1`` when none), plus the platform's message ids of the confirmed steps.
+* how many steps are handled (``steps_done``) and which step is on the wire (``in_flight``,
+  ``-1`` when none), plus the platform's message ids of the handled steps.
 
 Rules that make a retried or replayed send never reach the platform twice:
 
-1. A reply whose row says ``sent`` or ``failed`` is not sent again (the caller gets the recorded
-   result, outcome ``duplicate``).
-2. A step is marked ``in_flight`` *before* its HTTP call and ``done`` after the platform confirms.
-   A new owner that finds ``in_flight == steps_done`` cannot know whether the platform received
-   that call (its owner died mid-send), so it **skips** that step (at-most-once for the one
-   uncertain call; it is logged and counted with outcome ``uncertain``) and continues with the next.
+1. A reply whose row is final (``sent``, ``failed``, ``uncertain``) is not sent again by itself
+   (the caller gets the recorded result, outcome ``duplicate``); only an operator's retry
+   (:func:`runtime.delivery.outbox.retry`) queues it again.
+2. A step is marked ``in_flight`` *before* its HTTP call and done after the platform confirms.
+   A new owner that finds a step in flight cannot know whether the platform received that call
+   (its owner died mid-send), so it records the step as **uncertain** (a ``delivery_uncertain``
+   row, :func:`record_uncertain`), never sends it again by itself, and goes on with the next
+   steps; the reply then ends ``uncertain`` (docs/decisions.md#delivery-uncertain).
 3. Ownership moves only when the lease expired, or when the claimer is the restarted incarnation
    of the same partition (Ray runs at most one incarnation of a named actor at a time, so the old
-   one is dead). Each write checks the owner, so a stale owner cannot write over a new one.
+   one is dead). Each write checks the owner, so a stale owner cannot write over a new one. An
+   owner that waits out a platform outage renews its lease (:func:`renew`).
 
-Rule 2 in one transaction: :func:`claim_and_begin` inserts a fresh row with step 0 already
-marked in flight (or claims an existing one and, when its next step is 0 and nothing is on the
-wire, marks step 0 in the same write), so the first send of a reply costs one ledger write
-instead of two.
+Rule 2 in one transaction: :func:`claim_and_begin` claims a row (inserting it when missing: a
+reply handed straight to a delivery actor) and, when its next step is 0 and nothing is on the
+wire, marks step 0 in flight in the same write, so the first send of a reply costs one ledger
+write before its call and one after.
 
-The table shares ``SQLModel.metadata`` with the memory tables (runtime/memory/tables.py) and is
-created, if missing, by :func:`create_ledger_table` (never dropped or altered;
-docs/decisions.md#memory-create-only). The writes are SQLAlchemy Core statements built once (a write
-transaction costs a few statements, not an ORM flush per object:
-docs/decisions.md#memory-write-path); each is one whole transaction, so a caller may re-run it on a
-transient error. Every function here is blocking: call the writers through
-:meth:`runtime.memory.db.Database.run_write`, the readers through
+The tables are :mod:`runtime.memory.delivery_tables` (created with the memory tables; never
+dropped or altered: docs/decisions.md#memory-create-only). The writes are SQLAlchemy Core
+statements built once (docs/decisions.md#memory-write-path); each is one whole transaction, so a
+caller may re-run it on a transient error. Every function here is blocking: call the writers
+through :meth:`runtime.memory.db.Database.run_write`, the readers through
 :meth:`~runtime.memory.db.Database.run`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
 from typing import Any, Literal, TypedDict, Unpack
 
-from sqlalchemy import BigInteger, Column, Connection, Integer, Table, Text, bindparam, or_, update
+from sqlalchemy import Connection, bindparam, or_, update
 from sqlalchemy import select as core_select
-from sqlmodel import Field, SQLModel, col, select
+from sqlmodel import SQLModel, col, select
 
+from runtime.delivery.ledger_steps import (
+    FINAL,
+    LEDGER_TABLE,
+    UNCERTAIN_TABLE,
+    FinalStatus,
+    LedgerEntry,
+    LedgerStatus,
+    LostLeaseError,
+    RowView,
+    begin_step,
+    finish,
+    finish_step,
+    record_uncertain,
+    renew,
+    skip_uncertain_step,
+)
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
+from runtime.memory.delivery_tables import DeliveryLedgerRow
 
 __all__ = [
     "ClaimFields",
     "ClaimOutcome",
     "DeliveryLedgerRow",
+    "FinalStatus",
     "LedgerEntry",
+    "LedgerStatus",
     "LostLeaseError",
     "begin_step",
     "claim",
     "claim_and_begin",
+    "claim_queued",
     "create_ledger_table",
     "finish",
     "finish_step",
     "get_entry",
+    "record_uncertain",
+    "renew",
     "resumable",
     "skip_uncertain_step",
 ]
 
-LedgerStatus = Literal["pending", "sent", "failed"]
-
-
-class LostLeaseError(RuntimeError):
-    """Another delivery actor took over this reply (our lease expired); stop sending it."""
-
-
-class DeliveryLedgerRow(SQLModel, table=True):
-    """One reply's delivery state (see module docstring)."""
-
-    __tablename__ = "delivery_ledger"
-
-    reply_id: str = Field(sa_column=Column(Text, primary_key=True))
-    """The idempotency key: the reply's id (stable across retries and replays of one turn)."""
-    session_key: str = Field(sa_column=Column(Text, nullable=False, index=True))
-    platform: str = Field(sa_column=Column(Text, nullable=False))
-    bot_id: str = Field(sa_column=Column(Text, nullable=False))
-    partition: int = Field(sa_column=Column(Integer, nullable=False))
-    """Index of the delivery actor this reply hashes to."""
-    job_json: str = Field(sa_column=Column(Text, nullable=False))
-    status: str = Field(sa_column=Column(Text, nullable=False, index=True))
-    """``pending`` | ``sent`` | ``failed``."""
-    owner: str = Field(sa_column=Column(Text, nullable=False))
-    lease_until: int = Field(sa_column=Column(BigInteger, nullable=False))
-    steps_total: int = Field(default=-1, sa_column=Column(Integer, nullable=False))
-    """Number of API calls the reply renders to (``-1`` until rendered)."""
-    steps_done: int = Field(default=0, sa_column=Column(Integer, nullable=False))
-    in_flight: int = Field(default=-1, sa_column=Column(Integer, nullable=False))
-    message_ids: str = Field(default="[]", sa_column=Column(Text, nullable=False))
-    """JSON list of the platform's message ids of the confirmed steps (``null`` for a skipped one)."""
-    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
-    created_at: int = Field(sa_column=Column(BigInteger, nullable=False))
-    updated_at: int = Field(sa_column=Column(BigInteger, nullable=False))
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """A copy of one ledger row (times in Unix ms)."""
-
-    reply_id: str
-    session_key: str
-    platform: str
-    bot_id: str
-    partition: int
-    job_json: str
-    status: LedgerStatus
-    owner: str
-    lease_until: int
-    steps_total: int
-    steps_done: int
-    in_flight: int
-    message_ids: list[str | None]
-    error: str | None
-
-    @classmethod
-    def of(cls, row: Any) -> LedgerEntry:
-        """Copy ``row`` (a :class:`DeliveryLedgerRow`, or a Core result row of the table)."""
-        copied = {f.name: getattr(row, f.name) for f in dataclass_fields(cls) if f.name != "message_ids"}
-        return cls(**copied, message_ids=json.loads(row.message_ids))
-
 
 @dataclass(frozen=True, slots=True)
 class ClaimOutcome:
-    """Result of :func:`claim`: ``state`` is ``claimed`` (you own it now), ``done`` (already sent
-    or failed: do not send) or ``busy`` (a live owner holds the lease). ``begun`` is True when
-    :func:`claim_and_begin` also marked step 0 in flight (then do not call :func:`begin_step`
-    for step 0)."""
+    """Result of a claim: ``state`` is ``claimed`` (you own it now), ``done`` (final already: do
+    not send) or ``busy`` (a live owner holds the lease). ``begun`` is True when the claim also
+    marked step 0 in flight (then do not call :func:`begin_step` for step 0). ``uncertain`` and
+    ``resend`` are the reply's recorded uncertain steps: those left alone, and those an operator
+    asked to send again (read only for a row that was worked on before)."""
 
     state: Literal["claimed", "done", "busy"]
     entry: LedgerEntry
     begun: bool = False
+    uncertain: tuple[int, ...] = ()
+    resend: tuple[int, ...] = ()
+
+
+_ACTIVE_INDEX = next(i for i in LEDGER_TABLE.indexes if i.name == "ix_delivery_ledger_active")
 
 
 def create_ledger_table(db: Database) -> None:
-    """Create ``delivery_ledger`` and the memory tables if missing (never drops or alters;
-    docs/decisions.md#memory-create-only).
+    """Create the memory and delivery tables if missing (never drops or alters;
+    docs/decisions.md#memory-create-only), and the ledger's ``(status, session_key, created_at)``
+    index on a ledger table made before it existed (an index only: no row or column changes).
 
     Runs in one writer transaction (SQLite: under the node-wide writer lock, ``BEGIN IMMEDIATE``),
     so several delivery actors starting at once on one SQLite file queue instead of failing with
@@ -151,49 +122,36 @@ def create_ledger_table(db: Database) -> None:
     """
     from runtime.memory.tables import MEMORY_TABLES
 
-    tables = [t.__table__ for t in (*MEMORY_TABLES, DeliveryLedgerRow)]  # type: ignore[attr-defined]
+    tables = [t.__table__ for t in MEMORY_TABLES]  # type: ignore[attr-defined]
     with db.connection(write=True) as conn:
         SQLModel.metadata.create_all(conn, tables=tables, checkfirst=True)
+        _ACTIVE_INDEX.create(conn, checkfirst=True)
 
 
-_T: Table = DeliveryLedgerRow.__table__  # type: ignore[attr-defined]
-_OWNED = (_T.c.reply_id == bindparam("r")) & (_T.c.owner == bindparam("o")) & (_T.c.status == "pending")
-"""The row is ours: it exists, ``owner`` holds it and it is still ``pending``."""
-_SELECT = core_select(_T).where(_T.c.reply_id == bindparam("r"))
+_SELECT = core_select(LEDGER_TABLE).where(LEDGER_TABLE.c.reply_id == bindparam("r"))
 _SELECT_FOR_UPDATE = _SELECT.with_for_update()
-_SELECT_OWNED_IDS = core_select(_T.c.message_ids, _T.c.in_flight).where(_OWNED)
-_SELECT_OWNED_IDS_FOR_UPDATE = _SELECT_OWNED_IDS.with_for_update()
+_SELECT_UNCERTAIN = (
+    core_select(UNCERTAIN_TABLE.c.step, UNCERTAIN_TABLE.c.state)
+    .where(UNCERTAIN_TABLE.c.reply_id == bindparam("r"))
+    .order_by(UNCERTAIN_TABLE.c.step)
+)
 _TAKE_OVER = (
-    update(_T)
-    .where(_T.c.reply_id == bindparam("r"))
-    .values(owner=bindparam("o"), lease_until=bindparam("lease"), updated_at=bindparam("now"))
+    update(LEDGER_TABLE)
+    .where(LEDGER_TABLE.c.reply_id == bindparam("r"))
+    .values(
+        status="pending", owner=bindparam("o"), lease_until=bindparam("lease"), updated_at=bindparam("now")
+    )
 )
 _TAKE_OVER_AND_BEGIN = _TAKE_OVER.values(in_flight=0, steps_total=bindparam("total"))
-_BEGIN = (
-    update(_T)
-    .where(_OWNED)
-    .values(
-        in_flight=bindparam("step"),
-        steps_total=bindparam("total"),
-        lease_until=bindparam("lease"),
-        updated_at=bindparam("now"),
-    )
+_CLAIM_FRESH_QUEUED = (
+    _TAKE_OVER.where(LEDGER_TABLE.c.status == "queued")
+    .where(LEDGER_TABLE.c.steps_done == 0)
+    .where(LEDGER_TABLE.c.in_flight == -1)
+    .where(LEDGER_TABLE.c.steps_total == -1)
+    .returning(*LEDGER_TABLE.c)
 )
-_STEP_DONE = (
-    update(_T)
-    .where(_OWNED)
-    .values(
-        message_ids=bindparam("ids"), steps_done=bindparam("done"), in_flight=-1, updated_at=bindparam("now")
-    )
-)
-_STEP_DONE_LAST = _STEP_DONE.values(status="sent", error=None)
-_FINISH = (
-    update(_T)
-    .where(_OWNED)
-    .values(status=bindparam("st"), error=bindparam("err"), in_flight=-1, updated_at=bindparam("now"))
-    .returning(*_T.c)
-)
-
+"""A queued row nobody worked on yet, claimed in one statement (the outbox's common case)."""
+_CLAIM_FRESH_QUEUED_AND_BEGIN = _CLAIM_FRESH_QUEUED.values(in_flight=0, steps_total=bindparam("total"))
 
 _INSERT: dict[str, Any] = {}
 """The fresh-row ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per dialect (built once)."""
@@ -205,14 +163,10 @@ def _locked(conn: Connection, db: Database, reply_id: str) -> Any:
 
 
 def _may_take_over(row: Any, owner: str, now: int) -> bool:
-    if row.owner == owner or row.lease_until <= now:
+    if row.status == "queued" or row.owner == owner or row.lease_until <= now:
         return True
     partition, _, _ = owner.partition(":")
     return bool(row.owner.split(":", 1)[0] == partition)  # our own partition's dead previous incarnation
-
-
-def _lost(reply_id: str, owner: str) -> LostLeaseError:
-    return LostLeaseError(f"delivery {reply_id!r} is no longer owned by {owner!r}")
 
 
 class ClaimFields(TypedDict):
@@ -241,8 +195,8 @@ def claim(db: Database, **fields: Unpack[ClaimFields]) -> ClaimOutcome:
         fields: :class:`ClaimFields`, all required, by keyword.
 
     Returns:
-        ``claimed`` when ``owner`` may send now (fresh row, own row, expired lease, or the dead
-        previous incarnation of the same partition); ``done`` for a ``sent``/``failed`` row;
+        ``claimed`` when ``owner`` may send now (fresh row, a queued one, own row, expired lease,
+        or the dead previous incarnation of the same partition); ``done`` for a final row;
         ``busy`` when another live owner holds the lease.
 
     Raises:
@@ -255,7 +209,7 @@ def claim_and_begin(db: Database, *, steps_total: int, **fields: Unpack[ClaimFie
     """:func:`claim`, and in the same transaction :func:`begin_step` of step 0 of ``steps_total``
     when the claimed row's next step is 0 and nothing is on the wire (a fresh row, or one whose
     owner died before its first send). Then ``begun`` is True and the caller sends step 0
-    without another ledger write. A row with confirmed steps or an uncertain step 0 (rule 2) is
+    without another ledger write. A row with handled steps or a step on the wire (rule 2) is
     claimed exactly as :func:`claim` does (``begun`` False).
 
     Args:
@@ -269,6 +223,29 @@ def claim_and_begin(db: Database, *, steps_total: int, **fields: Unpack[ClaimFie
     if steps_total < 1:
         raise ValueError(f"claim_and_begin needs at least one step, got steps_total={steps_total}")
     return _claim(db, fields, steps_total)
+
+
+def claim_queued(
+    db: Database, reply_id: str, owner: str, lease_ms: int, steps_total: int | None = None
+) -> ClaimOutcome | None:
+    """Claim a row that exists (the outbox's ``queued`` rows, or one left ``pending`` by a dead
+    owner) without trying an insert first; with ``steps_total`` (>= 1) also begin step 0 as
+    :func:`claim_and_begin` does. A queued row nobody worked on is claimed in one ``UPDATE``.
+
+    Returns:
+        The outcome, or None when no row has ``reply_id``.
+    """
+    now = now_ms()
+    params: dict[str, Any] = {"r": reply_id, "o": owner, "lease": now + lease_ms, "now": now}
+    begin = steps_total is not None
+    if begin:
+        params["total"] = steps_total
+    with db.connection(write=True) as conn:
+        fresh = conn.execute(_CLAIM_FRESH_QUEUED_AND_BEGIN if begin else _CLAIM_FRESH_QUEUED, params).first()
+        if fresh is not None:
+            return ClaimOutcome("claimed", LedgerEntry.of(fresh), begun=begin)
+        row = _locked(conn, db, reply_id)
+        return None if row is None else _take(conn, row, owner, lease_ms, now, steps_total)
 
 
 def _claim(db: Database, fields: ClaimFields, begin_total: int | None) -> ClaimOutcome:
@@ -296,125 +273,57 @@ def _claim(db: Database, fields: ClaimFields, begin_total: int | None) -> ClaimO
     insert_stmt = _INSERT.get(db.dialect)
     if insert_stmt is None:
         insert_stmt = _INSERT[db.dialect] = (
-            db.insert(_T).on_conflict_do_nothing(index_elements=["reply_id"]).returning(_T.c.reply_id)
+            db.insert(LEDGER_TABLE)
+            .on_conflict_do_nothing(index_elements=["reply_id"])
+            .returning(LEDGER_TABLE.c.reply_id)
         )
     with db.connection(write=True) as conn:
         result = conn.execute(insert_stmt, fresh)
         # pysqlite reports no result columns when RETURNING yields no row (a conflict).
         if result.returns_rows and result.first() is not None:
-            return ClaimOutcome("claimed", LedgerEntry.of(_Fresh(fresh)), begun=begin)
+            return ClaimOutcome("claimed", LedgerEntry.of(RowView(fresh)), begun=begin)
         row = _locked(conn, db, reply_id)
         if row is None:  # pragma: no cover - rows are never deleted
             raise RuntimeError(f"could not claim delivery {reply_id!r}")
-        if row.status != "pending":
-            return ClaimOutcome("done", LedgerEntry.of(row))
-        if not _may_take_over(row, owner, now):
-            return ClaimOutcome("busy", LedgerEntry.of(row))
-        values: dict[str, Any] = {
-            **row._asdict(),
-            "owner": owner,
-            "lease_until": now + lease_ms,
-            "updated_at": now,
-        }
-        params: dict[str, Any] = {"r": reply_id, "o": owner, "lease": now + lease_ms, "now": now}
-        start = begin and row.steps_done == 0 and row.in_flight == -1
-        if start:
-            values.update(in_flight=0, steps_total=begin_total)
-            params["total"] = begin_total
-        conn.execute(_TAKE_OVER_AND_BEGIN if start else _TAKE_OVER, params)
-        return ClaimOutcome("claimed", LedgerEntry.of(_Fresh(values)), begun=start)
+        return _take(conn, row, owner, lease_ms, now, begin_total)
 
 
-class _Fresh:
-    """Attribute view of a dict of column values (for :meth:`LedgerEntry.of`)."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
-
-
-def begin_step(db: Database, reply_id: str, owner: str, step: int, steps_total: int, lease_ms: int) -> None:
-    """Mark step ``step`` (0-based) of ``steps_total`` as on the wire; renews the lease.
-
-    Raises:
-        LostLeaseError: another owner took the reply over.
-    """
-    now = now_ms()
-    params = {
-        "r": reply_id,
-        "o": owner,
-        "step": step,
-        "total": steps_total,
-        "lease": now + lease_ms,
-        "now": now,
+def _take(
+    conn: Connection, row: Any, owner: str, lease_ms: int, now: int, begin_total: int | None
+) -> ClaimOutcome:
+    """The claim rules for an existing ``row`` (locked by the caller's transaction)."""
+    if row.status in FINAL:
+        return ClaimOutcome("done", LedgerEntry.of(row))
+    if not _may_take_over(row, owner, now):
+        return ClaimOutcome("busy", LedgerEntry.of(row))
+    values: dict[str, Any] = {
+        **row._asdict(),
+        "status": "pending",
+        "owner": owner,
+        "lease_until": now + lease_ms,
+        "updated_at": now,
     }
-    with db.connection(write=True) as conn:
-        if conn.execute(_BEGIN, params).rowcount == 0:
-            raise _lost(reply_id, owner)
-
-
-def _owned_ids(conn: Connection, db: Database, reply_id: str, owner: str) -> tuple[list[str | None], int]:
-    stmt = _SELECT_OWNED_IDS if db.is_sqlite else _SELECT_OWNED_IDS_FOR_UPDATE
-    row = conn.execute(stmt, {"r": reply_id, "o": owner}).first()
-    if row is None:
-        raise _lost(reply_id, owner)
-    return json.loads(row.message_ids), int(row.in_flight)
-
-
-def finish_step(
-    db: Database, reply_id: str, owner: str, step: int, message_id: str | None, *, last: bool = False
-) -> None:
-    """Record that the platform confirmed step ``step`` (with its message id, if any); with
-    ``last`` the reply is closed as ``sent`` in the same transaction (one SQLite write fewer).
-
-    Raises:
-        LostLeaseError: another owner took the reply over.
-    """
-    _record_step(db, reply_id, owner, message_id, step=step, last=last)
-
-
-def skip_uncertain_step(db: Database, reply_id: str, owner: str) -> int:
-    """Skip the step a dead owner left on the wire (rule 2); returns its index.
-
-    Raises:
-        LostLeaseError: another owner took the reply over.
-    """
-    return _record_step(db, reply_id, owner, None)
-
-
-def _record_step(
-    db: Database,
-    reply_id: str,
-    owner: str,
-    message_id: str | None,
-    *,
-    step: int | None = None,
-    last: bool = False,
-) -> int:
-    """Append ``message_id`` to the owned row's ids and mark ``step`` (``None``: the step on the
-    wire) done, in one transaction; with ``last`` also close the reply as ``sent``. Returns the step."""
-    with db.connection(write=True) as conn:
-        ids, in_flight = _owned_ids(conn, db, reply_id, owner)
-        done = in_flight if step is None else step
-        ids.append(message_id)
-        params = {"r": reply_id, "o": owner, "ids": json.dumps(ids), "done": done + 1, "now": now_ms()}
-        conn.execute(_STEP_DONE_LAST if last else _STEP_DONE, params)
-        return done
-
-
-def finish(
-    db: Database, reply_id: str, owner: str, status: Literal["sent", "failed"], error: str | None
-) -> LedgerEntry:
-    """Close the reply as ``sent`` or ``failed`` (terminal: never sent again).
-
-    Raises:
-        LostLeaseError: another owner took the reply over.
-    """
-    params = {"r": reply_id, "o": owner, "st": status, "err": error, "now": now_ms()}
-    with db.connection(write=True) as conn:
-        row = conn.execute(_FINISH, params).first()
-        if row is None:
-            raise _lost(reply_id, owner)
-        return LedgerEntry.of(row)
+    params: dict[str, Any] = {"r": row.reply_id, "o": owner, "lease": now + lease_ms, "now": now}
+    start = begin_total is not None and row.steps_done == 0 and row.in_flight == -1
+    if start:
+        values.update(in_flight=0, steps_total=begin_total)
+        params["total"] = begin_total
+    conn.execute(_TAKE_OVER_AND_BEGIN if start else _TAKE_OVER, params)
+    uncertain: list[int] = []
+    resend: list[int] = []
+    if row.steps_total >= 0 or row.in_flight >= 0:  # worked on before: it may have uncertain steps
+        for step, state in conn.execute(_SELECT_UNCERTAIN, {"r": row.reply_id}):
+            if state == "resend":
+                resend.append(int(step))
+            elif state == "uncertain":
+                uncertain.append(int(step))
+    return ClaimOutcome(
+        "claimed",
+        LedgerEntry.of(RowView(values)),
+        begun=start,
+        uncertain=tuple(uncertain),
+        resend=tuple(resend),
+    )
 
 
 def get_entry(db: Database, reply_id: str) -> LedgerEntry | None:

@@ -36,12 +36,12 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
-from sqlalchemy import Table, bindparam, func, insert, text, update
+from sqlalchemy import Connection, Table, bindparam, func, insert, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -133,18 +133,7 @@ def summary_message(summary: str, anchor_message_id: int | None, timestamp: int)
 
 
 def _info(row: AgentSessionRow) -> SessionInfo:
-    return SessionInfo(
-        session_id=row.session_id,
-        session_key=row.session_key,
-        platform=row.platform,
-        bot_id=row.bot_id,
-        scene_id=row.scene_id,
-        scene_type=row.scene_type,
-        model=row.model,
-        status=row.status,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
+    return SessionInfo(**{f.name: getattr(row, f.name) for f in fields(SessionInfo)})
 
 
 class ContextRepository:
@@ -315,8 +304,15 @@ class ContextRepository:
 
     # ------------------------------------------------------------------ messages
 
-    async def append_messages(self, session_id: str, messages: Sequence[AgentMessage]) -> list[int]:
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[AgentMessage],
+        *,
+        also: Callable[[Connection], None] | None = None,
+    ) -> list[int]:
         """Append ``messages`` to the epoch ``session_id`` in one transaction; return their row ids.
+        ``also(conn)`` runs last in it (a reply's ledger row: docs/decisions.md#delivery-outbox).
 
         Concurrent calls for one session are serialized (module docstring); none is lost. User
         messages are stored with forged ``[sender:…]`` prefixes stripped. The session's
@@ -371,8 +367,12 @@ class ContextRepository:
                         f"no agent session {session_id!r}: call get_or_create_active(session_key) first"
                     )
                 if len(params) == 1:
-                    return [int(conn.execute(_INSERT_MESSAGE, params[0]).scalar_one())]
-                return [int(i) for i in conn.execute(_INSERT_MESSAGES, params).scalars()]
+                    ids = [int(conn.execute(_INSERT_MESSAGE, params[0]).scalar_one())]
+                else:
+                    ids = [int(i) for i in conn.execute(_INSERT_MESSAGES, params).scalars()]
+                if also is not None:
+                    also(conn)
+                return ids
 
         async with self._lock(f"sid:{session_id}"):
             return await self.db.run_write(work)

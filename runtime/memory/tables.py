@@ -13,6 +13,7 @@
 * ``model_capabilities`` — the structured-output tier of each ``(provider, model)`` with its
   source, time, reason and raw evidence (:mod:`runtime.memory.capabilities`;
   docs/decisions.md#structured-capability-cache). One row per model, replaced in place.
+* ``delivery_ledger``, ``delivery_uncertain`` — the delivery outbox (:mod:`runtime.memory.delivery_tables`).
 
 Times (``time``, ``timestamp``, ``created_at``, ``updated_at``) are Unix epoch milliseconds in
 64-bit integers. Row ids are 64-bit on PostgreSQL (``BIGSERIAL``) and the rowid on SQLite.
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 from sqlalchemy import BigInteger, Column, ForeignKey, Index, Integer, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
+
+from runtime.memory.delivery_tables import DeliveryLedgerRow, DeliveryUncertainRow
 
 __all__ = [
     "MEMORY_TABLES",
@@ -160,5 +163,8 @@ MEMORY_TABLES: tuple[type[SQLModel], ...] = (
     AgentMessageRow,
     AgentSummaryRow,
     ModelCapabilityRow,
+    DeliveryLedgerRow,
+    DeliveryUncertainRow,
 )
-"""Every table :meth:`Database.create_tables` creates, in dependency order."""
+"""Every table :meth:`Database.create_tables` creates, in dependency order (the delivery tables
+live in :mod:`runtime.memory.delivery_tables`)."""

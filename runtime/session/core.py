@@ -15,6 +15,10 @@ Rules:
 * **Replies keep chat order.** Turn *k* hands its reply to delivery only after turn *k-1* handed
   its own (or ended): the user sees answers in the order they asked
   (docs/decisions.md#session-reply-order).
+* **Hand-off without waiting.** Handing a reply over is one write transaction: the turn's
+  ``im_reply`` record and the reply's ``queued`` row in the delivery ledger, then a notification
+  the turn does not wait on (docs/decisions.md#delivery-outbox). The turn ends before the platform
+  answers; the delivery actor sends the chat's queued replies in that (ledger) order.
 * **Control.** ``steer`` goes to the latest active turn (reaches its next LLM call);
   ``follow_up`` queues on it (drained when it would stop). With no active turn, or when the text
   was still queued as the turn ended, the text runs as a turn of its own — nothing is dropped.
@@ -32,8 +36,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from runtime import metrics
-from runtime.delivery.job import DeliveryJob
-from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, ToolResultMessage, UserMessage
+from runtime.delivery.job import DeliveryJob, partition_of
+from runtime.delivery.outbox import queue_writer
+from runtime.llm.types import (
+    AgentMessage,
+    AssistantMessage,
+    CustomMessage,
+    ToolResultMessage,
+    UserMessage,
+    now_ms,
+)
 from runtime.reply.segments import Reply
 from runtime.session.turn import (
     DEFERRED_MARKER,
@@ -74,13 +86,16 @@ class SessionCore:
         setup: Model, tools, prompt, queue modes.
         repo: A ``ContextRepository``.
         writer: The session's single writer (holds the loaded context).
-        deliver: Hands a reply to delivery (returns once accepted).
+        deliver: Notifies delivery of a reply just queued in the ledger (returns at once;
+            :data:`~runtime.session.turn.DeliverFn`).
         next_seq: The first ``seq`` the inbox expects (1 for a fresh session; the lowest pending
             seq when the session is re-activated after a crash).
         max_concurrent_turns: Turns of this session that may run at once (≥ 1; the session host
             passes ``runtime.max_concurrent_turns``, whose default lives in the config model).
         run_agent_fn: The agent part of a turn (default :func:`runtime.session.turn_agent.run_agent`).
         spawn: Runs a deferred task's function (default: a thread; the actor passes a Ray task).
+        delivery_partitions: ``runtime.delivery_actors``: a queued reply's ledger ``partition`` is
+            ``crc32(session_key) % delivery_partitions``.
     """
 
     def __init__(
@@ -96,6 +111,7 @@ class SessionCore:
         next_seq: int = 1,
         run_agent_fn: AgentRunner = run_agent,
         spawn: SpawnFn = spawn_in_thread,
+        delivery_partitions: int = 1,
     ) -> None:
         if max_concurrent_turns < 1:
             raise ValueError("max_concurrent_turns must be ≥ 1")
@@ -105,6 +121,8 @@ class SessionCore:
         self.repo = repo
         self.writer = writer
         self.deliver = deliver
+        self._partition = partition_of(session_key, delivery_partitions)
+        self._last_queued_ms = 0
         self.scope = session_key.split(":")[2] if session_key.count(":") >= 3 else "private"
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
@@ -135,6 +153,7 @@ class SessionCore:
         next_seq: int = 1,
         run_agent_fn: AgentRunner = run_agent,
         spawn: SpawnFn = spawn_in_thread,
+        delivery_partitions: int = 1,
     ) -> SessionCore:
         """Load (or create) the active epoch of ``session_key`` from SQL and return its core.
 
@@ -155,6 +174,7 @@ class SessionCore:
             max_concurrent_turns=max_concurrent_turns,
             run_agent_fn=run_agent_fn,
             spawn=spawn,
+            delivery_partitions=delivery_partitions,
         )
 
     # ------------------------------------------------------------------ inbox
@@ -283,26 +303,42 @@ class SessionCore:
         if aborted:
             return TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="aborted", reply_id=reply_id)
         preview = reply.preview_text()
-        if not reply.is_empty():
-            await self.deliver(
-                DeliveryJob(
-                    reply_id=reply_id,
-                    session_key=self.session_key,
-                    platform=turn.platform,
-                    bot_id=turn.bot_id,
-                    scene_type=turn.scene_type,
-                    scene_id=turn.scene_id,
-                    reply_to=turn.message_id if turn.kind == "inbound" else None,
-                    reply=reply,
-                )
+        marker = reply_marker(turn, reply_id, preview)
+        if reply.is_empty():
+            await self.writer.append([marker])
+        else:
+            job = DeliveryJob(
+                reply_id=reply_id,
+                session_key=self.session_key,
+                platform=turn.platform,
+                bot_id=turn.bot_id,
+                scene_type=turn.scene_type,
+                scene_id=turn.scene_id,
+                reply_to=turn.message_id if turn.kind == "inbound" else None,
+                reply=reply,
             )
+            await self._hand_over(job, marker)
         if mine is not None and not mine.done():
             mine.set_result(None)  # the next turn may hand its reply over now (chat order kept)
-        await self.writer.append([reply_marker(turn, reply_id, preview)])
         outcome: Literal["ok", "empty"] = "empty" if reply.is_empty() else "ok"
         return TurnResult(
             seq=turn.seq, message_id=turn.message_id, outcome=outcome, reply_id=reply_id, preview=preview
         )
+
+    async def _hand_over(self, job: DeliveryJob, record: AgentMessage) -> None:
+        """Append ``record`` and ``job``'s ``queued`` ledger row in one transaction, then notify
+        delivery without waiting for the platform (docs/decisions.md#delivery-outbox). The row's
+        ``created_at`` (its place in the chat's order) is strictly increasing per session.
+
+        Raises:
+            Whatever the append raises (then neither the record nor the row was written).
+        """
+        created = self._last_queued_ms = max(now_ms(), self._last_queued_ms + 1)
+        await self.writer.append([record], also=queue_writer(job, self._partition, created))
+        try:
+            await self.deliver(job)
+        except Exception:  # the row is durable: the delivery actor's sweep sends it
+            log.exception("notifying delivery of %s failed; its sweep will send it", job.reply_id)
 
     def _recorder(self, ctl: TurnControl) -> Callable[[Sequence[AgentMessage]], Awaitable[Any]]:
         """The record function of one turn: appends through the writer and marks the turn's
@@ -334,26 +370,21 @@ class SessionCore:
         prev = self._last_handoff
         if prev is not None:
             await asyncio.shield(prev)  # after the reply of the turn that started it (chat order)
+        job = DeliveryJob(
+            reply_id=f"{self.session_id}/deferred/{call_id}",
+            session_key=self.session_key,
+            platform=key.platform,
+            bot_id=key.bot_id,
+            scene_type=key.scope,
+            scene_id=key.scene_id,
+            reply_to=None,
+            reply=Reply.of_text(result),
+        )
+        marker = CustomMessage(
+            custom_type=DEFERRED_MARKER, data={"task": task, "call_id": call_id, "result": result}
+        )
         try:
-            await self.deliver(
-                DeliveryJob(
-                    reply_id=f"{self.session_id}/deferred/{call_id}",
-                    session_key=self.session_key,
-                    platform=key.platform,
-                    bot_id=key.bot_id,
-                    scene_type=key.scope,
-                    scene_id=key.scene_id,
-                    reply_to=None,
-                    reply=Reply.of_text(result),
-                )
-            )
-            await self.writer.append(
-                [
-                    CustomMessage(
-                        custom_type=DEFERRED_MARKER, data={"task": task, "call_id": call_id, "result": result}
-                    )
-                ]
-            )
+            await self._hand_over(job, marker)
         except Exception:
             log.exception("deferred task %s of %s: delivery failed", task, self.session_key)
 

@@ -14,7 +14,8 @@ Records a turn leaves in ``agent_messages`` (all through the session's single wr
 * every message the agent loop produces (assistant messages, tool results, steering messages) as
   soon as it ends — so an executed tool's result is in SQL before the next LLM call;
 * ``CustomMessage(custom_type="im_reply", data={"message_id", "reply_id", "preview"})`` — written
-  only after delivery accepted the reply (the inbox entry is then *done*).
+  in one transaction with the reply's ``queued`` row in the delivery ledger (the inbox entry is
+  then *done*; the platform's answer is not awaited: docs/decisions.md#delivery-outbox).
 
 ``convert_to_llm`` drops both markers (custom messages never reach the model:
 docs/decisions.md#llm-context-shape).
@@ -244,8 +245,11 @@ picklable (it travels by value to the host supervisor and every session host).""
 
 
 DeliverFn: TypeAlias = Callable[[DeliveryJob], Awaitable[None]]
-"""Hands a reply to delivery (a :class:`runtime.delivery.DeliveryJob`, the one type a reply crosses
-the session/delivery boundary in); returns once delivery *accepted* it; raises if it could not."""
+"""Tells delivery that a reply (a :class:`runtime.delivery.DeliveryJob`, the one type a reply
+crosses the session/delivery boundary in) was just recorded in the delivery ledger as ``queued``
+(docs/decisions.md#delivery-outbox). It must return at once, never waiting for the platform: the
+reply is already durable, a lost notification only delays it until the delivery actor's sweep.
+An exception it raises is logged and ignored."""
 
 
 class SessionWriter:
@@ -271,16 +275,18 @@ class SessionWriter:
         self.appended = 0
         """Messages appended since activation."""
 
-    async def append(self, messages: Sequence[AgentMessage]) -> list[AgentMessage]:
+    async def append(self, messages: Sequence[AgentMessage], *, also: Any = None) -> list[AgentMessage]:
         """Append ``messages`` to SQL and the mirror; return a snapshot of the whole context after
-        the append (a new list).
+        the append (a new list). ``also`` (``(conn) -> None``) is written in the same transaction
+        (``ContextRepository.append_messages``: a reply's ledger row with its ``im_reply`` record).
 
         Raises:
             Whatever ``store.append_messages`` raises (then nothing was added to the mirror).
         """
         async with self._lock:
             if messages:
-                await self.store.append_messages(self.session_id, list(messages))
+                extra = {} if also is None else {"also": also}
+                await self.store.append_messages(self.session_id, list(messages), **extra)
                 self._messages.extend(messages)
                 self.appended += len(messages)
             return list(self._messages)
@@ -339,7 +345,7 @@ def inbound_marker(turn: TurnInput, session_id: str) -> CustomMessage:
 
 
 def reply_marker(turn: TurnInput, reply_id: str, preview: str) -> CustomMessage:
-    """The ``im_reply`` record written once delivery accepted the reply (the entry is done)."""
+    """The ``im_reply`` record, written with the reply's ``queued`` ledger row (the entry is done)."""
     return CustomMessage(
         custom_type=REPLY_MARKER,
         data={"message_id": turn.message_id, "reply_id": reply_id, "preview": preview},

@@ -27,6 +27,7 @@ EXPECTED = {
     "sessions": ["--url URL"],
     "status": ["--url URL"],
     "models": ["--url URL"],
+    "deliveries": ["--state {failed,uncertain,queued,pending,sent}", "--retry REPLY_ID", "--url URL"],
 }
 
 

@@ -1,5 +1,7 @@
 """kill -9 of a delivery actor mid-send → its restarted incarnation completes the job from the
-ledger, and the platform receives exactly one call (docs/decisions.md#delivery-ledger)."""
+ledger, and the platform receives exactly one call (docs/decisions.md#delivery-ledger); since
+issue #16 the step that was on the wire is recorded and the reply ends ``uncertain``
+(docs/decisions.md#delivery-uncertain), where it used to end ``sent``."""
 
 from __future__ import annotations
 
@@ -40,16 +42,16 @@ async def test_kill_delivery_actor_mid_send_exactly_one_platform_call(
         requests = list(api.requests)
     # Another incarnation took the job over and did not send the uncertain step again.
     assert second_owner != first_owner and second_owner.startswith("0:")
-    # The caller's retry either ran the takeover itself ("sent") or found the job already finished
-    # by the restarted actor's start-up sweep ("duplicate"); either way nothing was sent again.
+    # The caller's retry either ran the takeover itself ("uncertain") or found the job already
+    # finished by the restarted actor's start-up sweep ("duplicate"); either way nothing was sent again.
     assert result in (
-        DeliveryResult(reply_id="r-crash", outcome="sent", message_ids=[None]),
+        DeliveryResult(reply_id="r-crash", outcome="uncertain", message_ids=[None]),
         DeliveryResult(reply_id="r-crash", outcome="duplicate", message_ids=[None]),
     )
     assert [(r.path, r.json) for r in requests] == [("/send_private_msg", private_call("20002", "only once"))]
     assert entry is not None
     assert (entry.status, entry.owner, entry.steps_done, entry.message_ids) == (
-        "sent",
+        "uncertain",
         second_owner,
         1,
         [None],

@@ -23,7 +23,10 @@ def env(fixtures_dir: Path, tmp_path_factory: pytest.TempPathFactory, ray_sessio
     """One platform-API server, one SQLite file and one pool of 2 delivery actors for the module
     (actor start-up is the expensive part); each test uses its own reply ids and scene."""
     url = f"sqlite:///{tmp_path_factory.mktemp('delivery') / 'edge.db'}"
-    with PlatformApiServer(fixtures_dir) as server, delivery_pool(url, server.base_url, size=2) as pool:
+    with (
+        PlatformApiServer(fixtures_dir) as server,
+        delivery_pool(url, server.base_url, size=2, max_age_s=2) as pool,
+    ):
         yield server, url, pool
 
 
@@ -86,18 +89,22 @@ async def test_429_with_retry_after_then_success(env, api: PlatformApiServer) ->
     ] * 2
 
 
-async def test_5xx_retries_with_backoff_then_gives_up(env, api: PlatformApiServer) -> None:
-    # module pool settings: max_attempts=3, backoff_base_s=0.01
+async def test_5xx_retries_with_backoff_until_max_age_then_fails(env, api: PlatformApiServer) -> None:
+    # module pool settings: max_age_s=2, backoff_base_s=0.01, backoff_max_s=0.5 (full jitter).
+    # Behaviour changed by issue #16: no fixed attempt count; retries go on until the reply is
+    # delivery.max_age_s old, then it is failed (reason "expired").
     _, url, pool = env
-    api.fail_next(3, 503)
+    api.respond_with("/send_private_msg", 503, b'{"status":"failed","retcode":503,"data":null}')
     result = await pool.deliver(text_job("nope", reply_id="r-503", scene_id="30003"))
     replay = await pool.deliver(text_job("nope", reply_id="r-503", scene_id="30003"))
-    assert (result.outcome, result.attempts, len(result.waits_s)) == ("failed", 3, 2)
-    # exponential with jitter in [½, 1]× of 0.01 s, 0.02 s
-    assert 0.005 <= result.waits_s[0] <= 0.01 and 0.01 <= result.waits_s[1] <= 0.02
-    assert result.error is not None and "503" in result.error
+    api.reset_scripts()
+    assert result.outcome == "failed" and result.attempts >= 2
+    assert len(result.waits_s) == result.attempts - 1
+    # exponential with full jitter: the n-th wait is in [0, min(0.5, 0.01 · 2^(n-1))] s
+    assert all(0 <= w <= min(0.5, 0.01 * 2**n) for n, w in enumerate(result.waits_s))
+    assert result.error is not None and "503" in result.error and "delivery.max_age_s=2" in result.error
     assert replay.outcome == "duplicate" and replay.error == result.error
-    assert len(api.requests) == 3
+    assert len(api.requests) == result.attempts
     # nothing confirmed, no outbound transcript for that scene
     assert [t for t in _transcripts(url) if t[2] == "30003"] == []
 

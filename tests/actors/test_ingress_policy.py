@@ -107,7 +107,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, fixtures_dir: Path) -> Iter
             server=ServerConfig(admin_token_env="POLICY_NO_TOKEN"),
         )
         delivery = DeliverySender(
-            DeliverySettings(database_url=db_url, bots=config.bots, max_attempts=1), 0, "0:t"
+            DeliverySettings(database_url=db_url, bots=config.bots, max_age_s=1), 0, "0:t"
         )
         runtime = PolicyRuntime(delivery)
         app = build_app(runtime, config)

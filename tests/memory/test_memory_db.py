@@ -28,6 +28,8 @@ def test_default_url_creates_directory_with_wal_and_busy_timeout(
             "agent_messages",
             "agent_sessions",
             "agent_summaries",
+            "delivery_ledger",  # with the memory tables since issue #16 (docs/decisions.md#delivery-outbox)
+            "delivery_uncertain",
             "im_transcripts",
             "model_capabilities",
         ]
@@ -105,6 +107,16 @@ def test_table_shapes(db: Database) -> None:
             "failures",
             "updated_at",
         ],
+        # the delivery tables are created with the memory tables since issue #16
+        "delivery_ledger": [
+            "reply_id", "session_key", "platform", "bot_id", "partition", "job_json", "status", "owner",
+            "lease_until", "steps_total", "steps_done", "in_flight", "message_ids", "error", "created_at",
+            "updated_at",
+        ],
+        "delivery_uncertain": ["reply_id", "step", "state", "owner", "created_at", "updated_at"],
+    }  # fmt: skip
+    assert ("status", "session_key", "created_at") in {
+        tuple(i["column_names"]) for i in insp.get_indexes("delivery_ledger")
     }
     indexes = {tuple(i["column_names"]) for i in insp.get_indexes("agent_messages")}
     assert ("session_id", "timestamp") in indexes

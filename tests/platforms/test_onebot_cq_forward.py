@@ -142,7 +142,7 @@ def test_render_forward_api_splits_runs_in_order() -> None:
 
 def sender(tmp_path: Path, api: PlatformApiServer, forward_api: bool) -> DeliverySender:
     bot = BotConfig(platform="onebot11", self_id=BOT, api_base=api.base_url, forward_api=forward_api)
-    settings = DeliverySettings(database_url=f"sqlite:///{tmp_path / 'd.db'}", bots=[bot], max_attempts=1)
+    settings = DeliverySettings(database_url=f"sqlite:///{tmp_path / 'd.db'}", bots=[bot], max_age_s=1)
     return DeliverySender(settings, 0, "0:test")
 
 

@@ -1,0 +1,242 @@
+"""The outbox side of the delivery ledger (docs/decisions.md#delivery-outbox): how a session's turn
+records its reply without waiting for the platform, how delivery actors find the work, and the
+operator's view and retry of replies that did not go out cleanly.
+
+* :func:`queue_writer` — the ``queued`` row of a reply, written by the session host *inside* the
+  transaction that appends the turn's ``im_reply`` record (``ContextRepository.append_messages(…,
+  also=…)``): the reply and the record that the turn handed it over commit together, one write
+  transaction as before the outbox. A crash-retried turn that finds its ``im_reply`` record hands
+  nothing over again; a second insert of the same ``reply_id`` is a no-op (the id is the key).
+* :func:`chat_queue` — a chat's unfinished replies in ledger order (``created_at``, then
+  ``reply_id``), which a delivery actor sends one after another (docs/decisions.md#delivery-outage).
+* :func:`chats_to_resume` — the chats a delivery actor's sweep wakes: those with ``queued`` rows of
+  its partition, and those with ``pending`` rows it may take over (ledger rule 3).
+* :func:`list_replies`, :func:`retry`, :func:`counts` — ``GET /admin/deliveries``, ``POST
+  /admin/deliveries/{reply_id}/retry`` and the backlog gauge.
+
+Every function is blocking (run it through ``Database.run`` / ``run_write``); :func:`queue_writer`
+returns a function run inside another transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Connection, and_, func, or_, update
+from sqlalchemy import select as core_select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from runtime.delivery.job import DeliveryJob
+from runtime.delivery.ledger_steps import LEDGER_TABLE as T
+from runtime.delivery.ledger_steps import UNCERTAIN_TABLE as U
+from runtime.delivery.ledger_steps import LedgerEntry
+from runtime.llm.types import now_ms
+from runtime.memory.db import Database
+
+__all__ = [
+    "BACKLOG_STATES",
+    "NotRetryableError",
+    "ReplyRecord",
+    "chat_queue",
+    "chats_to_resume",
+    "counts",
+    "list_replies",
+    "queue_writer",
+    "retry",
+]
+
+BACKLOG_STATES = ("queued", "pending", "failed", "uncertain")
+"""The states the backlog gauge reports (``sent`` only grows and is not a backlog)."""
+_UNFINISHED = ("queued", "pending")
+
+
+class NotRetryableError(ValueError):
+    """:func:`retry` of a reply that is neither ``failed`` nor ``uncertain`` (answered 409)."""
+
+
+def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[[Connection], None]:
+    """The insert of ``job``'s ``queued`` row, to run inside the caller's write transaction.
+
+    Args:
+        job: The reply (its ``reply_id`` is the row's key).
+        partition: ``crc32(session_key) % runtime.delivery_actors``: the delivery actor whose
+            sweep finds the row.
+        created_at: Unix ms; the row's age and its place in the chat's order (the session's
+            single writer makes it strictly increasing per chat).
+
+    Returns:
+        ``write(conn)``: inserts the row, or nothing when the ``reply_id`` is already there.
+    """
+    values = {
+        "reply_id": job.reply_id,
+        "session_key": job.session_key,
+        "platform": job.platform,
+        "bot_id": job.bot_id,
+        "partition": partition,
+        "job_json": job.model_dump_json(),
+        "status": "queued",
+        "owner": "",
+        "lease_until": 0,
+        "steps_total": -1,
+        "steps_done": 0,
+        "in_flight": -1,
+        "message_ids": "[]",
+        "error": None,
+        "created_at": created_at,
+        "updated_at": created_at,
+    }
+
+    def write(conn: Connection) -> None:
+        insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+        conn.execute(insert(T).on_conflict_do_nothing(index_elements=["reply_id"]), values)
+
+    return write
+
+
+def chat_queue(db: Database, session_key: str, limit: int = 50) -> list[LedgerEntry]:
+    """The ``queued`` and ``pending`` replies of ``session_key``, oldest first (ledger order)."""
+    stmt = (
+        core_select(T)
+        .where(T.c.status.in_(_UNFINISHED), T.c.session_key == session_key)
+        .order_by(T.c.created_at, T.c.reply_id)
+        .limit(limit)
+    )
+    with db.connection() as conn:
+        return [LedgerEntry.of(r) for r in conn.execute(stmt)]
+
+
+def chats_to_resume(db: Database, partition: int, owner: str, limit: int = 1000) -> list[str]:
+    """Session keys with work for the actor ``owner`` of ``partition``, oldest first: ``queued``
+    and ``pending`` rows of its partition (a ``pending`` one is held by its dead previous
+    incarnation, or by ``owner`` itself: in a running chain, which a wake-up only queues behind,
+    or left by an error), and ``pending`` rows of any partition whose lease expired."""
+    now = now_ms()
+    mine = T.c.partition == partition
+    wanted = or_(
+        and_(T.c.status.in_(_UNFINISHED), mine),
+        and_(T.c.status == "pending", T.c.owner != owner, T.c.lease_until <= now),
+    )
+    stmt = (
+        core_select(T.c.session_key, func.min(T.c.created_at).label("first"))
+        .where(wanted)
+        .group_by(T.c.session_key)
+        .order_by("first")
+        .limit(limit)
+    )
+    with db.connection() as conn:
+        return [str(r.session_key) for r in conn.execute(stmt)]
+
+
+def counts(db: Database, partition: int | None = None) -> dict[str, int]:
+    """Replies per state of :data:`BACKLOG_STATES` (of one partition, or all); 0 for a state
+    without rows."""
+    stmt = core_select(T.c.status, func.count()).where(T.c.status.in_(BACKLOG_STATES)).group_by(T.c.status)
+    if partition is not None:
+        stmt = stmt.where(T.c.partition == partition)
+    with db.connection() as conn:
+        found = {str(s): int(n) for s, n in conn.execute(stmt)}
+    return {state: found.get(state, 0) for state in BACKLOG_STATES}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyRecord:
+    """One reply as the admin API shows it (times in Unix ms, ``age_s`` in seconds)."""
+
+    reply_id: str
+    session_key: str
+    platform: str
+    bot_id: str
+    state: str
+    error: str | None
+    steps: dict[str, Any]
+    """``{"total": int (-1: never rendered), "done": int, "uncertain": [step, ...]}`` — the
+    uncertain steps not resent yet."""
+    created_at: int
+    updated_at: int
+    age_s: float
+
+
+def list_replies(
+    db: Database, states: Sequence[str], *, limit: int = 50, offset: int = 0
+) -> list[ReplyRecord]:
+    """Replies in ``states``, newest first (``created_at``, then ``reply_id``, descending), from
+    ``offset`` on, at most ``limit``."""
+    stmt = (
+        core_select(T)
+        .where(T.c.status.in_(list(states)))
+        .order_by(T.c.created_at.desc(), T.c.reply_id.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    now = now_ms()
+    with db.connection() as conn:
+        rows = list(conn.execute(stmt))
+        ids = [r.reply_id for r in rows]
+        open_steps: dict[str, list[int]] = {}
+        if ids:
+            query = core_select(U.c.reply_id, U.c.step).where(
+                U.c.reply_id.in_(ids), U.c.state.in_(("uncertain", "resend"))
+            )
+            for reply_id, step in conn.execute(query.order_by(U.c.reply_id, U.c.step)):
+                open_steps.setdefault(str(reply_id), []).append(int(step))
+    return [
+        ReplyRecord(
+            reply_id=r.reply_id,
+            session_key=r.session_key,
+            platform=r.platform,
+            bot_id=r.bot_id,
+            state=r.status,
+            error=r.error,
+            steps={"total": r.steps_total, "done": r.steps_done, "uncertain": open_steps.get(r.reply_id, [])},
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            age_s=round(max(0, now - r.created_at) / 1000, 3),
+        )
+        for r in rows
+    ]
+
+
+_REQUEUE = (
+    update(T)
+    .values(status="queued", owner="", lease_until=0, in_flight=-1, error=None)
+    .returning(T.c.session_key, T.c.partition)
+)
+
+
+def retry(db: Database, reply_id: str) -> tuple[Literal["failed", "uncertain"], str, int]:
+    """Queue a ``failed`` or ``uncertain`` reply again, an operator's decision
+    (docs/decisions.md#delivery-uncertain): it gets a fresh age (``created_at`` = now, which also
+    puts it after the chat's other unfinished replies). A failed reply goes on from the step that
+    failed; an uncertain one sends only its uncertain steps again (their rows become ``resend``).
+
+    Returns:
+        ``(state it had, session_key, partition)``.
+
+    Raises:
+        LookupError: no reply has ``reply_id``.
+        NotRetryableError: the reply is ``queued``, ``pending`` or ``sent``.
+    """
+    now = now_ms()
+    with db.connection(write=True) as conn:
+        row = conn.execute(core_select(T.c.status).where(T.c.reply_id == reply_id)).first()
+        if row is None:
+            raise LookupError(f"no delivery {reply_id!r}")
+        state = str(row.status)
+        if state not in ("failed", "uncertain"):
+            raise NotRetryableError(
+                f"delivery {reply_id!r} is {state}: only failed or uncertain ones are retried"
+            )
+        stmt = _REQUEUE.where(T.c.reply_id == reply_id, T.c.status == state)
+        done = conn.execute(stmt.values(created_at=now, updated_at=now)).first()
+        if done is None:  # PostgreSQL: a delivery actor changed it since the read above
+            raise NotRetryableError(f"delivery {reply_id!r} changed meanwhile; look again")
+        if state == "uncertain":
+            conn.execute(
+                update(U)
+                .where(U.c.reply_id == reply_id, U.c.state == "uncertain")
+                .values(state="resend", updated_at=now)
+            )
+        return state, str(done.session_key), int(done.partition)  # type: ignore[return-value]
