@@ -12,20 +12,28 @@ import os
 
 import psutil
 
-__all__ = ["describe_process", "listener_pids", "port_holders_text"]
+__all__ = ["describe_process", "listener_pids", "listeners", "port_holders_text"]
 
 
-def listener_pids(port: int) -> list[int | None]:
-    """Pids of the processes with a TCP socket in LISTEN state on ``port`` (any address), in pid
-    order; ``None`` for a listener whose process this user cannot see. ``[]``: nobody listens.
-
-    An error reading the system's socket table (no permission at all) is answered ``[]``."""
+def listeners() -> dict[int, set[int | None]]:
+    """Every TCP port with a socket in LISTEN state → the pids listening there (``None`` for a
+    process this user cannot see). One pass over the system's socket table; an error reading it
+    (no permission at all) is answered ``{}``."""
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError):
-        return []
-    found = {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
-    return sorted(found, key=lambda p: (p is None, p or 0))
+        return {}
+    found: dict[int, set[int | None]] = {}
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr:
+            found.setdefault(c.laddr.port, set()).add(c.pid)
+    return found
+
+
+def listener_pids(port: int) -> list[int | None]:
+    """Pids of the processes listening on TCP ``port`` (any address), in pid order, ``None`` last
+    for a listener this user cannot see; ``[]``: nobody listens."""
+    return sorted(listeners().get(port, set()), key=lambda p: (p is None, p or 0))
 
 
 def describe_process(pid: int) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from actors.port_holders import listener_pids
+from actors.port_holders import listeners
 
 __all__ = [
     "Cleared",
@@ -274,6 +274,12 @@ def _stop(procs: list[psutil.Process], term_wait_s: float, kill_wait_s: float) -
     return _wait_gone(alive, kill_wait_s)
 
 
+def _held(ports: list[int], pids: set[int | None]) -> list[int]:
+    """Those of ``ports`` that one of ``pids`` still listens on."""
+    table = listeners()
+    return [p for p in ports if table.get(p, set()) & pids]
+
+
 def clear_stale_ray(
     root: Path | None = None,
     *,
@@ -304,12 +310,12 @@ def clear_stale_ray(
         left = _stop(procs, term_wait_s, kill_wait_s) if procs else []
         # a socket is closed when the last process holding it exits: wait for any holder among
         # the stopped processes (a listener that is not theirs is the pre-flight's to name)
-        ours = {p.pid for p in procs}
+        ours: set[int | None] = {p.pid for p in procs}
         deadline = time.monotonic() + port_wait_s
-        busy = [p for p in run.ports if ours & set(listener_pids(p))]
+        busy = _held(run.ports, ours) if procs else []
         while busy and time.monotonic() < deadline:
             time.sleep(0.05)
-            busy = [p for p in busy if ours & set(listener_pids(p))]
+            busy = _held(busy, ours)
         if not left:
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -23,6 +23,8 @@ import pytest
 from actors.port_holders import describe_process, port_holders_text
 from actors.stale_ray import LocalRayRun, clear_stale_ray, record_local_ray, run_file, stop_own_ray
 
+LISTEN = "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()\ntime.sleep(120)\n"
+"""A process that listens on a free loopback port."""
 HOLD = "import sys, time\nf = open(sys.argv[1], 'a')\ntime.sleep(120)\n"
 """A process that keeps ``argv[1]`` open (as a Ray daemon keeps its log files open)."""
 
@@ -104,7 +106,10 @@ def test_only_the_dead_drivers_instance_is_stopped(
     session = root / f"session_2026-01-01_00-00-00_000001_{pid}"
     other_session = root / "session_2026-01-01_00-00-00_000002_1"
 
-    recorded = spawn(procs, "-c", "import time; time.sleep(120)")  # e.g. the raylet: by pid + start
+    # e.g. the raylet: found by pid + start time; it listens on a recorded port
+    recorded = spawn(procs, "-c", LISTEN)
+    wait_until("a listener", lambda: psutil.Process(recorded.pid).net_connections(kind="tcp"))
+    [conn] = psutil.Process(recorded.pid).net_connections(kind="tcp")
     agent = holding(procs, session / "logs" / "dashboard_agent.log", title="ray::DashboardAgent")
     worker = holding(procs, session / "logs" / "worker.out", title="ray::IDLE")
     other = holding(procs, other_session / "logs" / "raylet.out", title="ray::raylet")  # another instance
@@ -121,7 +126,7 @@ def test_only_the_dead_drivers_instance_is_stopped(
             (recorded.pid, started(recorded.pid), "raylet"),
             (reused.pid, started(reused.pid) - 5, "x"),
         ],
-        ports=[],
+        ports=[conn.laddr.port],
     )
     dead_record = write_record(root, run)
     live = LocalRayRun(os.getpid(), started(os.getpid()), os.getuid(), str(root), str(other_session), [], [])
@@ -136,6 +141,7 @@ def test_only_the_dead_drivers_instance_is_stopped(
     assert cleared.left == [] and cleared.busy_ports == []
     for p in (recorded, agent, worker):
         wait_until(f"{p.pid} reaped", lambda p=p: p.poll() is not None)
+    assert port_holders_text(conn.laddr.port) is None  # its port is free again
     assert [alive(p) for p in (other, reused, tail)] == [True] * 3
     assert not dead_record.exists() and live_record.exists()
 
@@ -192,10 +198,7 @@ def test_a_driver_killed_during_ray_init_is_found_by_its_session_name(
 def test_record_of_this_driver_names_its_children_and_their_ports(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    server = spawn(
-        procs, "-c", "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()\n"
-        "print(s.getsockname()[1], flush=True)\ntime.sleep(120)\n",
-    )  # fmt: skip
+    server = spawn(procs, "-c", LISTEN)
     wait_until("a listener", lambda: psutil.Process(server.pid).net_connections(kind="tcp"))
     [conn] = psutil.Process(server.pid).net_connections(kind="tcp")
 
