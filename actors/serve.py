@@ -62,6 +62,9 @@ __all__ = ["DEFAULT_METRICS_EXPORT_PORT", "IngressServer", "main", "serve", "wit
 
 log = logging.getLogger("sessionray.serve")
 
+LISTEN_BACKLOG = 2048
+"""Connections the kernel holds for the HTTP port until the server takes them (uvicorn's default)."""
+
 
 def with_ingress_address(config: Any, host: str, port: int) -> Any:
     """``config`` with ``server.host``/``server.port`` set, and every console bot whose ``api_base``
@@ -347,14 +350,18 @@ def main(argv: list[str] | None = None) -> int:
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     metrics_port = None if args.address else args.metrics_export_port
+    listeners: list[socket.socket] = []
+    http_problem: Problem | None = None
+    try:  # listening at once: a connection made during the checks waits, it is not refused
+        listeners = open_listeners(host, port)
+        for sock in listeners:
+            sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        http_problem = Problem(EXIT_PORT, str(exc))
     if not args.address:  # what a crashed serve of this user left of its local Ray would block us
         _clear_stale_ray()
     problems = run_checks(config, host=host, port=port, metrics_port=metrics_port, check_http_port=False)
-    listeners: list[socket.socket] = []
-    try:
-        listeners = open_listeners(host, port)
-    except PortInUseError as exc:
-        problems.append(Problem(EXIT_PORT, str(exc)))
+    problems += [http_problem] if http_problem else []
     if problems:
         for sock in listeners:
             sock.close()
