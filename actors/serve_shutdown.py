@@ -147,9 +147,10 @@ async def drain(
 
     started_turns = await turns()
     left_turns = await _until(turns, deadline, forced)
+    ended = max(0, started_turns - left_turns)
     say(
-        f"stopping: turns: {started_turns} in flight, {started_turns - left_turns} ended, {left_turns} "
-        f"cut off (their messages are replayed by the next start)"
+        f"stopping: turns: {started_turns} in flight, {ended} ended, {left_turns} cut off (their messages "
+        "are replayed by the next start)"
     )
 
     async def replies() -> tuple[int, int] | None:
