@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +40,7 @@ from actors.admission import KeyOrder
 from actors.host import HostFullError
 from actors.router_admin import DEAD, RouterAdminMixin
 from runtime import metrics
+from runtime.keys import key_hash
 
 __all__ = ["ROUTER_PREFIX", "Placement", "RouterActor", "router_name", "shard_of"]
 
@@ -64,7 +64,7 @@ def shard_of(session_key: str, shards: int) -> int:
     """
     if shards < 1:
         raise ValueError(f"runtime.router_shards must be >= 1, got {shards}")
-    return zlib.crc32(session_key.encode("utf-8")) % shards
+    return key_hash(session_key) % shards
 
 
 @dataclass
