@@ -150,7 +150,8 @@ class Ingress:
     Attributes:
         db: The process's :class:`Database` on ``config.database.url`` when this ingress made one
             (None when ``transcripts`` was given): ``DEFAULT_SQL_THREADS`` (8) SQL threads and no
-            pool overflow, so at most 8 connections; the admin's stored-session view shares it.
+            pool overflow, so at most 8 connections; the admin's stored-session view, the durable
+            inbox (:attr:`gate`) and its batched marks share it.
 
     Raises:
         ValueError: a bot's secret environment variable is missing (from its codec).

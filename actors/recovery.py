@@ -145,8 +145,22 @@ class InboxRecovery:
         if not self._ready:
             await db.run_write(lambda: create_inbox_table(db))
             self._ready = True
-        now = now_ms()
         shard, shards = self.shard, self.shards
+        open_rows = await db.run(lambda: backlog(db, shard, shards))
+        if open_rows:  # an idle pass is this one read: no write, no writer lock
+            await self._expire_and_replay()
+            open_rows = await db.run(lambda: backlog(db, shard, shards))
+        metrics.INBOX_PENDING.set(open_rows, shard=str(shard))
+        self._passes += 1
+        self.counts["passes"] = self._passes
+        if self._passes % PRUNE_EVERY == 1:
+            await db.run_write(lambda: prune(db, now_ms() - int(KEEP_CLOSED_S * 1000)))
+        if open_rows == 0:
+            await db.run(db.release_connections)
+
+    async def _expire_and_replay(self) -> None:
+        db, shard, shards = self.db, self.shard, self.shards
+        now = now_ms()
         for row in await db.run_write(lambda: expire(db, shard, shards, now - self.window_ms)):
             self.counts["expired"] += 1
             metrics.INBOX_RECOVERY.inc(outcome="expired")
@@ -164,14 +178,6 @@ class InboxRecovery:
             by_key.setdefault(row.session_key, []).append(row)
         gate = asyncio.Semaphore(KEYS_AT_ONCE)
         await asyncio.gather(*(self._replay(key_rows, gate) for key_rows in by_key.values()))
-        open_rows = await db.run(lambda: backlog(db, shard, shards))
-        metrics.INBOX_PENDING.set(open_rows, shard=str(shard))
-        self._passes += 1
-        self.counts["passes"] = self._passes
-        if self._passes % PRUNE_EVERY == 1:
-            await db.run_write(lambda: prune(db, now_ms() - int(KEEP_CLOSED_S * 1000)))
-        if open_rows == 0:
-            await db.run(db.release_connections)
 
     async def _replay(self, rows: list[InboxEntry], gate: asyncio.Semaphore) -> None:
         """Re-submit one key's rows in inbox order; stop at the first that is not taken."""
