@@ -13,10 +13,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import ray
 from sqlalchemy import update
 
+from actors.ingress import build_app
 from actors.router import shard_of
 from runtime.memory.db import Database
 from runtime.memory.inbox import InboxRow, InboxStore, get_row
@@ -27,6 +29,7 @@ from tests.actors.edge_support import (
     onebot_event,
     private_call,
     running_ingress,
+    serve_in_thread,
     signed,
 )
 from tests.actors.session_support import eventually, key_of
@@ -53,11 +56,10 @@ def db(h: IngressHarness) -> Iterator[Database]:
         database.dispose()
 
 
-def post(h: IngressHarness, user: str, text: str, message_id: int) -> tuple[int, str]:
-    import httpx
-
+def post(h: IngressHarness, user: str, text: str, message_id: int, url: str | None = None) -> tuple[int, str]:
     body = onebot_event(h.api.fixtures_dir, user, text, message_id)
-    resp = httpx.post(f"{h.url}/webhooks/onebot11/{BOT_ID}", content=body, headers=signed(body), timeout=60)
+    hook = f"{url or h.url}/webhooks/onebot11/{BOT_ID}"
+    resp = httpx.post(hook, content=body, headers=signed(body), timeout=60)
     return resp.status_code, resp.json().get("status", "")
 
 
@@ -176,18 +178,24 @@ async def test_a_starting_shard_answers_what_a_dead_ingress_stored_once_in_chat_
         for user in users:
             state = "routed" if i == 0 and user == users[0] else "stored"
             await store_directly(db, message(user, f"{user} #{i}", f"{user}-{i}"), age_s=10 - i, state=state)
+    # a new ingress process finds those chats' open rows and holds their new messages behind them
+    with serve_in_thread(build_app(h.runtime, h.config)) as url:
+        assert post(h, users[0], f"{users[0]} late", 91001, url) == (200, "queued")
+    expected = {users[0]: [f"{users[0]} #{i}" for i in range(3)] + [f"{users[0]} late"]}
+    expected[users[1]] = [f"{users[1]} #{i}" for i in range(3)]
     await start_shards(h)
-    for user in users:
-        await eventually(lambda u=user: len(sent_texts(h, u)) >= 3, 60, f"{user}'s replies")
-        await all_handled(db, user, 3)
+    for user, texts in expected.items():
+        n = len(texts)
+        await eventually(lambda u=user, n=n: len(sent_texts(h, u)) >= n, 60, f"{user}'s replies")
+        await all_handled(db, user, n)
     await all_handled(db, done_user, 1)
-    for user in users:
-        assert sent_texts(h, user) == [f"re: {user} #{i}" for i in range(3)]
-        assert await user_texts(h, user) == [f"{user} #{i}" for i in range(3)]
+    for user, texts in expected.items():
+        assert sent_texts(h, user) == [f"re: {t}" for t in texts]
+        assert await user_texts(h, user) == texts
     assert sent_texts(h, done_user) == ["re: already answered"]
     assert await user_texts(h, done_user) == ["already answered"]  # no second turn
     status = await h.runtime.routers[0].inbox_status.remote()
-    assert (status["resubmitted"], status["failed"]) == (6, 0)
+    assert (status["resubmitted"], status["failed"]) == (7, 0)
 
 
 async def test_an_expired_row_is_never_replayed(h: IngressHarness, db: Database) -> None:
