@@ -7,7 +7,8 @@ Checks, each reported with the config key or option that asks for it:
   ``secret_env`` / ``token_env``, ``ai.providers.<alias>.api_key_env``) is set; every
   ``bots[].media_dir`` and ``ai.tools_dir`` is a readable directory
   (:mod:`runtime.config.requirements`); the business tools (``ai.python_tools``, the
-  ``*.tool.md`` of ``ai.tools_dir``) load — a bad one is a configuration problem;
+  ``*.tool.md`` of ``ai.tools_dir``) and every faux ``ai.providers.<alias>.script`` load — a bad
+  one is a configuration problem;
 * **database** — ``database.url`` parses; PostgreSQL answers ``SELECT 1`` (5 s connect timeout);
   SQLite: the file's directory exists or can be created and is writable, and an existing file is
   a SQLite database. Nothing is created or written;
@@ -256,7 +257,8 @@ def database_problems(url: str | None) -> list[Problem]:
 
 def environment_problems(config: Config, environ: Mapping[str, str] | None = None) -> list[Problem]:
     """Unset variables (class 3, all of them, grouped by variable), unreadable directories (class 3),
-    ``*.tool.md`` files that do not load and a custom output schema that cannot be used (class 2)."""
+    ``*.tool.md`` files that do not load, a faux ``script`` that cannot be imported and a custom
+    output schema that cannot be used (class 2)."""
     by_var: dict[str, list[str]] = {}
     for ref in missing_env(config, environ):
         by_var.setdefault(ref.var, []).append(ref.key)
@@ -278,6 +280,15 @@ def environment_problems(config: Config, environ: Mapping[str, str] | None = Non
             problems.append(Problem(EXIT_CONFIG, f"ai.tools_dir: {exc}"))
         except PythonToolError as exc:
             problems.append(Problem(EXIT_CONFIG, f"ai.python_tools: {exc}"))
+    if any(p.script for p in config.ai.providers.values()):
+        from providers.faux_script import faux_scripts
+        from runtime.session.python_tools import PythonToolError
+
+        ensure_repo_root_on_path()
+        try:
+            faux_scripts(config.ai.providers)
+        except PythonToolError as exc:
+            problems.append(Problem(EXIT_CONFIG, f"ai.providers.*.script: {exc}"))
     if config.ai.agent.output_schema not in ("segments", False):
         from actors.setup import output_schema
         from runtime.reply.custom_output import OutputSchemaError

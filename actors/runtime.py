@@ -153,11 +153,13 @@ class SessionRuntime:
         Raises:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
             runtime.session.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
-            runtime.session.python_tools.PythonToolError: an ``ai.python_tools`` entry cannot be loaded.
+            runtime.session.python_tools.PythonToolError: an ``ai.python_tools`` entry, a pre-tool,
+                a deferred task or a faux ``ai.providers.<alias>.script`` cannot be loaded.
             runtime.reply.custom_output.OutputSchemaError: a custom ``ai.agent.output_schema``
                 cannot be used.
         """
         from actors.cluster import ensure_database_fits_cluster
+        from providers.faux_script import faux_scripts
         from runtime.memory.connection_budget import warn_if_over_connection_budget
         from runtime.memory.db import Database
 
@@ -165,6 +167,7 @@ class SessionRuntime:
         # a bad *.tool.md or Python tool stops start-up (docs/decisions.md#tool-md-hard-fail)
         business_tools(config)
         agent_code(config)  # ai.agent.pre_tools / deferred_tasks: a bad reference stops start-up too
+        faux_scripts(config.ai.providers)  # so does an ai.providers.<alias>.script that cannot be imported
         output_schema(config)  # a custom ai.agent.output_schema that cannot be used stops it too
         db = Database(config.database.url, threads=1)
         try:
@@ -364,5 +367,5 @@ async def _probe_on_start(config: Any, db: Any) -> None:
     from providers import register_builtin_providers
     from runtime.session.capabilities import capability_cache, probe_configured
 
-    register_builtin_providers()
+    register_builtin_providers(config.ai.providers)  # api_key_env and scripted faux providers
     await probe_configured(config, capability_cache(config, db))

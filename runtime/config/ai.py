@@ -98,6 +98,10 @@ class ProviderConfig(_Closed):
     headers: dict[str, str] = Field(default_factory=dict)
     """Extra HTTP headers on every request."""
     models: list[ModelConfig] = Field(default_factory=list)
+    script: str | None = None
+    """``api: faux`` only: ``"package.module:function"`` answering every call to this provider's
+    models — ``function(context, options)`` returns an ``AssistantMessage`` (sync or async); it is
+    registered under the alias in every process (docs/decisions.md#faux-script-from-config)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -133,6 +137,18 @@ class ProviderConfig(_Closed):
         if v not in KNOWN_APIS and v not in list_api_providers():
             raise ValueError(f"unknown api {v!r}; known: {', '.join(KNOWN_APIS)}")
         return v
+
+    @model_validator(mode="after")
+    def _script_is_faux(self) -> ProviderConfig:
+        if self.script is None:
+            return self
+        if self.api != "faux":
+            raise ValueError(f"`script` is only for `api: faux` (this provider has api {self.api!r})")
+        if not ENTRY_POINT_RE.fullmatch(self.script):
+            raise ValueError(f"script {self.script!r} is not of the form 'package.module:function'")
+        if not self.models:
+            raise ValueError("a scripted faux provider needs `models` (the ids it answers for)")
+        return self
 
 
 class OutputSinkConfig(_Closed):

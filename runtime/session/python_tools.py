@@ -1,6 +1,6 @@
 """Python code named in the configuration: ``ai.python_tools`` (business tools) and
 ``ai.agent.pre_tools`` / ``ai.agent.deferred_tasks`` (:func:`load_pre_tools`,
-:func:`load_deferred_tasks`).
+:func:`load_deferred_tasks`); :func:`load_callable` imports any one function by reference.
 
 Each entry is a ``"module:attribute"`` reference. The attribute is
 
@@ -34,6 +34,7 @@ from runtime.session.turn import PreTool, TurnInput
 __all__ = [
     "PythonToolError",
     "import_entry_point",
+    "load_callable",
     "load_deferred_tasks",
     "load_pre_tools",
     "load_python_tools",
@@ -106,7 +107,7 @@ def load_pre_tools(refs: Sequence[str]) -> list[PreTool]:
     Raises:
         PythonToolError: a reference cannot be imported or is not callable.
     """
-    return [PreTool(ref.partition(":")[2], _pre_tool_run(_callable(ref))) for ref in refs]
+    return [PreTool(ref.partition(":")[2], _pre_tool_run(load_callable(ref))) for ref in refs]
 
 
 def load_deferred_tasks(refs: Mapping[str, str]) -> dict[str, Callable[[dict[str, Any]], str]]:
@@ -115,10 +116,15 @@ def load_deferred_tasks(refs: Mapping[str, str]) -> dict[str, Callable[[dict[str
     Raises:
         PythonToolError: a reference cannot be imported or is not callable.
     """
-    return {name: _callable(ref) for name, ref in refs.items()}
+    return {name: load_callable(ref) for name, ref in refs.items()}
 
 
-def _callable(ref: str) -> Any:
+def load_callable(ref: str) -> Any:
+    """The callable named by ``"module:function"`` (also ``ai.providers.<alias>.script``).
+
+    Raises:
+        PythonToolError: it cannot be imported or is not callable.
+    """
     try:
         fn = import_entry_point(ref)
     except (ImportError, AttributeError, ValueError) as exc:

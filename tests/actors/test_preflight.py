@@ -138,6 +138,13 @@ def test_a_python_tool_that_does_not_import_is_a_configuration_problem() -> None
     assert problems[0].text.startswith("ai.python_tools: pf_no_such_module:tool")
 
 
+def test_a_faux_script_that_does_not_import_is_a_configuration_problem() -> None:
+    provider = {"api": "faux", "script": "pf_no_such_module:answer", "models": [{"id": "m"}]}
+    problems = environment_problems(parse_config({"ai": {"providers": {"s": provider}}}), {})
+    assert [p.code for p in problems] == [EXIT_CONFIG]
+    assert problems[0].text.startswith("ai.providers.*.script: pf_no_such_module:answer: cannot be imported")
+
+
 # --------------------------------------------------------------------------- database
 
 

@@ -142,3 +142,33 @@ def test_age_text(seconds: float, text: str) -> None:
     from runtime.reply.capability import age_text
 
     assert age_text(seconds) == text
+
+
+def probe_answer(context: Any, options: Any = None) -> Any:
+    """A scripted faux model (``ai.providers.<alias>.script``) that answers the probe validly."""
+    from runtime.llm.types import AssistantMessage, TextContent
+
+    return AssistantMessage(
+        content=[TextContent(text='{"ok": true}')], provider="s", model="m", stop_reason="stop"
+    )
+
+
+async def test_start_up_probe_reaches_the_configured_providers(db: Database) -> None:
+    """``ai.probe_on_start`` registers the configured providers (their keys, scripted faux models)
+    before probing: a scripted model is probed and its tier stored."""
+    from actors.runtime import _probe_on_start
+
+    cfg = parse_config(
+        {
+            "ai": {
+                "probe_on_start": True,
+                "providers": {
+                    "s": {"api": "faux", "script": f"{__name__}:probe_answer", "models": [{"id": "m"}]}
+                },
+            }
+        }
+    )
+    await _probe_on_start(cfg, db)
+    assert [(r.provider, r.model, r.tier, r.source) for r in await SqlCapabilityStore(db).load_all()] == [
+        ("s", "m", "native", "probe")
+    ]

@@ -70,3 +70,12 @@ def sse(*payloads: Any, done: bool = False, events: bool = False) -> bytes:
 def openai_text(text: str, finish: str | None = None) -> dict[str, Any]:
     """One Chat Completions stream chunk (id ``c1``) whose delta is ``text``, with ``finish_reason``."""
     return {"id": "c1", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+
+
+async def shout(context: Context, options: StreamOptions | None = None) -> AssistantMessage:
+    """A faux ``script`` (``tests/providers/test_faux_script.py``): the last user text upper-cased
+    (async, to show an awaitable script is awaited)."""
+    from runtime.llm.types import TextContent
+
+    text = str(context.messages[-1].content) if context.messages else ""
+    return AssistantMessage(content=[TextContent(text=text.upper())])
