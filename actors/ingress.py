@@ -158,7 +158,6 @@ class Ingress:
     """
 
     def __init__(self, runtime: Any, config: Any, transcripts: TranscriptStore | None = None) -> None:
-        self.runtime = runtime
         self.config = config
         # A polling bot has no webhook: with no secret set, its route would take forged updates.
         self.codecs: dict[tuple[str, str], PlatformCodec] = {
@@ -184,6 +183,15 @@ class Ingress:
         self._notices: set[asyncio.Task[None]] = set()  # cooldown notices on their way
         self.onebot_sockets: Any = None
         """The process's ``actors.onebot_ws.OneBotSockets`` (``build_app`` sets it)."""
+
+    @property
+    def runtime(self) -> Any:
+        """The session runtime (held by :attr:`gate`; a poller sets it once it connected)."""
+        return self.gate.runtime
+
+    @runtime.setter
+    def runtime(self, runtime: Any) -> None:
+        self.gate.runtime = runtime
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).

@@ -73,11 +73,11 @@ class InboxGate:
         replay_window_s: float = 600.0,
         submit_wait_s: float = SUBMIT_WAIT_S,
     ) -> None:
-        self.runtime = runtime
         self.transcripts = transcripts
         db: Database = transcripts.db
         create_inbox_table(db)
         self.store = InboxStore(db)
+        self._runtime: Any = None
         self.submit_wait_s = submit_wait_s
         self._late: set[asyncio.Future[Any]] = set()
         self._queued: OrderedDict[str, None] = OrderedDict()
@@ -87,9 +87,21 @@ class InboxGate:
                 self._queue(key)
         except Exception as exc:  # the recovery loop still routes them; only the order check is lost
             log.warning("inbox: keys with open rows not read at start-up: %r", exc)
+        self.runtime = runtime
+
+    @property
+    def runtime(self) -> Any:
+        """The session runtime messages are submitted to (None: not connected yet — everything
+        stored is ``queued``). Setting it also has it mark this process's submissions in the
+        inbox (its ``attach_inbox(db)``, when it has one)."""
+        return self._runtime
+
+    @runtime.setter
+    def runtime(self, runtime: Any) -> None:
+        self._runtime = runtime
         attach = getattr(runtime, "attach_inbox", None)
         if callable(attach):
-            attach(db)
+            attach(self.store.db)
 
     def queued(self, session_key: str) -> bool:
         """Whether later messages of ``session_key`` are held behind a queued one."""
@@ -146,7 +158,9 @@ class InboxGate:
     async def _submit(self, msg: InboundMessage) -> str:
         """``runtime.submit(msg)``'s status; after :attr:`submit_wait_s` the call goes on in the
         background and this raises :class:`TimeoutError`."""
-        call = asyncio.ensure_future(self.runtime.submit(msg))
+        if self._runtime is None:
+            raise RuntimeError("no session runtime connected yet")
+        call = asyncio.ensure_future(self._runtime.submit(msg))
         done, _ = await asyncio.wait({call}, timeout=self.submit_wait_s)
         if not done:
             self._late.add(call)
