@@ -138,7 +138,7 @@ class InboxGate:
             self._queue(key)
             return "queued"
         if held:
-            del self._queued[key]
+            self._queued.pop(key, None)
         try:
             status = await self._submit(msg)
         except Exception as exc:

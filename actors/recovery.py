@@ -3,7 +3,7 @@
 Every router shard (:class:`actors.router.RouterActor`) runs one :class:`InboxRecovery` for its
 own keys (``key_hash % shards == shard``), from the moment its incarnation starts — so the first
 pass after a start-up or a restart of the shard comes at once — and then every :data:`PERIOD_S`
-seconds. A pass:
+seconds. A pass that finds no open row of its keys is one read (no write, no writer lock); else:
 
 1. **expires** every open row (``stored`` / ``routed``) older than ``runtime.replay_window_s``:
    never replayed, each logged at WARNING and counted
@@ -12,10 +12,12 @@ seconds. A pass:
    it meanwhile) and younger than the window, in inbox order, and re-submits them **per session
    key, one after another in that order** (keys in parallel), through the normal host path: the
    shard's own ``place``, then the host's streaming ``submit`` (:class:`actors.runtime_submit.SubmitPath`,
-   with its watch, crash retry and inbox marks). Each goes with ``attempt=1``: a host that still
-   has the message (in its mailbox or turn) answers ``duplicate``; a session re-activated after a
-   crash resumes a started turn from its recorded inbound marker without re-running its tools,
-   and one whose reply was already handed over answers ``already_done``. ``accepted`` adds one to
+   with its watch, crash retry and inbox marks). Each goes with ``attempt=1`` — also a row never
+   marked ``routed``, whose mark may have been lost: a host that still has the message (in its
+   mailbox or turn) answers ``duplicate``; a session re-activated after a crash resumes a started
+   turn from its recorded inbound marker without re-running its tools, and one whose reply was
+   already handed over answers ``already_done``; a message no turn ever started (no marker) runs
+   as a first delivery does. ``accepted`` adds one to
    the row's ``attempts`` (outcome ``resubmitted``); ``duplicate`` marks it handled (outcome
    ``handled``); ``busy`` or an error stops the key until the next pass (order kept);
 3. a row a host accepted :data:`runtime.memory.inbox.MAX_ATTEMPTS` times without a result is
