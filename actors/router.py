@@ -142,7 +142,10 @@ class RouterActor(RouterAdminMixin):
         self._recovery_task: asyncio.Task[None] | None = None
         # Start the inbox recovery loop as soon as this incarnation runs (a restarted shard
         # replays what its keys left even if no caller asks): a call to ourselves, queued now.
-        self._kick = ray.get_runtime_context().current_actor.start_recovery.remote()
+        # (A shard object built outside a Ray actor, in tests, starts it on its first use.)
+        self._kick: Any = None
+        with contextlib.suppress(RuntimeError):
+            self._kick = ray.get_runtime_context().current_actor.start_recovery.remote()
 
     async def start_recovery(self) -> None:
         """Start this shard's inbox recovery loop (idempotent; its first pass runs at once)."""
