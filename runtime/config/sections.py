@@ -185,6 +185,10 @@ class RuntimeConfig(_Closed):
     hung_ping_timeout_s: float = Field(30.0, gt=0)
     """Seconds the host supervisor waits for a host's ``ping_turn`` (its sessions' event loop); a
     host that does not answer is killed and its sessions re-activated elsewhere (crash path)."""
+    replay_window_s: float = Field(600.0, gt=0)
+    """Seconds an inbox row may wait for its turn: a stored or routed message younger than this
+    whose turn result never came is routed again by the recovery loop; an older one is expired
+    (logged, counted), never replayed (docs/decisions.md#inbox-durable)."""
 
     def host_capacity(self) -> tuple[int, int]:
         """``(sessions per host, most hosts)``: the host supervisor's limits for this section
