@@ -365,10 +365,7 @@ class SessionHost:
         if live is None or live.epoch != epoch:
             self.stats["moved"] += 1
             return {"status": "moved", "seq": None}, None
-        dk = (inbound.platform, inbound.bot_id, inbound.message_id)
-        # A message this host already took is a duplicate whatever the attempt (a retry may come
-        # while its turn still runs here); only a first attempt is also checked against the
-        # recorded inbound marker — a retry resumes from it (docs/decisions.md#session-crash-recovery).
+        dk = (inbound.platform, inbound.bot_id, inbound.message_id)  # seen: duplicate at any attempt
         if dk in self._seen or (attempt == 0 and recorded(live, inbound.message_id)):
             self.stats["duplicate"] += 1
             return {"status": "duplicate", "seq": None}, None
