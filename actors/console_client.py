@@ -223,8 +223,8 @@ async def _send(
     write: Callable[[str], None],
 ) -> bool:
     """Send one line: a ``/steer`` / ``/followup`` control request (its answer is printed), else a
-    chat message through the console webhook. Returns whether a chat message was accepted (a reply
-    is to be expected)."""
+    chat message through the console webhook. Returns whether a chat message was accepted or
+    queued (a reply is to be expected; a queued one is routed by the inbox recovery loop)."""
     for command, kind in (("/steer ", "steer"), ("/followup ", "follow_up")):
         if text.startswith(command):
             body = {"user": user, "session_key": session_key, "text": text[len(command) :]}
@@ -249,7 +249,7 @@ async def _send(
         write(f"error: the ingress answered {r.status_code}: {r.text.strip()}")
         return False
     try:
-        accepted = r.json().get("status") == "accepted"
+        accepted = r.json().get("status") in ("accepted", "queued")
     except (ValueError, AttributeError):
         accepted = False
     return accepted

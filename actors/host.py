@@ -365,8 +365,8 @@ class SessionHost:
         if live is None or live.epoch != epoch:
             self.stats["moved"] += 1
             return {"status": "moved", "seq": None}, None
-        dk = (inbound.platform, inbound.bot_id, inbound.message_id)
-        if attempt == 0 and (dk in self._seen or recorded(live, inbound.message_id)):
+        dk = (inbound.platform, inbound.bot_id, inbound.message_id)  # seen: duplicate at any attempt
+        if dk in self._seen or (attempt == 0 and recorded(live, inbound.message_id)):
             self.stats["duplicate"] += 1
             return {"status": "duplicate", "seq": None}, None
         if live.pending >= self._rt.mailbox_size:

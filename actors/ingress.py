@@ -2,8 +2,8 @@
 
 Routes::
 
-    POST /webhooks/{platform}/{bot_id}   verify → parse → size + storability checks
-                                         → (persist inbound transcript ‖ route) → 200
+    POST /webhooks/{platform}/{bot_id}   verify → parse → size + storability checks → policy
+                                         → store (inbox + transcript row) → route → 200
     WS   /onebot/v11/ws[/event|/api]     OneBot v11 reverse WebSocket (actors/onebot_ws.py)
     GET  /healthz                        {"status": "ok"} (+ "onebot_ws" socket health,
                                          + "telegram_polling" poller states)
@@ -13,26 +13,28 @@ Routes::
 
 A webhook answers:
 
-* **200** ``{"status": "accepted" | "duplicate" | "ignored" | "untriggered" | "denied" |
-  "rate_limited"}`` — ``ignored`` for events the codec accepts and drops (heartbeats, notices);
+* **200** ``{"status": "accepted" | "duplicate" | "queued" | "ignored" | "untriggered" | "denied" |
+  "rate_limited"}`` — a triggered message is first stored in the durable inbox with its
+  transcript row (one transaction, :mod:`actors.ingress_inbox`); ``duplicate`` when the inbox
+  already had it (nothing routed) or the session's host did; ``queued`` when it is stored but
+  could not be routed now (runtime not started, router shard down, Ray error, the session's
+  mailbox full, no answer in time, or an earlier message of the chat still queued): a router
+  shard's recovery loop routes it within seconds (docs/decisions.md#inbox-durable);
+  ``ignored`` for events the codec accepts and drops (heartbeats, notices);
   ``untriggered`` for a group message the bot is not asked to answer (stored in transcripts for
   ``chat_history``, no turn); ``denied`` / ``rate_limited`` for a message the bot's inbound policy
   refuses (``runtime.platforms.policy``: allow/deny lists, rate limits; stored the same way,
   never routed; with ``on_limit: notice`` a cooldown notice goes out through the delivery pool,
   once per cooldown window, keyed by the refused message so a redelivery never sends it twice);
-* **503** with ``Retry-After`` (whole seconds, ≥ 1) when the session's mailbox is full
-  (``{"status": "busy"}``, backpressure) or the database / a router shard is momentarily
-  unavailable (``{"status": "unavailable"}``: SQLite lock timeout, router restarting). The
-  transcript write and the routing run concurrently, so on ``unavailable`` the message may already
-  be routed: its redelivery is then answered ``duplicate`` (one turn). The inbound transcript row,
-  if written, is kept, and the redelivery of the same message id is stored once
-  (``UNIQUE (platform, bot_id, message_id, direction)``);
+* **503** ``{"status": "unavailable"}`` with ``Retry-After`` (whole seconds, ≥ 1) only when the
+  message could not be stored (SQLite lock timeout, database down): nothing was stored or routed,
+  and the redelivery is stored once;
 * **401** bad signature / secret (or one that cannot be verified), **400** malformed event — in
   both cases nothing is stored and nothing is routed. Malformed covers every decode error of the
   codec (bad or too deeply nested JSON, bad UTF-8, wrong types; the body never carries exception
   text) and a decoded message that could not be stored (a lone surrogate in a text or id, a time
   outside 64-bit milliseconds, ids that make no session key: ``actors.ingress_guard``) — checked
-  *before* the concurrent persist ‖ route, so a bad message is never routed. A codec that fails
+  *before* anything is stored, so a bad message is never routed. A codec that fails
   with ``TypeError``/``AttributeError``/``KeyError``/``IndexError``/``OverflowError`` (a codec bug,
   maybe on a legitimate payload) is also a 400 — a 5xx would make the platform redeliver it
   forever and hold back the chat's later updates (Telegram) — but counted as ``error`` and logged
@@ -46,10 +48,9 @@ A webhook answers:
   come by webhook, and without a secret that route would take forged updates).
 
 Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}`` (outcome:
-``accepted`` | ``duplicate`` | ``ignored`` | ``untriggered`` | ``denied`` | ``rate_limited`` |
-``bad_signature`` | ``malformed``
-(400 and 413) | ``backpressure`` | ``unavailable`` | ``error`` (500, and the 400 of a codec
-bug)); every request
+``accepted`` | ``duplicate`` | ``queued`` | ``ignored`` | ``untriggered`` | ``denied`` |
+``rate_limited`` | ``bad_signature`` | ``malformed`` (400 and 413) | ``unavailable`` | ``error``
+(500, and the 400 of a codec bug)); every request
 in ``sessionray_http_requests_total{route, status}`` and
 ``sessionray_http_request_duration_seconds{route}`` with the *route template* as label (never a
 raw path: bounded labels). Router-level gauges (live sessions, session hosts) are refreshed from
@@ -69,7 +70,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import prometheus_client
-from ray.exceptions import ActorUnavailableError, RayActorError
 from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -82,6 +82,7 @@ from actors.console import console_routes
 from actors.delivery import DeliveryPool
 from actors.http_input import max_text_chars, text_too_long
 from actors.ingress_guard import BodySizeLimit, storage_problem, trusted_internal_call
+from actors.ingress_inbox import InboxGate
 from actors.onebot_ws import OneBotSockets
 from actors.telegram_poll_status import polling_bots, polling_health
 from runtime import metrics
@@ -149,14 +150,14 @@ class Ingress:
     Attributes:
         db: The process's :class:`Database` on ``config.database.url`` when this ingress made one
             (None when ``transcripts`` was given): ``DEFAULT_SQL_THREADS`` (8) SQL threads and no
-            pool overflow, so at most 8 connections; the admin's stored-session view shares it.
+            pool overflow, so at most 8 connections; the admin's stored-session view, the durable
+            inbox (:attr:`gate`) and its batched marks share it.
 
     Raises:
         ValueError: a bot's secret environment variable is missing (from its codec).
     """
 
     def __init__(self, runtime: Any, config: Any, transcripts: TranscriptStore | None = None) -> None:
-        self.runtime = runtime
         self.config = config
         # A polling bot has no webhook: with no secret set, its route would take forged updates.
         self.codecs: dict[tuple[str, str], PlatformCodec] = {
@@ -173,12 +174,24 @@ class Ingress:
             self.db.create_tables()
             transcripts = TranscriptStore(self.db)
         self.transcripts = transcripts
+        window = getattr(getattr(config, "runtime", None), "replay_window_s", 600.0)
+        self.gate = InboxGate(runtime, transcripts, replay_window_s=window)
+        """Store → submit of triggered messages (the durable inbox: ``actors.ingress_inbox``)."""
         self.max_text_chars = max_text_chars(config)
         policies = ((str(b.platform), str(b.self_id), InboundPolicy.from_config(b)) for b in config.bots)
         self.policies = {(p, bot): policy for p, bot, policy in policies if policy is not None}
         self._notices: set[asyncio.Task[None]] = set()  # cooldown notices on their way
         self.onebot_sockets: Any = None
         """The process's ``actors.onebot_ws.OneBotSockets`` (``build_app`` sets it)."""
+
+    @property
+    def runtime(self) -> Any:
+        """The session runtime (held by :attr:`gate`; a poller sets it once it connected)."""
+        return self.gate.runtime
+
+    @runtime.setter
+    def runtime(self, runtime: Any) -> None:
+        self.gate.runtime = runtime
 
     async def webhook(self, request: Request) -> Response:
         """``POST /webhooks/{platform}/{bot_id}`` (see module docstring for the answers).
@@ -214,12 +227,13 @@ class Ingress:
         verified: bool = False,
     ) -> Response:
         """One inbound event, whatever carried it (an HTTP webhook, a WebSocket frame, a long-poll
-        update): verify → decode → size and storage checks → the bot's inbound policy → persist +
-        submit. The answer is the webhook's HTTP response (200 ``accepted``/``duplicate``/
-        ``untriggered``/``ignored``, 200 ``denied``/``rate_limited`` — stored, not routed —,
-        4xx for a bad event — nothing stored —, 503 ``busy``/``unavailable`` with
-        ``Retry-After``); a transport without HTTP answers reads ``status_code`` and the JSON
-        body. Exceptions none of the steps expects propagate (the webhook answers them 500).
+        update): verify → decode → size and storage checks → the bot's inbound policy → store
+        (inbox + transcript row) → submit. The answer is the webhook's HTTP response (200
+        ``accepted``/``duplicate``/``queued``/``untriggered``/``ignored``, 200
+        ``denied``/``rate_limited`` — stored, not routed —, 4xx for a bad event — nothing
+        stored —, 503 ``unavailable`` with ``Retry-After`` when nothing could be stored); a
+        transport without HTTP answers reads ``status_code`` and the JSON body. Exceptions none of
+        the steps expects propagate (the webhook answers them 500).
 
         Args:
             verified: The sender was authenticated another way (the OneBot WebSocket handshake's
@@ -274,26 +288,15 @@ class Ingress:
                 await self._persist(msg)
                 metrics.INBOUND.inc(platform=platform, outcome="untriggered")
                 return JSONResponse({"status": "untriggered"})
-            # Persist and route at once; the 200 waits for both (persist before acknowledging).
-            # Should either fail, the platform redelivers: the router then answers "duplicate"
-            # for a message it already took, and the transcript row is stored once.
-            both: list[Any] = list(
-                await asyncio.gather(self._persist(msg), self.runtime.submit(msg), return_exceptions=True)
-            )
-            for outcome in both:
-                if isinstance(outcome, BaseException):
-                    raise outcome
-            result = both[1]
-        except (OperationalError, RayActorError, ActorUnavailableError) as exc:
-            # SQLite lock timeout, database down, or a router shard restarting: the platform must
-            # redeliver (the router dedups the message id, the transcript row is stored once).
+            # Store (inbox + transcript row, one transaction) before answering, then route; once
+            # stored, any routing failure is "queued" (docs/decisions.md#inbox-durable).
+            status = await self.gate.take(msg, _transcript_fields(msg))
+        except OperationalError as exc:
+            # SQLite lock timeout or database down: nothing was stored, the platform must
+            # redeliver (the inbox row and the transcript row are then stored once).
             log.warning("webhook %s/%s unavailable: %r", platform, msg.bot_id, exc)
             metrics.INBOUND.inc(platform=platform, outcome="unavailable")
             return _busy("unavailable", 1.0)
-        status = str(getattr(result, "status", result))
-        if status == "busy":
-            metrics.INBOUND.inc(platform=platform, outcome="backpressure")
-            return _busy("busy", getattr(result, "retry_after_s", None))
         metrics.INBOUND.inc(platform=platform, outcome=status)
         return JSONResponse({"status": status})
 
@@ -341,21 +344,9 @@ class Ingress:
         return codec.parse(headers, body)
 
     async def _persist(self, msg: InboundMessage) -> None:
-        """Inbound transcript row, written when the event is accepted
-        (docs/decisions.md#memory-transcripts)."""
-        await self.transcripts.record_inbound(
-            message_id=msg.message_id,
-            platform=msg.platform,
-            bot_id=msg.bot_id,
-            scene_id=msg.scene_id,
-            scene_type=msg.scene_type,
-            sender_id=msg.sender.id,
-            sender_name=msg.sender.name,
-            sender_role=",".join(msg.sender.roles),
-            segments=msg.segments,
-            text=msg.text,
-            time_ms=msg.time_ms,
-        )
+        """Inbound transcript row of a message that gets no turn (un-triggered, refused by the
+        policy), written when the event is accepted (docs/decisions.md#memory-transcripts)."""
+        await self.transcripts.record_inbound(**_transcript_fields(msg))
 
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: 200 while this process serves; with OneBot WebSocket bots also
@@ -381,6 +372,23 @@ class Ingress:
         except Exception as exc:  # the scrape must not fail because the runtime is busy or down
             log.debug("runtime status for /metrics unavailable: %r", exc)
         return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+def _transcript_fields(msg: InboundMessage) -> dict[str, Any]:
+    """The ``TranscriptStore.record_inbound`` fields of ``msg``."""
+    return {
+        "message_id": msg.message_id,
+        "platform": msg.platform,
+        "bot_id": msg.bot_id,
+        "scene_id": msg.scene_id,
+        "scene_type": msg.scene_type,
+        "sender_id": msg.sender.id,
+        "sender_name": msg.sender.name,
+        "sender_role": ",".join(msg.sender.roles),
+        "segments": msg.segments,
+        "text": msg.text,
+        "time_ms": msg.time_ms,
+    }
 
 
 def _malformed(platform: str, error: str, outcome: str = "malformed") -> Response:

@@ -12,10 +12,11 @@ Per bot ``transport`` (``bots[].transport``):
   bot's lease in its ``OneBotLink`` actor dials (:mod:`actors.onebot_link`).
 
 Inbound: each event frame goes through :meth:`actors.ingress.Ingress.handle_event` — the
-webhook's own path (decode, size and storability checks, persist ‖ route, dedup), without the
+webhook's own path (decode, size and storability checks, store → route, dedup), without the
 HTTP signature (the handshake authenticated the socket). A frame over ``server.max_body_bytes``
 is dropped and counted ``malformed``. Events of one socket are handled in order. There is no
-HTTP answer to carry a 503: a ``busy``/``unavailable`` event (its transcript row kept) is
+HTTP answer to carry a 503: an event that could not be stored (``unavailable``; a stored one
+that could not be routed is ``queued`` in the durable inbox instead) is
 submitted again in the background with backoff, at most :data:`RESUBMIT_ATTEMPTS` times and
 :data:`MAX_RESUBMITTING` events at once, counted in ``sessionray_onebot_ws_resubmits_total``.
 

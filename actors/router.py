@@ -19,7 +19,10 @@ so every process agrees: docs/decisions.md#session-topology). Each shard, a name
 * **restart**: a restarted shard first adopts the sessions the hosts hold for its keys, so no live
   session is placed twice; its epochs start above the earlier incarnation's;
 * routing of a ``ControlRequest`` (masters only for steer / follow-up) to the session's host, the
-  archive of a passivated session, and introspection (:mod:`actors.router_admin`).
+  archive of a passivated session, and introspection (:mod:`actors.router_admin`);
+* the **inbox recovery loop** of its keys (:class:`actors.recovery.InboxRecovery`): from the start
+  of each incarnation on, messages stored in the durable inbox whose turn result never came are
+  routed again in per-chat order, through this shard's ``place`` (docs/decisions.md#inbox-durable).
 
 Messages themselves do not pass the shard: the host assigns their ``seq``, bounds the mailbox and
 drops duplicates. A host that passivates a session tells the shard (:meth:`RouterActor.forget`).
@@ -31,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +43,7 @@ from actors.admission import KeyOrder
 from actors.host import HostFullError
 from actors.router_admin import DEAD, RouterAdminMixin
 from runtime import metrics
+from runtime.keys import key_hash
 
 __all__ = ["ROUTER_PREFIX", "Placement", "RouterActor", "router_name", "shard_of"]
 
@@ -64,7 +67,7 @@ def shard_of(session_key: str, shards: int) -> int:
     """
     if shards < 1:
         raise ValueError(f"runtime.router_shards must be >= 1, got {shards}")
-    return zlib.crc32(session_key.encode("utf-8")) % shards
+    return key_hash(session_key) % shards
 
 
 @dataclass
@@ -135,6 +138,40 @@ class RouterActor(RouterAdminMixin):
             "refused": 0,
             "adopted": 0,
         }
+        self._recovery: Any = None
+        self._recovery_task: asyncio.Task[None] | None = None
+        # Start the inbox recovery loop as soon as this incarnation runs (a restarted shard
+        # replays what its keys left even if no caller asks): a call to ourselves, queued now.
+        # (A shard object built outside a Ray actor, in tests, starts it on its first use.)
+        self._kick: Any = None
+        with contextlib.suppress(RuntimeError):
+            self._kick = ray.get_runtime_context().current_actor.start_recovery.remote()
+
+    async def start_recovery(self) -> None:
+        """Start this shard's inbox recovery loop (idempotent; its first pass runs at once)."""
+        if self._recovery_task is None:
+            from actors.recovery import InboxRecovery
+
+            rt = self.config.runtime
+            self._recovery = InboxRecovery(
+                self.config.database.url,
+                self.place,
+                shard=self.shard,
+                shards=self.shards,
+                replay_window_s=rt.replay_window_s,
+            )
+            self._recovery_task = asyncio.create_task(self._recovery.run())
+
+    async def recover_now(self) -> dict[str, Any]:
+        """Run one inbox recovery pass now (after any pass in progress); returns the loop's
+        counters (``passes``, ``resubmitted``, ``handled``, ``expired``, ``failed``, ``errors``)."""
+        await self.start_recovery()
+        return dict(await self._recovery.pass_once())
+
+    async def inbox_status(self) -> dict[str, Any]:
+        """The recovery loop's counters and its submit path's (``submit``)."""
+        await self.start_recovery()
+        return dict(self._recovery.status())
 
     async def _adopt(self) -> None:
         """Once per incarnation, before the first placement: take over the sessions the hosts
@@ -332,7 +369,15 @@ class RouterActor(RouterAdminMixin):
         return self._dir.get(key)
 
     async def shutdown(self) -> None:
-        """Forget every placement (the supervisor owns and stops the hosts)."""
+        """Stop the inbox recovery loop (its buffered marks written) and forget every placement
+        (the supervisor owns and stops the hosts)."""
+        task, self._recovery_task = self._recovery_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if self._recovery is not None:
+            await self._recovery.close()
         self._dir.clear()
 
 

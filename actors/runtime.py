@@ -72,8 +72,9 @@ class SubmitResult(BaseModel):
 
     ``accepted``: the message will get a turn (``seq`` set) or was stored without one (``seq``
     None: un-triggered). ``duplicate``: already seen (same platform, bot_id, message_id) by the
-    session's host. ``busy``: the session's mailbox is full or no host had room in time; answer
-    503 with ``Retry-After: retry_after_s`` — nothing was accepted.
+    session's host. ``busy``: the session's mailbox is full or no host had room in time — nothing
+    was accepted (the ingress leaves the message in its durable inbox for the recovery loop:
+    docs/decisions.md#inbox-durable).
     """
 
     status: Literal["accepted", "duplicate", "busy"]
@@ -236,6 +237,15 @@ class SessionRuntime:
         """Turns this process submitted whose result has not come back yet (``sessionray serve``
         waits for them on SIGTERM: docs/decisions.md#ops-graceful-shutdown)."""
         return int(self._path.status()["pending"])
+
+    def attach_inbox(self, db: Any) -> None:
+        """Mark this process's submissions in the durable inbox on ``db`` (a
+        :class:`runtime.memory.db.Database`; the ingress passes its own): ``routed`` when a host
+        accepts a message, ``handled`` when its turn result arrives, batched
+        (docs/decisions.md#inbox-durable). :meth:`stop` writes what is buffered."""
+        from runtime.memory.inbox_marks import InboxMarks
+
+        self._path.marks = InboxMarks(db)
 
     def _router(self, session_key: str) -> Any:
         if not self.routers:

@@ -16,6 +16,10 @@ Serve replica), inside :class:`actors.runtime.SessionRuntime`:
    the key once more, in their order, with ``attempt=1`` (the session is re-activated from SQL on
    another host; its recorded inbound marker means tools that ran are not run again:
    docs/decisions.md#session-crash-recovery). A second loss is counted and logged.
+4. With :attr:`SubmitPath.marks` set (the ingress's, and each router shard's recovery loop), the
+   message's durable inbox row is marked ``routed`` when a host accepts it and ``handled`` when its
+   ``TurnResult`` arrives or a host answers ``duplicate`` (batched in the background:
+   :class:`runtime.memory.inbox_marks.InboxMarks`; docs/decisions.md#inbox-durable).
 """
 
 from __future__ import annotations
@@ -61,13 +65,17 @@ class SubmitPath:
     """Direct submission with a placement cache (see the module docstring).
 
     Args:
-        router_of: ``session_key -> router shard handle``.
+        router_of: ``session_key -> router shard handle`` (anything whose ``place.remote(...)``
+            is awaitable).
         order: The per-key arrival order of this process.
+        marks: Where inbox marks go (``routed`` / ``handled`` by ``(platform, bot_id,
+            message_id)``); None: no marks.
     """
 
-    def __init__(self, router_of: Callable[[str], Any], order: KeyOrder) -> None:
+    def __init__(self, router_of: Callable[[str], Any], order: KeyOrder, marks: Any = None) -> None:
         self._router_of = router_of
         self._order = order
+        self.marks = marks
         self._cache: OrderedDict[str, _Place] = OrderedDict()
         self._inflight: dict[str, dict[int, _InFlight]] = {}
         """Per key, by a local counter: accepted messages whose turn result has not arrived."""
@@ -83,16 +91,22 @@ class SubmitPath:
             "errors": 0,
             "retried": 0,
             "lost": 0,
+            "requeued": 0,
             "cache_hits": 0,
             "cache_misses": 0,
         }
 
     # ------------------------------------------------------------------ submit
 
-    async def submit(self, inbound: Any) -> dict[str, Any]:
+    async def submit(self, inbound: Any, attempt: int = 0) -> dict[str, Any]:
         """Offer ``inbound`` to its session's host; ``{"status", "retry_after_s", "seq"}``.
 
         ``busy`` also when ``MAX_HOPS`` placements in a row were stale (hosts dying or churning).
+
+        Args:
+            attempt: 0 for a first delivery; 1 for a message whose turn may have started before
+                (the inbox recovery loop: the host then resumes it from its recorded inbound
+                marker instead of answering ``duplicate`` for the marker alone).
 
         Raises:
             ray.exceptions.RayActorError: the router shard is down.
@@ -102,7 +116,7 @@ class SubmitPath:
             return {"status": "accepted", "retry_after_s": None, "seq": None}
         key = inbound.session_key
         async with self._order.turn(key):
-            answer = await self._offer(inbound, 0)
+            answer = await self._offer(inbound, attempt)
         return answer
 
     async def _offer(
@@ -135,8 +149,11 @@ class SubmitPath:
                 continue
             if first["status"] == "accepted":
                 self._track(inbound, place, gen, int(first["seq"]), attempt)
+                self._mark("routed", inbound)
             else:
                 self.counts[first["status"]] += 1
+                if first["status"] == "duplicate":
+                    self._mark("handled", inbound)
             return {
                 "status": first["status"],
                 "retry_after_s": first.get("retry_after_s"),
@@ -145,6 +162,11 @@ class SubmitPath:
         log.warning("no stable host for %s after %d tries (hosts churning); answering busy", key, MAX_HOPS)
         self.counts["busy"] += 1
         return {"status": "busy", "retry_after_s": 1.0, "seq": None}
+
+    def _mark(self, state: str, inbound: Any) -> None:
+        marks = self.marks
+        if marks is not None:
+            getattr(marks, state)(inbound.platform, inbound.bot_id, inbound.message_id)
 
     def _remember(self, key: str, place: _Place) -> None:
         self._cache[key] = place
@@ -160,11 +182,12 @@ class SubmitPath:
         self._ids += 1
         ident = self._ids
         self._inflight.setdefault(inbound.session_key, {})[ident] = _InFlight(inbound, place, seq, attempt)
-        task = asyncio.ensure_future(self._watch(inbound.session_key, ident, gen))
+        task = asyncio.ensure_future(self._watch(inbound, ident, gen))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _watch(self, key: str, ident: int, gen: Any) -> None:
+    async def _watch(self, inbound: Any, ident: int, gen: Any) -> None:
+        key = inbound.session_key
         try:
             result = await (await gen.__anext__())
         except DEAD as exc:
@@ -177,6 +200,7 @@ class SubmitPath:
             return
         self._done(key, ident)
         self.counts["turns"] += 1
+        self._mark("handled", inbound)
         if getattr(result, "outcome", "") == "error":
             self.counts["errors"] += 1
             log.warning(
@@ -210,10 +234,7 @@ class SubmitPath:
             first = True
             for _, entry in batch:
                 if entry.attempt >= 1:
-                    self.counts["lost"] += 1
-                    log.error(
-                        "message %s of %s lost: its host died twice (%r)", entry.inbound.message_id, key, exc
-                    )
+                    self._lost(entry, key, f"its host died twice ({exc!r})")
                     continue
                 self.counts["retried"] += 1
                 try:
@@ -221,13 +242,19 @@ class SubmitPath:
                     first = False
                     await self._offer(entry.inbound, 1, entry.place.epoch, dead)
                 except Exception as err:
-                    self.counts["lost"] += 1
-                    log.error(
-                        "message %s of %s not retried after its host died: %r",
-                        entry.inbound.message_id,
-                        key,
-                        err,
-                    )
+                    self._lost(entry, key, f"not retried after its host died ({err!r})")
+
+    def _lost(self, entry: _InFlight, key: str, why: str) -> None:
+        """No more retries here: with inbox marks the message's row is still open and the
+        recovery loop routes it (``requeued``); without, it is ``lost`` (logged at ERROR)."""
+        if self.marks is not None:
+            self.counts["requeued"] += 1
+            log.warning(
+                "message %s of %s left to the inbox recovery loop: %s", entry.inbound.message_id, key, why
+            )
+        else:
+            self.counts["lost"] += 1
+            log.error("message %s of %s lost: %s", entry.inbound.message_id, key, why)
 
     # ------------------------------------------------------------------ introspection
 
@@ -245,7 +272,7 @@ class SubmitPath:
         }
 
     async def close(self) -> None:
-        """Stop watching (the turns run on in their hosts)."""
+        """Stop watching (the turns run on in their hosts) and write the buffered inbox marks."""
         loop = asyncio.get_running_loop()
         mine = [t for t in self._tasks if t.get_loop() is loop]  # a test's loop may be gone already
         for t in mine:
@@ -254,3 +281,6 @@ class SubmitPath:
             await asyncio.gather(*mine, return_exceptions=True)
         self._tasks.clear()
         self._cache.clear()
+        if self.marks is not None:
+            with contextlib.suppress(Exception):  # the database may be gone already
+                await self.marks.close()

@@ -10,18 +10,19 @@ of that bot, and Ray restarts it after a crash (``max_restarts=-1``). Each incar
 2. reads the committed offset (``runtime.memory.poll_offsets``) and loops ``getUpdates(offset,
    timeout=poll_timeout_s, allowed_updates)``;
 3. runs each update through the webhook's own steps (:meth:`actors.ingress.Ingress.handle_event`:
-   decode → size/storability checks → the bot's inbound policy → persist ‖ submit), as the bytes
+   decode → size/storability checks → the bot's inbound policy → store → submit), as the bytes
    of its JSON (``verified=True``: the update came from an HTTPS call made with the bot token;
    it carries no webhook secret);
-4. while the answer is 503 (session mailbox full, SQL or a router shard momentarily down) it
+4. while the answer is 503 (the update could not be stored: SQL momentarily unavailable) it
    waits its ``Retry-After`` and runs the same update again — it never moves past an
-   update that did not get its turn; any other answer (accepted, duplicate, ignored,
+   update that is not stored; any other answer (accepted, duplicate, queued — stored in the
+   durable inbox, routed later by the recovery loop: docs/decisions.md#inbox-durable —, ignored,
    untriggered, denied, rate_limited, malformed) is final, and only then is
    ``offset = update_id + 1`` committed to SQL.
 
 A crash between storing an update and committing its offset makes the next incarnation read the
-update again: the transcript row is stored once and the session host answers ``duplicate`` for an
-id it already took, so the update is neither skipped nor answered twice.
+update again: the inbox answers ``duplicate`` for a message it already holds (nothing is stored
+or routed twice), so the update is neither skipped nor answered twice.
 
 Failures of the Bot API calls: 429 waits ``parameters.retry_after`` (or ``Retry-After``); 5xx,
 network errors and other 4xx back off exponentially (1 s doubling to 30 s); **409 Conflict**

@@ -9,11 +9,16 @@
 Rules for the parts: none may be empty or contain ``#``, whitespace or control characters;
 ``platform`` and ``bot_id`` may not contain ``:`` (``scene_id`` may: it is the last part).
 Epochs are decimal without a sign or leading zeros.
+
+:func:`key_hash` is the stable hash of a key (CRC-32 of its UTF-8 bytes, the same in every
+process): router shards split keys by it (``actors.router.shard_of``), and the durable inbox keeps
+it per row so a shard can select its own keys in SQL (``runtime.memory.inbox``).
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from typing import Literal, TypeAlias, cast, get_args
 
@@ -23,6 +28,7 @@ __all__ = [
     "SessionId",
     "SessionKey",
     "SessionKeyError",
+    "key_hash",
     "make_session_id",
     "make_session_key",
     "parse_session_id",
@@ -80,6 +86,12 @@ def _check_scope(scope: object) -> Scope:
     if scope not in SCOPES:
         raise SessionKeyError(f"session scope must be one of {'|'.join(SCOPES)}, got {scope!r}")
     return cast(Scope, scope)
+
+
+def key_hash(session_key: str) -> int:
+    """CRC-32 of ``session_key``'s UTF-8 bytes, in ``[0, 2**32)``: stable in every process and
+    across restarts (never Python's salted ``hash()``)."""
+    return zlib.crc32(session_key.encode("utf-8"))
 
 
 def make_session_key(platform: str, bot_id: str, scope: str, scene_id: str) -> str:

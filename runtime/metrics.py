@@ -189,8 +189,8 @@ ALL_METRICS: list[_Metric] = []
 # Ingress (prometheus-client in the ingress process)
 INBOUND = Counter(
     "sessionray_inbound_messages_total",
-    "Inbound platform events by outcome (accepted, duplicate, ignored, untriggered, bad_signature, "
-    "malformed, backpressure, unavailable, error).",
+    "Inbound platform events by outcome (accepted, duplicate, queued, ignored, untriggered, "
+    "bad_signature, malformed, backpressure, unavailable, error).",
     ("platform", "outcome"),
 )
 HTTP_REQUESTS = Counter(
@@ -352,6 +352,20 @@ SQL_RETRIES = Counter(
     "SQL write transactions re-run after a transient error (SQLite locked/busy, PostgreSQL "
     "serialization failure, deadlock or connection error before commit), by dialect.",
     ("dialect",),
+)
+# The durable inbox (docs/decisions.md#inbox-durable): each router shard's recovery loop
+INBOX_PENDING = Gauge(
+    "sessionray_inbox_pending",
+    "Inbox rows stored or routed whose turn result has not come back, of one router shard's keys "
+    "(the shard's last recovery pass), by shard index.",
+    ("shard",),
+)
+INBOX_RECOVERY = Counter(
+    "sessionray_inbox_recovery_total",
+    "Inbox rows the recovery loop dealt with, by outcome (resubmitted: a host accepted it again; "
+    "handled: the host already had it; expired: older than runtime.replay_window_s and never "
+    "handled, not replayed; failed: given up after 3 accepted re-submissions).",
+    ("outcome",),
 )
 # Telegram long polling (the TelegramPoller actor, one per polling bot)
 TELEGRAM_POLL_ERRORS = Counter(

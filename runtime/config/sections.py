@@ -191,6 +191,11 @@ class RuntimeConfig(_Closed):
     stops the runtime (docs/decisions.md#ops-graceful-shutdown); what is left is replayed by the
     next start."""
 
+    replay_window_s: float = Field(600.0, gt=0)
+    """Seconds an inbox row may wait for its turn: a stored or routed message younger than this
+    whose turn result never came is routed again by the recovery loop; an older one is expired
+    (logged, counted), never replayed (docs/decisions.md#inbox-durable)."""
+
     def host_capacity(self) -> tuple[int, int]:
         """``(sessions per host, most hosts)``: the host supervisor's limits for this section
         (docs/decisions.md#session-hosts), also the host count of the PostgreSQL connection budget

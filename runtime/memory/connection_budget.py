@@ -21,8 +21,10 @@ empty host holds none. The ingress process holds one Database: the admin API's v
 sessions reads through it (``actors/ingress.py`` → ``actors/admin.py``). At start
 ``SessionRuntime.start`` opens one more connection for a moment (``create_tables`` and this check)
 and closes it. The host supervisor opens no SQL connection; a router shard opens one only for the
-moment it archives a passivated session (admin ``archive``; one at a time per shard, not counted
-below). :func:`connection_budget` is the arithmetic (pure), :func:`budget_warning` the text, and
+moment it archives a passivated session (admin ``archive``; one at a time per shard), and its
+inbox recovery loop one more (one SQL thread, no overflow) for each pass, kept only while the
+shard's keys have open inbox rows (``actors/recovery.py``) — at most two per shard, not counted
+below. :func:`connection_budget` is the arithmetic (pure), :func:`budget_warning` the text, and
 :func:`warn_if_over_connection_budget` the start-up check ``actors/runtime.py`` runs once with the
 configured PostgreSQL URL (a WARNING, never an error: the worst case is rare, and the operator
 decides).

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel
-from sqlalchemy import Table
+from sqlalchemy import Connection, Table
 from sqlmodel import col, select
 
 from runtime.keys import SCOPES
@@ -40,6 +40,7 @@ from runtime.memory.tables import ImTranscriptRow
 __all__ = [
     "TEXT_SEGMENT_TYPES",
     "Direction",
+    "PreparedInsert",
     "TranscriptEntry",
     "TranscriptOutcome",
     "TranscriptStore",
@@ -120,6 +121,21 @@ class TranscriptEntry:
     time: int
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedInsert:
+    """One row and its ``INSERT … ON CONFLICT DO NOTHING RETURNING`` statement (built once per
+    store), to be run inside a write transaction the caller holds."""
+
+    statement: Any
+    values: dict[str, Any]
+
+    def execute(self, conn: Connection) -> bool:
+        """Insert the row on ``conn`` (blocking); True when stored, False when it was already there."""
+        result = conn.execute(self.statement, self.values)
+        # pysqlite reports no result columns when RETURNING yields no row (a conflict).
+        return bool(result.returns_rows and result.first() is not None)
+
+
 class TranscriptStore:
     """Writes and searches ``im_transcripts``.
 
@@ -136,7 +152,31 @@ class TranscriptStore:
             .returning(table.c.id)
         )
 
-    async def record(
+    async def record(self, *, direction: Direction, **fields: Any) -> TranscriptOutcome:
+        """Store one message (rules in the module docstring).
+
+        Args:
+            direction: ``inbound`` (event accepted) | ``outbound`` (send confirmed).
+            fields: The message, as for :meth:`prepare`.
+
+        Returns:
+            ``"stored"``, ``"duplicate"`` (same platform, bot, message id and direction already
+            stored) or ``"skipped"`` (inbound without text or media).
+
+        Raises:
+            ValueError / TypeError: as for :meth:`prepare`.
+        """
+        row = self.prepare(direction=direction, **fields)
+        if row is None:
+            return "skipped"
+
+        def work() -> TranscriptOutcome:
+            with self.db.connection(write=True) as conn:
+                return "stored" if row.execute(conn) else "duplicate"
+
+        return await self.db.run_write(work)
+
+    def prepare(
         self,
         *,
         direction: Direction,
@@ -151,11 +191,13 @@ class TranscriptStore:
         segments: Sequence[Mapping[str, Any] | BaseModel] = (),
         text: str | None = None,
         time_ms: int | None = None,
-    ) -> TranscriptOutcome:
-        """Store one message (rules in the module docstring).
+    ) -> PreparedInsert | None:
+        """The row of one message, ready to be written in a caller's own write transaction
+        (:meth:`record` writes it in one of its own; ``runtime.memory.inbox`` together with the
+        message's inbox row). ``None``: an inbound message without text or media (not stored).
 
         Args:
-            direction: ``inbound`` (event accepted) | ``outbound`` (send confirmed).
+            direction: ``inbound`` | ``outbound``.
             message_id: The platform's message id (for outbound: the id the platform returned).
             platform / bot_id / scene_id: Where; ``scene_id`` is the peer's id in private chats.
             scene_type: ``private`` | ``group`` | ``channel``.
@@ -163,10 +205,6 @@ class TranscriptStore:
             segments: The message's segments (pydantic segment models or dicts).
             text: The plain text when the caller already has it; else derived from ``segments``.
             time_ms: Unix ms (default: now).
-
-        Returns:
-            ``"stored"``, ``"duplicate"`` (same platform, bot, message id and direction already
-            stored) or ``"skipped"`` (inbound without text or media).
 
         Raises:
             ValueError: bad ``direction`` or ``scene_type``, or an empty ``message_id``.
@@ -184,7 +222,7 @@ class TranscriptStore:
         body = plain_text(segs) if text is None else text
         has_media = any(s.get("type") not in TEXT_SEGMENT_TYPES for s in segs)
         if direction == "inbound" and not body.strip() and not has_media:
-            return "skipped"
+            return None
         values = {
             "message_id": no_nul(str(message_id)),
             "platform": no_nul(platform),
@@ -199,16 +237,7 @@ class TranscriptStore:
             "media_json": json.dumps(segs, ensure_ascii=False) if has_media else None,
             "time": now_ms() if time_ms is None else int(time_ms),
         }
-        stmt = self._insert
-
-        def work() -> TranscriptOutcome:
-            with self.db.connection(write=True) as conn:
-                result = conn.execute(stmt, values)
-                # pysqlite reports no result columns when RETURNING yields no row (a conflict).
-                stored = result.returns_rows and result.first() is not None
-                return "stored" if stored else "duplicate"
-
-        return await self.db.run_write(work)
+        return PreparedInsert(self._insert, values)
 
     async def record_inbound(self, **fields: Any) -> TranscriptOutcome:
         """:meth:`record` with ``direction="inbound"`` (call when the event is accepted)."""

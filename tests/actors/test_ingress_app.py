@@ -1,5 +1,6 @@
 """The ingress on real local Ray, over real HTTP: webhook → runtime → delivery → platform API;
-duplicates, signatures, malformed events, backpressure (503 + Retry-After), health and metrics.
+duplicates, signatures, malformed events, a full mailbox (queued, then answered by the inbox
+recovery loop), health and metrics.
 
 One runtime + ingress for the module (one session host ahead of need, mailbox 1, one delivery
 actor); each test uses its own chat (OneBot user id) and message ids."""
@@ -139,31 +140,51 @@ async def test_bad_signature_401_and_malformed_400_store_nothing(h: IngressHarne
     assert unknown.status_code == 404
 
 
-async def test_full_mailbox_503_with_retry_after_then_success(h: IngressHarness) -> None:
+def inbox_states(h: IngressHarness, user: str) -> list[str]:
+    """States of the inbox rows of ``user``'s private chat, in inbox order."""
+    from runtime.memory.db import Database
+    from runtime.memory.inbox import InboxRow
+
+    table = InboxRow.__table__  # type: ignore[attr-defined]
+    db = Database(h.db_url, threads=1)
+    try:
+        with db.connection() as conn:
+            key = f"onebot11:{BOT_ID}:private:{user}"
+            rows = conn.execute(table.select().where(table.c.session_key == key).order_by(table.c.id)).all()
+        return [r.state for r in rows]
+    finally:
+        db.dispose()
+
+
+async def test_full_mailbox_is_queued_then_answered_once_in_order(h: IngressHarness) -> None:
+    """A full mailbox no longer answers 503: the message is stored and ``queued``, later messages
+    of the chat are queued behind it, and the recovery loop answers each once, in order
+    (docs/decisions.md#inbox-durable)."""
     user = "200000030"
-    statuses: list[int] = []
-    busy: tuple[bytes, httpx.Response] | None = None
-    # "slow 3" holds the session in a tool call; with mailbox_size=1 a following message fills the
-    # mailbox and the next one is refused.
-    for i, text in enumerate(["slow 3", "second", "third", "fourth", "fifth"]):
-        body = onebot_event(h.api.fixtures_dir, user, text, 7000 + i)
-        resp = post(h, body, signed(body))
-        statuses.append(resp.status_code)
-        if resp.status_code == 503:
-            busy = (body, resp)
-            break
-    assert busy is not None, f"no backpressure: {statuses}"
-    body, resp = busy
-    assert resp.json() == {"status": "busy", "retry_after_s": int(resp.headers["Retry-After"])}
-    assert int(resp.headers["Retry-After"]) >= 1
-    # The platform retries the same event later, as told; it is accepted once the mailbox drains.
-    again = await post_until_accepted(h, body)
-    assert again.json() == {"status": "accepted"}
-    accepted = len(statuses)  # every message before the refused one, plus the retried one
-    replies = await wait_sent(h, user, accepted)
-    texts = [r["message"][0]["data"]["text"] for r in replies]
-    assert texts[0] == "tool: slept 3; then: []"
-    assert texts[1:] == [f"re: {t}" for t in ["second", "third", "fourth", "fifth"][: accepted - 1]]
+    texts = ["slow 3", "second", "third", "fourth", "fifth"]
+    before = inbound_count("queued")
+    bodies = [onebot_event(h.api.fixtures_dir, user, text, 7000 + i) for i, text in enumerate(texts)]
+    # "slow 3" holds the session in a tool call; with mailbox_size=1 the session's host refuses the
+    # next message: it is stored and left for the recovery loop, and so is every later one.
+    answers = [post(h, body, signed(body)) for body in bodies]
+    statuses = [(r.status_code, r.json()["status"]) for r in answers]
+    taken = sum(1 for _, status in statuses if status == "accepted")
+    assert 1 <= taken < len(texts), statuses
+    assert statuses == [(200, "accepted")] * taken + [(200, "queued")] * (len(texts) - taken)
+    assert inbound_count("queued") == before + len(texts) - taken
+    assert post(h, bodies[-1], signed(bodies[-1])).json() == {"status": "duplicate"}  # stored once
+    replies = await wait_sent(h, user, len(texts), timeout_s=120)
+    deadline = time.monotonic() + 60  # every turn result came back: nothing is left to replay
+    while inbox_states(h, user) != ["handled"] * len(texts):
+        assert time.monotonic() < deadline, inbox_states(h, user)
+        await asyncio.sleep(0.05)
+    replies = sent_to(h, user)
+    assert [r["message"][0]["data"]["text"] for r in replies] == [
+        "tool: slept 3; then: []",
+        *[f"re: {t}" for t in texts[1:]],
+    ]
+    recovery = await h.runtime.routers[0].inbox_status.remote()
+    assert recovery["resubmitted"] >= len(texts) - taken and recovery["failed"] == 0
 
 
 async def test_healthz_and_metrics(h: IngressHarness) -> None:

@@ -390,16 +390,38 @@ def test_unverifiable_signature_is_401(s: Served, fixtures_dir: Path) -> None:
 
 
 def test_unexpected_error_is_a_generic_counted_500(
-    s: Served, fixtures_dir: Path, caplog: pytest.LogCaptureFixture
+    s: Served, fixtures_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s.runtime.fail = RuntimeError("router exploded with secret detail")
+    async def explode(**_: Any) -> None:
+        raise ValueError("store exploded with secret detail")
+
+    monkeypatch.setattr(s.app.state.ingress.gate.store, "store", explode)
     before = inbound("onebot11", "error")
     with caplog.at_level(logging.ERROR, logger="sessionray.ingress"):
         resp = post_ob(s, onebot_event(fixtures_dir, "37001", "hi", 37001))
     assert (resp.status_code, resp.json()) == (500, {"error": "internal error"})
     assert inbound("onebot11", "error") == before + 1
     logged = [r for r in caplog.records if r.name == "sessionray.ingress" and r.exc_info]
-    assert [str(r.exc_info[1]) for r in logged if r.exc_info] == ["router exploded with secret detail"]
+    assert [str(r.exc_info[1]) for r in logged if r.exc_info] == ["store exploded with secret detail"]
+    assert s.taken() == []
+
+
+def test_a_runtime_failure_after_the_message_is_stored_is_queued(
+    s: Served, fixtures_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once stored, whatever the runtime raises is answered 200 ``queued`` (the inbox recovery
+    loop routes it: docs/decisions.md#inbox-durable); the redelivery is a duplicate."""
+    s.runtime.fail = RuntimeError("router exploded with secret detail")
+    before = inbound("onebot11", "queued")
+    body = onebot_event(fixtures_dir, "37002", "stored first", 37002)
+    with caplog.at_level(logging.WARNING, logger="sessionray.ingress"):
+        resp = post_ob(s, body)
+    assert (resp.status_code, resp.json()) == (200, {"status": "queued"})
+    assert inbound("onebot11", "queued") == before + 1
+    s.runtime.fail = None
+    assert post_ob(s, body).json() == {"status": "duplicate"}
+    assert s.taken() == []  # the stand-in runtime has no recovery loop
+    assert s.rows().count(("onebot11", "stored first")) == 1
 
 
 # --------------------------------------------------------------------------- size limits (#7)

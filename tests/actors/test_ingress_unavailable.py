@@ -1,9 +1,11 @@
-"""The ingress when the database is momentarily unavailable: 503 + Retry-After, then the
-platform's redelivery is taken once (real SQLite file locked by another connection, real HTTP).
+"""The ingress when the database is momentarily unavailable: 503 + Retry-After with nothing
+stored or routed, then the platform's redelivery is stored and routed once (real SQLite file
+locked by another connection, real HTTP).
 
-The runtime here is a local stand-in that keeps the router's dedup rule (a message id it took is
-answered ``duplicate``): the ingress's own rule — persist and route concurrently, answer 200 only
-when both succeeded — is what is tested; the router's dedup is tested on Ray elsewhere."""
+The runtime here is a local stand-in that keeps the host's dedup rule (a message id it took is
+answered ``duplicate``): the ingress's own rule — store the message (inbox + transcript row)
+before anything else, 503 only when that failed — is what is tested
+(docs/decisions.md#inbox-durable); the hosts' dedup is tested on Ray elsewhere."""
 
 from __future__ import annotations
 
@@ -62,11 +64,14 @@ def test_locked_database_gives_503_then_the_redelivery_is_taken_once(
         assert first.status_code == 503
         assert first.headers["Retry-After"] == "1"
         assert first.json() == {"status": "unavailable", "retry_after_s": 1}
+        assert runtime.taken == []  # nothing stored, so nothing routed
         second = httpx.post(base + hook, content=body, timeout=30)
-        assert (second.status_code, second.json()) == (200, {"status": "duplicate"})
+        assert (second.status_code, second.json()) == (200, {"status": "accepted"})
         third = httpx.post(base + hook, content=body, timeout=30)
-        assert (third.status_code, third.json()) == (200, {"status": "duplicate"})
+        assert (third.status_code, third.json()) == (200, {"status": "duplicate"})  # the inbox had it
     assert runtime.taken == ["777001"]  # one turn
     with sqlite3.connect(db_file) as check:
         rows = check.execute("SELECT message_id, direction, body FROM im_transcripts").fetchall()
+        inbox = check.execute("SELECT message_id, session_key FROM inbox").fetchall()
     assert rows == [("777001", "inbound", "hello while locked")]  # stored once, by the redelivery
+    assert inbox == [("777001", f"onebot11:{BOT_ID}:private:40404")]
