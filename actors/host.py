@@ -12,14 +12,14 @@ queues behind turns (docs/decisions.md#control-never-waits); all cores live on *
 uvloop thread that both forward to. LLM calls and tools are coroutines there, so one session's
 slow call never delays another's; a plain-function tool runs in a worker thread.
 
-Each session keeps the router shard's placement ``epoch``: a message with another epoch (or for a
-key not held) is answered ``moved`` (docs/decisions.md#session-direct-path). The host assigns the
-inbox ``seq``, bounds the mailbox (``busy``) and drops redeliveries (``duplicate``: seen here, or
-recorded in the loaded context). At ``cap`` live sessions (or above ``runtime.host_memory_mib``)
-an activation passivates the least recently used *idle* session when allowed (``evict``), else
-raises :class:`HostFullError`; idle sessions go after ``runtime.idle_ttl_s``; each passivation
-tells the router shard (``forget``). ``max_restarts=0``: a dead host is replaced by the supervisor
-and callers re-send interrupted messages once (docs/decisions.md#session-crash-recovery).
+Each session keeps the router shard's placement ``epoch``: a message with another epoch (or for a key not
+held) is answered ``moved`` (docs/decisions.md#session-direct-path). The host assigns the inbox ``seq``,
+bounds the mailbox (``busy``) and drops redeliveries (``duplicate``: seen here, also on a retry; or, on a
+first attempt only, recorded in the loaded context). At ``cap`` live sessions (or above
+``runtime.host_memory_mib``) an activation passivates the least recently used *idle* session when allowed
+(``evict``), else raises :class:`HostFullError`; idle sessions go after ``runtime.idle_ttl_s``; each
+passivation tells the router shard (``forget``). ``max_restarts=0``: a dead host is replaced by the
+supervisor and callers re-send interrupted messages once (docs/decisions.md#session-crash-recovery).
 """
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ class SessionHost:
         if live is None or live.epoch != epoch:
             self.stats["moved"] += 1
             return {"status": "moved", "seq": None}, None
-        dk = (inbound.platform, inbound.bot_id, inbound.message_id)  # seen: duplicate at any attempt
+        dk = (inbound.platform, inbound.bot_id, inbound.message_id)
         if dk in self._seen or (attempt == 0 and recorded(live, inbound.message_id)):
             self.stats["duplicate"] += 1
             return {"status": "duplicate", "seq": None}, None
