@@ -72,7 +72,10 @@ def main(argv: list[str]) -> int:
         results[scenario.name]["size"] = {
             "chats": size.chats, "rate_per_chat": size.rate_per_chat, "duration_s": size.duration_s,
         }  # fmt: skip
-        print(f"   ({time.monotonic() - t0:.0f} s) {json.dumps(results[scenario.name], default=str)}", flush=True)
+        print(
+            f"   ({time.monotonic() - t0:.0f} s) {json.dumps(results[scenario.name], default=str)}",
+            flush=True,
+        )
         _write(key, scenario.name, results[scenario.name])
     print(table(results))
     print(f"wrote {OUT} [{key}]")

@@ -26,6 +26,7 @@ elsewhere (:mod:`tests.chaos.scenarios`).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from tests.chaos.load import Sent
@@ -41,7 +42,7 @@ COLUMNS = (
 
 def _stall(replies: list[float], start: float, end: float) -> float:
     points = [start, *sorted(t for t in replies if start <= t <= end), end]
-    return max((b - a for a, b in zip(points, points[1:], strict=False)), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(points)), default=0.0)
 
 
 def _unavailable(attempts: list[tuple[float, int | str]]) -> float:

@@ -77,7 +77,9 @@ def event_body(template: dict[str, Any], bot_id: str, group: int, user: int, mid
 
 def group_template(fixtures_dir: Path) -> dict[str, Any]:
     """The recorded OneBot v11 group-message event (tests/fixtures, read only)."""
-    loaded: dict[str, Any] = json.loads((fixtures_dir / "onebot11" / "event_group_message_array.json").read_text())
+    loaded: dict[str, Any] = json.loads(
+        (fixtures_dir / "onebot11" / "event_group_message_array.json").read_text()
+    )
     return loaded
 
 

@@ -18,6 +18,7 @@ Thread-safe (the server answers on its own threads; the load reads the ledger fr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -108,10 +109,8 @@ class FaultyPlatform(PlatformApiServer):
         with self._conn_lock:
             conns = list(self._conns)
         for conn in conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def _listen_again(self) -> None:
         old = self._server

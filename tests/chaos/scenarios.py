@@ -43,8 +43,12 @@ class Size:
     """How long a restarted driver may take to be ready."""
 
 
-FULL = Size(chats=10, rate_per_chat=2.0, duration_s=60.0, drain_timeout_s=180.0, quiet_s=3.0, ready_timeout_s=300.0)
-CI = Size(chats=3, rate_per_chat=2.0, duration_s=4.0, drain_timeout_s=60.0, quiet_s=1.0, ready_timeout_s=180.0)
+FULL = Size(
+    chats=10, rate_per_chat=2.0, duration_s=60.0, drain_timeout_s=180.0, quiet_s=3.0, ready_timeout_s=300.0
+)
+CI = Size(
+    chats=3, rate_per_chat=2.0, duration_s=4.0, drain_timeout_s=60.0, quiet_s=1.0, ready_timeout_s=180.0
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,9 @@ def full_scenarios(size: Size = FULL) -> list[Scenario]:
     ]
     for seconds in (10, 60):
         for kind in ("500", "429", "refused"):
-            out.append(Scenario(f"outage_{kind}_{seconds}s", (Fault(f"outage:{kind}", 10.0, seconds=seconds),)))
+            out.append(
+                Scenario(f"outage_{kind}_{seconds}s", (Fault(f"outage:{kind}", 10.0, seconds=seconds),))
+            )
     return out
 
 
@@ -154,7 +160,9 @@ async def run_on(
     )  # fmt: skip
     await faults
     fault_end = _fault_end(scenario.faults, log, t0, size.duration_s)
-    await _drain(platform, sent, fault_end, max(time.monotonic(), fault_end) + size.drain_timeout_s, size.quiet_s)
+    await _drain(
+        platform, sent, fault_end, max(time.monotonic(), fault_end) + size.drain_timeout_s, size.quiet_s
+    )
     out = figures(sent, platform.replies(), fault_end=fault_end, stray=platform.stray - stray_before)
     restarts = [rec for rec in log if rec["fault"].startswith("driver:")]
     ready = [rec.get("ready_s") for rec in restarts]
@@ -167,7 +175,12 @@ async def run_on(
 
 
 def run_fresh(
-    scenario: Scenario, size: Size, fixtures_dir: Path, *, redeliver: bool = True, keep_dir: Path | None = None
+    scenario: Scenario,
+    size: Size,
+    fixtures_dir: Path,
+    *,
+    redeliver: bool = True,
+    keep_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run ``scenario`` on a serve and platform API of its own (started here, everything killed
     after); a failure to start is reported as ``{"error": ...}``. ``keep_dir``: copy the serve
