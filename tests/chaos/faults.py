@@ -5,13 +5,14 @@ A :class:`Fault` is one action at ``at_s`` seconds after the load started, repea
 
 * ``kill:<ActorClass>`` — SIGKILL one Ray worker of the topology running that actor
   (``SessionHost``, ``DeliveryActor``, ``RouterActor``, ``HostSupervisor``; picked at random
-  among the live ones, found by process title: :mod:`tests.chaos.procs`);
+  among the live ones, found by process title: :mod:`tests.chaos.procs`; when none is live, e.g.
+  still restarting after the previous kill, it waits for one up to :data:`KILL_WAIT_S`);
 * ``driver:kill`` — SIGKILL the ``sessionray serve`` process only (its Ray instance lingers as
   after a crash), then start a new serve on the same data directory, again and again until one
   is ready (as a process supervisor would);
 * ``driver:term`` — SIGTERM the serve, wait until it exits, start a new one the same way;
-* ``outage:<500|429|refused>`` — the platform API fails for ``seconds``
-  (:meth:`tests.chaos.platform.FaultyPlatform.outage`).
+* ``outage:<500|429|refused>`` — the platform API of bot ``target`` (every bot's when None)
+  fails for ``seconds`` (:meth:`tests.chaos.platform.FaultyPlatform.outage`).
 
 Every action is logged as a dict (``t``: seconds after the load start, ``fault``, and what it
 did: ``pid``, ``ready_s`` …) in the list :func:`run_faults` fills.
@@ -20,7 +21,9 @@ did: ``pid``, ``ready_s`` …) in the list :func:`run_faults` fills.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +31,11 @@ from typing import Any
 from tests.chaos.platform import FaultyPlatform
 from tests.chaos.serve import Topology
 
-__all__ = ["Fault", "run_faults"]
+__all__ = ["KILL_WAIT_S", "Fault", "run_faults"]
+
+KILL_WAIT_S = 60.0
+"""A kill waits this long for a live worker of its actor class (e.g. the router killed a moment
+ago and not restarted yet: "kill the router twice" kills the restarted one)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class Fault:
     every_s: float | None = None
     seconds: float = 0.0
     """Length of an outage."""
+    target: int | None = None
+    """The bot (index) whose platform API an outage hits; None: every bot's."""
 
     def end_s(self, duration_s: float) -> float:
         """Seconds after the load start when this fault's last window ends (an outage's end; a
@@ -69,34 +78,37 @@ def _restart(topo: Topology, how: str, ready_timeout_s: float) -> dict[str, Any]
 
 
 async def _act(
-    fault: Fault, topo: Topology, platform: FaultyPlatform, rng: random.Random, ready_timeout_s: float
+    fault: Fault, topo: Topology, platforms: list[FaultyPlatform], rng: random.Random, ready_timeout_s: float
 ) -> dict[str, Any]:
     kind, _, what = fault.action.partition(":")
     if kind == "kill":
-        pids = topo.pids(what)
-        if not pids:
-            return {"pid": None, "note": f"no live {what}"}
+        waited = time.monotonic()
+        while not (pids := await asyncio.to_thread(topo.pids, what)):
+            if time.monotonic() - waited > KILL_WAIT_S:
+                return {"pid": None, "note": f"no live {what} for {KILL_WAIT_S:.0f} s"}
+            await asyncio.sleep(0.1)
         pid = rng.choice(pids)
-        import os
-        import signal
-
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return {"pid": pid, "note": "gone before the kill"}
-        return {"pid": pid, "of": len(pids)}
+        return {"pid": pid, "of": len(pids), "waited_s": round(time.monotonic() - waited, 2)}
     if kind == "driver":
         return await asyncio.to_thread(_restart, topo, what, ready_timeout_s)
     if kind == "outage":
-        platform.outage(what, fault.seconds)
-        return {"seconds": fault.seconds}
+        for platform in platforms if fault.target is None else [platforms[fault.target]]:
+            platform.outage(what, fault.seconds)
+        return {
+            "seconds": fault.seconds,
+            "bot": "all" if fault.target is None else topo.bot_ids[fault.target],
+        }
     raise ValueError(f"unknown fault action {fault.action!r}")
 
 
 async def run_faults(
     faults: tuple[Fault, ...],
     topo: Topology,
-    platform: FaultyPlatform,
+    platforms: list[FaultyPlatform],
     *,
     t0: float,
     duration_s: float,
@@ -115,7 +127,7 @@ async def run_faults(
             if (wait := t0 + at - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
             started = time.monotonic()
-            rec = await _act(fault, topo, platform, rng, ready_timeout_s)
+            rec = await _act(fault, topo, platforms, rng, ready_timeout_s)
             log.append({"t": round(started - t0, 2), "fault": fault.action, **rec})
             if not fault.every_s or at + fault.every_s >= duration_s:
                 return

@@ -1,9 +1,9 @@
 """The chaos suite's open-loop webhook load: OneBot v11 group-message events over loopback HTTP.
 
 Message ``k`` (0-based) is offered at ``t0 + k / (chats × rate)`` to chat ``k mod chats`` (group
-``group_base + chat``), whatever happened to earlier ones. Each carries a unique ``message_id``
-and the text ``chaos <message_id>`` (the built-in model answers ``You said: chaos <id>``; the
-OneBot codec quotes the message id in a group reply).
+``group_base + chat`` of bot ``chat mod bots``), whatever happened to earlier ones. Each carries
+a unique ``message_id`` and the text ``chaos <message_id>`` (the built-in model answers
+``You said: chaos <id>``; the OneBot codec quotes the message id in a group reply).
 
 Two clients:
 
@@ -104,10 +104,9 @@ async def _deliver(client: Any, endpoint: str, body: bytes, sent: Sent, redelive
 
 
 async def open_loop(
-    endpoint: str,
+    targets: list[tuple[str, str]],
     fixtures_dir: Path,
     *,
-    bot_id: str,
     chats: int,
     rate_per_chat: float,
     duration_s: float,
@@ -115,9 +114,10 @@ async def open_loop(
     group_base: int,
     t0: float | None = None,
 ) -> list[Sent]:
-    """Offer ``chats × rate_per_chat × duration_s`` messages (module docstring) from ``t0``
-    (default: now) and return once every message was accepted or gave up (its redeliveries
-    spent). ``redeliver``: the redelivering client, else the once client."""
+    """Offer ``chats × rate_per_chat × duration_s`` messages (module docstring) to the bots of
+    ``targets`` (webhook URL, bot id) from ``t0`` (default: now) and return once every message
+    was accepted or gave up (its redeliveries spent). ``redeliver``: the redelivering client,
+    else the once client."""
     import httpx
 
     template = group_template(fixtures_dir)
@@ -136,6 +136,7 @@ async def open_loop(
             chat = k % chats
             sent = Sent(mid=next_message_id(), chat=chat, due=due)
             out.append(sent)
+            endpoint, bot_id = targets[chat % len(targets)]
             body = event_body(template, bot_id, group_base + chat, 200_000_000 + chat, sent.mid)
             tasks.append(asyncio.ensure_future(_deliver(client, endpoint, body, sent, redeliver)))
         await asyncio.gather(*tasks)

@@ -24,9 +24,21 @@ from tests.chaos.faults import Fault, run_faults
 from tests.chaos.figures import figures
 from tests.chaos.load import Sent, open_loop
 from tests.chaos.platform import FaultyPlatform
-from tests.chaos.serve import BOT_ID, Topology
+from tests.chaos.serve import Topology
 
-__all__ = ["CI", "FULL", "Scenario", "Size", "ci_scenarios", "full_scenarios", "knobs", "run_fresh", "run_on"]
+__all__ = [
+    "CI",
+    "CI_BOTS",
+    "FULL",
+    "Scenario",
+    "Size",
+    "ci_scenarios",
+    "full_scenarios",
+    "knobs",
+    "merged_replies",
+    "run_fresh",
+    "run_on",
+]
 
 
 @dataclass(frozen=True)
@@ -95,26 +107,43 @@ def full_scenarios(size: Size = FULL) -> list[Scenario]:
 
 
 def ci_scenarios() -> list[Scenario]:
-    """The CI subset's scenarios (:data:`CI` size, one shared serve, the driver restart last)."""
+    """The CI subset's scenarios (:data:`CI` size, one shared serve with :data:`CI_BOTS` bots, the
+    driver restart last). The three outage kinds run at once, each on the platform API of its own
+    bot (one chat each), for 8 s — longer than a delivery's old retry budget (5 attempts, 7.5 s)."""
+    outages = tuple(
+        Fault(f"outage:{kind}", 0.5, seconds=8.0, target=i)
+        for i, kind in enumerate(("500", "429", "refused"))
+    )
     return [
-        Scenario("outage_500", (Fault("outage:500", 1.0, seconds=2.0),)),
-        Scenario("outage_429", (Fault("outage:429", 1.0, seconds=2.0),)),
-        Scenario("outage_refused", (Fault("outage:refused", 1.0, seconds=2.0),)),
+        Scenario("outages", outages),
         Scenario("delivery_kill", (Fault("kill:DeliveryActor", 1.0, 2.0),)),
         Scenario("host_kill", (Fault("kill:SessionHost", 1.5),)),
-        Scenario("router_kill", (Fault("kill:RouterActor", 1.0), Fault("kill:RouterActor", 3.0))),
         Scenario("supervisor_kill", (Fault("kill:HostSupervisor", 1.0),)),
+        Scenario("router_kill", (Fault("kill:RouterActor", 1.0), Fault("kill:RouterActor", 3.0))),
         Scenario("driver_sigterm", (Fault("driver:term", 1.0),)),
     ]
 
 
+CI_BOTS = 3
+"""Bots (and platform APIs) of the CI subset's serve."""
+
+
+def merged_replies(platforms: list[FaultyPlatform]) -> dict[int, list[float]]:
+    """Message id → reply arrival times over every platform API (message ids are unique)."""
+    out: dict[int, list[float]] = {}
+    for platform in platforms:
+        for mid, times in platform.replies().items():
+            out.setdefault(mid, []).extend(times)
+    return out
+
+
 async def _drain(
-    platform: FaultyPlatform, sent: list[Sent], not_before: float, deadline: float, quiet_s: float
+    platforms: list[FaultyPlatform], sent: list[Sent], not_before: float, deadline: float, quiet_s: float
 ) -> None:
     waiting = {s.mid for s in sent if s.accepted_at is not None}
     last_count, since = -1, time.monotonic()
     while time.monotonic() < deadline:
-        replies = platform.replies()
+        replies = merged_replies(platforms)
         count = sum(len(replies.get(s.mid, [])) for s in sent)
         if count != last_count:
             last_count, since = count, time.monotonic()
@@ -134,7 +163,7 @@ def _fault_end(faults: tuple[Fault, ...], log: list[dict[str, Any]], t0: float, 
 
 async def run_on(
     topo: Topology,
-    platform: FaultyPlatform,
+    platforms: list[FaultyPlatform],
     fixtures_dir: Path,
     scenario: Scenario,
     size: Size,
@@ -142,32 +171,32 @@ async def run_on(
     redeliver: bool = True,
     group_base: int = 300_000_000,
 ) -> dict[str, Any]:
-    """Run ``scenario`` on the started ``topo``: load and faults at once, then the drain; returns
-    its figures (:func:`tests.chaos.figures.figures`) with ``uncertain``, ``ready_s`` (slowest
-    driver restart, None without one), ``mode``, ``client`` and the ``faults`` log."""
-    stray_before = platform.stray
+    """Run ``scenario`` on the started ``topo`` whose bot ``i`` sends to ``platforms[i]``: load and
+    faults at once, then the drain; returns its figures (:func:`tests.chaos.figures.figures`)
+    with ``uncertain``, ``ready_s`` (slowest driver restart, None without one or when one never
+    got ready), ``mode``, ``client`` and the ``faults`` log."""
+    stray_before = sum(p.stray for p in platforms)
     log: list[dict[str, Any]] = []
     t0 = time.monotonic() + 0.2
     faults = asyncio.ensure_future(
         run_faults(
-            scenario.faults, topo, platform, t0=t0, duration_s=size.duration_s, log=log,
+            scenario.faults, topo, platforms, t0=t0, duration_s=size.duration_s, log=log,
             ready_timeout_s=size.ready_timeout_s,
         )
     )  # fmt: skip
     sent = await open_loop(
-        topo.webhook, fixtures_dir, bot_id=BOT_ID, chats=size.chats, rate_per_chat=size.rate_per_chat,
+        topo.webhooks(), fixtures_dir, chats=size.chats, rate_per_chat=size.rate_per_chat,
         duration_s=size.duration_s, redeliver=redeliver, group_base=group_base, t0=t0,
     )  # fmt: skip
     await faults
     fault_end = _fault_end(scenario.faults, log, t0, size.duration_s)
-    await _drain(
-        platform, sent, fault_end, max(time.monotonic(), fault_end) + size.drain_timeout_s, size.quiet_s
-    )
-    out = figures(sent, platform.replies(), fault_end=fault_end, stray=platform.stray - stray_before)
-    restarts = [rec for rec in log if rec["fault"].startswith("driver:")]
-    ready = [rec.get("ready_s") for rec in restarts]
+    deadline = max(time.monotonic(), fault_end) + size.drain_timeout_s
+    await _drain(platforms, sent, fault_end, deadline, size.quiet_s)
+    stray = sum(p.stray for p in platforms) - stray_before
+    out = figures(sent, merged_replies(platforms), fault_end=fault_end, stray=stray)
+    ready = [rec.get("ready_s") for rec in log if rec["fault"].startswith("driver:")]
     out["uncertain"] = await asyncio.to_thread(topo.uncertain)
-    out["ready_s"] = (None if None in ready else max(ready)) if ready else None  # type: ignore[type-var]
+    out["ready_s"] = None if not ready or None in ready else max(r for r in ready if r is not None)
     out["mode"] = "strict" if scenario.strict else "packed"
     out["client"] = "redelivering" if redeliver else "once"
     out["faults"] = log
@@ -182,15 +211,15 @@ def run_fresh(
     redeliver: bool = True,
     keep_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run ``scenario`` on a serve and platform API of its own (started here, everything killed
-    after); a failure to start is reported as ``{"error": ...}``. ``keep_dir``: copy the serve
-    logs there (``<keep_dir>/<scenario>/serve-<n>.log``)."""
+    """Run ``scenario`` on a serve (one bot) and platform API of its own, started here and every
+    process killed after; a failure to start is reported as ``{"error": ...}``. ``keep_dir``:
+    copy the serve logs there (``<keep_dir>/<scenario>/serve-<n>.log``)."""
     with tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp", ignore_cleanup_errors=True) as d, \
             FaultyPlatform(fixtures_dir) as platform:  # fmt: skip
-        topo = Topology(Path(d), platform.base_url, knobs(scenario.strict, size.chats))
+        topo = Topology(Path(d), [platform.base_url], knobs(scenario.strict, size.chats))
         try:
             out: dict[str, Any] = {"start_s": round(topo.start(size.ready_timeout_s), 1)}
-            out |= asyncio.run(run_on(topo, platform, fixtures_dir, scenario, size, redeliver=redeliver))
+            out |= asyncio.run(run_on(topo, [platform], fixtures_dir, scenario, size, redeliver=redeliver))
         except Exception as exc:
             out = {"error": repr(exc)[:2000]}
         finally:

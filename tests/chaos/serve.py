@@ -1,10 +1,10 @@
 """One chaos topology: a real ``sessionray serve`` subprocess on its own data directory.
 
-:class:`Topology` writes a configuration (one OneBot v11 bot ``10001``, ``trigger: always``,
-whose ``api_base`` is the chaos platform API; no ``ai:`` section, so the built-in model answers
-with zero think time; SQLite under ``<dir>/data``; ``runtime:`` knobs as given), picks an HTTP
-port and a Ray metrics export port once (a restarted serve uses the same ones, so the load keeps
-its URL) and runs ``sessionray serve`` with:
+:class:`Topology` writes a configuration (one OneBot v11 bot with ``trigger: always`` per
+platform API given — ``10001``, ``10002``, … —, each sending to its own; no ``ai:`` section, so
+the built-in model answers with zero think time; SQLite under ``<dir>/data``; ``runtime:`` knobs
+as given), picks an HTTP port and a Ray metrics export port once (a restarted serve uses the
+same ones, so the load keeps its URL) and runs ``sessionray serve`` with:
 
 * the working directory ``<dir>`` and ``RAY_TMPDIR=<dir>/ray`` — a serve restarted after a
   kill -9 of the driver meets the old instance's leftovers as an operator's would;
@@ -63,19 +63,24 @@ class Topology:
 
     Args:
         workdir: An empty directory with a short path (Ray's socket paths must stay < 108 bytes).
-        api_base: The platform API the bot sends to.
+        api_bases: The platform API of each bot: bot ``10001 + i`` sends to ``api_bases[i]``.
         runtime: ``runtime:`` configuration keys (e.g. ``{"sessions_per_host": 1}``).
     """
 
-    def __init__(self, workdir: Path, api_base: str, runtime: dict[str, Any]) -> None:
+    def __init__(self, workdir: Path, api_bases: list[str], runtime: dict[str, Any]) -> None:
         self.dir = workdir
         self.mark = uuid.uuid4().hex
         self.port = free_port()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[str] | None = None
         self.starts = 0
+        self.bot_ids = [str(int(BOT_ID) + i) for i in range(len(api_bases))]
+        bots = [
+            {"platform": "onebot11", "self_id": bot, "api_base": base, "trigger": "always"}
+            for bot, base in zip(self.bot_ids, api_bases, strict=True)
+        ]
         config = {
-            "bots": [{"platform": "onebot11", "self_id": BOT_ID, "api_base": api_base, "trigger": "always"}],
+            "bots": bots,
             "database": {"url": "sqlite:///./data/sessionray.db"},
             "runtime": dict(runtime),
         }
@@ -86,9 +91,9 @@ class Topology:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def webhook(self) -> str:
-        return f"{self.url}/webhooks/onebot11/{BOT_ID}"
+    def webhooks(self) -> list[tuple[str, str]]:
+        """(webhook URL, bot id) of every bot, in the order of ``api_bases``."""
+        return [(f"{self.url}/webhooks/onebot11/{bot}", bot) for bot in self.bot_ids]
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SESSIONRAY_"))}
