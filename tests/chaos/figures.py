@@ -17,7 +17,9 @@ delivered (message id → arrival times):
 * ``unavailable_s`` — seconds the webhook did not answer 200: every run of consecutive attempts
   (all messages, in time order) that got a 503, another status, a refused connection or a
   timeout counts from its first attempt to the next attempt that got a 200 (or its own last one);
-  ``http_503`` and ``conn_errors`` count such attempts;
+  ``http_503`` and ``conn_errors`` count such attempts, ``answers`` counts every attempt by its
+  outcome (``"200"``, ``"503"``, ``"ConnectError"``, ``"ReadTimeout"`` …), ``redeliveries``
+  the attempts after a message's first;
 * ``stray_replies`` — delivered sends matching no message (should be 0).
 
 ``uncertain`` (replies the serve reports ``uncertain``) and the driver's ``ready_s`` come from
@@ -27,6 +29,7 @@ elsewhere (:mod:`tests.chaos.scenarios`).
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Any
 
 from tests.chaos.load import Sent
@@ -81,6 +84,7 @@ def figures(
         "http_503": sum(1 for _, o in failed if o == 503),
         "conn_errors": sum(1 for _, o in failed if isinstance(o, str)),
         "redeliveries": sum(len(s.attempts) - 1 for s in sent),
+        "answers": dict(sorted(Counter(str(o) for s in sent for _, o in s.attempts).items())),
         "stray_replies": stray,
     }
 

@@ -63,6 +63,9 @@ class FaultyPlatform(PlatformApiServer):
         self._track(self._server)
         return self
 
+    def __enter__(self) -> FaultyPlatform:
+        return self.start()
+
     def _track(self, server: ThreadingHTTPServer) -> None:
         """Remember each connection ``server`` is serving, so a ``refused`` outage can cut it."""
         serve_one = server.finish_request

@@ -71,10 +71,13 @@ class Scenario:
     """``runtime.sessions_per_host: 1`` instead of the default 2000."""
 
 
-def knobs(strict: bool, chats: int) -> dict[str, Any]:
+def knobs(strict: bool, chats: int, *, lean: bool = False) -> dict[str, Any]:
     """``runtime:`` keys of a scenario's serve: strict mode holds a host per session (two spare
-    slots over the chats, so no measured session is evicted)."""
-    return {"sessions_per_host": 1, "max_live_sessions": chats + 2} if strict else {}
+    slots over the chats, so no measured session is evicted). ``lean`` (the CI subset): one
+    session host and one delivery actor to start (fewer processes to start on a 2-core machine;
+    a kill then takes every session, or every delivery, at once)."""
+    out: dict[str, Any] = {"sessions_per_host": 1, "max_live_sessions": chats + 2} if strict else {}
+    return out | ({"min_hosts": 1, "delivery_actors": 1} if lean else {})
 
 
 def full_scenarios(size: Size = FULL) -> list[Scenario]:

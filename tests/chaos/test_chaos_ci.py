@@ -30,14 +30,14 @@ SCENARIOS = ci_scenarios()
 
 @pytest.fixture(scope="module")
 def chaos_serve(fixtures_dir: Path) -> Iterator[tuple[Topology, list[FaultyPlatform]]]:
-    """One serve (packed mode) with :data:`CI_BOTS` bots, each with its own platform API, for
+    """One serve (packed mode, one host and one delivery actor to start) with :data:`CI_BOTS` bots, each with its own platform API, for
     every scenario of this module; every process of the serve is killed at the end."""
     with contextlib.ExitStack() as stack:
         d = stack.enter_context(
             tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp", ignore_cleanup_errors=True)
         )
         platforms = [stack.enter_context(FaultyPlatform(fixtures_dir)) for _ in range(CI_BOTS)]
-        topo = Topology(Path(d), [p.base_url for p in platforms], knobs(False, CI.chats))
+        topo = Topology(Path(d), [p.base_url for p in platforms], knobs(False, CI.chats, lean=True))
         stack.callback(topo.close)
         topo.start(CI.ready_timeout_s)
         yield topo, platforms
