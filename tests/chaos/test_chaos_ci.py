@@ -30,8 +30,9 @@ SCENARIOS = ci_scenarios()
 
 @pytest.fixture(scope="module")
 def chaos_serve(fixtures_dir: Path) -> Iterator[tuple[Topology, list[FaultyPlatform]]]:
-    """One serve (packed mode, one host and one delivery actor to start) with :data:`CI_BOTS` bots, each with its own platform API, for
-    every scenario of this module; every process of the serve is killed at the end."""
+    """One serve (packed mode, one host and one delivery actor to start) with :data:`CI_BOTS`
+    bots, each with its own platform API, for every scenario of this module; every process of
+    the serve is killed at the end."""
     with contextlib.ExitStack() as stack:
         d = stack.enter_context(
             tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp", ignore_cleanup_errors=True)
