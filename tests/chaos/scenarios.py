@@ -56,7 +56,7 @@ class Size:
 
 
 FULL = Size(
-    chats=10, rate_per_chat=2.0, duration_s=60.0, drain_timeout_s=180.0, quiet_s=3.0, ready_timeout_s=300.0
+    chats=10, rate_per_chat=2.0, duration_s=60.0, drain_timeout_s=120.0, quiet_s=3.0, ready_timeout_s=300.0
 )
 CI = Size(
     chats=3, rate_per_chat=2.0, duration_s=4.0, drain_timeout_s=60.0, quiet_s=1.0, ready_timeout_s=180.0

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from tests.chaos.procs import MARK_ENV, alive, kill_all, titled
+from tests.chaos.procs import MARK_ENV, kill_all, titled
 
 __all__ = ["ROOT", "ServeExited", "Topology", "free_port"]
 
@@ -228,8 +228,9 @@ class Topology:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
         kill_all(self.mark)
-        if self.proc is not None and alive(self.proc.pid):
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
 
 
 def _count(body: Any) -> int | None:
