@@ -218,7 +218,7 @@ class Topology:
             return None
         if resp.status_code != 200:
             return None
-        return _count(resp.json())
+        return _count(resp.json(), "uncertain")
 
     def close(self, grace_s: float = 30.0) -> None:
         """Stop the serve (SIGTERM, up to ``grace_s``), then SIGKILL every process left with this
@@ -233,16 +233,12 @@ class Topology:
                 self.proc.wait(timeout=10)
 
 
-def _count(body: Any) -> int | None:
-    """The number of deliveries in an admin listing: a list, or a dict with ``count``/``total``
-    or a list under ``deliveries``/``items``/``rows``."""
-    if isinstance(body, list):
-        return len(body)
+def _count(body: Any, state: str) -> int | None:
+    """How many deliveries of ``state`` an admin listing reports: ``counts[state]`` (the total
+    over every page), else the length of its ``deliveries`` list (or of the body, a list)."""
     if isinstance(body, dict):
-        for key in ("count", "total"):
-            if isinstance(body.get(key), int):
-                return int(body[key])
-        for key in ("deliveries", "items", "rows"):
-            if isinstance(body.get(key), list):
-                return len(body[key])
-    return None
+        counts = body.get("counts")
+        if isinstance(counts, dict) and isinstance(counts.get(state), int):
+            return int(counts[state])
+        body = body.get("deliveries")
+    return len(body) if isinstance(body, list) else None
