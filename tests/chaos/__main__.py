@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,8 +47,21 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    """Ctrl-C: kill every process of the running scenario's serve and exit at once (the load's
+    tasks and threads are not waited for)."""
+    from tests.chaos.serve import Topology
+
+    print("\nchaos: interrupted; killing the serve processes of the running scenario", file=sys.stderr)
+    for topo in list(Topology.running):
+        topo.close(grace_s=0)
+        shutil.rmtree(topo.dir, ignore_errors=True)
+    os._exit(130)
+
+
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
+    signal.signal(signal.SIGINT, _interrupted)
     from tests.chaos.figures import table
     from tests.chaos.scenarios import CI, FULL, ci_scenarios, full_scenarios, run_fresh
 

@@ -124,7 +124,9 @@ async def open_loop(
     rate = chats * rate_per_chat
     count = round(rate * duration_s)
     timeout = httpx.Timeout(ATTEMPT_TIMEOUT_S)
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+    # no cap on connections: a cap makes the client queue posts behind slow ones, and a wait
+    # for a free connection (PoolTimeout) is not an answer of the webhook
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
     out: list[Sent] = []
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         start = time.monotonic() if t0 is None else t0

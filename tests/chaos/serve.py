@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -60,12 +60,15 @@ def free_port() -> int:
 
 class Topology:
     """The serve of one scenario (module docstring); nothing runs until :meth:`start`.
+    :data:`Topology.running` holds every started, not yet closed topology of this process.
 
     Args:
         workdir: An empty directory with a short path (Ray's socket paths must stay < 108 bytes).
         api_bases: The platform API of each bot: bot ``10001 + i`` sends to ``api_bases[i]``.
         runtime: ``runtime:`` configuration keys (e.g. ``{"sessions_per_host": 1}``).
     """
+
+    running: ClassVar[set[Topology]] = set()
 
     def __init__(self, workdir: Path, api_bases: list[str], runtime: dict[str, Any]) -> None:
         self.dir = workdir
@@ -115,6 +118,7 @@ class Topology:
             TimeoutError: no ``ready`` within ``timeout_s`` (the process is killed).
         """
         self.starts += 1
+        Topology.running.add(self)
         log = (self.dir / f"serve-{self.starts}.log").open("w")
         argv = [
             str(BIN / "sessionray"), "serve", "--config", "sessionray.yaml",
@@ -228,6 +232,7 @@ class Topology:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
         kill_all(self.mark)
+        Topology.running.discard(self)
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
