@@ -1,7 +1,7 @@
 """Faults of the chaos suite and their schedule while the load runs.
 
 A :class:`Fault` is one action at ``at_s`` seconds after the load started, repeated every
-``every_s`` seconds while the load runs:
+``every_s`` seconds while the load runs (counted from the previous action's end):
 
 * ``kill:<ActorClass>`` — SIGKILL one Ray worker of the topology running that actor
   (``SessionHost``, ``DeliveryActor``, ``RouterActor``, ``HostSupervisor``; picked at random
@@ -51,8 +51,8 @@ class Fault:
     """The bot (index) whose platform API an outage hits; None: every bot's."""
 
     def end_s(self, duration_s: float) -> float:
-        """Seconds after the load start when this fault's last window ends (an outage's end; a
-        kill's own moment)."""
+        """Seconds after the load start when this fault's last window ends as scheduled (an
+        outage's end; a kill's own moment); a late action's real end is in the fault log."""
         last = self.at_s
         if self.every_s:
             while last + self.every_s < duration_s:
@@ -129,8 +129,10 @@ async def run_faults(
             started = time.monotonic()
             rec = await _act(fault, topo, platforms, rng, ready_timeout_s)
             log.append({"t": round(started - t0, 2), "fault": fault.action, **rec})
-            if not fault.every_s or at + fault.every_s >= duration_s:
+            # the next one a period after this one (a kill that waited for a restarting actor
+            # does not make the next ones come in a burst)
+            at = max(at, time.monotonic() - t0) + (fault.every_s or 0.0)
+            if not fault.every_s or at >= duration_s:
                 return
-            at += fault.every_s
 
     await asyncio.gather(*(one(f) for f in faults))

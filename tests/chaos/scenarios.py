@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
 from tests.chaos.faults import Fault, run_faults
 from tests.chaos.figures import figures
 from tests.chaos.load import Sent, open_loop
@@ -157,10 +159,22 @@ async def _drain(
         await asyncio.sleep(0.1)
 
 
+async def _loop_lag(start: float, end: float) -> float:
+    """The longest delay of this process's event loop (a 0.1 s sleep that took longer) between
+    ``start`` and ``end``: when the load client itself was starved of CPU, its timeouts and
+    timings are suspect."""
+    worst = 0.0
+    while (now := time.monotonic()) < end:
+        await asyncio.sleep(0.1)
+        if now >= start:
+            worst = max(worst, time.monotonic() - now - 0.1)
+    return worst
+
+
 def _fault_end(faults: tuple[Fault, ...], log: list[dict[str, Any]], t0: float, duration_s: float) -> float:
     """``time.monotonic()`` when the last fault ended: an outage's window, a restart's ``ready``."""
     ends = [t0 + f.end_s(duration_s) for f in faults]
-    ends += [t0 + rec["t"] + (rec.get("ready_s") or 0.0) for rec in log]
+    ends += [t0 + rec["t"] + (rec.get("waited_s") or 0.0) + (rec.get("ready_s") or 0.0) for rec in log]
     return max(ends, default=t0)
 
 
@@ -177,7 +191,8 @@ async def run_on(
     """Run ``scenario`` on the started ``topo`` whose bot ``i`` sends to ``platforms[i]``: load and
     faults at once, then the drain; returns its figures (:func:`tests.chaos.figures.figures`)
     with ``uncertain``, ``ready_s`` (slowest driver restart, None without one or when one never
-    got ready), ``mode``, ``client`` and the ``faults`` log."""
+    got ready), ``client_lag_max_s`` (:func:`_loop_lag` over the load), ``mode``, ``client`` and
+    the ``faults`` log. Run it on uvloop (as the serve does; less CPU for the client)."""
     stray_before = sum(p.stray for p in platforms)
     log: list[dict[str, Any]] = []
     t0 = time.monotonic() + 0.2
@@ -187,11 +202,13 @@ async def run_on(
             ready_timeout_s=size.ready_timeout_s,
         )
     )  # fmt: skip
+    lag = asyncio.ensure_future(_loop_lag(t0, t0 + size.duration_s))
     sent = await open_loop(
         topo.webhooks(), fixtures_dir, chats=size.chats, rate_per_chat=size.rate_per_chat,
         duration_s=size.duration_s, redeliver=redeliver, group_base=group_base, t0=t0,
     )  # fmt: skip
     await faults
+    client_lag = await lag
     fault_end = _fault_end(scenario.faults, log, t0, size.duration_s)
     deadline = max(time.monotonic(), fault_end) + size.drain_timeout_s
     await _drain(platforms, sent, fault_end, deadline, size.quiet_s)
@@ -200,6 +217,7 @@ async def run_on(
     ready = [rec.get("ready_s") for rec in log if rec["fault"].startswith("driver:")]
     out["uncertain"] = await asyncio.to_thread(topo.uncertain)
     out["ready_s"] = None if not ready or None in ready else max(r for r in ready if r is not None)
+    out["client_lag_max_s"] = round(client_lag, 2)
     out["mode"] = "strict" if scenario.strict else "packed"
     out["client"] = "redelivering" if redeliver else "once"
     out["faults"] = log
@@ -222,7 +240,7 @@ def run_fresh(
         topo = Topology(Path(d), [platform.base_url], knobs(scenario.strict, size.chats))
         try:
             out: dict[str, Any] = {"start_s": round(topo.start(size.ready_timeout_s), 1)}
-            out |= asyncio.run(run_on(topo, [platform], fixtures_dir, scenario, size, redeliver=redeliver))
+            out |= uvloop.run(run_on(topo, [platform], fixtures_dir, scenario, size, redeliver=redeliver))
         except Exception as exc:
             out = {"error": repr(exc)[:2000]}
         finally:

@@ -12,7 +12,6 @@ drain wait is over. Figures and the fault log are in the assertion message.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import tempfile
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from tests.chaos.platform import FaultyPlatform
 from tests.chaos.scenarios import CI, CI_BOTS, ci_scenarios, knobs, run_on
@@ -50,7 +50,7 @@ def test_no_message_lost_or_answered_twice(
 ) -> None:
     topo, platforms = chaos_serve
     scenario = SCENARIOS[index]
-    out = asyncio.run(
+    out = uvloop.run(
         run_on(topo, platforms, fixtures_dir, scenario, CI, group_base=310_000_000 + 100 * index)
     )
     print(json.dumps(out))  # shown by pytest when the test fails
