@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup run init test test-deps pytest lint bench clean help
+.PHONY: setup run init test test-deps pytest lint bench chaos clean help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -40,6 +40,9 @@ lint: setup ## ruff and mypy over runtime/, providers/, actors/
 
 bench: setup ## print the benchmark figures and write build/bench/results.json
 	$(PY) -m tests.bench
+
+chaos: setup ## the chaos suite (kill -9 of every process kind, restarts, platform outages; ≈ 40 min): prints a table, writes "chaos" in build/bench/results.json
+	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
 clean: ## remove the virtualenv, caches and build output
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -73,18 +73,16 @@ log = logging.getLogger("sessionray.host")
 
 
 TURN_GROUP_SIZE = 1_000_000
-"""Concurrent ``submit`` calls one host accepts: one per accepted message until its turn ended
-(bounded in practice by live sessions × ``runtime.mailbox_size``)."""
+"""Concurrent ``submit`` calls one host accepts (one per accepted message until its turn ended)."""
 CONTROL_GROUP_SIZE = 64
 PREPARE_WAIT_S = 10.0  # how long ``ping`` waits for a new host's warm-up, in seconds
 FRESH_S = 5.0
-"""A just activated session whose first message has not arrived is not evicted for this long, in
-seconds (the caller that placed it is sending that message)."""
+"""Seconds a just activated session is not evicted before its first message (its caller sends it)."""
 TOOL_THREADS = 64
 """Worker threads for blocking work of one host's sessions (plain-function tools, ``asyncio.to_thread``):
 more than Python's default (CPUs + 4), since a blocking tool mostly waits on I/O."""
 SWEEP_S, USS_EVERY = 0.5, 10
-"""Period of the sweep (beat, idle passivation) in seconds; the USS is read every 10th sweep."""
+"""Sweep period in s (beat, idle passivation); the USS is read every 10th sweep."""
 
 
 @ray.remote(  # type: ignore[call-overload]
@@ -385,6 +383,8 @@ class SessionHost:
     async def _run(self, live: LiveSession, turn: TurnInput) -> TurnResult:
         try:
             result: TurnResult = await live.core.submit(turn)
+            if result.outcome == "error":  # not handled: a replay from the inbox must not be a duplicate
+                self._seen.pop((turn.platform, turn.bot_id, turn.message_id), None)
             return result
         finally:
             live.pending -= 1

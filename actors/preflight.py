@@ -15,7 +15,10 @@ Checks, each reported with the config key or option that asks for it:
 * **ports** — the HTTP port (``server.port`` / ``--port`` on ``server.host`` / ``--host``) and,
   when sessionray starts a local Ray, Ray's metrics export port (``--metrics-export-port``,
   bound by Ray's metrics agent on every interface) can be bound. The local Ray is started
-  without its dashboard (``include_dashboard=False``), so no dashboard port is needed.
+  without its dashboard (``include_dashboard=False``), so no dashboard port is needed. A port in
+  use is reported with the process that listens there (pid and command line). ``sessionray
+  serve`` first stops what a crashed ``sessionray serve`` of this user left of its local Ray
+  (:mod:`actors.stale_ray`, docs/decisions.md#ops-stale-ray), so such leftovers never block it.
 
 All problems are found in one pass and printed as one message; the exit code names the class of
 the most basic one (:data:`EXIT_CODES`). Nothing here imports Ray.
@@ -43,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from actors.port_holders import port_holders_text
 from runtime.config import Config, ConfigError, load_config
 from runtime.config.requirements import directory_problems, env_references, missing_env
 from runtime.memory.db import DatabaseUrlError, normalize_url
@@ -152,7 +156,8 @@ def open_listeners(host: str, port: int, what: str = HTTP_PORT) -> list[socket.s
 
     Raises:
         PortInUseError: an address cannot be bound (in use, not on this machine, privileged);
-            the message names ``host:port`` and ``what``.
+            the message names ``host:port``, ``what`` and, for a port in use, the process that
+            listens there (pid and command line: :mod:`actors.port_holders`).
     """
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -171,7 +176,10 @@ def open_listeners(host: str, port: int, what: str = HTTP_PORT) -> list[socket.s
                 sock.bind((addr[0], port, *addr[2:]))
                 port = port or sock.getsockname()[1]  # port 0: every address on the port the first got
             except OSError as exc:
-                fix = " — stop what listens there or choose another port" * (exc.errno == errno.EADDRINUSE)
+                fix = ""
+                if exc.errno == errno.EADDRINUSE:  # name the holder (docs/decisions.md#ops-stale-ray)
+                    held = port_holders_text(port)
+                    fix = f" — stop what listens there{f' ({held})' if held else ''} or choose another port"
                 cause = exc.strerror or str(exc)
                 raise PortInUseError(f"port {port} on {addr[0]} ({what}): {cause}{fix}") from None
     except BaseException:

@@ -233,6 +233,11 @@ class SessionRuntime:
                 self.delivery.stop()
         self.routers, self.hosts = [], None
 
+    def in_flight(self) -> int:
+        """Turns this process submitted whose result has not come back yet (``sessionray serve``
+        waits for them on SIGTERM: docs/decisions.md#ops-graceful-shutdown)."""
+        return int(self._path.status()["pending"])
+
     def attach_inbox(self, db: Any) -> None:
         """Mark this process's submissions in the durable inbox on ``db`` (a
         :class:`runtime.memory.db.Database`; the ingress passes its own): ``routed`` when a host

@@ -200,7 +200,8 @@ class SubmitPath:
             return
         self._done(key, ident)
         self.counts["turns"] += 1
-        self._mark("handled", inbound)
+        if getattr(result, "outcome", "") != "error":  # an error turn stays open: the inbox replays it
+            self._mark("handled", inbound)
         if getattr(result, "outcome", "") == "error":
             self.counts["errors"] += 1
             log.warning(

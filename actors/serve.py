@@ -3,13 +3,18 @@
 docs/decisions.md#ops-ingress-placement).
 
 Start-up order: read the configuration (``--config FILE``, else ``sessionray.yaml``, else the
-embedded defaults: console bot, built-in model, SQLite under ./data); run the pre-flight
-(:mod:`actors.preflight`: variables, directories, database, ports — every problem in one message,
-a distinct exit code per class, before Ray starts) and bind the HTTP port; print where
-everything is (console URL, one webhook URL per configured bot, the metrics URLs, the admin
-CLI); start or join Ray (``--address``); start the session runtime (routers, session hosts, delivery
-pool); serve HTTP — ``ready`` is printed once the port is listening — until SIGINT/SIGTERM.
-Ctrl-C stops uvicorn, then the runtime, then Ray (``ray.shutdown``).
+embedded defaults: console bot, built-in model, SQLite under ./data); stop what a crashed
+``sessionray serve`` of this user left of its local Ray (:mod:`actors.stale_ray`,
+docs/decisions.md#ops-stale-ray); run the pre-flight (:mod:`actors.preflight`: variables,
+directories, database, ports — every problem in one message, a distinct exit code per class,
+before Ray starts) and bind the HTTP port; print where everything is (console URL, one webhook URL
+per configured bot, the metrics URLs, the admin CLI); open the port at once — events are stored
+and answered ``queued`` while Ray (``--address``: joined) and the session runtime (routers, session
+hosts, delivery pool) start (:mod:`actors.serve_gate`, docs/decisions.md#ops-early-accept) —;
+``ready`` is printed once the runtime is up. SIGTERM or Ctrl-C stops in phases
+(:mod:`actors.serve_shutdown`, docs/decisions.md#ops-graceful-shutdown): close the listener, let
+turns in flight end and the delivery actors send for at most ``runtime.shutdown_grace_s``, stop
+the runtime, then Ray.
 
 Exit codes: 0 stopped normally; 2 configuration/usage (also: SQLite on a multi-node cluster);
 3 environment; 4 database; 5 port in use (:mod:`actors.preflight` has the table).
@@ -26,11 +31,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import socket
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,21 +47,23 @@ from actors.preflight import (
     EXIT_CONFIG,
     EXIT_PORT,
     HTTP_PORT,
-    REPO_ROOT,
     PortInUseError,
     PreflightFailed,
     Problem,
     add_start_options,
     config_source,
-    ensure_repo_root_on_path,
     open_listeners,
     run_checks,
 )
 from actors.serve_banner import admin_token_for_run, banner, quiet_ray_auth, shown_host
+from actors.serve_shutdown import REQUESTS_WAIT_S, ShutdownSignals, drain, say
 
 __all__ = ["DEFAULT_METRICS_EXPORT_PORT", "IngressServer", "main", "serve", "with_ingress_address"]
 
 log = logging.getLogger("sessionray.serve")
+
+LISTEN_BACKLOG = 2048
+"""Connections the kernel holds for the HTTP port until the server takes them (uvicorn's default)."""
 
 
 def with_ingress_address(config: Any, host: str, port: int) -> Any:
@@ -81,12 +88,12 @@ def with_ingress_address(config: Any, host: str, port: int) -> Any:
 class IngressServer(uvicorn.Server):
     """uvicorn's server, serving sockets bound beforehand (:func:`actors.preflight.open_listeners`):
 
-    * ``on_ready()`` runs once the sockets are listening (so "ready" is never printed before a
+    * ``on_ready()`` runs once the sockets are listening (nothing is announced before a
       connection can be accepted);
     * a socket that cannot listen (another process took the port after it was bound) raises
       :class:`~actors.preflight.PortInUseError` instead of uvicorn's ``sys.exit(3)``;
-    * Ctrl-C ends ``serve()`` normally (the captured SIGINT is not re-raised), so the runtime and
-      Ray are stopped in order.
+    * it installs no signal handlers: ``serve`` handles SIGTERM/SIGINT for its whole life
+      (:class:`~actors.serve_shutdown.ShutdownSignals`) and sets ``should_exit``.
     """
 
     def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None = None) -> None:
@@ -102,10 +109,9 @@ class IngressServer(uvicorn.Server):
         if self.started and self._on_ready is not None:
             self._on_ready()
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        self.should_exit = True
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,28 +130,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _init_ray(address: str | None, metrics_port: int) -> None:
-    import ray
+def _ingress_server(app: Any, host: str, port: int, on_ready: Callable[[], None]) -> IngressServer:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="none",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=REQUESTS_WAIT_S,
+    )
+    return IngressServer(config, on_ready=on_ready)
 
-    from runtime.platforms.console import API_TOKEN_ENV, console_api_token
 
-    # Workers import from the repository root (and the caller's PYTHONPATH), and so does this
-    # process: Python tools named in ai.python_tools (e.g. examples.bot.bot_tools) are loaded
-    # here once at start-up to fail early, then in every session host.
-    python_path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    ensure_repo_root_on_path()
-    # The console's internal endpoints need one shared token in the ingress and every Ray worker.
-    env = {"PYTHONPATH": python_path, API_TOKEN_ENV: console_api_token(create=True) or ""}
-    kwargs: dict[str, Any] = {
-        "namespace": "sessionray",
-        "logging_level": "warning",
-        "runtime_env": {"env_vars": env},
-    }
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        os.environ.setdefault("RAY_metrics_report_interval_ms", "5000")
-        ray.init(include_dashboard=False, _metrics_export_port=metrics_port, **kwargs)
+async def _first(*aws: asyncio.Future[Any]) -> None:
+    """Until the first of ``aws`` is done (the others keep running)."""
+    await asyncio.wait(aws, return_when=asyncio.FIRST_COMPLETED)
 
 
 async def serve(
@@ -160,7 +161,13 @@ async def serve(
     notes: list[str] | None = None,
     generated_token: str | None = None,
 ) -> None:
-    """Start Ray (or join ``address``), the runtime and the ingress; serve until interrupted.
+    """Open the HTTP port, start Ray (or join ``address``) and the runtime, serve until SIGTERM or
+    SIGINT, then stop in phases (:mod:`actors.serve_shutdown`).
+
+    The port accepts events as soon as the database and the listener are ready, before Ray and the
+    session hosts (docs/decisions.md#ops-early-accept): until the runtime is up its ``submit``
+    raises :class:`~actors.serve_gate.RuntimeNotReady` and the ingress answers the stored message
+    as queued; ``/healthz`` answers 503 ``starting``. ``ready`` is printed once the runtime is up.
 
     Args:
         listeners: Sockets already bound to ``host``:``port`` (:func:`main` binds them before Ray
@@ -185,46 +192,144 @@ async def serve(
         print(line, flush=True)
     for line in notes or []:
         print(line, flush=True)
-    print("sessionray: starting Ray and the session runtime ...", flush=True)
+    say("starting Ray and the session runtime ...")
 
-    import ray
-
+    # Ray is imported here, in this thread, before ray.init runs in its own thread
     from actors.ingress import build_app
+    from actors.local_ray import RayThread
     from actors.runtime import SessionRuntime
+    from actors.serve_gate import RuntimeGate, StartupGate
     from actors.telegram_poll import start_pollers, stop_pollers
+    from runtime.platforms.console import console_api_token
 
-    _init_ray(address, metrics_port)
+    # one console API token for the ingress and every Ray worker, made before either starts
+    console_api_token(create=True)
+    gate = RuntimeGate(config)
     runtime = SessionRuntime()
+    shown = f"http://{shown_host(host)}:{port}"
     where = "/console" if any(b.platform == "console" for b in config.bots) else "/healthz"
+    listening = asyncio.Event()
 
-    def ready() -> None:
-        print(f"sessionray: ready — open http://{shown_host(host)}:{port}{where} (Ctrl-C stops)", flush=True)
+    def accepting() -> None:
+        listening.set()
+        if not gate.ready:
+            say(f"accepting events on {shown} (stored now, answered once the session runtime is up)")
 
-    try:
-        # the port opens once runtime.min_hosts session hosts answer: no early message waits for a
-        # process start, and sessions spread over every host (and node) from the first one
+    app = build_app(gate, config)  # opens the database
+    server = _ingress_server(StartupGate(app, gate), host, port, accepting)
+    signals = ShutdownSignals(asyncio.get_running_loop())
+    signals.on_request(lambda: setattr(server, "should_exit", True))
+    ray_thread = RayThread(address, metrics_port)
+    ray_thread.start()  # ray.init runs in its own thread while the port opens
+
+    async def start_runtime() -> None:
+        await ray_thread.wait()
+        signals.install()
+        gate.phase = "starting the session runtime"
+        # the runtime is up once runtime.min_hosts session hosts answer: no early message waits
+        # for a process start, and sessions spread over every host (and node) from the first one
         await runtime.start(config, wait_warm=True)
-        start_pollers(config)  # one getUpdates loop per `mode: polling` Telegram bot
-        app = build_app(runtime, config)
-        server = IngressServer(
-            uvicorn.Config(
-                app, host=host, port=port, loop="none", lifespan="on", log_level="warning", access_log=False
-            ),
-            on_ready=ready,
-        )
-        await server.serve(sockets=listeners)
+
+    run = _Run(config, signals, server, asyncio.ensure_future(server.serve(sockets=listeners)), gate, runtime,
+               app.state.ingress.db, asyncio.ensure_future(start_runtime()), stop_pollers)  # fmt: skip
+    stop_requested = asyncio.ensure_future(signals.requested.wait())
+    try:
+        await _first(run.starting, stop_requested, run.serving)
+        if run.starting.done():
+            run.starting.result()  # a failed start raises here
+            gate.attach(runtime)
+            start_pollers(config)  # one getUpdates loop per `mode: polling` Telegram bot
+            run.pollers = True
+            ray_thread.refresh_record()
+            listened = asyncio.ensure_future(listening.wait())
+            await _first(listened, run.serving)
+            listened.cancel()
+            if listening.is_set():
+                say(f"ready — open {shown}{where} (Ctrl-C stops)")
+            await _first(stop_requested, run.serving)
+        if run.serving.done():
+            run.serving.result()  # the listener failed (PortInUseError)
     finally:
-        for sock in listeners:
-            sock.close()
-        print("sessionray: stopping the runtime and Ray ...", flush=True)
-        with contextlib.suppress(Exception):
-            await stop_pollers(config)
+        stop_requested.cancel()
+        failed = sys.exc_info()[1]  # no-op after a signal:
+        signals.request(f"start-up failed: {type(failed).__name__}" if failed else "the HTTP server ended")
+        await run.stop()
+        # off the loop, so a third signal is still heard; a ray.init still running gets the grace
+        await asyncio.to_thread(ray_thread.stop, max(5.0, float(config.runtime.shutdown_grace_s)))
+        signals.close()
+        say("stopped")
+
+
+@dataclass
+class _Run:
+    """What the start and the stop of one ``serve`` share."""
+
+    config: Any
+    signals: ShutdownSignals
+    server: IngressServer
+    serving: asyncio.Future[Any]
+    """``server.serve()``."""
+    gate: Any
+    """The :class:`~actors.serve_gate.RuntimeGate` the ingress was built over."""
+    runtime: Any
+    db: Any
+    """The ingress's database (the delivery ledger is read there while stopping)."""
+    starting: asyncio.Future[Any]
+    """Ray's and the runtime's start."""
+    stop_pollers: Callable[[Any], Awaitable[Any]]
+    pollers: bool = False
+    since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    async def stop(self) -> None:
+        """The phases of :mod:`actors.serve_shutdown` (Ray itself is stopped by the caller)."""
+        grace = float(self.config.runtime.shutdown_grace_s)
+        deadline = (self.signals.at or time.monotonic()) + grace
+        self.gate.phase = "stopping"
+        what = "turns and deliveries"
+        say(f"stopping ({self.signals.name}): closing the listener; up to {grace:g} s for {what}")
+        self.server.should_exit = True
+        open_requests = len(self.server.server_state.connections)
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(self.serving), REQUESTS_WAIT_S + 5)
+        if self.pollers:
+            with contextlib.suppress(Exception):
+                await self.stop_pollers(self.config)
+        say(f"stopping: listener closed, {open_requests} open connection(s) answered or closed")
+        if not self.starting.done():
+            self.starting.cancel()
+            with contextlib.suppress(BaseException):
+                await self.starting
+        if self.gate.ready and self.db is not None:
+            await drain(
+                self.runtime, self.db, deadline=deadline, since_ms=self.since_ms, forced=self.signals.forced
+            )
+        begun = time.monotonic()
         try:
-            await asyncio.wait_for(runtime.stop(), timeout=30)
+            await asyncio.wait_for(self.runtime.stop(), timeout=30)
         except Exception as exc:  # still shut Ray down
             log.warning("runtime stop failed: %r", exc)
-        ray.shutdown()
-        print("sessionray: stopped", flush=True)
+        say(f"stopping: runtime stopped ({time.monotonic() - begun:.1f} s); stopping Ray")
+
+
+def _clear_stale_ray() -> None:
+    """Stop the leftovers of local Ray instances whose ``sessionray serve`` died
+    (docs/decisions.md#ops-stale-ray); one line per instance found."""
+    from actors.stale_ray import clear_stale_ray
+
+    for found in clear_stale_ray():
+        where = ", ".join(found.session_dirs) or "its session directory is gone"
+        what = (
+            f"stopped {len(found.stopped)} process(es): {', '.join(found.stopped)}"
+            if found.stopped
+            else ("nothing of it still ran")
+        )
+        say(
+            f"the local Ray of a sessionray serve that died (pid {found.driver_pid}; {where}): {what} "
+            f"in {found.seconds:.1f} s"
+        )
+        if found.left or found.busy_ports:
+            left = ", ".join(found.left) or "none"
+            log.warning("still running after SIGKILL: %s; ports still held: %s", left, found.busy_ports)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,12 +350,18 @@ def main(argv: list[str] | None = None) -> int:
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     metrics_port = None if args.address else args.metrics_export_port
-    problems = run_checks(config, host=host, port=port, metrics_port=metrics_port, check_http_port=False)
     listeners: list[socket.socket] = []
-    try:
+    http_problem: Problem | None = None
+    try:  # listening at once: a connection made during the checks waits, it is not refused
         listeners = open_listeners(host, port)
-    except PortInUseError as exc:
-        problems.append(Problem(EXIT_PORT, str(exc)))
+        for sock in listeners:
+            sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        http_problem = Problem(EXIT_PORT, str(exc))
+    if not args.address:  # what a crashed serve of this user left of its local Ray would block us
+        _clear_stale_ray()
+    problems = run_checks(config, host=host, port=port, metrics_port=metrics_port, check_http_port=False)
+    problems += [http_problem] if http_problem else []
     if problems:
         for sock in listeners:
             sock.close()

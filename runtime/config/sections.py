@@ -185,6 +185,12 @@ class RuntimeConfig(_Closed):
     hung_ping_timeout_s: float = Field(30.0, gt=0)
     """Seconds the host supervisor waits for a host's ``ping_turn`` (its sessions' event loop); a
     host that does not answer is killed and its sessions re-activated elsewhere (crash path)."""
+    shutdown_grace_s: float = Field(10.0, ge=0)
+    """On SIGTERM/SIGINT, ``sessionray serve`` stops accepting events, then waits at most this many
+    seconds for the turns in flight to end and the delivery actors to send what they hold before it
+    stops the runtime (docs/decisions.md#ops-graceful-shutdown); what is left is replayed by the
+    next start."""
+
     replay_window_s: float = Field(600.0, gt=0)
     """Seconds an inbox row may wait for its turn: a stored or routed message younger than this
     whose turn result never came is routed again by the recovery loop; an older one is expired

@@ -121,6 +121,8 @@ class SessionCore:
         self.repo = repo
         self.writer = writer
         self.deliver = deliver
+        self.closing = False
+        """Set by :meth:`close`: an abort then is not the user's."""
         self._partition = partition_of(session_key, delivery_partitions)
         self._last_queued_ms = 0
         self.scope = session_key.split(":")[2] if session_key.count(":") >= 3 else "private"
@@ -300,6 +302,10 @@ class SessionCore:
         aborted = ctl.abort_controller.signal.aborted
         if prev is not None:
             await asyncio.shield(prev)  # chat order: the previous turn hands its reply first
+        if aborted and self.closing:  # not the user's abort: the inbox replays the message
+            return TurnResult(  # (docs/decisions.md#inbox-durable)
+                seq=turn.seq, message_id=turn.message_id, outcome="error", error="session closed mid-turn"
+            )
         if aborted:
             return TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="aborted", reply_id=reply_id)
         preview = reply.preview_text()
@@ -462,7 +468,9 @@ class SessionCore:
         }
 
     async def close(self, timeout_s: float = 5.0) -> None:
-        """Abort what still runs and wait (bounded) for the tasks to end (passivation)."""
+        """Abort what still runs and wait (bounded) for the tasks to end (passivation, shutdown); a
+        turn cut off so ends as ``error`` (not handled: replayed from the inbox)."""
+        self.closing = True
         self.abort()
         if self._tasks:
             with contextlib.suppress(Exception):

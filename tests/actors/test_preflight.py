@@ -5,11 +5,13 @@ server announcing "ready" only once it listens, and the operator notes of the ba
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -209,11 +211,17 @@ def test_postgres_unreachable_names_the_url_without_password() -> None:
 # --------------------------------------------------------------------------- ports
 
 
-def test_port_in_use_names_address_purpose_and_fix(listening: int) -> None:
+def this_process() -> str:
+    """How a port holder is named: this test process's pid and command line (≤ 120 characters)."""
+    cmd = " ".join(" ".join(psutil.Process().cmdline()).split())
+    return f"pid {os.getpid()}: {cmd if len(cmd) <= 120 else cmd[:119] + '…'}"
+
+
+def test_port_in_use_names_address_purpose_holder_and_fix(listening: int) -> None:
     assert port_problem("127.0.0.1", listening, "the HTTP ingress; server.port or --port") == Problem(
         EXIT_PORT,
         f"port {listening} on 127.0.0.1 (the HTTP ingress; server.port or --port): Address already in use"
-        " — stop what listens there or choose another port",
+        f" — stop what listens there ({this_process()}) or choose another port",
     )
     # Ray's metrics agent binds every interface: a loopback listener blocks it too
     problem = port_problem("", listening, "metrics")

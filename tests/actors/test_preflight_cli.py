@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -159,9 +160,13 @@ def test_http_port_in_use(workdir: Path, listening: int) -> None:
         str(free_port()),
     )
     assert_refused_before_ray(run, 5)
+    cmd = " ".join(
+        " ".join(psutil.Process().cmdline()).split()
+    )  # this test process holds the port: it is named
+    holder = f"pid {os.getpid()}: {cmd if len(cmd) <= 120 else cmd[:119] + '…'}"
     assert (
         f"    - port {listening} on 127.0.0.1 (the HTTP ingress; server.port or --port): "
-        "Address already in use — stop what listens there or choose another port\n"
+        f"Address already in use — stop what listens there ({holder}) or choose another port\n"
     ) in run.err
 
 

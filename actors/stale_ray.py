@@ -1,0 +1,342 @@
+"""The local Ray instance a ``sessionray serve`` started, recorded so that the next start can stop
+what a crashed driver left behind (docs/decisions.md#ops-stale-ray).
+
+Why: Ray's daemons are tied to the driver that started them (the kernel kills most of them when it
+dies), but not all: after ``kill -9`` of the driver its ``ray::DashboardAgent`` and
+``ray::RuntimeEnvAgent`` live on for about a minute, holding the metrics export port and the agent
+ports, and a new local Ray cannot start meanwhile.
+
+The record is one small JSON file per driver, ``sessionray-serve-<pid>.json`` in Ray's temp
+directory (:func:`ray_temp_root`), written before ``ray.init`` (the driver's pid and start time:
+Ray names its session directory ``session_<date>_<driver pid>``) and again once Ray runs (the
+session directory, the pids and start times of the driver's Ray processes, their listening ports).
+A clean stop removes it (:func:`forget_local_ray`).
+
+At start-up, :func:`clear_stale_ray` reads every record of this user whose driver is dead and
+stops exactly that instance's leftovers: this user's processes that are a recorded pid with the
+same start time, or a Ray process (a ``ray::…`` worker or agent, a binary or script of the Ray
+package) whose command line or open files are under that instance's session directory, and their
+children (a ``tail -f`` of its logs is not a Ray process and is left alone). Nothing else is
+signalled — no other user's process, no other Ray instance, never ``ray stop``. It waits until
+the recorded ports have no listener among the stopped processes, then removes the record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from actors.port_holders import listeners
+
+__all__ = [
+    "Cleared",
+    "LocalRayRun",
+    "clear_stale_ray",
+    "forget_local_ray",
+    "leftovers",
+    "ray_temp_root",
+    "record_local_ray",
+    "run_file",
+    "stop_own_ray",
+]
+
+log = logging.getLogger("sessionray.stale_ray")
+
+RUN_PREFIX = "sessionray-serve-"
+"""Record files are ``<ray temp root>/sessionray-serve-<driver pid>.json``."""
+
+
+def ray_temp_root() -> Path:
+    """Ray's temp directory for a local instance, by Ray's own rule (``ray.init`` without
+    ``_temp_dir``): ``$RAY_TMPDIR/ray``, else on Linux ``$TMPDIR/ray``, else ``/tmp/ray``."""
+    base = os.environ.get("RAY_TMPDIR") or (
+        os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None
+    )
+    return Path(base or "/tmp") / "ray"
+
+
+def run_file(root: Path | None = None, pid: int | None = None) -> Path:
+    """The record file of driver ``pid`` (default: this process) under ``root`` (default
+    :func:`ray_temp_root`)."""
+    return (root or ray_temp_root()) / f"{RUN_PREFIX}{os.getpid() if pid is None else pid}.json"
+
+
+def _started(proc: psutil.Process) -> float:
+    return round(proc.create_time(), 2)
+
+
+@dataclass(frozen=True)
+class LocalRayRun:
+    """What one driver recorded about its local Ray (times: process start, Unix seconds)."""
+
+    driver_pid: int
+    driver_started: float
+    uid: int
+    temp_root: str
+    session_dir: str | None = None
+    processes: list[tuple[int, float, str]] = field(default_factory=list)
+    """``(pid, start time, name)`` of each process the driver had started (all descendants)."""
+    ports: list[int] = field(default_factory=list)
+    """TCP ports those processes listened on."""
+
+    @classmethod
+    def capture(cls, temp_root: Path, session_dir: str | None = None) -> LocalRayRun:
+        """This process as the driver; with ``session_dir``, its descendants and their ports too."""
+        me = psutil.Process()
+        procs: list[tuple[int, float, str]] = []
+        ports: set[int] = set()
+        if session_dir:
+            for child in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    procs.append((child.pid, _started(child), child.name()))
+                    ports.update(
+                        c.laddr.port
+                        for c in child.net_connections(kind="tcp")
+                        if c.status == psutil.CONN_LISTEN and c.laddr
+                    )
+        return cls(me.pid, _started(me), os.getuid(), str(temp_root), session_dir, procs, sorted(ports))
+
+    def driver_alive(self) -> bool:
+        """True while the recorded driver runs (same pid *and* start time; a zombie is dead)."""
+        try:
+            proc = psutil.Process(self.driver_pid)
+            return _started(proc) == self.driver_started and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def session_dirs(self) -> list[str]:
+        """The recorded session directory; before Ray had started, the directories Ray names after
+        the driver (``session_*_<pid>``) created since the driver started."""
+        if self.session_dir:
+            return [self.session_dir]
+        found = []
+        for path in Path(self.temp_root).glob(f"session_*_{self.driver_pid}"):
+            with contextlib.suppress(OSError):
+                if (
+                    path.is_dir()
+                    and not path.is_symlink()
+                    and path.stat().st_mtime >= self.driver_started - 1
+                ):
+                    found.append(str(path))
+        return found
+
+
+def record_local_ray(session_dir: str | None = None, root: Path | None = None) -> Path:
+    """Write (atomically) this driver's record; call it before ``ray.init`` (no ``session_dir``)
+    and again once Ray runs. Returns the file. Raises ``OSError`` when it cannot be written."""
+    root = root or ray_temp_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path = run_file(root)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(LocalRayRun.capture(root, session_dir))))
+    tmp.replace(path)
+    return path
+
+
+def forget_local_ray(root: Path | None = None) -> None:
+    """Remove this driver's record (its Ray was shut down)."""
+    with contextlib.suppress(OSError):
+        run_file(root).unlink()
+
+
+@dataclass
+class Cleared:
+    """One dead driver's instance that :func:`clear_stale_ray` handled."""
+
+    driver_pid: int
+    session_dirs: list[str]
+    stopped: list[str]
+    """``pid (name)`` of each process stopped."""
+    left: list[str]
+    """Processes still running after SIGKILL (the record is kept)."""
+    busy_ports: list[int]
+    """Recorded ports that still had a listener when the wait ended."""
+    seconds: float
+
+
+def _read(path: Path) -> LocalRayRun | None:
+    try:
+        if path.stat().st_uid != os.getuid():
+            return None
+        data = json.loads(path.read_text())
+        run = LocalRayRun(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+    procs = [(int(p), float(s), str(n)) for p, s, n in run.processes]
+    return LocalRayRun(**{**asdict(run), "processes": procs}) if run.uid == os.getuid() else None
+
+
+def _protected() -> set[int]:
+    """This process and its ancestors: never signalled."""
+    me = psutil.Process()
+    return {me.pid, *(p.pid for p in me.parents())}
+
+
+def _ray_package() -> str | None:
+    """Where the ``ray`` package is installed (found without importing it)."""
+    spec = importlib.util.find_spec("ray")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.realpath(locations[0]) + os.sep if locations else None
+
+
+def _is_ray(cmdline: list[str], package: str | None) -> bool:
+    """A Ray process: a worker or agent (``ray::…`` process title), or a binary or script of the
+    Ray package (``gcs_server``, ``raylet``, ``dashboard.py``, ``log_monitor.py`` …)."""
+    if not cmdline:
+        return False
+    if cmdline[0].startswith("ray::"):
+        return True
+    return package is not None and any(os.path.realpath(a).startswith(package) for a in cmdline[:3] if a)
+
+
+def _under(proc: psutil.Process, cmdline: list[str], dirs: list[str]) -> bool:
+    """``proc`` names one of ``dirs`` in its command line or has a file open under one."""
+    prefixes = tuple(d.rstrip("/") + "/" for d in dirs)
+    if any(p in arg for arg in cmdline for p in prefixes):
+        return True
+    return any(f.path.startswith(prefixes) for f in proc.open_files())
+
+
+def leftovers(run: LocalRayRun) -> list[psutil.Process]:
+    """This user's processes that belong to ``run``'s Ray instance (see the module docstring)."""
+    recorded = {(pid, started) for pid, started, _ in run.processes}
+    dirs = run.session_dirs()
+    keep_out = _protected()
+    package = _ray_package()
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        if proc.pid in keep_out:
+            continue
+        try:
+            if proc.uids().real != run.uid:
+                continue
+            if (proc.pid, _started(proc)) in recorded:
+                found[proc.pid] = proc
+                continue
+            cmdline = proc.cmdline()
+            if dirs and _is_ray(cmdline, package) and _under(proc, cmdline, dirs):
+                found[proc.pid] = proc
+        except psutil.Error:
+            continue
+    for proc in list(found.values()):
+        with contextlib.suppress(psutil.Error):
+            for child in proc.children(recursive=True):
+                if child.pid not in keep_out:
+                    found.setdefault(child.pid, child)
+    return sorted(found.values(), key=lambda p: p.pid)
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        cmd = proc.cmdline()
+        return f"{proc.pid} ({os.path.basename(cmd[0]) if cmd else proc.name()})"
+    except psutil.Error:
+        return str(proc.pid)
+
+
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``procs`` still running (a zombie has exited: its sockets and files are closed)."""
+    alive = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+    return alive
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    alive = _running(procs)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = _running(alive)
+    return alive
+
+
+def _stop(procs: list[psutil.Process], term_wait_s: float, kill_wait_s: float) -> list[psutil.Process]:
+    """SIGTERM, then SIGKILL what is left after ``term_wait_s``; returns what still runs."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    alive = _wait_gone(procs, term_wait_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return _wait_gone(alive, kill_wait_s)
+
+
+def _held(ports: list[int], pids: set[int | None]) -> list[int]:
+    """Those of ``ports`` that one of ``pids`` still listens on."""
+    table = listeners()
+    return [p for p in ports if table.get(p, set()) & pids]
+
+
+def clear_stale_ray(
+    root: Path | None = None,
+    *,
+    term_wait_s: float = 0.5,
+    kill_wait_s: float = 5.0,
+    port_wait_s: float = 5.0,
+) -> list[Cleared]:
+    """Stop the leftovers of every local Ray whose recording driver (this user's) is dead, wait
+    until their recorded ports have no listener (at most ``port_wait_s`` seconds), and remove each
+    record whose processes are all gone. Records of live drivers are left alone.
+
+    Args:
+        root: Where the records are (default :func:`ray_temp_root`).
+        term_wait_s, kill_wait_s: Seconds to wait after SIGTERM, then after SIGKILL.
+
+    Returns:
+        One :class:`Cleared` per dead driver's record (an empty ``stopped``: nothing was left).
+    """
+    root = root or ray_temp_root()
+    out: list[Cleared] = []
+    for path in sorted(root.glob(f"{RUN_PREFIX}*.json")):
+        run = _read(path)
+        if run is None or run.driver_alive():
+            continue
+        started = time.monotonic()
+        procs = leftovers(run)
+        names = [_name(p) for p in procs]
+        left = _stop(procs, term_wait_s, kill_wait_s) if procs else []
+        # a socket is closed when the last process holding it exits: wait for any holder among
+        # the stopped processes (a listener that is not theirs is the pre-flight's to name)
+        ours: set[int | None] = {p.pid for p in procs}
+        deadline = time.monotonic() + port_wait_s
+        busy = _held(run.ports, ours) if procs else []
+        while busy and time.monotonic() < deadline:
+            time.sleep(0.05)
+            busy = _held(busy, ours)
+        if not left:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        out.append(
+            Cleared(
+                run.driver_pid,
+                run.session_dirs(),
+                names,
+                [_name(p) for p in left],
+                busy,
+                round(time.monotonic() - started, 2),
+            )
+        )
+    return out
+
+
+def stop_own_ray(root: Path | None = None) -> list[str]:
+    """Stop the Ray processes of this driver's own session directories (under ``root``, default
+    :func:`ray_temp_root`): what a ``ray.init`` that failed half-way started (Ray's start-up
+    deadline passed on a busy machine), before it is tried again. Returns ``pid (name)`` of each
+    process stopped."""
+    procs = leftovers(LocalRayRun.capture(root or ray_temp_root()))
+    _stop(procs, 0.5, 5.0)
+    return [_name(p) for p in procs]

@@ -1,0 +1,103 @@
+"""The figures of one chaos scenario, and the table ``make chaos`` prints.
+
+From the load's records (:class:`tests.chaos.load.Sent`) and the replies the platform API
+delivered (message id → arrival times):
+
+* ``sent`` — distinct messages offered; ``accepted`` — got a 200 at least once;
+  ``never_accepted`` = sent − accepted;
+* ``answered_once`` / ``duplicated`` — messages with exactly one / more than one delivered reply
+  (whether accepted or not: a message whose 200 was lost on the way may still be answered —
+  ``answered_not_accepted`` counts those);
+* ``lost`` — accepted, and no reply after the drain wait;
+* ``stall_s`` — the longest time without any delivered reply while the load was offered (from
+  its first to its last scheduled message, both ends included);
+* ``drain_s`` — from the later of the load's last scheduled message and the end of the last
+  fault to the last delivered reply (how long the system needed to catch up; 0 when it was
+  already done);
+* ``unavailable_s`` — seconds the webhook did not answer 200: every run of consecutive attempts
+  (all messages, in time order) that got a 503, another status, a refused connection or a
+  timeout counts from its first attempt to the next attempt that got a 200 (or its own last one);
+  ``http_503`` and ``conn_errors`` count such attempts, ``answers`` counts every attempt by its
+  outcome (``"200"``, ``"503"``, ``"ConnectError"``, ``"ReadTimeout"`` …), ``redeliveries``
+  the attempts after a message's first;
+* ``stray_replies`` — delivered sends matching no message (should be 0).
+
+``uncertain`` (replies the serve reports ``uncertain``) and the driver's ``ready_s`` come from
+elsewhere (:mod:`tests.chaos.scenarios`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any
+
+from tests.chaos.load import Sent
+
+__all__ = ["COLUMNS", "figures", "table"]
+
+COLUMNS = (
+    "sent", "accepted", "answered_once", "duplicated", "lost", "never_accepted", "uncertain", "stall_s",
+    "drain_s", "unavailable_s", "ready_s",
+)  # fmt: skip
+"""Columns of :func:`table` (``ready_s``: a driver scenario's slowest restart)."""
+
+
+def _stall(replies: list[float], start: float, end: float) -> float:
+    points = [start, *sorted(t for t in replies if start <= t <= end), end]
+    return max((b - a for a, b in itertools.pairwise(points)), default=0.0)
+
+
+def _unavailable(attempts: list[tuple[float, int | str]]) -> float:
+    total, since, last_bad = 0.0, None, 0.0
+    for t, outcome in sorted(attempts, key=lambda a: a[0]):
+        if outcome != 200:
+            since = t if since is None else since
+            last_bad = t
+        elif since is not None:
+            total, since = total + (t - since), None
+    return total + (last_bad - since if since is not None else 0.0)
+
+
+def figures(
+    sent: list[Sent], replies: dict[int, list[float]], *, fault_end: float, stray: int
+) -> dict[str, Any]:
+    """The figures of one scenario (module docstring). ``fault_end``: ``time.monotonic()`` when
+    the last fault window ended (a kill: its moment)."""
+    counts = {s.mid: len(replies.get(s.mid, [])) for s in sent}
+    accepted = [s for s in sent if s.accepted_at is not None]
+    failed = [(t, o) for s in sent for t, o in s.attempts if o != 200]
+    every_reply = sorted(t for s in sent for t in replies.get(s.mid, []))
+    start, end = (sent[0].due, sent[-1].due) if sent else (0.0, 0.0)
+    done_after = max(end, fault_end)
+    return {
+        "sent": len(sent),
+        "accepted": len(accepted),
+        "answered_once": sum(1 for n in counts.values() if n == 1),
+        "duplicated": sum(1 for n in counts.values() if n > 1),
+        "lost": sum(1 for s in accepted if counts[s.mid] == 0),
+        "never_accepted": len(sent) - len(accepted),
+        "answered_not_accepted": sum(1 for s in sent if s.accepted_at is None and counts[s.mid] > 0),
+        "stall_s": round(_stall(every_reply, start, end), 2) if sent else None,
+        "drain_s": round(max(0.0, every_reply[-1] - done_after), 2) if every_reply else None,
+        "unavailable_s": round(_unavailable([a for s in sent for a in s.attempts]), 2),
+        "http_503": sum(1 for _, o in failed if o == 503),
+        "conn_errors": sum(1 for _, o in failed if isinstance(o, str)),
+        "redeliveries": sum(len(s.attempts) - 1 for s in sent),
+        "answers": dict(sorted(Counter(str(o) for s in sent for _, o in s.attempts).items())),
+        "stray_replies": stray,
+    }
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """A fixed-width table: one row per scenario, :data:`COLUMNS` (``-`` for None or missing)."""
+    width = max([len("scenario"), *(len(n) for n in results)])
+    head = f"{'scenario':<{width}} " + " ".join(f"{c:>{max(len(c), 6)}}" for c in COLUMNS)
+    rows = [head]
+    for name, fig in results.items():
+        cells = []
+        for c in COLUMNS:
+            v = fig.get(c)
+            cells.append(f"{'-' if v is None else v!s:>{max(len(c), 6)}}")
+        rows.append(f"{name:<{width}} " + " ".join(cells))
+    return "\n".join(rows)

@@ -1,0 +1,256 @@
+"""The chaos scenarios, their sizes, and running one against a topology.
+
+A scenario is a set of :class:`tests.chaos.faults.Fault` run while the open-loop load
+(:func:`tests.chaos.load.open_loop`) is offered, in ``packed`` mode (``runtime.sessions_per_host``
+2000, the default) or ``strict`` mode (1: a process per session). :func:`run_on` runs one on a
+started :class:`tests.chaos.serve.Topology` (the CI subset shares one serve between scenarios);
+:func:`run_fresh` gives a scenario a serve of its own (``make chaos``).
+
+After the load — every message accepted or its redeliveries spent — and the last fault, the
+drain waits until every accepted message has a reply and no reply came for ``quiet_s`` (a late
+duplicate would show), or until ``drain_timeout_s`` has passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from tests.chaos.faults import Fault, run_faults
+from tests.chaos.figures import figures
+from tests.chaos.load import Sent, open_loop
+from tests.chaos.platform import FaultyPlatform
+from tests.chaos.serve import Topology
+
+__all__ = [
+    "CI",
+    "CI_BOTS",
+    "FULL",
+    "Scenario",
+    "Size",
+    "ci_scenarios",
+    "full_scenarios",
+    "knobs",
+    "merged_replies",
+    "run_fresh",
+    "run_on",
+]
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much load a scenario offers and how long the harness waits."""
+
+    chats: int
+    rate_per_chat: float
+    """Messages per second per chat."""
+    duration_s: float
+    drain_timeout_s: float
+    quiet_s: float
+    ready_timeout_s: float
+    """How long a restarted driver may take to be ready."""
+
+
+FULL = Size(
+    chats=10, rate_per_chat=2.0, duration_s=60.0, drain_timeout_s=120.0, quiet_s=3.0, ready_timeout_s=300.0
+)
+CI = Size(
+    chats=3, rate_per_chat=2.0, duration_s=4.0, drain_timeout_s=60.0, quiet_s=1.0, ready_timeout_s=180.0
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    faults: tuple[Fault, ...]
+    strict: bool = False
+    """``runtime.sessions_per_host: 1`` instead of the default 2000."""
+
+
+def knobs(strict: bool, chats: int, *, lean: bool = False) -> dict[str, Any]:
+    """``runtime:`` keys of a scenario's serve: strict mode holds a host per session (two spare
+    slots over the chats, so no measured session is evicted). ``lean`` (the CI subset): one
+    session host and one delivery actor to start (fewer processes to start on a 2-core machine;
+    a kill then takes every session, or every delivery, at once)."""
+    out: dict[str, Any] = {"sessions_per_host": 1, "max_live_sessions": chats + 2} if strict else {}
+    return out | ({"min_hosts": 1, "delivery_actors": 1} if lean else {})
+
+
+def full_scenarios(size: Size = FULL) -> list[Scenario]:
+    """Every scenario of ``make chaos``: a baseline, kill -9 of each actor kind (session hosts
+    every 10 s and the router twice, in both modes; delivery actors every 5 s; the host
+    supervisor once), kill -9 and SIGTERM restarts of the driver, and platform outages of 10 s
+    and 60 s (from 10 s after the load start) of HTTP 500, 429 and refused connections."""
+    d = size.duration_s
+    out = [
+        Scenario("baseline", ()),
+        Scenario("host_kill", (Fault("kill:SessionHost", 5.0, 10.0),)),
+        Scenario("host_kill_strict", (Fault("kill:SessionHost", 5.0, 10.0),), strict=True),
+        Scenario("delivery_kill", (Fault("kill:DeliveryActor", 2.5, 5.0),)),
+        Scenario("router_kill", (Fault("kill:RouterActor", d / 3), Fault("kill:RouterActor", 2 * d / 3))),
+        Scenario(
+            "router_kill_strict",
+            (Fault("kill:RouterActor", d / 3), Fault("kill:RouterActor", 2 * d / 3)),
+            strict=True,
+        ),
+        Scenario("supervisor_kill", (Fault("kill:HostSupervisor", d / 3),)),
+        Scenario("driver_kill", (Fault("driver:kill", d / 3),)),
+        Scenario("driver_sigterm", (Fault("driver:term", d / 3),)),
+    ]
+    for seconds in (10, 60):
+        for kind in ("500", "429", "refused"):
+            out.append(
+                Scenario(f"outage_{kind}_{seconds}s", (Fault(f"outage:{kind}", 10.0, seconds=seconds),))
+            )
+    return out
+
+
+def ci_scenarios() -> list[Scenario]:
+    """The CI subset's scenarios (:data:`CI` size, one shared serve with :data:`CI_BOTS` bots, the
+    driver restart last). The three outage kinds run at once, each on the platform API of its own
+    bot (one chat each), for 8 s — longer than a delivery's old retry budget (5 attempts, 7.5 s)."""
+    outages = tuple(
+        Fault(f"outage:{kind}", 0.5, seconds=8.0, target=i)
+        for i, kind in enumerate(("500", "429", "refused"))
+    )
+    return [
+        Scenario("outages", outages),
+        Scenario("delivery_kill", (Fault("kill:DeliveryActor", 1.0, 2.0),)),
+        Scenario("host_kill", (Fault("kill:SessionHost", 1.5),)),
+        Scenario("supervisor_kill", (Fault("kill:HostSupervisor", 1.0),)),
+        Scenario("router_kill", (Fault("kill:RouterActor", 1.0), Fault("kill:RouterActor", 3.0))),
+        Scenario("driver_sigterm", (Fault("driver:term", 1.0),)),
+    ]
+
+
+CI_BOTS = 3
+"""Bots (and platform APIs) of the CI subset's serve."""
+
+
+def merged_replies(platforms: list[FaultyPlatform]) -> dict[int, list[float]]:
+    """Message id → reply arrival times over every platform API (message ids are unique)."""
+    out: dict[int, list[float]] = {}
+    for platform in platforms:
+        for mid, times in platform.replies().items():
+            out.setdefault(mid, []).extend(times)
+    return out
+
+
+async def _drain(
+    platforms: list[FaultyPlatform], sent: list[Sent], not_before: float, deadline: float, quiet_s: float
+) -> None:
+    waiting = {s.mid for s in sent if s.accepted_at is not None}
+    last_count, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        replies = merged_replies(platforms)
+        count = sum(len(replies.get(s.mid, [])) for s in sent)
+        if count != last_count:
+            last_count, since = count, time.monotonic()
+        answered = all(replies.get(mid) for mid in waiting)
+        now = time.monotonic()
+        if answered and now >= not_before and now - since >= quiet_s:
+            return
+        await asyncio.sleep(0.1)
+
+
+async def _loop_lag(start: float, end: float) -> float:
+    """The longest delay of this process's event loop (a 0.1 s sleep that took longer) between
+    ``start`` and ``end``: when the load client itself was starved of CPU, its timeouts and
+    timings are suspect."""
+    worst = 0.0
+    while (now := time.monotonic()) < end:
+        await asyncio.sleep(0.1)
+        if now >= start:
+            worst = max(worst, time.monotonic() - now - 0.1)
+    return worst
+
+
+def _fault_end(faults: tuple[Fault, ...], log: list[dict[str, Any]], t0: float, duration_s: float) -> float:
+    """``time.monotonic()`` when the last fault ended: an outage's window, a restart's ``ready``."""
+    ends = [t0 + f.end_s(duration_s) for f in faults]
+    ends += [t0 + rec["t"] + (rec.get("waited_s") or 0.0) + (rec.get("ready_s") or 0.0) for rec in log]
+    return max(ends, default=t0)
+
+
+async def run_on(
+    topo: Topology,
+    platforms: list[FaultyPlatform],
+    fixtures_dir: Path,
+    scenario: Scenario,
+    size: Size,
+    *,
+    redeliver: bool = True,
+    group_base: int = 300_000_000,
+) -> dict[str, Any]:
+    """Run ``scenario`` on the started ``topo`` whose bot ``i`` sends to ``platforms[i]``: load and
+    faults at once, then the drain; returns its figures (:func:`tests.chaos.figures.figures`)
+    with ``uncertain``, ``ready_s`` (slowest driver restart, None without one or when one never
+    got ready), ``client_lag_max_s`` (:func:`_loop_lag` over the load), ``mode``, ``client`` and
+    the ``faults`` log. Run it on uvloop (as the serve does; less CPU for the client)."""
+    stray_before = sum(p.stray for p in platforms)
+    log: list[dict[str, Any]] = []
+    t0 = time.monotonic() + 0.2
+    faults = asyncio.ensure_future(
+        run_faults(
+            scenario.faults, topo, platforms, t0=t0, duration_s=size.duration_s, log=log,
+            ready_timeout_s=size.ready_timeout_s,
+        )
+    )  # fmt: skip
+    lag = asyncio.ensure_future(_loop_lag(t0, t0 + size.duration_s))
+    sent = await open_loop(
+        topo.webhooks(), fixtures_dir, chats=size.chats, rate_per_chat=size.rate_per_chat,
+        duration_s=size.duration_s, redeliver=redeliver, group_base=group_base, t0=t0,
+    )  # fmt: skip
+    await faults
+    client_lag = await lag
+    fault_end = _fault_end(scenario.faults, log, t0, size.duration_s)
+    deadline = max(time.monotonic(), fault_end) + size.drain_timeout_s
+    await _drain(platforms, sent, fault_end, deadline, size.quiet_s)
+    stray = sum(p.stray for p in platforms) - stray_before
+    out = figures(sent, merged_replies(platforms), fault_end=fault_end, stray=stray)
+    ready = [rec.get("ready_s") for rec in log if rec["fault"].startswith("driver:")]
+    out["uncertain"] = await asyncio.to_thread(topo.uncertain)
+    out["ready_s"] = None if not ready or None in ready else max(r for r in ready if r is not None)
+    out["client_lag_max_s"] = round(client_lag, 2)
+    out["mode"] = "strict" if scenario.strict else "packed"
+    out["client"] = "redelivering" if redeliver else "once"
+    out["faults"] = log
+    return out
+
+
+def run_fresh(
+    scenario: Scenario,
+    size: Size,
+    fixtures_dir: Path,
+    *,
+    redeliver: bool = True,
+    keep_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Run ``scenario`` on a serve (one bot) and platform API of its own, started here and every
+    process killed after; a failure to start is reported as ``{"error": ...}``. ``keep_dir``:
+    copy the serve logs there (``<keep_dir>/<scenario>/serve-<n>.log``)."""
+    with tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp", ignore_cleanup_errors=True) as d, \
+            FaultyPlatform(fixtures_dir) as platform:  # fmt: skip
+        topo = Topology(Path(d), [platform.base_url], knobs(scenario.strict, size.chats))
+        try:
+            out: dict[str, Any] = {"start_s": round(topo.start(size.ready_timeout_s), 1)}
+            out |= uvloop.run(run_on(topo, [platform], fixtures_dir, scenario, size, redeliver=redeliver))
+        except Exception as exc:
+            out = {"error": repr(exc)[:2000]}
+        finally:
+            topo.close()
+            if keep_dir is not None:
+                _keep_logs(Path(d), keep_dir / scenario.name)
+    return out
+
+
+def _keep_logs(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for log in src.glob("serve-*.log"):
+        (dst / log.name).write_bytes(log.read_bytes())

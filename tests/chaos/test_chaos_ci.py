@@ -1,0 +1,70 @@
+"""The chaos suite's CI subset (issue #16): the faults of ``make chaos`` at a small size on one
+shared ``sessionray serve`` subprocess — platform outages of 8 s (HTTP 500, 429 with
+Retry-After, refused connections: at once, each on the platform API of its own bot), kill -9 of
+a delivery actor, a session host, the host supervisor and the router (twice), and a SIGTERM
+restart of the driver last — each under an open-loop load of 3 chats × 2 msg/s for 4 s from a
+redelivering client.
+
+Every scenario must lose nothing and send nothing twice: every message is accepted (a 200,
+possibly after redeliveries), and each has exactly one reply at the platform API once the
+drain wait is over. Figures and the fault log are in the assertion message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvloop
+
+from tests.chaos.platform import FaultyPlatform
+from tests.chaos.scenarios import CI, CI_BOTS, ci_scenarios, knobs, run_on
+from tests.chaos.serve import Topology
+
+SCENARIOS = ci_scenarios()
+
+
+@pytest.fixture(scope="module")
+def chaos_serve(fixtures_dir: Path) -> Iterator[tuple[Topology, list[FaultyPlatform]]]:
+    """One serve (packed mode, one host and one delivery actor to start) with :data:`CI_BOTS`
+    bots, each with its own platform API, for every scenario of this module; every process of
+    the serve is killed at the end."""
+    with contextlib.ExitStack() as stack:
+        d = stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp", ignore_cleanup_errors=True)
+        )
+        platforms = [stack.enter_context(FaultyPlatform(fixtures_dir)) for _ in range(CI_BOTS)]
+        topo = Topology(Path(d), [p.base_url for p in platforms], knobs(False, CI.chats, lean=True))
+        stack.callback(topo.close)
+        topo.start(CI.ready_timeout_s)
+        yield topo, platforms
+
+
+@pytest.mark.parametrize("index", range(len(SCENARIOS)), ids=[s.name for s in SCENARIOS])
+def test_no_message_lost_or_answered_twice(
+    index: int, chaos_serve: tuple[Topology, list[FaultyPlatform]], fixtures_dir: Path
+) -> None:
+    topo, platforms = chaos_serve
+    scenario = SCENARIOS[index]
+    out = uvloop.run(
+        run_on(topo, platforms, fixtures_dir, scenario, CI, group_base=310_000_000 + 100 * index)
+    )
+    print(json.dumps(out))  # shown by pytest when the test fails
+    expected = round(CI.chats * CI.rate_per_chat * CI.duration_s)
+    assert out["faults"] and all(rec.get("pid", 0) is not None for rec in out["faults"]), out["faults"]
+    figures = {
+        k: out[k] for k in ("sent", "accepted", "answered_once", "lost", "duplicated", "never_accepted")
+    }
+    assert figures == {
+        "sent": expected,
+        "accepted": expected,
+        "answered_once": expected,
+        "lost": 0,
+        "duplicated": 0,
+        "never_accepted": 0,
+    }, out
+    assert out["stray_replies"] == 0, out
