@@ -42,6 +42,7 @@ import ray
 from actors.admission import KeyOrder
 from actors.host import HostFullError
 from actors.router_admin import DEAD, RouterAdminMixin
+from actors.self_kick import kick_self
 from runtime import metrics
 from runtime.keys import key_hash
 
@@ -141,11 +142,9 @@ class RouterActor(RouterAdminMixin):
         self._recovery: Any = None
         self._recovery_task: asyncio.Task[None] | None = None
         # Start the inbox recovery loop as soon as this incarnation runs (a restarted shard
-        # replays what its keys left even if no caller asks): a call to ourselves, queued now.
-        # (A shard object built outside a Ray actor, in tests, starts it on its first use.)
-        self._kick: Any = None
-        with contextlib.suppress(RuntimeError):
-            self._kick = ray.get_runtime_context().current_actor.start_recovery.remote()
+        # replays what its keys left even if no caller asks). A shard object built outside a Ray
+        # actor (tests) starts it on its first use.
+        kick_self("start_recovery", f"the inbox recovery loop of router shard {shard}")
 
     async def start_recovery(self) -> None:
         """Start this shard's inbox recovery loop (idempotent; its first pass runs at once)."""

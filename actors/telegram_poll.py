@@ -46,6 +46,7 @@ import httpx
 import ray
 
 from actors.ingress import Ingress
+from actors.self_kick import kick_self
 from actors.telegram_poll_status import NAMESPACE, poller_name, polling_bots
 from runtime import metrics
 from runtime.memory.poll_offsets import PollOffsetStore, create_poll_offsets_table
@@ -300,7 +301,7 @@ class TelegramPoller:
         self.loop = PollLoop(bot, config, lambda: SessionRuntime.connect(config, prefix))
         self._task: asyncio.Task[None] | None = None
         # Start polling as soon as this incarnation runs (also after a restart, when no one calls).
-        self._kick = ray.get_runtime_context().current_actor.ready.remote()
+        kick_self("ready", f"the poller of telegram bot {self_id}")
 
     async def ready(self) -> dict[str, Any]:
         """Start the loop (idempotent); :meth:`status`."""

@@ -2,13 +2,16 @@
 a message stored while its router shard is down is answered ``queued`` and, once a shard is back,
 answered exactly once; rows an ingress stored and never routed (its process gone) are answered
 once each, in per-chat order, by the recovery pass a starting shard runs at once; a row whose
-turn already ran is not run again; an expired row is never replayed.
+turn already ran is not run again; an expired row is never replayed; a shard restarted by Ray
+after kill -9 replays by itself.
 
 One runtime + ingress for the module (scripted model: ``re: <text>``); each test uses its own
 chats (OneBot user ids) and message ids."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,3 +214,16 @@ async def test_an_expired_row_is_never_replayed(h: IngressHarness, db: Database)
     assert row is not None and (row.state, row.attempts) == ("expired", 0)
     assert sent_texts(h, user) == []
     assert await h.runtime.session(key_of(user)) is None  # never even placed
+
+
+async def test_a_shard_restarted_after_kill_9_replays_without_being_called(
+    h: IngressHarness, db: Database
+) -> None:
+    """Ray restarts a SIGKILLed shard; its new incarnation starts its recovery loop by itself
+    (nobody calls the shard here) and answers what is left in the inbox."""
+    user = "300000031"
+    os.kill(await h.runtime.routers[0].pid.remote(), signal.SIGKILL)
+    await store_directly(db, message(user, "after the crash", "crash-1"), age_s=10)
+    await eventually(lambda: sent_texts(h, user) == ["re: after the crash"], 120, "the reply")
+    await all_handled(db, user, 1)
+    assert await user_texts(h, user) == ["after the crash"]
