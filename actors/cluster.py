@@ -26,6 +26,7 @@ __all__ = [
     "alive_node_count",
     "check_database_for_nodes",
     "ensure_database_fits_cluster",
+    "is_sqlite",
 ]
 
 POSTGRES_EXAMPLE = "postgresql+psycopg://USER:PASSWORD@HOST:5432/DBNAME"
@@ -37,7 +38,7 @@ class ClusterConfigError(RuntimeError):
     multi-node cluster)."""
 
 
-def _is_sqlite(database_url: str | None) -> bool:
+def is_sqlite(database_url: str | None) -> bool:
     """True when ``database_url`` names SQLite (``None`` = the default ``sqlite:///./data/…``)."""
     if not database_url:
         return True
@@ -59,7 +60,7 @@ def check_database_for_nodes(database_url: str | None, alive_nodes: int) -> None
         ClusterConfigError: more than one alive node and a SQLite URL. The message names the node
             count, the configured URL and the PostgreSQL URL shape to use instead.
     """
-    if alive_nodes > 1 and _is_sqlite(database_url):
+    if alive_nodes > 1 and is_sqlite(database_url):
         shown = database_url or "sqlite:///./data/sessionray.db (the default)"
         raise ClusterConfigError(
             f"multi-node Ray cluster with {alive_nodes} alive nodes needs PostgreSQL; "

@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -54,6 +53,7 @@ from typing import Any
 
 import ray
 
+from actors.self_kick import kick_self
 from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySender, DeliverySettings, partition_of
 
 __all__ = [
@@ -69,8 +69,6 @@ __all__ = [
 
 log = logging.getLogger("sessionray.delivery")
 
-KICK_WAIT_S = 600.0
-"""How long a starting delivery actor keeps asking itself to start its sweep, in seconds."""
 NAMESPACE = "sessionray"
 """Ray namespace of every named sessionray actor (actor interfaces, contract 4)."""
 
@@ -106,22 +104,7 @@ class DeliveryActor:
         self._tasks: list[asyncio.Task[Any]] = []
         # Start the sweep as soon as this incarnation runs (a restarted actor resumes the replies
         # its dead predecessor left, and the queued ones it was never told about, at once).
-        threading.Thread(target=self._kick, name="delivery-kick", daemon=True).start()
-
-    def _kick(self) -> None:
-        """Call our own ``ready`` until it answers (it starts the sweep): a call made while Ray
-        still counts this incarnation as restarting may fail, and nobody else may call us soon."""
-        me = ray.get_runtime_context().current_actor
-        deadline = time.monotonic() + KICK_WAIT_S
-        while True:
-            try:
-                ray.get(me.ready.remote(), timeout=60)
-                return
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    log.error("delivery actor %s never started its sweep: %r", self.owner, exc)
-                    return
-                time.sleep(1.0)
+        kick_self("ready", f"delivery actor {self.owner} (its sweep)")
 
     async def _start(self) -> None:
         if not self._tasks:

@@ -52,16 +52,31 @@ HEALTH_S = 1.0
 TURN_PROBE_S = 5.0
 
 
-def _node_for(index: int) -> Any:
+def _alive_nodes() -> list[str]:
+    return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+
+
+def _node_for(index: int) -> tuple[Any, str | None]:
     """Where host ``index`` goes: the alive nodes in turn (soft affinity, so a full or lost node
     falls back to any), so the hosts — and the sessions placed on them — spread over a cluster.
-    One node: Ray's default placement."""
+    Returns ``(scheduling strategy, target node id)``; one node: Ray's default placement, None."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    nodes = _alive_nodes()
     if len(nodes) < 2:
-        return "DEFAULT"
-    return NodeAffinitySchedulingStrategy(node_id=nodes[index % len(nodes)], soft=True)
+        return "DEFAULT", None
+    target = nodes[index % len(nodes)]
+    return NodeAffinitySchedulingStrategy(node_id=target, soft=True), target
+
+
+def _node_of(handle: Any) -> str | None:
+    """The node id an actor runs on, from the GCS actor table (None when it cannot be read)."""
+    with contextlib.suppress(Exception):
+        from ray._private import state
+
+        info: dict[str, Any] = state.actors(actor_id=actor_key(handle))
+        return str(info["Address"]["NodeID"])
+    return None
 
 
 def actor_key(handle: Any) -> str:
@@ -92,6 +107,8 @@ class _Host:
     uss_mib: float = 0.0
     ready: bool = False
     probed_at: float = 0.0
+    target: str | None = None
+    """The node id ``_node_for`` asked for (None: Ray's default placement)."""
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -154,20 +171,21 @@ class HostSupervisor:
         used = {h.index for h in self._hosts.values()}
         return next(i for i in range(len(used) + 1) if i not in used)
 
-    def _spawn_host(self) -> asyncio.Task[_Host | None]:
+    def _spawn_host(self, replacing_misplaced: bool = False) -> asyncio.Task[_Host | None]:
         index = self._free_index()
-        handle = SessionHost.options(scheduling_strategy=_node_for(index)).remote(  # type: ignore[attr-defined]
+        strategy, target = _node_for(index)
+        handle = SessionHost.options(scheduling_strategy=strategy).remote(  # type: ignore[attr-defined]
             *self._args, self.cap, index
         )
         key = actor_key(handle)
-        host = self._hosts[key] = _Host(handle, index)
+        host = self._hosts[key] = _Host(handle, index, target=target)
         self.stats["created"] += 1
-        task = asyncio.create_task(self._await_ready(key, host))
+        task = asyncio.create_task(self._await_ready(key, host, replacing_misplaced))
         self._creating[key] = task
         task.add_done_callback(lambda _: self._creating.pop(key, None))
         return task
 
-    async def _await_ready(self, key: str, host: _Host) -> _Host | None:
+    async def _await_ready(self, key: str, host: _Host, replacing_misplaced: bool = False) -> _Host | None:
         try:
             await asyncio.wait_for(host.handle.ping.remote(), READY_TIMEOUT_S)
             await asyncio.wait_for(host.handle.ping_turn.remote(), READY_TIMEOUT_S)
@@ -176,6 +194,20 @@ class HostSupervisor:
                 log.warning("session host %s did not start; killing it", host.index, exc_info=True)
             self._remove(key)
             return None
+        if host.target is not None and not replacing_misplaced and not self._closing:
+            landed = await asyncio.to_thread(_node_of, host.handle)
+            if landed not in (None, host.target) and host.target in await asyncio.to_thread(_alive_nodes):
+                # Ray's soft affinity fell back although the node is alive (its view of the node
+                # lagged): start it once more, so the hosts do spread over the nodes
+                log.warning(
+                    "session host %s started on node %s, not on %s; starting it once more",
+                    host.index,
+                    landed,
+                    host.target,
+                )
+                self._remove(key)
+                self._creating.pop(key, None)
+                return await self._spawn_host(replacing_misplaced=True)
         host.ready = True
         metrics.HOSTS.set(sum(1 for h in self._hosts.values() if h.ready))
         return host

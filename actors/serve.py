@@ -195,6 +195,7 @@ async def serve(
     say("starting Ray and the session runtime ...")
 
     # Ray is imported here, in this thread, before ray.init runs in its own thread
+    from actors.cluster import ensure_database_fits_cluster, is_sqlite
     from actors.ingress import build_app
     from actors.local_ray import RayThread
     from actors.runtime import SessionRuntime
@@ -215,12 +216,21 @@ async def serve(
         if not gate.ready:
             say(f"accepting events on {shown} (stored now, answered once the session runtime is up)")
 
+    ray_thread = RayThread(address, metrics_port)
+    ray_thread.start()  # ray.init runs in its own thread while the port opens
+    if address and is_sqlite(config.database.url):
+        # joining a cluster on SQLite: refuse a multi-node one before the database file is opened
+        # (docs/decisions.md#memory-postgres-multinode); joining takes seconds, not a Ray start
+        try:
+            await ray_thread.wait()
+            ensure_database_fits_cluster(config.database.url)
+        except BaseException:
+            await asyncio.to_thread(ray_thread.stop, 5.0)
+            raise
     app = build_app(gate, config)  # opens the database
     server = _ingress_server(StartupGate(app, gate), host, port, accepting)
     signals = ShutdownSignals(asyncio.get_running_loop())
     signals.on_request(lambda: setattr(server, "should_exit", True))
-    ray_thread = RayThread(address, metrics_port)
-    ray_thread.start()  # ray.init runs in its own thread while the port opens
 
     async def start_runtime() -> None:
         await ray_thread.wait()

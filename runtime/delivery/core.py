@@ -31,7 +31,7 @@ from runtime.delivery import ledger as ledger
 from runtime.delivery import outbox
 from runtime.delivery.chains import ChatChains
 from runtime.delivery.job import DeliveryJob
-from runtime.delivery.send import StepOutcome, retry_step, send_http, unanswered
+from runtime.delivery.send import OnWire, StepOutcome, retry_step, send_http, unanswered
 from runtime.delivery.settings import (
     DeliveryResult,
     DeliverySettings,
@@ -244,7 +244,12 @@ class DeliverySender:
                 calls = list(codec.render(reply, target))
             except Exception:
                 reply, calls = None, None
-        claim = await self._claim(job, queued, len(calls) if calls else None)
+        # Over HTTP a step is marked on the wire when its request is written (send_http's
+        # on_wire), not at the claim: a sender killed while connecting leaves a step that is
+        # sent again, not an uncertain one (docs/decisions.md#delivery-uncertain). Over a
+        # socket the claim marks step 0 (one ledger write before the first send).
+        over_socket = bot_key(platform, job.bot_id) in self.socket_bots
+        claim = await self._claim(job, queued, len(calls) if calls and over_socket else None)
         if claim.state == "done":
             metrics.DELIVERIES.inc(platform=platform, outcome="duplicate")
             entry = claim.entry
@@ -279,14 +284,18 @@ class DeliverySender:
         deadline_s = (entry.created_at or now_ms()) / 1000 + self.settings.max_age_s
         for n, i in enumerate(plan):
             last = n == len(plan) - 1
-            if not (i == 0 and claim.begun):  # the claim already marked step 0 in flight
+
+            async def on_wire(i: int = i, total: int = len(calls)) -> None:
                 await self.db.run_write(
-                    lambda i=i: ledger.begin_step(  # type: ignore[misc]
-                        self.db, job.reply_id, self.owner, i, len(calls), self.lease_ms
-                    )
+                    lambda: ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
                 )
                 lease.refreshed()
-            out = await self._send_step(codec, calls[i], job, deadline_s, lease)
+
+            if over_socket and not (i == 0 and claim.begun):  # else the claim marked step 0
+                await on_wire()
+            out = await self._send_step(
+                codec, calls[i], job, deadline_s, lease, None if over_socket else on_wire
+            )
             attempts += out.attempts
             waits += out.waits
             final: Literal["sent", "uncertain"] = "uncertain" if uncertain else "sent"
@@ -407,16 +416,22 @@ class DeliverySender:
             log.exception("outbound transcript of %s not written", job.reply_id)
 
     async def _send_step(
-        self, codec: PlatformCodec, call: ApiCall, job: DeliveryJob, deadline_s: float, lease: _Lease
+        self,
+        codec: PlatformCodec,
+        call: ApiCall,
+        job: DeliveryJob,
+        deadline_s: float,
+        lease: _Lease,
+        on_wire: OnWire | None,
     ) -> StepOutcome:
-        """One step with its retries (:func:`runtime.delivery.send.retry_step`); a bot with a
-        socket transport sends through :attr:`socket_sender` (same rules)."""
+        """One step with its retries (:func:`runtime.delivery.send.retry_step`) over HTTP, marked
+        on the wire by ``on_wire`` as each attempt is written; ``on_wire`` None: a bot with a
+        socket transport, sent through :attr:`socket_sender` (same rules; marked by the caller)."""
         platform = job.platform
-        over_socket = bot_key(platform, job.bot_id) in self.socket_bots
 
         async def once() -> SendResult:
-            if not over_socket:
-                return await send_http(self.client, codec, call)
+            if on_wire is not None:
+                return await send_http(self.client, codec, call, on_wire)
             if self.socket_sender is None:
                 return SendResult(ok=False, error="connect: no socket sender in this process", retryable=True)
             return await self.socket_sender(codec, str(job.bot_id), call, self.settings.timeout_s)

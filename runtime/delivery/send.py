@@ -29,6 +29,7 @@ import httpx
 from runtime.platforms.base import ApiCall, PlatformCodec, SendResult
 
 __all__ = [
+    "OnWire",
     "StepOutcome",
     "full_jitter",
     "parse_retry_after",
@@ -71,8 +72,37 @@ def full_jitter(attempt: int, base_s: float, cap_s: float) -> float:
     return random.uniform(0.0, min(cap_s, base_s * (2 ** max(0, attempt - 1))))
 
 
-async def send_http(client: httpx.AsyncClient, codec: PlatformCodec, call: ApiCall) -> SendResult:
-    """One platform call over HTTP (see module docstring for how failures are classified)."""
+OnWire = Callable[[], Awaitable[None]]
+"""Called once per attempt right before the request's first byte is written (see :func:`send_http`)."""
+
+
+class _WireMark:
+    """The ``trace`` extension of one httpx request: awaits ``on_wire`` when httpcore starts to
+    write the request headers (after the connection is made), and remembers that it did."""
+
+    def __init__(self, on_wire: OnWire) -> None:
+        self.on_wire = on_wire
+        self.reached = False
+
+    async def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event.endswith(".send_request_headers.started") and not self.reached:
+            await self.on_wire()
+            self.reached = True
+
+
+async def send_http(
+    client: httpx.AsyncClient, codec: PlatformCodec, call: ApiCall, on_wire: OnWire | None = None
+) -> SendResult:
+    """One platform call over HTTP (see module docstring for how failures are classified).
+
+    Args:
+        on_wire: Awaited right before the request's first byte is written — after the connection
+            is made or taken from the pool — so the ledger marks the step on the wire only when it
+            is (docs/decisions.md#delivery-uncertain): a sender killed while connecting left
+            nothing on the wire and its step is sent again, not recorded uncertain. What it
+            raises ends the call before anything is written (and propagates). A call that failed
+            before it was reached is retryable (``connect:``) whatever the error.
+    """
     kwargs: dict[str, Any] = {"headers": call.headers}
     if call.json_body is not None:
         kwargs["json"] = call.json_body
@@ -80,11 +110,16 @@ async def send_http(client: httpx.AsyncClient, codec: PlatformCodec, call: ApiCa
         kwargs["data"] = call.form
     if call.files:
         kwargs["files"] = {k: (f.filename, f.data, f.content_type) for k, f in call.files.items()}
+    mark = _WireMark(on_wire) if on_wire is not None else None
+    if mark is not None:
+        kwargs["extensions"] = {"trace": mark.trace}
     try:
         resp = await client.request(call.method, call.url, **kwargs)
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         return SendResult(ok=False, error=f"connect: {exc!r}", retryable=True)  # never reached it
     except httpx.HTTPError as exc:
+        if mark is not None and not mark.reached:  # failed before a byte was written
+            return SendResult(ok=False, error=f"connect: {exc!r}", retryable=True)
         return SendResult(ok=False, error=f"{UNANSWERED_PREFIX} {exc!r}", retryable=False)
     result = codec.parse_send_result(resp.status_code, resp.headers, resp.content)
     if not result.ok and result.retry_after_s is None and "retry-after" in resp.headers:

@@ -4,16 +4,21 @@ crash, that a stale owner cannot write over a new one, and the ledger writes of 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from runtime.delivery import ledger as ledger
 from runtime.delivery.core import DeliveryResult, DeliverySender, DeliverySettings
 from runtime.memory.db import Database
 from tests.actors.edge_support import onebot_bot, private_call, text_job
+from tests.actors.session_support import eventually
 from tests.memory.pg_schema import create_schema, drop_schema
 from tests.platform_api_server import PlatformApiServer
 
@@ -162,10 +167,11 @@ def test_a_stale_owner_cannot_finish_or_step(db: Database) -> None:
     assert (final.status, final.owner, final.in_flight, final.error) == ("sent", "0:b", -1, None)
 
 
-async def test_one_reply_costs_two_ledger_writes_and_one_transcript_write(
+async def test_one_reply_costs_three_ledger_writes_and_one_transcript_write(
     fixtures_dir: Path, tmp_path: Path
 ) -> None:
-    """A fresh single-step reply: claim_and_begin, the send, finish_step(last) — two ledger write
+    """A fresh single-step reply over HTTP: claim, begin_step as the request is written (not at the
+    claim: docs/decisions.md#delivery-uncertain), the send, finish_step(last) — three ledger write
     transactions, then the outbound transcript (docs/decisions.md#delivery-ledger)."""
     url = f"sqlite:///{tmp_path / 'send.db'}"
     with PlatformApiServer(fixtures_dir) as api:
@@ -191,7 +197,9 @@ async def test_one_reply_costs_two_ledger_writes_and_one_transcript_write(
     assert requests == [("/send_private_msg", private_call("20002", "one write less"))]
     assert statements == [
         "BEGIN IMMEDIATE",
-        "INSERT delivery_ledger",  # claim_and_begin: the row, with step 0 in flight
+        "INSERT delivery_ledger",  # claim: the row, nothing on the wire yet
+        "BEGIN IMMEDIATE",
+        "UPDATE delivery_ledger",  # begin_step(0): the request is being written
         "BEGIN IMMEDIATE",
         "SELECT delivery_ledger.message_ids,",  # finish_step(last=True)
         "UPDATE delivery_ledger",
@@ -202,3 +210,55 @@ async def test_one_reply_costs_two_ledger_writes_and_one_transcript_write(
     entry = ledger.get_entry(db, "r-fast")
     db.dispose()
     assert state(entry) == ("sent", "0:t", 1, 1, -1, result.message_ids)
+
+
+async def test_a_sender_lost_while_connecting_left_nothing_on_the_wire_and_the_next_sends_it_once(
+    fixtures_dir: Path, tmp_path: Path
+) -> None:
+    """A step is marked on the wire when its request is written, not at the claim
+    (docs/decisions.md#delivery-uncertain): while the platform refuses connections the claimed
+    row has nothing in flight, so the sender that takes it over (the first one gone, its lease
+    over) sends it once — it is not recorded ``uncertain``."""
+    url = f"sqlite:///{tmp_path / 'connect.db'}"
+    with socket.socket() as probe:  # a port nothing listens on: every connect is refused
+        probe.bind(("127.0.0.1", 0))
+        refused = probe.getsockname()[1]
+    settings = DeliverySettings(database_url=url, backoff_base_s=0.01, backoff_max_s=0.05)
+    first = DeliverySender(
+        settings.model_copy(update={"bots": [onebot_bot(f"http://127.0.0.1:{refused}")]}), 0, "0:a"
+    )
+    attempts: list[str] = []
+
+    async def count(request: httpx.Request) -> None:
+        attempts.append(request.url.path)
+
+    first.client.event_hooks["request"].append(count)
+    job = text_job("sent once after all", reply_id="r-connect")
+    task = asyncio.create_task(first.deliver(job))
+    try:
+        await eventually(lambda: len(attempts) >= 3, what="three refused connects")
+        entry = ledger.get_entry(first.db, "r-connect")
+        assert state(entry) == ("pending", "0:a", -1, 0, -1, [])  # claimed, nothing on the wire
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await first.close()
+    db = Database(url)
+    with db.connection(write=True) as conn:  # the first sender's lease is over
+        conn.execute(text("UPDATE delivery_ledger SET lease_until = 0 WHERE reply_id = 'r-connect'"))
+    db.dispose()
+    with PlatformApiServer(fixtures_dir) as api:
+        second = DeliverySender(settings.model_copy(update={"bots": [onebot_bot(api.base_url)]}), 0, "0:b")
+        try:
+            result = await second.deliver(job)
+        finally:
+            await second.close()
+        requests = [(r.path, r.json) for r in api.requests]
+    assert (result.outcome, requests) == (
+        "sent",
+        [("/send_private_msg", private_call("20002", "sent once after all"))],
+    )
+    db = Database(url)
+    assert state(ledger.get_entry(db, "r-connect")) == ("sent", "0:b", 1, 1, -1, result.message_ids)
+    db.dispose()

@@ -291,12 +291,14 @@ async def test_a_call_written_and_never_answered_is_uncertain_not_resent(
 # --------------------------------------------------------------------------- SQL writes per message
 
 
-async def test_one_message_costs_six_write_transactions_as_before_the_outbox(
+async def test_one_message_costs_seven_write_transactions(
     tmp_path: Path, api: PlatformApiServer
 ) -> None:
-    """Before the outbox one message cost 6 SQL write transactions (inbound record, assistant
-    message, ``im_reply``; ledger claim+begin, step done, outbound transcript). Now the reply's
-    ``queued`` row rides in the ``im_reply`` transaction and the claim is one UPDATE: still 6."""
+    """One message costs 7 SQL write transactions: inbound record, assistant message, ``im_reply``
+    with the reply's ``queued`` ledger row; the claim (one UPDATE), step 0 marked on the wire when
+    its request is written (not at the claim: a sender killed while connecting must leave a step
+    that is sent again, not an uncertain one — docs/decisions.md#delivery-uncertain), step done,
+    outbound transcript."""
     url = f"sqlite:///{tmp_path / 'writes.db'}"
     db = Database(url)
     db.create_tables()
@@ -325,7 +327,7 @@ async def test_one_message_costs_six_write_transactions_as_before_the_outbox(
             event.listen(engine, "before_cursor_execute", record)
         result = await core.submit(turn(1, "hello"))
         await eventually(lambda: state(db, result.reply_id or "") == "sent", "the reply")
-        await eventually(lambda: len(writes) == 6, "the outbound transcript")
+        await eventually(lambda: len(writes) == 7, "the outbound transcript")
     finally:
         await sender.close()
         db.dispose()
@@ -333,7 +335,8 @@ async def test_one_message_costs_six_write_transactions_as_before_the_outbox(
         ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT agent_messages"],  # im_inbound + user
         ["UPDATE agent_sessions", "INSERT agent_messages"],  # the assistant message
         ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT delivery_ledger"],  # im_reply + queued
-        ["UPDATE delivery_ledger"],  # claim + step 0 in flight
+        ["UPDATE delivery_ledger"],  # claim
+        ["UPDATE delivery_ledger"],  # step 0 on the wire (as its request is written)
         ["UPDATE delivery_ledger"],  # step done, sent
         ["INSERT im_transcripts"],
     ]

@@ -22,8 +22,10 @@ delivered (message id → arrival times):
   the attempts after a message's first;
 * ``stray_replies`` — delivered sends matching no message (should be 0).
 
-``uncertain`` (replies the serve reports ``uncertain``) and the driver's ``ready_s`` come from
-elsewhere (:mod:`tests.chaos.scenarios`).
+``uncertain`` (this scenario's replies the serve lists ``uncertain``), ``lost_uncertain``,
+``retried`` and ``lost_after_retry`` / ``duplicated_after_retry`` (after the operator retried the
+uncertain replies that did not arrive) and the driver's ``ready_s`` come from elsewhere
+(:mod:`tests.chaos.scenarios`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from tests.chaos.load import Sent
 __all__ = ["COLUMNS", "figures", "table"]
 
 COLUMNS = (
-    "sent", "accepted", "answered_once", "duplicated", "lost", "never_accepted", "uncertain", "stall_s",
-    "drain_s", "unavailable_s", "ready_s",
+    "sent", "accepted", "answered_once", "duplicated", "lost", "never_accepted", "uncertain",
+    "lost_after_retry", "stall_s", "drain_s", "unavailable_s", "ready_s",
 )  # fmt: skip
 """Columns of :func:`table` (``ready_s``: a driver scenario's slowest restart)."""
 

@@ -159,6 +159,45 @@ async def _drain(
         await asyncio.sleep(0.1)
 
 
+def _answered_mid(reply_id: str) -> int | None:
+    """The inbound message id a reply answers (a reply id is ``{session_id}/{message_id}``)."""
+    tail = reply_id.rsplit("/", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+async def _operator_pass(
+    topo: Topology, platforms: list[FaultyPlatform], sent: list[Sent], raw: dict[str, Any], size: Size
+) -> dict[str, Any]:
+    """What an operator does after the scenario (docs/operations.md, "Delivery guarantees"): list
+    the ``uncertain`` replies of this scenario's messages, look at the chat (the platform's
+    ledger) and retry each one that did not arrive; then wait for those replies.
+
+    Returns ``uncertain`` (this scenario's uncertain replies; None when the serve does not list
+    them), ``lost_uncertain`` (lost messages whose reply is listed uncertain: surfaced, not silent),
+    ``retried`` (operator retries), and ``lost_after_retry`` / ``duplicated_after_retry`` (the
+    figures once the retried replies went out)."""
+    rows = await asyncio.to_thread(topo.deliveries, "uncertain")
+    mids = {s.mid for s in sent}
+    mine = [r for r in rows or [] if _answered_mid(str(r.get("reply_id", ""))) in mids]
+    uncertain_mids = {_answered_mid(str(r["reply_id"])) for r in mine}
+    replies = merged_replies(platforms)
+    lost_mids = {s.mid for s in sent if s.accepted_at is not None and not replies.get(s.mid)}
+    unsent = [r for r in mine if not replies.get(_answered_mid(str(r["reply_id"])) or -1)]
+    retried = 0
+    for row in unsent:
+        retried += await asyncio.to_thread(topo.retry, str(row["reply_id"]))
+    if retried:
+        await _drain(platforms, sent, time.monotonic(), time.monotonic() + size.drain_timeout_s, size.quiet_s)
+    after = figures(sent, merged_replies(platforms), fault_end=time.monotonic(), stray=0) if retried else raw
+    return {
+        "uncertain": None if rows is None else len(mine),
+        "lost_uncertain": len(lost_mids & uncertain_mids),
+        "retried": retried,
+        "lost_after_retry": after["lost"],
+        "duplicated_after_retry": after["duplicated"],
+    }
+
+
 async def _loop_lag(start: float, end: float) -> float:
     """The longest delay of this process's event loop (a 0.1 s sleep that took longer) between
     ``start`` and ``end``: when the load client itself was starved of CPU, its timeouts and
@@ -215,7 +254,7 @@ async def run_on(
     stray = sum(p.stray for p in platforms) - stray_before
     out = figures(sent, merged_replies(platforms), fault_end=fault_end, stray=stray)
     ready = [rec.get("ready_s") for rec in log if rec["fault"].startswith("driver:")]
-    out["uncertain"] = await asyncio.to_thread(topo.uncertain)
+    out.update(await _operator_pass(topo, platforms, sent, out, size))
     out["ready_s"] = None if not ready or None in ready else max(r for r in ready if r is not None)
     out["client_lag_max_s"] = round(client_lag, 2)
     out["mode"] = "strict" if scenario.strict else "packed"

@@ -208,21 +208,34 @@ class Topology:
         """Pids of this topology's Ray workers running ``actor_class`` (e.g. ``"DeliveryActor"``)."""
         return titled(self.mark, actor_class)
 
-    def uncertain(self) -> int | None:
-        """How many replies the serve reports ``uncertain`` (``GET /admin/deliveries?state=uncertain``);
-        None when the endpoint does not exist (404/405) or does not answer."""
+    def deliveries(self, state: str) -> list[dict[str, Any]] | None:
+        """The serve's replies in ``state`` (``GET /admin/deliveries?state=…``, first 500, newest
+        first); None when the endpoint does not answer 200."""
         import httpx
 
         try:
             resp = httpx.get(
-                f"{self.url}/admin/deliveries", params={"state": "uncertain"},
+                f"{self.url}/admin/deliveries", params={"state": state, "limit": 500},
                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10,
             )  # fmt: skip
         except httpx.HTTPError:
             return None
         if resp.status_code != 200:
             return None
-        return _count(resp.json(), "uncertain")
+        return list(resp.json().get("deliveries") or [])
+
+    def retry(self, reply_id: str) -> bool:
+        """The operator's retry of one failed or uncertain reply
+        (``POST /admin/deliveries/{reply_id}/retry``, the id percent-encoded); True when queued."""
+        from urllib.parse import quote
+
+        import httpx
+
+        resp = httpx.post(
+            f"{self.url}/admin/deliveries/{quote(reply_id, safe='')}/retry",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10,
+        )  # fmt: skip
+        return resp.status_code == 200
 
     def close(self, grace_s: float = 30.0) -> None:
         """Stop the serve (SIGTERM, up to ``grace_s``), then SIGKILL every process left with this
@@ -236,14 +249,3 @@ class Topology:
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
-
-
-def _count(body: Any, state: str) -> int | None:
-    """How many deliveries of ``state`` an admin listing reports: ``counts[state]`` (the total
-    over every page), else the length of its ``deliveries`` list (or of the body, a list)."""
-    if isinstance(body, dict):
-        counts = body.get("counts")
-        if isinstance(counts, dict) and isinstance(counts.get(state), int):
-            return int(counts[state])
-        body = body.get("deliveries")
-    return len(body) if isinstance(body, list) else None

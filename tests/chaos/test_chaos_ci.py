@@ -7,7 +7,12 @@ redelivering client.
 
 Every scenario must lose nothing and send nothing twice: every message is accepted (a 200,
 possibly after redeliveries), and each has exactly one reply at the platform API once the
-drain wait is over. Figures and the fault log are in the assertion message.
+drain wait is over — except a reply whose send was cut on the wire (written, never answered:
+a platform that went away mid-request, a delivery actor killed mid-send). Such a reply is not
+resent by itself (docs/decisions.md#delivery-uncertain); it must be listed ``uncertain`` by
+``GET /admin/deliveries``, and the operator's retry (what docs/operations.md tells an operator
+to do after looking at the chat) must then send it exactly once. Figures (``lost`` before and
+``lost_after_retry`` after that retry) and the fault log are in the assertion message.
 """
 
 from __future__ import annotations
@@ -56,15 +61,16 @@ def test_no_message_lost_or_answered_twice(
     print(json.dumps(out))  # shown by pytest when the test fails
     expected = round(CI.chats * CI.rate_per_chat * CI.duration_s)
     assert out["faults"] and all(rec.get("pid", 0) is not None for rec in out["faults"]), out["faults"]
-    figures = {
-        k: out[k] for k in ("sent", "accepted", "answered_once", "lost", "duplicated", "never_accepted")
-    }
-    assert figures == {
+    keys = ("sent", "accepted", "never_accepted", "duplicated", "lost_after_retry", "duplicated_after_retry")
+    assert {k: out[k] for k in keys} == {
         "sent": expected,
         "accepted": expected,
-        "answered_once": expected,
-        "lost": 0,
-        "duplicated": 0,
         "never_accepted": 0,
+        "duplicated": 0,
+        "lost_after_retry": 0,
+        "duplicated_after_retry": 0,
     }, out
+    # a reply is missing only where a send was cut on the wire, and then it is listed uncertain
+    # (docs/decisions.md#delivery-uncertain); the operator's retry sent it, once
+    assert out["lost"] == out["lost_uncertain"] == out["retried"] <= out["uncertain"], out
     assert out["stray_replies"] == 0, out

@@ -205,7 +205,7 @@ def run_two_node_scenario(two_nodes: TwoNodes, base: str, fixtures_dir: Path) ->
 
         actor = wait_for(f"{key} idle after its first turn", idle, timeout_s=60)
         placement[key] = session_nodes[actor["pid"]]
-    assert set(placement.values()) == {"head", "node2"}, placement  # session hosts on both nodes
+    assert set(placement.values()) == {"head", "node2"}, (placement, session_nodes)  # hosts on both nodes
 
     # Steer every live session: half from the CLI, half over HTTP.
     api.reset()
