@@ -149,8 +149,13 @@ class RayCluster:
 
     @property
     def address(self) -> str:
-        """The head's GCS address (what `ray start --address` and RAY_ADDRESS take)."""
-        return f"127.0.0.1:{self.gcs_port}"
+        """The head's GCS address (what `ray start --address` and RAY_ADDRESS take).
+
+        127.0.0.2, not 127.0.0.1: Ray replaces "127.0.0.1"/"localhost" in an address by the
+        machine's outward IP (``resolve_ip_for_localhost``), so joining would depend on that
+        interface; another loopback address is kept as given (the GCS listens on every
+        address)."""
+        return f"127.0.0.2:{self.gcs_port}"
 
     def client_env(self, **extra: str) -> dict[str, str]:
         """Environment for a driver/CLI joining this cluster (RAY_ADDRESS set, so
@@ -228,8 +233,32 @@ class RayCluster:
         return out
 
     def logs(self) -> str:
-        """Tails of every node's output (for failure messages)."""
-        return "\n".join(n.output() for n in self.nodes)
+        """Tails of every node's output, and whether the head's GCS still runs and which
+        addresses its port answers on (for failure messages)."""
+        return "\n".join([*(n.output() for n in self.nodes), self.gcs_state()])
+
+    def gcs_state(self) -> str:
+        """``gcs_server`` processes of the head's session, and a TCP connect to the GCS port on
+        127.0.0.1 and on the address Ray puts in place of 127.0.0.1 (the node's outward IP)."""
+        lines = ["--- GCS ---"]
+        if self.nodes:
+            for pid in session_members(self.nodes[0].sid):
+                with contextlib.suppress(OSError):
+                    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                    if "gcs_server" in title:
+                        lines.append(f"gcs_server pid {pid} alive")
+        hosts = ["127.0.0.1"]
+        with contextlib.suppress(Exception):
+            from ray._private.services import get_node_ip_address
+
+            hosts.append(get_node_ip_address())
+        for host in hosts:
+            try:
+                with socket.create_connection((host, self.gcs_port), timeout=3):
+                    lines.append(f"{host}:{self.gcs_port} accepts connections")
+            except OSError as exc:
+                lines.append(f"{host}:{self.gcs_port} does not: {exc!r}")
+        return "\n".join(lines)
 
     def stop(self) -> None:
         """Stop every node (workers first), killing only this cluster's process sessions."""
