@@ -49,6 +49,9 @@ STARTS_AT_ONCE = 2
 """Hosts started ahead of need at the same time (a host wanted now by :meth:`HostSupervisor.grow`
 is started regardless)."""
 HEALTH_S = 1.0
+HOSTS_UNPINNABLE_S = 300.0
+"""After a host pinned to a node failed to start there, no host is pinned to that node for this
+long, in seconds."""
 TURN_PROBE_S = 5.0
 
 
@@ -56,27 +59,22 @@ def _alive_nodes() -> list[str]:
     return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
 
 
-def _node_for(index: int) -> tuple[Any, str | None]:
-    """Where host ``index`` goes: the alive nodes in turn (soft affinity, so a full or lost node
-    falls back to any), so the hosts — and the sessions placed on them — spread over a cluster.
-    Returns ``(scheduling strategy, target node id)``; one node: Ray's default placement, None."""
+def _node_for(index: int, unpinnable: dict[str, float]) -> tuple[Any, str | None]:
+    """Where host ``index`` goes: the alive nodes in turn, so the hosts — and the sessions placed
+    on them — spread over a cluster. Pinned (hard node affinity): Ray 2.60's *soft* affinity put
+    an actor on the driver's node although the target node was alive and had room (measured on a
+    two-node cluster). A node where a pinned host failed to start recently (``unpinnable``: node
+    id → until, monotonic s) is left out. Returns ``(scheduling strategy, target node id)``; one
+    usable node: Ray's default placement, None."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = _alive_nodes()
-    if len(nodes) < 2:
+    alive = _alive_nodes()
+    now = time.monotonic()
+    usable = [n for n in alive if unpinnable.get(n, 0.0) < now]
+    if len(alive) < 2 or not usable:
         return "DEFAULT", None
-    target = nodes[index % len(nodes)]
-    return NodeAffinitySchedulingStrategy(node_id=target, soft=True), target
-
-
-def _node_of(handle: Any) -> str | None:
-    """The node id an actor runs on, from the GCS actor table (None when it cannot be read)."""
-    with contextlib.suppress(Exception):
-        from ray._private import state
-
-        info: dict[str, Any] = state.actors(actor_id=actor_key(handle))
-        return str(info["Address"]["NodeID"])
-    return None
+    target = usable[index % len(usable)]
+    return NodeAffinitySchedulingStrategy(node_id=target, soft=False), target
 
 
 def actor_key(handle: Any) -> str:
@@ -108,7 +106,7 @@ class _Host:
     ready: bool = False
     probed_at: float = 0.0
     target: str | None = None
-    """The node id ``_node_for`` asked for (None: Ray's default placement)."""
+    """The node id the host is pinned to (None: Ray's default placement)."""
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -135,6 +133,8 @@ class HostSupervisor:
         self._tasks: list[asyncio.Task[Any]] = []
         self._probes: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._unpinnable: dict[str, float] = {}
+        """Node id → until when (monotonic s) no host is pinned there (a pinned start failed)."""
         self.stats = {"created": 0, "cold": 0, "replaced": 0, "hung": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -171,43 +171,31 @@ class HostSupervisor:
         used = {h.index for h in self._hosts.values()}
         return next(i for i in range(len(used) + 1) if i not in used)
 
-    def _spawn_host(self, replacing_misplaced: bool = False) -> asyncio.Task[_Host | None]:
+    def _spawn_host(self) -> asyncio.Task[_Host | None]:
         index = self._free_index()
-        strategy, target = _node_for(index)
+        strategy, target = _node_for(index, self._unpinnable)
         handle = SessionHost.options(scheduling_strategy=strategy).remote(  # type: ignore[attr-defined]
             *self._args, self.cap, index
         )
         key = actor_key(handle)
         host = self._hosts[key] = _Host(handle, index, target=target)
         self.stats["created"] += 1
-        task = asyncio.create_task(self._await_ready(key, host, replacing_misplaced))
+        task = asyncio.create_task(self._await_ready(key, host))
         self._creating[key] = task
         task.add_done_callback(lambda _: self._creating.pop(key, None))
         return task
 
-    async def _await_ready(self, key: str, host: _Host, replacing_misplaced: bool = False) -> _Host | None:
+    async def _await_ready(self, key: str, host: _Host) -> _Host | None:
         try:
             await asyncio.wait_for(host.handle.ping.remote(), READY_TIMEOUT_S)
             await asyncio.wait_for(host.handle.ping_turn.remote(), READY_TIMEOUT_S)
         except Exception:
             if not self._closing:
                 log.warning("session host %s did not start; killing it", host.index, exc_info=True)
+                if host.target is not None:  # a node that cannot start it: not pinned there for a while
+                    self._unpinnable[host.target] = time.monotonic() + HOSTS_UNPINNABLE_S
             self._remove(key)
             return None
-        if host.target is not None and not replacing_misplaced and not self._closing:
-            landed = await asyncio.to_thread(_node_of, host.handle)
-            if landed not in (None, host.target) and host.target in await asyncio.to_thread(_alive_nodes):
-                # Ray's soft affinity fell back although the node is alive (its view of the node
-                # lagged): start it once more, so the hosts do spread over the nodes
-                log.warning(
-                    "session host %s started on node %s, not on %s; starting it once more",
-                    host.index,
-                    landed,
-                    host.target,
-                )
-                self._remove(key)
-                self._creating.pop(key, None)
-                return await self._spawn_host(replacing_misplaced=True)
         host.ready = True
         metrics.HOSTS.set(sum(1 for h in self._hosts.values() if h.ready))
         return host
