@@ -20,7 +20,9 @@ delivered (message id → arrival times):
   ``http_503`` and ``conn_errors`` count such attempts, ``answers`` counts every attempt by its
   outcome (``"200"``, ``"503"``, ``"ConnectError"``, ``"ReadTimeout"`` …), ``redeliveries``
   the attempts after a message's first;
-* ``stray_replies`` — delivered sends matching no message (should be 0).
+* ``stray_replies`` — delivered sends matching no message (should be 0);
+* ``lost_ids`` / ``duplicated_ids`` — the first 20 message ids of each (to look them up in the
+  serve's logs and database).
 
 ``uncertain`` (this scenario's replies the serve lists ``uncertain``), ``lost_uncertain``,
 ``retried`` and ``lost_after_retry`` / ``duplicated_after_retry`` (after the operator retried the
@@ -88,6 +90,8 @@ def figures(
         "redeliveries": sum(len(s.attempts) - 1 for s in sent),
         "answers": dict(sorted(Counter(str(o) for s in sent for _, o in s.attempts).items())),
         "stray_replies": stray,
+        "lost_ids": sorted(s.mid for s in accepted if counts[s.mid] == 0)[:20],
+        "duplicated_ids": sorted(mid for mid, n in counts.items() if n > 1)[:20],
     }
 
 

@@ -14,6 +14,7 @@ duplicate would show), or until ``drain_timeout_s`` has passed.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -273,7 +274,8 @@ def run_fresh(
 ) -> dict[str, Any]:
     """Run ``scenario`` on a serve (one bot) and platform API of its own, started here and every
     process killed after; a failure to start is reported as ``{"error": ...}``. ``keep_dir``:
-    copy the serve logs there (``<keep_dir>/<scenario>/serve-<n>.log``)."""
+    copy the serve logs there (``<keep_dir>/<scenario>/serve-<n>.log``), and the SQLite database
+    when a message was lost or answered twice."""
     with tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp", ignore_cleanup_errors=True) as d, \
             FaultyPlatform(fixtures_dir) as platform:  # fmt: skip
         topo = Topology(Path(d), [platform.base_url], knobs(scenario.strict, size.chats))
@@ -285,11 +287,17 @@ def run_fresh(
         finally:
             topo.close()
             if keep_dir is not None:
-                _keep_logs(Path(d), keep_dir / scenario.name)
+                failed = bool(out.get("lost") or out.get("duplicated") or "error" in out)
+                _keep(Path(d), keep_dir / scenario.name, database=failed)
     return out
 
 
-def _keep_logs(src: Path, dst: Path) -> None:
-    dst.mkdir(parents=True, exist_ok=True)
+def _keep(src: Path, dst: Path, *, database: bool) -> None:
+    """Copy the serve logs of ``src`` to ``dst`` (and the SQLite database when ``database``)."""
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
     for log in src.glob("serve-*.log"):
-        (dst / log.name).write_bytes(log.read_bytes())
+        shutil.copy(log, dst / log.name)
+    if database:
+        for db in (src / "data").glob("sessionray.db*"):
+            shutil.copy(db, dst / db.name)
