@@ -41,6 +41,7 @@ from actors.host_state import (
     HostFullError,
     LiveSession,
     SessionNotBoundError,
+    answered,
     current_pid,
     recorded,
     shielded,
@@ -59,12 +60,7 @@ from runtime import metrics
 from runtime.config import Config
 from runtime.delivery.job import DeliveryJob
 from runtime.session.control import ControlReply, ControlRequest, run_control
-from runtime.session.turn import (
-    SessionSetup,
-    SetupFactory,
-    TurnInput,
-    TurnResult,
-)
+from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
 
 __all__ = ["HostFullError", "SessionHost", "SessionNotBoundError"]
 
@@ -344,7 +340,7 @@ class SessionHost:
         Yields (a Ray streaming generator: the caller answers the webhook after the first item):
 
         1. ``{"status": "accepted" | "duplicate" | "busy" | "moved", "seq": int | None}`` (with
-           ``retry_after_s`` when busy) —
+           ``retry_after_s`` when busy, ``done`` when duplicate: its reply is recorded) —
            ``moved``: this host does not hold the session at ``epoch`` (ask the router shard);
            ``busy``: ``runtime.mailbox_size`` messages of the session are pending.
         2. only when accepted: the :class:`~runtime.session.turn.TurnResult` once the turn queued
@@ -366,7 +362,7 @@ class SessionHost:
         dk = (inbound.platform, inbound.bot_id, inbound.message_id)
         if dk in self._seen or (attempt == 0 and recorded(live, inbound.message_id)):
             self.stats["duplicate"] += 1
-            return {"status": "duplicate", "seq": None}, None
+            return {"status": "duplicate", "seq": None, "done": answered(live, inbound.message_id)}, None
         if live.pending >= self._rt.mailbox_size:
             self.stats["busy"] += 1
             return {"status": "busy", "seq": None, "retry_after_s": self._rt.busy_retry_after_s}, None

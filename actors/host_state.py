@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.session.control import UnknownSessionError
-from runtime.session.turn import INBOUND_MARKER, TurnResult, find_marker
+from runtime.session.turn import INBOUND_MARKER, REPLY_MARKER, TurnResult, find_marker
 
 __all__ = ["HostFullError", "LiveSession", "SessionNotBoundError", "current_pid", "recorded", "shielded"]
 
@@ -49,6 +49,13 @@ def recorded(live: LiveSession, message_id: str) -> bool:
     marker): a redelivery that arrives after the session was passivated or moved hosts is a
     duplicate too, not only one this host's dedup window saw."""
     return find_marker(live.core.writer.snapshot(), INBOUND_MARKER, message_id) is not None
+
+
+def answered(live: LiveSession, message_id: str) -> bool:
+    """Whether the session's context records the reply of ``message_id`` (its reply marker, written
+    with the reply's ledger row): only then is a duplicate of it *handled* in the inbox. A duplicate
+    of a turn still running, or cut off by a crash, is not (docs/decisions.md#inbox-durable)."""
+    return find_marker(live.core.writer.snapshot(), REPLY_MARKER, message_id) is not None
 
 
 async def current_pid() -> int:

@@ -18,8 +18,9 @@ seconds. A pass that finds no open row of its keys is one read (no write, no wri
    turn from its recorded inbound marker without re-running its tools, and one whose reply was
    already handed over answers ``already_done``; a message no turn ever started (no marker) runs
    as a first delivery does. ``accepted`` adds one to
-   the row's ``attempts`` (outcome ``resubmitted``); ``duplicate`` marks it handled (outcome
-   ``handled``); ``busy`` or an error stops the key until the next pass (order kept);
+   the row's ``attempts`` (outcome ``resubmitted``); ``duplicate`` of a message whose reply is
+   recorded marks it handled (outcome ``handled``); ``duplicate`` of a turn still running on a
+   live host, ``busy`` or an error stops the key until the next pass (order kept);
 3. a row a host accepted :data:`runtime.memory.inbox.MAX_ATTEMPTS` times without a result is
    ``failed`` instead of sent again: logged at ERROR, counted (outcome ``failed``);
 4. sets ``sessionray_inbox_pending{shard}`` to the shard's open rows, and now and then deletes
@@ -202,7 +203,8 @@ class InboxRecovery:
                 status = answer["status"]
                 if status == "accepted":
                     await db.run_write(partial(note_attempt, db, row.id))
-                elif status != "duplicate":  # busy: keep the key's order, try in the next pass
+                elif status != "duplicate" or not answer.get("done"):
+                    # busy, or its turn still runs on a live host: keep the key's order, next pass
                     return
                 outcome = "resubmitted" if status == "accepted" else "handled"
                 self.counts[outcome] += 1

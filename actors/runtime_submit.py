@@ -152,7 +152,9 @@ class SubmitPath:
                 self._mark("routed", inbound)
             else:
                 self.counts[first["status"]] += 1
-                if first["status"] == "duplicate":
+                if first["status"] == "duplicate" and first.get("done"):
+                    # a duplicate of a turn still running (or cut off) stays open: that turn's own
+                    # result, or the inbox recovery, closes it (docs/decisions.md#inbox-durable)
                     self._mark("handled", inbound)
             return {
                 "status": first["status"],
