@@ -55,10 +55,6 @@ long, in seconds."""
 TURN_PROBE_S = 5.0
 
 
-def _alive_nodes() -> list[str]:
-    return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
-
-
 def _node_for(index: int, unpinnable: dict[str, float]) -> tuple[Any, str | None]:
     """Where host ``index`` goes: the alive nodes in turn, so the hosts — and the sessions placed
     on them — spread over a cluster. Pinned (hard node affinity): Ray 2.60's *soft* affinity put
@@ -68,7 +64,7 @@ def _node_for(index: int, unpinnable: dict[str, float]) -> tuple[Any, str | None
     usable node: Ray's default placement, None."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    alive = _alive_nodes()
+    alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
     now = time.monotonic()
     usable = [n for n in alive if unpinnable.get(n, 0.0) < now]
     if len(alive) < 2 or not usable:

@@ -179,20 +179,24 @@ async def _operator_pass(
     figures once the retried replies went out)."""
     rows = await asyncio.to_thread(topo.deliveries, "uncertain")
     mids = {s.mid for s in sent}
-    mine = [r for r in rows or [] if _answered_mid(str(r.get("reply_id", ""))) in mids]
-    uncertain_mids = {_answered_mid(str(r["reply_id"])) for r in mine}
+    mine: dict[str, int] = {}  # this scenario's uncertain replies: reply id → message id
+    for row in rows or []:
+        reply_id = str(row.get("reply_id", ""))
+        mid = _answered_mid(reply_id)
+        if mid in mids:
+            mine[reply_id] = mid
     replies = merged_replies(platforms)
     lost_mids = {s.mid for s in sent if s.accepted_at is not None and not replies.get(s.mid)}
-    unsent = [r for r in mine if not replies.get(_answered_mid(str(r["reply_id"])) or -1)]
     retried = 0
-    for row in unsent:
-        retried += await asyncio.to_thread(topo.retry, str(row["reply_id"]))
+    for reply_id, mid in mine.items():
+        if not replies.get(mid):  # the chat does not show it
+            retried += await asyncio.to_thread(topo.retry, reply_id)
     if retried:
         await _drain(platforms, sent, time.monotonic(), time.monotonic() + size.drain_timeout_s, size.quiet_s)
     after = figures(sent, merged_replies(platforms), fault_end=time.monotonic(), stray=0) if retried else raw
     return {
         "uncertain": None if rows is None else len(mine),
-        "lost_uncertain": len(lost_mids & uncertain_mids),
+        "lost_uncertain": len(lost_mids & set(mine.values())),
         "retried": retried,
         "lost_after_retry": after["lost"],
         "duplicated_after_retry": after["duplicated"],

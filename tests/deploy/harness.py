@@ -63,6 +63,15 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float, interval_s: 
                          f"{diagnostics()}")
 
 
+def process_title(pid: int) -> str | None:
+    """The first word of ``pid``'s command line (Ray sets it to ``ray::<ActorClass>...`` for an
+    actor process); None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return None
+
+
 def session_members(sid: int) -> list[int]:
     """Pids of live (non-zombie) processes whose session id is ``sid``."""
     out = []
@@ -223,11 +232,8 @@ class RayCluster:
         for node in self.nodes:
             rows = []
             for pid in session_members(node.sid):
-                try:
-                    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-                except OSError:
-                    continue
-                if title.startswith("ray::") and title not in _RAY_DAEMONS:
+                title = process_title(pid)
+                if title is not None and title.startswith("ray::") and title not in _RAY_DAEMONS:
                     rows.append((pid, title))
             out[node.name] = sorted(rows)
         return out
@@ -239,15 +245,13 @@ class RayCluster:
 
     def gcs_state(self) -> str:
         """``gcs_server`` processes of the head's session, and a TCP connect to the GCS port on
-        127.0.0.1 and on the address Ray puts in place of 127.0.0.1 (the node's outward IP)."""
+        :attr:`address` and on the address Ray puts in place of 127.0.0.1 (the node's outward IP)."""
         lines = ["--- GCS ---"]
         if self.nodes:
             for pid in session_members(self.nodes[0].sid):
-                with contextlib.suppress(OSError):
-                    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-                    if "gcs_server" in title:
-                        lines.append(f"gcs_server pid {pid} alive")
-        hosts = ["127.0.0.1"]
+                if "gcs_server" in (process_title(pid) or ""):
+                    lines.append(f"gcs_server pid {pid} alive")
+        hosts = [self.address.rsplit(":", 1)[0]]
         with contextlib.suppress(Exception):
             from ray._private.services import get_node_ip_address
 
