@@ -46,7 +46,9 @@ def kick_self(method: str, what: str, wait_s: float = KICK_WAIT_S) -> bool:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                ray.get(getattr(me, method).remote(), timeout=60)
+                # the ref's future, not ray.get: Ray warns about ray.get in an async actor even
+                # from another thread (a warning every `sessionray serve` printed at start)
+                getattr(me, method).remote().future().result(timeout=60)
                 return
             except Exception as exc:
                 if time.monotonic() > deadline:
