@@ -1,15 +1,14 @@
-"""Ray for ``sessionray serve``: a local instance (or ``--address``: a cluster's), started in a
-thread of its own so the HTTP port can answer meanwhile (docs/decisions.md#ops-graceful-shutdown).
+"""Ray for ``sessionray serve``: a local head (or ``--address``: a cluster), joined in a thread of
+its own so that the HTTP port can answer meanwhile (docs/decisions.md#ops-graceful-shutdown).
 
-Why a dedicated thread that lives as long as Ray: on Linux, Ray starts its daemons so that the
-kernel kills them when their parent *thread* ends (``PR_SET_PDEATHSIG``). A pool thread that
-ends after ``ray.init`` would take the local Ray down with it; this thread waits until
-:meth:`RayThread.stop` and only then ends.
-
-A local node that misses Ray's fixed 30 s start-up deadline (a busy machine) is stopped and
-started once more. A local instance is recorded before and after ``ray.init`` (:mod:`actors.stale_ray`,
-docs/decisions.md#ops-stale-ray) so that the next start can stop what a crashed driver left, and
-the record is removed by :meth:`RayThread.stop`.
+The local head is started by ``ray start --head`` in a session of its own (:mod:`actors.ray_head`)
+so that it outlives a driver killed with ``kill -9``: the next serve with the same configuration
+and code joins it — its session hosts, router shards and delivery actors (all detached) went on
+working meanwhile — instead of starting Ray again (docs/decisions.md#ops-ray-outlives-driver).
+The instance is recorded before it starts, once its head process is spawned and once Ray runs
+(:mod:`actors.stale_ray`, docs/decisions.md#ops-stale-ray); :meth:`RayThread.stop` stops the
+instance and removes the record. A thread that lives as long as the connection because Ray
+starts helper processes tied to the thread that connected (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -21,17 +20,18 @@ import contextlib
 import logging
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from actors.preflight import REPO_ROOT, ensure_repo_root_on_path
-from actors.stale_ray import forget_local_ray, record_local_ray, stop_own_ray
+from actors.ray_head import start_head
+from actors.ray_keeper import spawn_keeper
+from actors.stale_ray import LocalRayRun, forget_local_ray, ray_temp_root, stop_instance, write_record
 
-__all__ = ["RAY_START_TIMEOUT", "RayThread", "init_ray"]
+__all__ = ["RayThread", "init_ray"]
 
 log = logging.getLogger("sessionray.serve")
 
-RAY_START_TIMEOUT = "The current node timed out during startup"
-"""Ray's error when a new local node did not register within its fixed 30 s."""
 _THREAD_WARNING = "SIGTERM handler is not set because current thread is not the main thread"
 
 
@@ -43,13 +43,12 @@ class _DropThreadWarning(logging.Filter):
         return _THREAD_WARNING not in record.getMessage()
 
 
-def init_ray(address: str | None, metrics_port: int) -> None:
-    """``ray.init`` for the driver: namespace ``sessionray``, the repository root on every worker's
-    ``PYTHONPATH``, the console's API token shared with every worker; a local instance without
-    the dashboard, its metrics agent on ``metrics_port``; ``address``: join that cluster.
+def init_ray(address: str) -> None:
+    """``ray.init(address=…)`` for the driver: namespace ``sessionray``, the repository root on every
+    worker's ``PYTHONPATH``, the console's API token shared with every worker.
 
     Raises:
-        Whatever ``ray.init`` raises (e.g. Ray's start-up timeout of a local node).
+        Whatever ``ray.init`` raises (e.g. ``ConnectionError``: no GCS at ``address``).
     """
     import ray
 
@@ -62,16 +61,8 @@ def init_ray(address: str | None, metrics_port: int) -> None:
     ensure_repo_root_on_path()
     # The console's internal endpoints need one shared token in the ingress and every Ray worker.
     env = {"PYTHONPATH": python_path, API_TOKEN_ENV: console_api_token(create=True) or ""}
-    kwargs: dict[str, Any] = {
-        "namespace": "sessionray",
-        "logging_level": "warning",
-        "runtime_env": {"env_vars": env},
-    }
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        os.environ.setdefault("RAY_metrics_report_interval_ms", "5000")
-        ray.init(include_dashboard=False, _metrics_export_port=metrics_port, **kwargs)
+    kwargs: dict[str, Any] = {"namespace": "sessionray", "logging_level": "warning"}
+    ray.init(address=address, runtime_env={"env_vars": env}, **kwargs)
 
 
 def _session_dir() -> str | None:
@@ -89,20 +80,45 @@ class RayThread:
     """Connects this process to Ray in the ``ray-driver`` thread (see the module docstring).
 
     Args:
-        address: ``--address`` (join a cluster; nothing is recorded), or None: a local instance.
-        metrics_port: The local instance's metrics export port.
+        address: ``--address`` (join a cluster; nothing is recorded), or None: a local head.
+        metrics_port: The local head's metrics export port.
+        adopt: ``(record file, record)`` of a dead driver's instance to join
+            (:func:`actors.ray_head.find_adoptable`); if it cannot be joined it is stopped and a
+            new head started.
+        fingerprint: :func:`actors.ray_head.instance_fingerprint`, recorded for the next start.
+        shared_env: Secrets recorded with the instance (``LocalRayRun.env``).
+        keep_s: ``runtime.orphaned_ray_keep_s``: a head this driver starts is stopped by its keeper
+            (:mod:`actors.ray_keeper`) once no live serve has named it for that long; None: no keeper.
     """
 
-    def __init__(self, address: str | None, metrics_port: int) -> None:
+    def __init__(
+        self,
+        address: str | None,
+        metrics_port: int,
+        *,
+        adopt: tuple[Path, LocalRayRun] | None = None,
+        fingerprint: str | None = None,
+        shared_env: dict[str, str] | None = None,
+        keep_s: float | None = None,
+    ) -> None:
         self.address = address
         self.metrics_port = metrics_port
+        self.adopt = adopt
+        self.fingerprint = fingerprint
+        self.shared_env = dict(shared_env or {})
+        self.keep_s = keep_s
+        self.joined: LocalRayRun | None = None
+        """The dead driver's instance this start joined (None: a new head, or a cluster)."""
+        self._run_info: dict[str, Any] = {}
         self._done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._release = threading.Event()
         self._thread: threading.Thread | None = None
         self.recorded = False
+        self.record: LocalRayRun | None = None
+        """The instance as last recorded (its session directory and processes)."""
 
     def start(self) -> None:
-        """Begin ``ray.init`` in the thread (returns at once; :meth:`wait` for the outcome)."""
+        """Begin joining Ray in the thread (returns at once; :meth:`wait` for the outcome)."""
         self._thread = threading.Thread(target=self._run, name="ray-driver", daemon=True)
         self._thread.start()
 
@@ -111,11 +127,16 @@ class RayThread:
         worker_log = logging.getLogger("ray._private.worker")
         worker_log.addFilter(quiet)
         try:
-            if not self.address:
-                self._record(None)
-            self._init()
-            if not self.address:
+            if self.address:
+                init_ray(self.address)
+            else:
+                self._connect_local()
                 self._record(_session_dir())
+                if self.joined is not None and self.adopt is not None:
+                    with contextlib.suppress(OSError):
+                        self.adopt[0].unlink()  # this driver's record names the instance now
+                else:
+                    self._spawn_keeper()
         except BaseException as exc:
             self._done.set_exception(exc)
         else:
@@ -124,29 +145,53 @@ class RayThread:
             worker_log.removeFilter(quiet)
         self._release.wait()
 
-    def _init(self) -> None:
-        """``ray.init``; a local node that missed Ray's fixed 30 s start-up deadline (a busy
-        machine) is stopped and started once more."""
-        try:
-            init_ray(self.address, self.metrics_port)
-        except Exception as exc:
-            if self.address or RAY_START_TIMEOUT not in str(exc):
-                raise
-            import ray
+    def _connect_local(self) -> None:
+        """Join the dead driver's instance, else start a head (:func:`actors.ray_head.start_head`)."""
+        import ray
 
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-            stopped = stop_own_ray()
-            print(
-                "sessionray: Ray's local node missed Ray's 30 s start-up deadline (a busy machine?); "
-                f"stopped its {len(stopped)} process(es), starting it once more",
-                flush=True,
-            )
-            init_ray(self.address, self.metrics_port)
+        if self.adopt is not None:
+            path, run = self.adopt
+            try:
+                self._run_info.update(gcs_address=run.gcs_address, head_pid=run.head_pid)
+                self._record(run.session_dir)  # named by a live driver: its keeper leaves it be
+                init_ray(str(run.gcs_address))
+                self.joined = run
+                return
+            except Exception as exc:
+                log.warning(
+                    "could not join the local Ray left by pid %s (%r): stopping it", run.driver_pid, exc
+                )
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                stop_instance(run)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        self._run_info.clear()
+        self._record(None)
+        address = start_head(self.metrics_port, self._spawned)
+        self._run_info["gcs_address"] = address
+        init_ray(address)
+
+    def _spawn_keeper(self) -> None:
+        """Start :mod:`actors.ray_keeper` for the head this driver started."""
+        run = self.record
+        raylet = [(pid, started) for pid, started, name in (run.processes if run else []) if name == "raylet"]
+        if run is None or not run.session_dir or not raylet or self.keep_s is None:
+            log.warning("no keeper for the local Ray (its raylet was not found): a crash leaves it running")
+            return
+        spawn_keeper(Path(run.temp_root), run.session_dir, raylet[0], self.keep_s)
+
+    def _spawned(self, head_pid: int) -> None:
+        self._run_info["head_pid"] = head_pid
+        self._record(None)
 
     def _record(self, session_dir: str | None) -> None:
         try:
-            record_local_ray(session_dir)
+            root = ray_temp_root()
+            root.mkdir(parents=True, exist_ok=True)
+            extra = dict(fingerprint=self.fingerprint, env=self.shared_env, **self._run_info)
+            self.record = LocalRayRun.capture(root, session_dir, **extra)
+            write_record(self.record, root)
             self.recorded = True
         except OSError as exc:  # the start goes on; only a crash clean-up would miss it
             log.warning("could not record the local Ray instance: %r", exc)
@@ -167,26 +212,24 @@ class RayThread:
         return self._done.done() and self._done.exception() is None
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """``ray.shutdown`` (stops a local instance), forget its record, end the thread. Waits at
-        most ``timeout_s`` for a ``ray.init`` still running to return first; if it does not, the
-        record is kept and the next start stops what is left (docs/decisions.md#ops-stale-ray)."""
+        """Disconnect, stop the local head's processes and forget its record; end the thread.
+        Waits at most ``timeout_s`` for a connection still being made; if it is not made by then
+        the record is kept and the next start stops what is left (docs/decisions.md#ops-stale-ray).
+        """
         with contextlib.suppress(concurrent.futures.TimeoutError, Exception):
             self._done.result(timeout=timeout_s)
+        import ray
+
         if not self._done.done():
-            log.warning(
-                "ray.init still running after %.0f s: leaving its processes to the next start", timeout_s
-            )
-            import ray
-
-            # Ray's exit hook would wait for that ray.init; this thread ends with the process,
-            # and the kernel stops the daemons it started (what else is left: the next start)
+            log.warning("Ray still starting after %.0f s: leaving its processes to the next start", timeout_s)
+            # Ray's exit hook would wait for that ray.init; this thread ends with the process
             atexit.unregister(ray.shutdown)
-        else:  # a failed ray.init may have started part of the instance too
-            import ray
-
+        else:
             with contextlib.suppress(Exception):
                 ray.shutdown()
             if self.recorded:
+                if self.record is not None:
+                    stop_instance(self.record)
                 forget_local_ray()
         self._release.set()
         if self._thread is not None:

@@ -3,8 +3,9 @@
 docs/decisions.md#ops-ingress-placement).
 
 Start-up order: read the configuration (``--config FILE``, else ``sessionray.yaml``, else the
-embedded defaults: console bot, built-in model, SQLite under ./data); stop what a crashed
-``sessionray serve`` of this user left of its local Ray (:mod:`actors.stale_ray`,
+embedded defaults: console bot, built-in model, SQLite under ./data); join the local Ray a crashed
+``sessionray serve`` of this user left running with the same configuration and code, and stop any
+other it left (:mod:`actors.ray_head`, docs/decisions.md#ops-ray-outlives-driver,
 docs/decisions.md#ops-stale-ray); run the pre-flight (:mod:`actors.preflight`: variables,
 directories, database, ports — every problem in one message, a distinct exit code per class,
 before Ray starts) and bind the HTTP port; print where everything is (console URL, one webhook URL
@@ -160,6 +161,7 @@ async def serve(
     listeners: list[socket.socket] | None = None,
     notes: list[str] | None = None,
     generated_token: str | None = None,
+    local_ray: Any = None,
 ) -> None:
     """Open the HTTP port, start Ray (or join ``address``) and the runtime, serve until SIGTERM or
     SIGINT, then stop in phases (:mod:`actors.serve_shutdown`).
@@ -174,6 +176,8 @@ async def serve(
             starts); None: bound here.
         notes: Extra banner lines (e.g. the Ray token-authentication note).
         generated_token: The admin token made for this run (shown in the banner).
+        local_ray: :class:`~actors.ray_head.LocalRayPlan` (a local head: join a dead driver's
+            instance or start one; None: computed here).
 
     Raises:
         PortInUseError: the HTTP port cannot be bound or listened on.
@@ -201,10 +205,11 @@ async def serve(
     from actors.runtime import SessionRuntime
     from actors.serve_gate import RuntimeGate, StartupGate
     from actors.telegram_poll import start_pollers, stop_pollers
-    from runtime.platforms.console import console_api_token
+    from runtime.platforms.console import API_TOKEN_ENV, console_api_token
 
-    # one console API token for the ingress and every Ray worker, made before either starts
-    console_api_token(create=True)
+    # one console API token for the ingress and every Ray worker, made before either starts (a
+    # joined instance's was put into the environment by plan_local_ray); recorded with the instance
+    shared = {API_TOKEN_ENV: console_api_token(create=True) or ""}
     gate = RuntimeGate(config)
     runtime = SessionRuntime()
     shown = f"http://{shown_host(host)}:{port}"
@@ -216,7 +221,20 @@ async def serve(
         if not gate.ready:
             say(f"accepting events on {shown} (stored now, answered once the session runtime is up)")
 
-    ray_thread = RayThread(address, metrics_port)
+    if not address and local_ray is None:
+        from actors.ray_head import LocalRayPlan, instance_fingerprint
+
+        local_ray = LocalRayPlan(instance_fingerprint(config), None)
+    if generated_token and config.server.admin_token_env:
+        shared[config.server.admin_token_env] = generated_token
+    ray_thread = RayThread(
+        address,
+        metrics_port,
+        adopt=local_ray.adopt if local_ray else None,
+        fingerprint=local_ray.fingerprint if local_ray else None,
+        shared_env=shared,
+        keep_s=float(config.runtime.orphaned_ray_keep_s),
+    )
     ray_thread.start()  # ray.init runs in its own thread while the port opens
     if address and is_sqlite(config.database.url):
         # joining a cluster on SQLite: refuse a multi-node one before the database file is opened
@@ -321,27 +339,6 @@ class _Run:
         say(f"stopping: runtime stopped ({time.monotonic() - begun:.1f} s); stopping Ray")
 
 
-def _clear_stale_ray() -> None:
-    """Stop the leftovers of local Ray instances whose ``sessionray serve`` died
-    (docs/decisions.md#ops-stale-ray); one line per instance found."""
-    from actors.stale_ray import clear_stale_ray
-
-    for found in clear_stale_ray():
-        where = ", ".join(found.session_dirs) or "its session directory is gone"
-        what = (
-            f"stopped {len(found.stopped)} process(es): {', '.join(found.stopped)}"
-            if found.stopped
-            else ("nothing of it still ran")
-        )
-        say(
-            f"the local Ray of a sessionray serve that died (pid {found.driver_pid}; {where}): {what} "
-            f"in {found.seconds:.1f} s"
-        )
-        if found.left or found.busy_ports:
-            left = ", ".join(found.left) or "none"
-            log.warning("still running after SIGKILL: %s; ports still held: %s", left, found.busy_ports)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``sessionray serve [--config FILE] [--address RAY_ADDRESS] ...``; returns the exit code
     (module docstring). Nothing imports Ray until the pre-flight has passed."""
@@ -368,8 +365,13 @@ def main(argv: list[str] | None = None) -> int:
             sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         http_problem = Problem(EXIT_PORT, str(exc))
-    if not args.address:  # what a crashed serve of this user left of its local Ray would block us
-        _clear_stale_ray()
+    plan = None
+    if not args.address:  # join a crashed serve's local Ray, or stop what it left (it would block us)
+        from actors.ray_head import plan_local_ray
+
+        plan = plan_local_ray(config, config.server.admin_token_env)
+        if plan.adopt is not None:
+            metrics_port = None  # held by the instance joined
     problems = run_checks(config, host=host, port=port, metrics_port=metrics_port, check_http_port=False)
     problems += [http_problem] if http_problem else []
     if problems:
@@ -379,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         print(failed.report("sessionray serve"), file=sys.stderr)
         return failed.exit_code
     generated = admin_token_for_run(config) if args.dev_admin_token else None
+    if plan is not None and plan.admin_token and args.dev_admin_token:
+        generated = plan.admin_token  # the joined instance's workers have this one
     notes = [] if args.address else [quiet_ray_auth()]
     try:
         with contextlib.suppress(KeyboardInterrupt):
@@ -393,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                     listeners=listeners,
                     notes=notes,
                     generated_token=generated,
+                    local_ray=plan,
                 )
             )
     except ClusterConfigError as exc:  # a configuration that cannot run on this cluster: no traceback

@@ -30,8 +30,9 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -41,12 +42,15 @@ __all__ = [
     "Cleared",
     "LocalRayRun",
     "clear_stale_ray",
+    "dead_records",
     "forget_local_ray",
     "leftovers",
     "ray_temp_root",
+    "read_record",
     "record_local_ray",
     "run_file",
-    "stop_own_ray",
+    "stop_instance",
+    "write_record",
 ]
 
 log = logging.getLogger("sessionray.stale_ray")
@@ -87,23 +91,47 @@ class LocalRayRun:
     """``(pid, start time, name)`` of each process the driver had started (all descendants)."""
     ports: list[int] = field(default_factory=list)
     """TCP ports those processes listened on."""
+    head_pid: int | None = None
+    """The ``ray start --head`` process (:mod:`actors.ray_head`): Ray names the session directory
+    after it."""
+    gcs_address: str | None = None
+    """What the driver passed to ``ray.init(address=…)``; the next serve joins it from there."""
+    fingerprint: str | None = None
+    """:func:`actors.ray_head.instance_fingerprint` of the configuration and code it runs."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Secrets the instance's workers share with the driver (the console API token, a generated
+    admin token): a serve that joins the instance uses the same (the file is ``0600``)."""
 
     @classmethod
-    def capture(cls, temp_root: Path, session_dir: str | None = None) -> LocalRayRun:
-        """This process as the driver; with ``session_dir``, its descendants and their ports too."""
+    def capture(cls, temp_root: Path, session_dir: str | None = None, **extra: Any) -> LocalRayRun:
+        """This process as the driver; with ``session_dir``, the instance's processes (those
+        :func:`leftovers` finds for it: the head started by ``ray start`` is not this process's
+        child) and their listening ports too. ``extra``: the other fields."""
         me = psutil.Process()
+        run = cls(me.pid, _started(me), os.getuid(), str(temp_root), session_dir, **extra)
+        if not session_dir:
+            return run
         procs: list[tuple[int, float, str]] = []
         ports: set[int] = set()
-        if session_dir:
-            for child in me.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    procs.append((child.pid, _started(child), child.name()))
-                    ports.update(
-                        c.laddr.port
-                        for c in child.net_connections(kind="tcp")
-                        if c.status == psutil.CONN_LISTEN and c.laddr
-                    )
-        return cls(me.pid, _started(me), os.getuid(), str(temp_root), session_dir, procs, sorted(ports))
+        for proc in leftovers(run):
+            with contextlib.suppress(psutil.Error):
+                procs.append((proc.pid, _started(proc), proc.name()))
+                ports.update(
+                    c.laddr.port
+                    for c in proc.net_connections(kind="tcp")
+                    if c.status == psutil.CONN_LISTEN and c.laddr
+                )
+        return replace(run, processes=procs, ports=sorted(ports))
+
+    @classmethod
+    def of_head(cls, head_pid: int, temp_root: Path | None = None) -> LocalRayRun:
+        """This process as the driver of the head ``ray start`` process ``head_pid`` is starting."""
+        me = psutil.Process()
+        procs = []
+        with contextlib.suppress(psutil.Error):
+            procs.append((head_pid, _started(psutil.Process(head_pid)), "ray start"))
+        root = str(temp_root or ray_temp_root())
+        return cls(me.pid, _started(me), os.getuid(), root, processes=procs, head_pid=head_pid)
 
     def driver_alive(self) -> bool:
         """True while the recorded driver runs (same pid *and* start time; a zombie is dead)."""
@@ -119,7 +147,8 @@ class LocalRayRun:
         if self.session_dir:
             return [self.session_dir]
         found = []
-        for path in Path(self.temp_root).glob(f"session_*_{self.driver_pid}"):
+        named_after = self.head_pid or self.driver_pid
+        for path in Path(self.temp_root).glob(f"session_*_{named_after}"):
             with contextlib.suppress(OSError):
                 if (
                     path.is_dir()
@@ -130,14 +159,26 @@ class LocalRayRun:
         return found
 
 
-def record_local_ray(session_dir: str | None = None, root: Path | None = None) -> Path:
-    """Write (atomically) this driver's record; call it before ``ray.init`` (no ``session_dir``)
-    and again once Ray runs. Returns the file. Raises ``OSError`` when it cannot be written."""
+def record_local_ray(session_dir: str | None = None, root: Path | None = None, **extra: Any) -> Path:
+    """Write (atomically, mode ``0600``) this driver's record; call it before Ray starts (no
+    ``session_dir``), once the head process is spawned (``head_pid``) and again once Ray runs.
+    ``extra``: the other :class:`LocalRayRun` fields. Returns the file.
+
+    Raises:
+        OSError: it cannot be written.
+    """
     root = root or ray_temp_root()
     root.mkdir(parents=True, exist_ok=True)
+    return write_record(LocalRayRun.capture(root, session_dir, **extra), root)
+
+
+def write_record(run: LocalRayRun, root: Path | None = None) -> Path:
+    """Write ``run`` as this driver's record (atomically, mode ``0600``). Raises ``OSError``."""
     path = run_file(root)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(LocalRayRun.capture(root, session_dir))))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(asdict(run)))
     tmp.replace(path)
     return path
 
@@ -163,7 +204,7 @@ class Cleared:
     seconds: float
 
 
-def _read(path: Path) -> LocalRayRun | None:
+def read_record(path: Path) -> LocalRayRun | None:
     try:
         if path.stat().st_uid != os.getuid():
             return None
@@ -172,7 +213,18 @@ def _read(path: Path) -> LocalRayRun | None:
     except (OSError, ValueError, TypeError):
         return None
     procs = [(int(p), float(s), str(n)) for p, s, n in run.processes]
-    return LocalRayRun(**{**asdict(run), "processes": procs}) if run.uid == os.getuid() else None
+    return replace(run, processes=procs) if run.uid == os.getuid() else None
+
+
+def dead_records(root: Path | None = None) -> list[tuple[Path, LocalRayRun]]:
+    """``(file, record)`` of every record of this user under ``root`` (default
+    :func:`ray_temp_root`) whose driver is dead."""
+    found = []
+    for path in sorted((root or ray_temp_root()).glob(f"{RUN_PREFIX}*.json")):
+        run = read_record(path)
+        if run is not None and not run.driver_alive():
+            found.append((path, run))
+    return found
 
 
 def _protected() -> set[int]:
@@ -189,11 +241,14 @@ def _ray_package() -> str | None:
 
 
 def _is_ray(cmdline: list[str], package: str | None) -> bool:
-    """A Ray process: a worker or agent (``ray::…`` process title), or a binary or script of the
-    Ray package (``gcs_server``, ``raylet``, ``dashboard.py``, ``log_monitor.py`` …)."""
+    """A Ray process: a worker or agent (``ray::…`` process title), a module of the Ray package run
+    with ``-m`` (``ray.util.client.server``), or a binary or script of the Ray package
+    (``gcs_server``, ``raylet``, ``dashboard.py``, ``log_monitor.py`` …)."""
     if not cmdline:
         return False
     if cmdline[0].startswith("ray::"):
+        return True
+    if len(cmdline) > 2 and cmdline[1] == "-m" and cmdline[2].startswith("ray."):  # the Ray client server
         return True
     return package is not None and any(os.path.realpath(a).startswith(package) for a in cmdline[:3] if a)
 
@@ -283,6 +338,7 @@ def _held(ports: list[int], pids: set[int | None]) -> list[int]:
 def clear_stale_ray(
     root: Path | None = None,
     *,
+    keep: Path | None = None,
     term_wait_s: float = 0.5,
     kill_wait_s: float = 5.0,
     port_wait_s: float = 5.0,
@@ -293,16 +349,15 @@ def clear_stale_ray(
 
     Args:
         root: Where the records are (default :func:`ray_temp_root`).
+        keep: The record of the instance this start joins (:func:`actors.ray_head.find_adoptable`).
         term_wait_s, kill_wait_s: Seconds to wait after SIGTERM, then after SIGKILL.
 
     Returns:
         One :class:`Cleared` per dead driver's record (an empty ``stopped``: nothing was left).
     """
-    root = root or ray_temp_root()
     out: list[Cleared] = []
-    for path in sorted(root.glob(f"{RUN_PREFIX}*.json")):
-        run = _read(path)
-        if run is None or run.driver_alive():
+    for path, run in dead_records(root):
+        if keep is not None and path == keep:
             continue
         started = time.monotonic()
         procs = leftovers(run)
@@ -332,11 +387,10 @@ def clear_stale_ray(
     return out
 
 
-def stop_own_ray(root: Path | None = None) -> list[str]:
-    """Stop the Ray processes of this driver's own session directories (under ``root``, default
-    :func:`ray_temp_root`): what a ``ray.init`` that failed half-way started (Ray's start-up
-    deadline passed on a busy machine), before it is tried again. Returns ``pid (name)`` of each
-    process stopped."""
-    procs = leftovers(LocalRayRun.capture(root or ray_temp_root()))
-    _stop(procs, 0.5, 5.0)
+def stop_instance(run: LocalRayRun, term_wait_s: float = 0.5) -> list[str]:
+    """Stop the processes of ``run``'s instance (:func:`leftovers`): a clean stop of this driver's
+    own head, or what a ``ray start`` that failed half-way started before it is tried again.
+    Returns ``pid (name)`` of each process stopped."""
+    procs = leftovers(run)
+    _stop(procs, term_wait_s, 5.0)
     return [_name(p) for p in procs]

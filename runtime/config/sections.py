@@ -191,6 +191,12 @@ class RuntimeConfig(_Closed):
     stops the runtime (docs/decisions.md#ops-graceful-shutdown); what is left is replayed by the
     next start."""
 
+    orphaned_ray_keep_s: float = Field(300.0, ge=0)
+    """The local Ray that ``sessionray serve`` starts outlives a driver killed with ``kill -9``; the
+    next serve with the same configuration and code joins it, its actors still running. Once no
+    live serve has named it for this many seconds it is stopped
+    (docs/decisions.md#ops-ray-outlives-driver)."""
+
     replay_window_s: float = Field(600.0, gt=0)
     """Seconds an inbox row may wait for its turn: a stored or routed message younger than this
     whose turn result never came is routed again by the recovery loop; an older one is expired

@@ -1,22 +1,27 @@
-"""Restarts of a real ``sessionray serve`` process (docs/decisions.md#ops-stale-ray,
-docs/decisions.md#ops-early-accept, docs/decisions.md#ops-graceful-shutdown), with a OneBot v11 bot
-whose platform API is the in-process stand-in and the built-in model:
+"""Restarts of a real ``sessionray serve`` process (docs/decisions.md#ops-ray-outlives-driver,
+docs/decisions.md#ops-stale-ray, docs/decisions.md#ops-early-accept,
+docs/decisions.md#ops-graceful-shutdown), with a OneBot v11 bot whose platform API is the
+in-process stand-in and the built-in model:
 
-* ``kill -9`` of the driver leaves part of its local Ray running (its agents hold the metrics
-  export port); a new serve in the same directory stops exactly those leftovers, opens its port
-  before Ray is up (a message is stored and answered while the runtime starts), becomes ready
-  without Ray's "timed out during startup", and answers the message once — while an unrelated
-  Ray instance (``ray start --head``, its own temp dir and ports) is untouched;
+* ``kill -9`` of the driver leaves its local Ray running (a head of its own, ``ray start``); a new
+  serve with the same configuration joins it — the same session directory and head, none of its
+  processes stopped, no ``ray start`` — and a message posted while it starts is answered once;
+* ``kill -9`` of that driver, then a serve with a changed configuration: the instance was started
+  from another fingerprint, so the new serve stops exactly its processes (an unrelated Ray
+  instance, ``ray start --head`` with its own temp dir and ports, is untouched), opens its port
+  before its own Ray is up (a message is stored and answered ``queued`` while the runtime starts),
+  becomes ready without Ray's "timed out during startup", and answers the message once;
 * SIGTERM with a turn in flight: the listener closes at once (connections refused), the turn ends
-  and its reply reaches the platform before the process exits 0, within the grace plus a margin.
+  and its reply reaches the platform before the process exits 0, within the grace plus a margin,
+  and the Ray instance is stopped with it.
 
-One module fixture runs the kill (once the first serve's Ray runs, while its session runtime
-starts) and the restart (two serves, one unrelated head); the SIGTERM test stops the restarted
-serve. Waits poll with deadlines; the durations are measured and printed.
+One module fixture runs the three serves (and the unrelated head); the SIGTERM test stops the
+last. Waits poll with deadlines; the durations are measured and printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,24 +52,34 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 
 @dataclass
 class Restarted:
-    """What the fixture saw (times in seconds after the SIGKILL of the first driver)."""
+    """What the fixture saw (times in seconds after the SIGKILL of the driver before)."""
 
     root: Path
     api: PlatformApiServer
     serve: Proc
+    """The last serve (started after the configuration changed)."""
     port: int
     db: Path
+    joined: Proc
+    """The serve that joined the first one's instance."""
+    joined_record: dict[str, Any]
+    first_record: dict[str, Any]
+    first_pids: list[int]
+    """Processes of the first instance when its driver was killed."""
+    joined_pids_alive: list[int]
+    """Those still running once the joining serve was ready."""
+    joined_ready_after_s: float
     leftovers: list[int]
-    """Pids of the first instance still running after its driver was killed."""
+    """Processes of the instance still running after the joining serve was killed."""
     stored_after_s: float
-    """The first answer to a webhook for which the message was stored."""
+    """The first answer to a webhook for which the message was stored (the last serve)."""
     first_answer: tuple[int, dict[str, Any]]
     ready_after_s: float
     answers: list[tuple[int, dict[str, Any]]]
     head_before: set[int]
     head_after: set[int]
     old_record_left: bool
-    """The first driver's record file was still there once the second was ready."""
+    """The joined instance's record file was still there once the last serve was ready."""
     new_record: Path
 
 
@@ -162,14 +177,8 @@ def wait_ray_up(serve: Proc, root: Path) -> tuple[Path, str]:
     return record, str(found)
 
 
-@pytest.fixture(scope="module")
-def restarted(fixtures_dir: Path) -> Iterator[Restarted]:
-    root = Path(tempfile.mkdtemp(prefix="srrs-", dir="/tmp"))  # short: Ray socket paths
-    api = PlatformApiServer(fixtures_dir).start()
-    port, metrics_port = free_port(), free_port()
-    db = root / "sessionray.db"
-    config = root / "sessionray.yaml"
-    config.write_text(
+def write_config(path: Path, port: int, db: Path, api: PlatformApiServer, **runtime: Any) -> None:
+    path.write_text(
         yaml.safe_dump(
             {
                 "bots": [{"platform": "onebot11", "self_id": BOT, "api_base": api.base_url}],
@@ -180,75 +189,135 @@ def restarted(fixtures_dir: Path) -> Iterator[Restarted]:
                     "delivery_actors": 1,
                     "min_hosts": 1,
                     "shutdown_grace_s": GRACE_S,
+                    **runtime,
                 },
             }
         )
     )
+
+
+def answer_until_stored(port: int, db: Path, body: dict[str, Any], serve: Proc) -> list[tuple[int, Any]]:
+    """POST ``body`` until one answer came back with the message stored; returns the answers."""
+    answers: list[tuple[int, dict[str, Any]]] = []
+
+    def answered_and_stored() -> bool:
+        answer = post(port, body)
+        if answer is not None:
+            answers.append(answer)
+        return answer is not None and stored(db, body["message_id"])
+
+    wait_for(
+        f"{serve.name} to store a message",
+        answered_and_stored,
+        120,
+        interval_s=0.05,
+        diagnostics=serve.output,
+    )
+    return answers
+
+
+def answered(
+    api: PlatformApiServer, port: int, body: dict[str, Any], answers: list[Any], serve: Proc
+) -> None:
+    """Until the reply to ``body`` reached the platform (redelivered until a 200, as a platform would)."""
+
+    def done() -> bool:
+        if answers[-1][0] != 200:
+            answer = post(port, body)
+            if answer is not None:
+                answers.append(answer)
+        return bool(replies_to(api, body["raw_message"]))
+
+    wait_for("the reply to the message stored while starting", done, 180, diagnostics=serve.output)
+
+
+@pytest.fixture(scope="module")
+def restarted(fixtures_dir: Path) -> Iterator[Restarted]:
+    root = Path(tempfile.mkdtemp(prefix="srrs-", dir="/tmp"))  # short: Ray socket paths
+    api = PlatformApiServer(fixtures_dir).start()
+    port, metrics_port = free_port(), free_port()
+    db = root / "sessionray.db"
+    config = root / "sessionray.yaml"
+    write_config(config, port, db, api)
     (root / "other").mkdir()
     other = RayCluster(root / "other")
-    first = start_serve("serve-a", root, config, metrics_port)
-    second: Proc | None = None
+    serves: list[Proc] = []
     try:
+        serves.append(first := start_serve("serve-a", root, config, metrics_port))
         other.start_head({"unrelated": 1}, num_cpus=1, dashboard=False)  # meanwhile serve-a starts
-        old_record, session_dir = wait_ray_up(first, root)  # the crash comes while its runtime starts
+        first_record_path, session_dir = wait_ray_up(first, root)  # the crash comes while its runtime starts
         head_before = set(session_members(other.nodes[0].sid))
+        first_record = json.loads(first_record_path.read_text())
+        first_pids = [p for p in ray_pids_of(session_dir) if p != first.popen.pid]  # the instance's
 
         os.kill(first.popen.pid, signal.SIGKILL)
         killed = time.monotonic()
         first.popen.wait(timeout=30)
+        serves.append(joined := start_serve("serve-b", root, config, metrics_port))
+        body = event(9000, "hello to the joined instance")
+        joined_answers = answer_until_stored(port, db, body, joined)
+        wait_ready(joined)
+        joined_ready_after = time.monotonic() - killed
+        joined_pids_alive = [
+            p for p in first_pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+        ]
+        answered(api, port, body, joined_answers, joined)
+        joined_record_path = root / "rt" / "ray" / f"sessionray-serve-{joined.popen.pid}.json"
+        joined_record = json.loads(joined_record_path.read_text())
+
+        write_config(config, port, db, api, replay_window_s=601)  # another fingerprint
+        os.kill(joined.popen.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        joined.popen.wait(timeout=30)
         leftovers = ray_pids_of(session_dir)
-        second = start_serve("serve-b", root, config, metrics_port)
-
-        answers: list[tuple[int, dict[str, Any]]] = []
+        serves.append(second := start_serve("serve-c", root, config, metrics_port))
         body = event(9001, "hello after the crash")
-
-        def answered_and_stored() -> bool:
-            answer = post(port, body)
-            if answer is not None:
-                answers.append(answer)
-            return answer is not None and stored(db, 9001)
-
-        wait_for(
-            "serve-b to store a message", answered_and_stored, 120, interval_s=0.05, diagnostics=second.output
-        )
+        answers = answer_until_stored(port, db, body, second)
         stored_after = time.monotonic() - killed
         first_answer = answers[-1]
         wait_ready(second)
         ready_after = time.monotonic() - killed
-
-        def answered() -> bool:  # a redelivering platform: again until a 200
-            if answers[-1][0] != 200:
-                answer = post(port, body)
-                if answer is not None:
-                    answers.append(answer)
-            return bool(replies_to(api, "hello after the crash"))
-
-        wait_for("the reply to the message stored while starting", answered, 180, diagnostics=second.output)
+        answered(api, port, body, answers, second)
         [new_record] = (root / "rt" / "ray").glob(f"sessionray-serve-{second.popen.pid}.json")
-        old_record_left = old_record.exists()
+        old_record_left = joined_record_path.exists()
         print(  # the restart figures (pytest -s shows them)
-            f"\nrestart after SIGKILL: message stored {stored_after:.1f} s, ready {ready_after:.1f} s; "
-            f"{len(leftovers)} leftovers of the old Ray"
+            f"\nrestart after SIGKILL, same configuration: joined, ready {joined_ready_after:.1f} s; "
+            f"changed configuration: message stored {stored_after:.1f} s, ready {ready_after:.1f} s; "
+            f"{len(leftovers)} leftovers of the old Ray stopped"
         )
         yield Restarted(
-            root, api, second, port, db, leftovers, stored_after, first_answer, ready_after, answers,
-            head_before, set(session_members(other.nodes[0].sid)), old_record_left, new_record,
+            root, api, second, port, db, joined, joined_record, first_record, first_pids, joined_pids_alive,
+            joined_ready_after, leftovers, stored_after, first_answer, ready_after, answers, head_before,
+            set(session_members(other.nodes[0].sid)), old_record_left, new_record,
         )  # fmt: skip
     finally:
-        for proc in (second, first):
-            if proc is not None:
-                proc.stop(grace_s=GRACE_S + STOP_MARGIN_S)
+        for proc in reversed(serves):
+            proc.stop(grace_s=GRACE_S + STOP_MARGIN_S)
         other.stop()
         api.stop()
 
 
-def test_a_new_serve_stops_what_the_killed_driver_left_and_nothing_else(restarted: Restarted) -> None:
+def test_a_new_serve_with_the_same_configuration_joins_the_killed_drivers_ray(restarted: Restarted) -> None:
+    log = restarted.joined.log.read_text(errors="replace")
+    assert "joining the local Ray of a sessionray serve that died" in log
+    assert "sessionray: the local Ray of a sessionray serve that died" not in log  # nothing stopped
+    assert restarted.first_pids and restarted.joined_pids_alive == restarted.first_pids
+    first, joined = restarted.first_record, restarted.joined_record
+    assert joined["session_dir"] == first["session_dir"] and joined["head_pid"] == first["head_pid"]
+    assert joined["gcs_address"] == first["gcs_address"] and joined["fingerprint"] == first["fingerprint"]
+    assert len(replies_to(restarted.api, "You said: hello to the joined instance")) == 1
+
+
+def test_a_changed_configuration_stops_what_the_killed_driver_left_and_nothing_else(
+    restarted: Restarted,
+) -> None:
     log = restarted.serve.log.read_text(errors="replace")
     assert restarted.leftovers, "the killed driver left no Ray process (nothing to clean up)"
     assert [
         p for p in restarted.leftovers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
     ] == []
-    assert "the local Ray of a sessionray serve that died" in log
+    assert "sessionray: the local Ray of a sessionray serve that died" in log
+    assert "joining the local Ray" not in log
     assert RAY_START_TIMEOUT not in log
     assert not restarted.old_record_left
     # the unrelated instance keeps every process it had
@@ -284,3 +353,15 @@ def test_sigterm_lets_the_turn_in_flight_deliver_then_exits_0(restarted: Restart
     assert "sessionray: stopping: turns: 1 in flight, 1 ended, 0 cut off" in log
     assert "sessionray: stopped" in log and "Traceback" not in log
     assert not restarted.new_record.exists()  # a clean stop forgets its Ray
+    assert ray_pids_of(str(restarted.root / "rt" / "ray")) == []  # and stops it
+
+    def keepers() -> list[int]:
+        found = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                line = " ".join(proc.cmdline())
+                if "actors.ray_keeper" in line and str(restarted.root) in line and proc.status() != "zombie":
+                    found.append(proc.pid)
+        return found
+
+    wait_for("the keeper to end with its instance", lambda: not keepers(), 30)

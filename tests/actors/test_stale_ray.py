@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from actors.port_holders import describe_process, port_holders_text
-from actors.stale_ray import LocalRayRun, clear_stale_ray, record_local_ray, run_file, stop_own_ray
+from actors.stale_ray import LocalRayRun, clear_stale_ray, record_local_ray, run_file, stop_instance
 
 LISTEN = "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()\ntime.sleep(120)\n"
 """A process that listens on a free loopback port."""
@@ -176,39 +176,49 @@ def test_children_of_a_leftover_are_stopped(tmp_path: Path, procs: list[subproce
     wait_until("the leftover's child gone", lambda: not alive_pid(child))
 
 
-def test_a_driver_killed_during_ray_init_is_found_by_its_session_name(
+def test_a_driver_killed_during_ray_start_is_found_by_its_session_name(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
     root = tmp_path / "ray"
     pid, when = dead_driver()
-    # written before ray.init: no session directory yet; Ray names it after the driver's pid
-    write_record(root, LocalRayRun(pid, when, os.getuid(), str(root)))
-    session = root / f"session_2026-01-01_00-00-00_000004_{pid}"
+    head_pid, _ = dead_driver()  # the `ray start --head` process: Ray names the session after it
+    # written once the head process was spawned: no session directory yet
+    write_record(root, LocalRayRun(pid, when, os.getuid(), str(root), head_pid=head_pid))
+    session = root / f"session_2026-01-01_00-00-00_000004_{head_pid}"
     gcs = holding(procs, session / "logs" / "gcs_server.out", title="ray::gcs")
-    older = root / f"session_2026-01-01_00-00-00_000005_{pid}"  # an earlier process with that pid
+    older = root / f"session_2026-01-01_00-00-00_000005_{head_pid}"  # an earlier process with that pid
     older.mkdir(parents=True)
     os.utime(older, (when - 3600, when - 3600))
+    of_driver = holding(procs, root / f"session_2026-01-01_00-00-00_000006_{pid}" / "x.out", title="ray::y")
 
     [cleared] = clear_stale_ray(root, term_wait_s=2.0)
 
     assert cleared.session_dirs == [str(session)]
     assert [int(n.split()[0]) for n in cleared.stopped] == [gcs.pid]
+    assert alive(of_driver)  # named after the driver, not after its head: not this instance
 
 
-def test_record_of_this_driver_names_its_children_and_their_ports(
+def test_record_names_the_instances_processes_their_ports_and_what_it_shares(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    server = spawn(procs, "-c", LISTEN)
+    session = tmp_path / "session_x"
+    server = spawn(procs, "-c", LISTEN + f"# {session}/logs", title="ray::gcs_server")  # names it
     wait_until("a listener", lambda: psutil.Process(server.pid).net_connections(kind="tcp"))
     [conn] = psutil.Process(server.pid).net_connections(kind="tcp")
+    other = spawn(procs, "-c", LISTEN, title="ray::other")  # another instance's
 
-    path = record_local_ray(str(tmp_path / "session_x"), root=tmp_path)
+    path = record_local_ray(
+        str(session), root=tmp_path, gcs_address="127.0.0.1:1", fingerprint="f", env={"T": "secret"}
+    )
 
     run = json.loads(path.read_text())
     assert path == tmp_path / f"sessionray-serve-{os.getpid()}.json"
-    assert run["driver_pid"] == os.getpid() and run["session_dir"] == str(tmp_path / "session_x")
-    assert [server.pid, started(server.pid)] in [p[:2] for p in run["processes"]]
+    assert path.stat().st_mode & 0o777 == 0o600  # it holds the shared secrets
+    assert run["driver_pid"] == os.getpid() and run["session_dir"] == str(session)
+    assert [[p[0], p[1]] for p in run["processes"]] == [[server.pid, started(server.pid)]]
+    assert other.pid not in [p[0] for p in run["processes"]]
     assert conn.laddr.port in run["ports"]
+    assert (run["gcs_address"], run["fingerprint"], run["env"]) == ("127.0.0.1:1", "f", {"T": "secret"})
     assert clear_stale_ray(tmp_path) == []  # this driver runs: its instance is left alone
     assert alive(server) and path.exists()
 
@@ -226,18 +236,19 @@ def test_port_holder_is_named_with_pid_and_command() -> None:
     assert port_holders_text(port) is None  # closed: nobody listens
 
 
-def test_a_failed_start_of_this_driver_is_stopped_before_the_retry(
+def test_a_failed_head_start_is_stopped_before_the_retry(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
     root = tmp_path / "ray"
-    mine = root / f"session_2026-01-01_00-00-00_000006_{os.getpid()}"  # Ray names it after the driver
+    head = spawn(procs, "-c", "import time; time.sleep(120)")  # stands in for `ray start --head`
+    mine = root / f"session_2026-01-01_00-00-00_000006_{head.pid}"  # Ray names it after the head
     raylet = holding(procs, mine / "logs" / "raylet.out", title="ray::raylet")
     other = holding(
         procs, root / "session_2026-01-01_00-00-00_000007_1" / "logs" / "raylet.out", title="ray::x"
     )
 
-    stopped = stop_own_ray(root)
+    stopped = stop_instance(LocalRayRun.of_head(head.pid, root))
 
-    assert [int(n.split()[0]) for n in stopped] == [raylet.pid]
-    wait_until("the half-started raylet gone", lambda: not alive(raylet))
+    assert sorted(int(n.split()[0]) for n in stopped) == sorted([head.pid, raylet.pid])
+    wait_until("the half-started raylet gone", lambda: not alive(raylet) and not alive(head))
     assert alive(other)
