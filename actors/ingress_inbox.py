@@ -42,9 +42,12 @@ __all__ = ["QUEUED_KEYS", "SUBMIT_WAIT_S", "InboxGate"]
 
 log = logging.getLogger("sessionray.ingress")
 
-SUBMIT_WAIT_S = 15.0
+SUBMIT_WAIT_S = 2.5
 """How long the webhook waits for the host's first answer before it answers ``queued`` (the
-submit goes on in the background; its acceptance is marked as usual), in seconds."""
+submit goes on in the background; its acceptance is marked as usual), in seconds. Below the 5 s a
+OneBot v11 implementation usually waits for a webhook's answer and never redelivers: a host that
+is slow to answer (a cold host process in strict mode, a host being replaced after ``kill -9``)
+must not turn a stored message into a client-side timeout (docs/decisions.md#inbox-durable)."""
 QUEUED_KEYS = 100_000
 """Session keys with queued messages one ingress process remembers (least recently queued dropped)."""
 _EXPECTED = (RayActorError, ActorUnavailableError, TimeoutError, RuntimeError)
