@@ -113,15 +113,20 @@ def full_scenarios(size: Size = FULL) -> list[Scenario]:
 
 
 def ci_scenarios() -> list[Scenario]:
-    """The CI subset's scenarios (:data:`CI` size, one shared serve with :data:`CI_BOTS` bots, the
-    driver restart last). The three outage kinds run at once, each on the platform API of its own
-    bot (one chat each), for 8 s — longer than a delivery's old retry budget (5 attempts, 7.5 s)."""
+    """The CI subset's scenarios (:data:`CI` size, one shared serve with :data:`CI_BOTS` bots): the
+    driver's kill -9 second (the new serve joins the old Ray, and every kill after it hits actors
+    the dead driver created), its SIGTERM restart last.
+    The three outage kinds run at once, each on the platform API of its own bot (one chat each),
+    for 8 s — longer than a delivery's old retry budget (5 attempts, 7.5 s)."""
     outages = tuple(
         Fault(f"outage:{kind}", 0.5, seconds=8.0, target=i)
         for i, kind in enumerate(("500", "429", "refused"))
     )
     return [
         Scenario("outages", outages),
+        # early, so that the kills after it hit actors a dead driver had created (their restarts
+        # must not need anything the dead driver owned)
+        Scenario("driver_kill", (Fault("driver:kill", 1.0),)),
         Scenario("delivery_kill", (Fault("kill:DeliveryActor", 1.0, 2.0),)),
         Scenario("host_kill", (Fault("kill:SessionHost", 1.5),)),
         Scenario("supervisor_kill", (Fault("kill:HostSupervisor", 1.0),)),

@@ -3,7 +3,9 @@ shared ``sessionray serve`` subprocess — platform outages of 8 s (HTTP 500, 42
 Retry-After, refused connections: at once, each on the platform API of its own bot), kill -9 of
 a delivery actor, a session host, the host supervisor and the router (twice), and a SIGTERM
 restart of the driver last — each under an open-loop load of 3 chats × 2 msg/s for 4 s from a
-redelivering client.
+redelivering client. Second comes kill -9 of the driver: the new serve must join the Ray instance
+it left (docs/decisions.md#ops-ray-outlives-driver), and the kills after it hit actors that the
+dead driver had created.
 
 Every scenario must lose nothing and send nothing twice: every message is accepted (a 200,
 possibly after redeliveries), and each has exactly one reply at the platform API once the
@@ -74,3 +76,6 @@ def test_no_message_lost_or_answered_twice(
     # (docs/decisions.md#delivery-uncertain); the operator's retry sent it, once
     assert out["lost"] == out["lost_uncertain"] == out["retried"] <= out["uncertain"], out
     assert out["stray_replies"] == 0, out
+    if scenario.name == "driver_kill":  # the new serve joined the instance the killed one left
+        log = (topo.dir / f"serve-{topo.starts}.log").read_text(errors="replace")
+        assert "joining the local Ray of a sessionray serve that died" in log, log[-3000:]
