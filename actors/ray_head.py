@@ -72,8 +72,10 @@ def _tail(path: Path, lines: int = 15) -> str:
 def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Path | None = None) -> str:
     """Start a local head node: GCS and Ray client on free ports, no dashboard UI, its metrics agent
     on ``metrics_port``, in a new session (a Ctrl-C of the terminal or the death of this process
-    does not reach it). ``on_spawn(pid)`` is called with the ``ray start`` process's pid at once
-    (Ray names the session directory after it: the record must know it before Ray runs).
+    does not reach it). Ray's ``ray_current_cluster`` file is left as it was (another program's
+    ``ray.init()`` does not find this head). ``on_spawn(pid)`` is called with the ``ray start``
+    process's pid at once (Ray names the session directory after it: the record must know it
+    before Ray runs).
 
     Returns:
         The GCS address (``127.0.0.1:<port>``) for ``ray.init(address=…)``.
@@ -86,6 +88,11 @@ def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Pat
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ}
     env.setdefault("RAY_metrics_report_interval_ms", "5000")
+    # `ray start` names its head in <temp>/ray/ray_current_cluster, where a plain ray.init() of any
+    # other program of this user would find it and join (or fail on it once it is stopped): the
+    # file is put back as it was; sessionray joins its head by the address in its own record
+    current = ray_temp_root() / "ray_current_cluster"
+    before = current.read_bytes() if current.is_file() else None
     for attempt in (1, 2):
         port = _free_port()
         cmd = [
@@ -109,6 +116,8 @@ def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Pat
         except subprocess.TimeoutExpired:
             proc.kill()
             code = None
+        finally:
+            _put_back(current, before)
         if code == 0:
             return f"127.0.0.1:{port}"
         output = _tail(log_path)
@@ -123,6 +132,17 @@ def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Pat
         what = "did not return" if code is None else f"exited {code}"
         raise RayHeadError(f"`ray start --head` {what}; its last output ({log_path}):\n{output}")
     raise AssertionError("unreachable")
+
+
+def _put_back(path: Path, content: bytes | None) -> None:
+    """Restore ``path`` to ``content`` (None: no file)."""
+    try:
+        if content is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(content)
+    except OSError as exc:
+        log.warning("could not restore %s: %r", path, exc)
 
 
 def _source_files() -> list[Path]:

@@ -43,7 +43,7 @@ from runtime.delivery.settings import (
     partition_of,
 )
 from runtime.llm.types import now_ms
-from runtime.memory.db import Database
+from runtime.memory.db import DEFAULT_SQL_THREADS, Database, is_transient_write_error
 from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import ApiCall, PlatformCodec, RenderTarget, SendResult, get_codec
 from runtime.platforms.common import setting
@@ -64,6 +64,9 @@ __all__ = [
 log = logging.getLogger("sessionray.delivery")
 
 Final = Literal["sent", "empty", "failed", "uncertain"]
+WIRE_MARK_LOCK_WAIT_S = 0.02
+"""Longest wait for the SQLite writer lock of an on-the-wire mark written on the event loop's
+thread (it blocks the loop meanwhile); past it the mark waits on the SQL pool instead, in seconds."""
 
 
 class _Lease:
@@ -110,7 +113,11 @@ class DeliverySender:
         self.partition = partition
         self.owner = owner
         # As the ingress: a 15 s SQLite lock wait, so a busy file does not fail a send under load.
-        self.db = Database(settings.database_url, busy_timeout_ms=15_000, max_overflow=0)
+        # 7 SQL threads + 1 connection for the on-the-wire mark written on the event loop's
+        # thread (write_here): 8 connections at most, as before (docs/decisions.md#memory-connection-budget)
+        self.db = Database(
+            settings.database_url, busy_timeout_ms=15_000, threads=DEFAULT_SQL_THREADS - 1, max_overflow=1
+        )
         ledger.create_ledger_table(self.db)
         self.transcripts = TranscriptStore(self.db)
         self.codecs: dict[tuple[str, str], PlatformCodec] = {}
@@ -286,9 +293,15 @@ class DeliverySender:
             last = n == len(plan) - 1
 
             async def on_wire(i: int = i, total: int = len(calls)) -> None:
-                await self.db.run_write(
-                    lambda: ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
-                )
+                def mark() -> None:
+                    ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
+
+                try:  # here, not on the SQL pool: no thread hop between the mark and the first byte
+                    self.db.write_here(mark, lock_wait_s=WIRE_MARK_LOCK_WAIT_S)
+                except Exception as exc:
+                    if not is_transient_write_error(exc):
+                        raise
+                    await self.db.run_write(mark)  # the writer lock is busy: wait off the loop
                 lease.refreshed()
 
             if over_socket and not (i == 0 and claim.begun):  # else the claim marked step 0

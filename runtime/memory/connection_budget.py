@@ -5,7 +5,7 @@ Every process that talks SQL holds its own connection pool, so the server must a
 worst case::
 
     most hosts × HOST_SQL_THREADS (4)                 (a SessionHost: 4 SQL threads, no overflow)
-  + runtime.delivery_actors × 8                       (a DeliveryActor: 8 SQL threads, no overflow)
+  + runtime.delivery_actors × 8                       (a DeliveryActor: 7 SQL threads + 1 overflow)
   + 8 per ingress process                             (the ingress's Database, also the admin's)
   ≤ max_connections − superuser_reserved_connections  (PostgreSQL: SHOW max_connections, 100 − 3)
 
@@ -58,7 +58,8 @@ serialized by its writer, so four threads let four sessions' SQL run at once; on
 lock serializes writes anyway, on PostgreSQL each thread is one server connection per host."""
 DEFAULT_PROCESS_CONNECTIONS = DEFAULT_SQL_THREADS
 """Connections of a process whose :class:`~runtime.memory.db.Database` keeps the default
-``threads`` (8) with no pool overflow: each delivery actor and each ingress process."""
+``threads`` (8) with no pool overflow — each ingress process — or 7 threads and one overflow
+connection for the on-the-wire mark written on its event loop's thread — each delivery actor."""
 
 
 @dataclass(frozen=True, slots=True)

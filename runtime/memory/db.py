@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -166,6 +167,7 @@ class Database:
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionray-sql")
         self._writer: WriterLock | None = None
+        self._here = threading.local()  # write_here's shorter wait for the writer lock
         overflow = threads if max_overflow is None else max_overflow
         self.max_connections = threads + overflow
         """Most connections this database's pool ever holds open at once."""
@@ -208,7 +210,7 @@ class Database:
         if lock is None:
             yield
             return
-        lock.acquire(self._busy_timeout_s)
+        lock.acquire(getattr(self._here, "lock_wait_s", self._busy_timeout_s))
         try:
             yield
         finally:
@@ -283,6 +285,23 @@ class Database:
             ``write_retry_s`` is used up.
         """
         return await retry_transient(lambda: self.run(fn), budget_s=self.write_retry_s, dialect=self.dialect)
+
+    def write_here(self, fn: Callable[[], T], *, lock_wait_s: float) -> T:
+        """Run the write transaction ``fn`` in the calling thread (blocking) — for the one write
+        that must be followed at once by an action of this thread, with no hop to the SQL thread
+        pool in between (the delivery's on-the-wire mark: docs/decisions.md#delivery-uncertain).
+        Waits at most ``lock_wait_s`` seconds for the SQLite writer lock.
+
+        Raises:
+            Whatever ``fn`` raises; a transient "database is locked"
+            (:func:`is_transient_write_error`) when the lock stayed taken: retry through
+            :meth:`run_write`.
+        """
+        self._here.lock_wait_s = lock_wait_s
+        try:
+            return fn()
+        finally:
+            del self._here.lock_wait_s
 
     def release_connections(self) -> None:
         """Close every idle pooled connection now (blocking); the next SQL call opens a new one

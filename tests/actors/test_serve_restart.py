@@ -306,6 +306,9 @@ def test_a_new_serve_with_the_same_configuration_joins_the_killed_drivers_ray(re
     assert joined["session_dir"] == first["session_dir"] and joined["head_pid"] == first["head_pid"]
     assert joined["gcs_address"] == first["gcs_address"] and joined["fingerprint"] == first["fingerprint"]
     assert len(replies_to(restarted.api, "You said: hello to the joined instance")) == 1
+    # a plain ray.init() of another program does not find sessionray's heads (`ray start` names
+    # its head there; serve puts the file back as it was: none)
+    assert not (restarted.root / "rt" / "ray" / "ray_current_cluster").exists()
 
 
 def test_a_changed_configuration_stops_what_the_killed_driver_left_and_nothing_else(
