@@ -73,21 +73,44 @@ def full_jitter(attempt: int, base_s: float, cap_s: float) -> float:
 
 
 OnWire = Callable[[], Awaitable[None]]
-"""Called once per attempt right before the request's first byte is written (see :func:`send_http`)."""
+"""Called once per attempt right before the write that completes the request at the server (its
+body's first chunk; without a body, its headers): see :func:`send_http`."""
+
+
+def _has_body(request: Any) -> bool:
+    """The httpcore request carries a body (``Content-Length`` > 0 or a chunked one)."""
+    for name, value in getattr(request, "headers", []):
+        key = name.lower()
+        if key == b"content-length":
+            return value.strip() not in (b"", b"0")
+        if key == b"transfer-encoding":
+            return True
+    return False
 
 
 class _WireMark:
-    """The ``trace`` extension of one httpx request: awaits ``on_wire`` when httpcore starts to
-    write the request headers (after the connection is made), and remembers that it did."""
+    """The ``trace`` extension of one httpx request: awaits ``on_wire`` right before the write
+    that makes the request complete at the server — its body's first chunk (httpcore writes the
+    headers, yields to the event loop, then writes the body: a request cut after its headers is
+    never acted on, so that gap stays on the resendable side) or, for a request without a body,
+    its headers — and remembers that it did (docs/decisions.md#delivery-uncertain)."""
 
     def __init__(self, on_wire: OnWire) -> None:
         self.on_wire = on_wire
         self.reached = False
+        self._at_body = False
 
     async def trace(self, event: str, info: dict[str, Any]) -> None:
-        if event.endswith(".send_request_headers.started") and not self.reached:
-            await self.on_wire()
-            self.reached = True
+        if self.reached:
+            return
+        if event.endswith(".send_request_headers.started"):
+            self._at_body = _has_body(info.get("request"))
+            if self._at_body:
+                return
+        elif not (self._at_body and event.endswith(".send_request_body.started")):
+            return
+        await self.on_wire()
+        self.reached = True
 
 
 async def send_http(
@@ -96,12 +119,14 @@ async def send_http(
     """One platform call over HTTP (see module docstring for how failures are classified).
 
     Args:
-        on_wire: Awaited right before the request's first byte is written — after the connection
-            is made or taken from the pool — so the ledger marks the step on the wire only when it
-            is (docs/decisions.md#delivery-uncertain): a sender killed while connecting left
-            nothing on the wire and its step is sent again, not recorded uncertain. What it
-            raises ends the call before anything is written (and propagates). A call that failed
-            before it was reached is retryable (``connect:``) whatever the error.
+        on_wire: Awaited right before the write that completes the request at the server — its
+            body's first chunk, after the connection is made or taken from the pool and the
+            headers are written (without a body: right before the headers) — so the ledger marks
+            the step on the wire only when it is (docs/decisions.md#delivery-uncertain): a sender
+            killed while connecting or between headers and body left nothing the platform acts
+            on, and its step is sent again, not recorded uncertain. What it raises ends the call
+            before the body is written (and propagates). A call that failed before it was
+            reached is retryable (``connect:``) whatever the error.
     """
     kwargs: dict[str, Any] = {"headers": call.headers}
     if call.json_body is not None:
