@@ -27,10 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from actors.preflight import REPO_ROOT
-from actors.stale_ray import LocalRayRun, clear_stale_ray, dead_records, ray_temp_root, stop_instance
+from actors.stale_ray import (
+    LocalRayRun,
+    clear_stale_ray,
+    dead_records,
+    process_runs,
+    ray_temp_root,
+    stop_instance,
+)
 
 __all__ = [
     "RAY_START_TIMEOUT",
@@ -181,16 +186,7 @@ def gcs_answers(address: str, timeout_s: float = 1.0) -> bool:
 
 
 def _raylet_runs(run: LocalRayRun) -> bool:
-    for pid, started, name in run.processes:
-        if name != "raylet":
-            continue
-        try:
-            proc = psutil.Process(pid)
-            if round(proc.create_time(), 2) == started and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.Error:
-            continue
-    return False
+    return any(name == "raylet" and process_runs(pid, started) for pid, started, name in run.processes)
 
 
 def find_adoptable(fingerprint: str, root: Path | None = None) -> tuple[Path, LocalRayRun] | None:

@@ -15,25 +15,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-import psutil
-
-from actors.stale_ray import RUN_PREFIX, LocalRayRun, read_record, stop_instance
+from actors.stale_ray import RUN_PREFIX, LocalRayRun, process_runs, read_record, stop_instance
 
 __all__ = ["main", "spawn_keeper"]
-
-
-def _runs(pid: int, started: float) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return round(proc.create_time(), 2) == started and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _records(root: Path, session_dir: str) -> list[tuple[Path, LocalRayRun]]:
@@ -49,15 +39,12 @@ def keep(root: Path, session_dir: str, raylet: tuple[int, float], keep_s: float,
     """The keeper's loop (see the module docstring). Returns why it ended: ``"gone"`` or
     ``"stopped"``."""
     named_at = time.monotonic()
-    while _runs(*raylet):
+    while process_runs(*raylet):
         records = _records(root, session_dir)
         if any(run.driver_alive() for _, run in records):
             named_at = time.monotonic()
         elif time.monotonic() - named_at >= keep_s:
-            me = psutil.Process()
-            stop_instance(
-                LocalRayRun(me.pid, round(me.create_time(), 2), os.getuid(), str(root), session_dir)
-            )
+            stop_instance(replace(LocalRayRun.capture(root), session_dir=session_dir))  # this process's
             for path, run in _records(root, session_dir):
                 if not run.driver_alive():
                     with contextlib.suppress(OSError):

@@ -45,6 +45,7 @@ __all__ = [
     "dead_records",
     "forget_local_ray",
     "leftovers",
+    "process_runs",
     "ray_temp_root",
     "read_record",
     "record_local_ray",
@@ -76,6 +77,16 @@ def run_file(root: Path | None = None, pid: int | None = None) -> Path:
 
 def _started(proc: psutil.Process) -> float:
     return round(proc.create_time(), 2)
+
+
+def process_runs(pid: int, started: float) -> bool:
+    """True while process ``pid`` with start time ``started`` (as recorded) runs — a reused pid
+    is another process, and a zombie has exited."""
+    try:
+        proc = psutil.Process(pid)
+        return _started(proc) == started and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @dataclass(frozen=True)
@@ -135,11 +146,7 @@ class LocalRayRun:
 
     def driver_alive(self) -> bool:
         """True while the recorded driver runs (same pid *and* start time; a zombie is dead)."""
-        try:
-            proc = psutil.Process(self.driver_pid)
-            return _started(proc) == self.driver_started and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return process_runs(self.driver_pid, self.driver_started)
 
     def session_dirs(self) -> list[str]:
         """The recorded session directory; before Ray had started, the directories Ray names after
