@@ -6,8 +6,9 @@ writer, turns, steer / follow-up queues) inside a host. Activation loads the con
 a new core (milliseconds, no process start); passivation closes and drops it (its state is all in
 SQL). ``runtime.sessions_per_host: 1`` gives each live session its own process (strict isolation).
 
-Threads: Ray concurrency groups ``turn`` (:meth:`SessionHost.submit`, held until the turn ended)
-and ``control`` (activation, passivation, control, status) each have a thread, so control never
+Threads: Ray concurrency groups ``turn`` (:meth:`SessionHost.submit`, held until the turn ended,
+and :meth:`SessionHost.activate`, which may wait for room) and ``control`` (passivation, control,
+status) each have a thread, so control never
 queues behind turns (docs/decisions.md#control-never-waits); all cores live on **one** private
 uvloop thread that both forward to. LLM calls and tools are coroutines there, so one session's
 slow call never delays another's; a plain-function tool runs in a worker thread.
@@ -17,9 +18,13 @@ held) is answered ``moved`` (docs/decisions.md#session-direct-path). The host as
 bounds the mailbox (``busy``) and drops redeliveries (``duplicate``: seen here, also on a retry; or, on a
 first attempt only, recorded in the loaded context). At ``cap`` live sessions (or above
 ``runtime.host_memory_mib``) an activation passivates the least recently used *idle* session when allowed
-(``evict``), else raises :class:`HostFullError`; idle sessions go after ``runtime.idle_ttl_s``; each
-passivation tells the router shard (``forget``). ``max_restarts=0``: a dead host is replaced by the
-supervisor and callers re-send interrupted messages once (docs/decisions.md#session-crash-recovery).
+(``evict``) — waiting up to the caller's ``wait_s`` for a session's turn to end when none is idle,
+so a placement at the cap is one call, not a poll — else answers ``{"status": "full"}`` (a value,
+not an exception: Ray formats the traceback of every exception an actor method raises,
+milliseconds of CPU each, and at the cap this answer is routine); idle sessions go after
+``runtime.idle_ttl_s``; each passivation tells the router shard (``forget``). ``max_restarts=0``: a
+dead host is replaced by the supervisor and callers re-send interrupted messages once
+(docs/decisions.md#session-crash-recovery).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import ray
 from actors.host_state import (
     HostFullError,
     LiveSession,
+    RoomWaiters,
     SessionNotBoundError,
     answered,
     current_pid,
@@ -74,6 +80,9 @@ CONTROL_GROUP_SIZE = 64
 PREPARE_WAIT_S = 10.0  # how long ``ping`` waits for a new host's warm-up, in seconds
 FRESH_S = 5.0
 """Seconds a just activated session is not evicted before its first message (its caller sends it)."""
+ROOM_RECHECK_S = 0.5
+"""An activation waiting for room looks again at least this often, in seconds (a fresh session
+becomes evictable after ``FRESH_S`` without any turn ending)."""
 TOOL_THREADS = 64
 """Worker threads for blocking work of one host's sessions (plain-function tools, ``asyncio.to_thread``):
 more than Python's default (CPUs + 4), since a blocking tool mostly waits on I/O."""
@@ -115,6 +124,8 @@ class SessionHost:
         self._live: dict[str, LiveSession] = {}
         self._opening = 0
         """Activations in progress (each holds a slot from its first await on)."""
+        self._room = RoomWaiters()
+        """Activations waiting for a session to turn idle (woken one per idle session, in order)."""
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._routers: dict[str, Any] = {}
         self._repo: Any = None
@@ -177,8 +188,9 @@ class SessionHost:
     # ------------------------------------------------------------------ activation (control group)
 
     @ray.method(concurrency_group="control")
+    @ray.method(concurrency_group="turn")  # may wait for room: never in the bounded control group
     async def activate(
-        self, session_key: str, epoch: int, router: str, evict: bool = False
+        self, session_key: str, epoch: int, router: str, evict: bool = False, wait_s: float = 0.0
     ) -> dict[str, Any]:
         """Load ``session_key`` from SQL into a new core (idempotent for the same epoch).
 
@@ -186,45 +198,57 @@ class SessionHost:
             epoch: The router shard's placement epoch of this activation.
             router: Name of the session's router shard (told when the host passivates it).
             evict: At capacity, passivate the least recently used idle session for it.
+            wait_s: With ``evict``, how long to wait for a session to turn idle when none is, in
+                seconds (each session whose turn ends wakes one waiting activation, oldest first).
 
         Returns:
-            ``{"session_id", "messages", "live", "load_ms", "pid", "evicted": key | None}``.
+            ``{"status": "activated", "session_id", "messages", "live", "load_ms", "pid",
+            "evicted": key | None}``; ``{"status": "full", "live", "cap", "reason"}`` at capacity
+            when ``evict`` is false or no session is idle (module docstring).
 
         Raises:
-            HostFullError: at capacity and ``evict`` is false or no session is idle.
             SessionKeyError / database errors from the repository.
         """
         t0 = time.perf_counter()
-        info = await self._on_loop(self._activate(session_key, epoch, router, evict))
+        try:
+            info = await self._on_loop(self._activate(session_key, epoch, router, evict, wait_s))
+        except HostFullError as exc:
+            return {"status": "full", "live": len(self._live), "cap": self.cap, "reason": str(exc)}
         info["load_ms"] = (time.perf_counter() - t0) * 1000
         metrics.ACTIVATION_LATENCY.observe(info["load_ms"] / 1000, source="host")
         return info
 
-    async def _activate(self, key: str, epoch: int, router: str, evict: bool) -> dict[str, Any]:
+    async def _activate(
+        self, key: str, epoch: int, router: str, evict: bool, wait_s: float
+    ) -> dict[str, Any]:
         live = self._live.get(key)
         if live is not None:
             live.epoch, live.router = epoch, router  # the shard re-placed it here (it lost its entry)
             return self._info(live, None)
         self._opening += 1  # reserved before the first await: concurrent activations see it
         try:
-            evicted = await self._make_room(evict)
+            evicted = await self._make_room(evict, time.monotonic() + wait_s)
             return await self._open(key, epoch, router, evicted)
         finally:
             self._opening -= 1
 
-    async def _make_room(self, evict: bool) -> str | None:
+    async def _make_room(self, evict: bool, deadline: float) -> str | None:
         """Passivate least recently used idle sessions while this host is over ``cap`` (counting
-        activations in progress), and one when its USS is above ``runtime.host_memory_mib``.
+        activations in progress), and one when its USS is above ``runtime.host_memory_mib``;
+        with ``evict`` and no idle session, wait for one until ``deadline`` (monotonic seconds).
         Returns the last evicted key.
 
         Raises:
-            HostFullError: room is needed and ``evict`` is false or no session is idle.
+            HostFullError: room is needed and ``evict`` is false or no session turned idle in time.
         """
         evicted = None
         memory = self._uss > self._rt.host_memory_mib and bool(self._live)
         while len(self._live) + self._opening > self.cap or memory:
             idle = [(s.fresh, s.last_used, k) for k, s in self._live.items() if s.idle]
             victims = [v for v in idle if not v[0] or time.monotonic() - v[1] > FRESH_S]
+            if evict and not victims and (left := deadline - time.monotonic()) > 0:
+                await self._room.wait(min(left, ROOM_RECHECK_S))
+                continue
             if not evict or not victims:
                 raise HostFullError(
                     f"host {self.index} holds {len(self._live)}/{self.cap} sessions, {self._uss:.0f} MiB"
@@ -265,6 +289,7 @@ class SessionHost:
 
     def _info(self, live: LiveSession, evicted: str | None) -> dict[str, Any]:
         return {
+            "status": "activated",
             "session_id": live.core.session_id,
             "messages": len(live.core.writer),
             "live": len(self._live),
@@ -283,6 +308,7 @@ class SessionHost:
         if live is None or (not live.idle and not force):
             return False
         del self._live[key]  # from here a message for it is answered "moved"
+        self._room.wake_one()
         await live.core.close()
         self.stats["passivated"] += 1
         metrics.PASSIVATIONS.inc(reason=reason)
@@ -294,10 +320,18 @@ class SessionHost:
         return True
 
     def _oldest_idle_s(self) -> float:
-        """Seconds since the least recently used idle session was used (0.0: none is idle); the
-        router evicts on the host with the oldest one first (close to a global LRU)."""
+        """Seconds since the least recently used evictable session was used (0.0: none is idle,
+        or only just activated ones still waiting for their first message, which an eviction
+        spares); the router evicts on the host with the oldest one first (close to a global LRU)."""
         now = time.monotonic()  # a copy first: status() reads this from the control thread
-        return max((now - s.last_used for s in list(self._live.values()) if s.idle), default=0.0)
+        return max(
+            (
+                now - s.last_used
+                for s in list(self._live.values())
+                if s.idle and (not s.fresh or now - s.last_used > FRESH_S)
+            ),
+            default=0.0,
+        )
 
     def _router(self, name: str) -> Any:
         if name not in self._routers:
@@ -386,6 +420,8 @@ class SessionHost:
             live.pending -= 1
             live.turns += 1
             live.last_used = time.monotonic()
+            if live.pending == 0:
+                self._room.wake_one()
 
     async def _deliver(self, job: DeliveryJob) -> None:
         # On the sessions' loop, after the turn queued the reply in the ledger: tell the chat's

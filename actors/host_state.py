@@ -5,15 +5,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.session.control import UnknownSessionError
 from runtime.session.turn import INBOUND_MARKER, REPLY_MARKER, TurnResult, find_marker
 
-__all__ = ["HostFullError", "LiveSession", "SessionNotBoundError", "current_pid", "recorded", "shielded"]
+__all__ = [
+    "HostFullError",
+    "LiveSession",
+    "RoomWaiters",
+    "SessionNotBoundError",
+    "current_pid",
+    "recorded",
+    "shielded",
+]
 
 
 class SessionNotBoundError(UnknownSessionError):
@@ -23,6 +33,34 @@ class SessionNotBoundError(UnknownSessionError):
 class HostFullError(RuntimeError):
     """The host is at its capacity (sessions or memory) and may not (or cannot) passivate an idle
     session for a new one."""
+
+
+class RoomWaiters:
+    """Activations of one host waiting for room at its cap (actors/host.py): each waits on a future
+    of the host's loop; :meth:`wake_one` (a session turned idle or left) wakes the oldest."""
+
+    def __init__(self) -> None:
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Wait until :meth:`wake_one` picks this waiter or ``timeout_s`` seconds passed."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(fut)
+
+    def wake_one(self) -> None:
+        """Wake the oldest waiter still waiting (none: nothing happens)."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
 
 
 @dataclass

@@ -40,7 +40,6 @@ from typing import Any
 import ray
 
 from actors.admission import KeyOrder
-from actors.host import HostFullError
 from actors.router_admin import DEAD, RouterAdminMixin
 from actors.self_kick import kick_self
 from runtime import metrics
@@ -53,6 +52,9 @@ log = logging.getLogger("sessionray.router")
 ROUTER_PREFIX = "sessionray-router"
 HOSTS_TTL_S = 1.0
 """How long a shard uses its copy of the supervisor's host list before asking again, in seconds."""
+ROOM_WAIT_S = 2.0
+"""Longest wait of one activation for room on a host where no session is idle, in seconds (then
+the shard reads the host list again and chooses anew, until ``runtime.activation_wait_s``)."""
 
 
 def router_name(index: int, prefix: str = "sessionray") -> str:
@@ -129,6 +131,8 @@ class RouterActor(RouterAdminMixin):
         self._no_growth_until = 0.0
         self._placed: dict[str, int] = {}
         """Placements on each host since the host list was read (added to its ``live``)."""
+        self._activating: dict[str, int] = {}
+        """host_id → activations this shard has asked of it and not had answered yet."""
         self.counts = {
             "placed": 0,
             "forgotten": 0,
@@ -136,6 +140,7 @@ class RouterActor(RouterAdminMixin):
             "dead_hosts": 0,
             "busy": 0,
             "evictions": 0,
+            "full": 0,
             "refused": 0,
             "adopted": 0,
         }
@@ -288,7 +293,12 @@ class RouterActor(RouterAdminMixin):
         return self._hosts
 
     def _load(self, host: dict[str, Any]) -> int:
-        return int(host["live"]) + self._placed.get(host["host_id"], 0)
+        """Live sessions of ``host`` as this shard knows them: the supervisor's last reading, plus
+        what this shard placed since, plus its activations still in flight there — so a burst of
+        placements (many chats at once) spreads over the hosts instead of all picking the host
+        that was least loaded before any of them was answered."""
+        hid = host["host_id"]
+        return int(host["live"]) + self._placed.get(hid, 0) + self._activating.get(hid, 0)
 
     async def _activate(self, entry: Placement) -> None:
         """Activate ``entry`` on a host: one with room (least loaded first), else a host the
@@ -316,7 +326,12 @@ class RouterActor(RouterAdminMixin):
             # LRU); hosts that reported no idle session are not asked (one call, not one per host)
             oldest_first = sorted(self._hosts, key=lambda h: -float(h.get("oldest_idle_s", 0.0)))
             idle = [h for h in oldest_first if float(h.get("oldest_idle_s", 0.0)) > 0]
-            if await self._try(entry, idle or oldest_first[:1], evict=True):
+            # none idle (as last read): the host fewest placements wait on. Either host waits for
+            # its next idle session when it has none now (the reading is up to a second old).
+            fewest = min(self._hosts, key=lambda h: self._activating.get(h["host_id"], 0), default=None)
+            target = idle[:1] or ([fewest] if fewest is not None else [])
+            wait_s = min(ROOM_WAIT_S, max(0.0, deadline - time.monotonic()))
+            if await self._try(entry, target, evict=True, wait_s=wait_s):
                 self.counts["evictions"] += 1
                 return
             if time.monotonic() + delay > deadline:
@@ -324,15 +339,25 @@ class RouterActor(RouterAdminMixin):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    async def _try(self, entry: Placement, hosts: list[dict[str, Any]], *, evict: bool) -> bool:
+    async def _try(
+        self, entry: Placement, hosts: list[dict[str, Any]], *, evict: bool, wait_s: float = 0.0
+    ) -> bool:
         for host in hosts:
+            hid = host["host_id"]
+            self._activating[hid] = self._activating.get(hid, 0) + 1
             try:
-                info = await host["handle"].activate.remote(entry.key, entry.epoch, self.name, evict)
-            except HostFullError:
-                self._placed[host["host_id"]] = int(host["cap"])  # full as far as this shard knows
-                continue
+                info = await host["handle"].activate.remote(entry.key, entry.epoch, self.name, evict, wait_s)
             except DEAD:
                 self._host_died(host["host_id"])
+                continue
+            finally:
+                if (left := self._activating.get(hid, 1) - 1) > 0:
+                    self._activating[hid] = left
+                else:
+                    self._activating.pop(hid, None)
+            if info.get("status") == "full":
+                self.counts["full"] += 1
+                self._placed[hid] = int(host["cap"])  # full as far as this shard knows
                 continue
             entry.host, entry.host_id, entry.index = host["handle"], host["host_id"], host["index"]
             entry.session_id = info["session_id"]

@@ -64,6 +64,13 @@ __all__ = [
 log = logging.getLogger("sessionray.delivery")
 
 Final = Literal["sent", "empty", "failed", "uncertain"]
+MAX_CONNECTIONS = 32
+"""Platform API connections one delivery actor opens at most (all bots together); more sends at
+once wait for a free one (a wait that outlasts the call timeout is a retryable ``connect:``
+failure: nothing was sent). A burst of replies — hundreds of sessions answering at once — must
+not open hundreds of connections to a bot's OneBot implementation, whose small servers reset
+what they cannot take, and a reset after the body was written makes a send uncertain
+(docs/decisions.md#delivery-uncertain)."""
 WIRE_MARK_LOCK_WAIT_S = 0.02
 """Longest wait for the SQLite writer lock of an on-the-wire mark written on the event loop's
 thread (it blocks the loop meanwhile); past it the mark waits on the SQL pool instead, in seconds."""
@@ -130,7 +137,10 @@ class DeliverySender:
             self.media_policies[key] = bot_media_policy(settings.media, bot)
             if setting(bot, "transport", "http") != "http":
                 self.socket_bots.add(key)
-        self.client = httpx.AsyncClient(timeout=settings.timeout_s)
+        self.client = httpx.AsyncClient(
+            timeout=settings.timeout_s,
+            limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS),
+        )
         self.chains = ChatChains(self._drain)
         self._running: dict[str, asyncio.Future[DeliveryResult]] = {}
         self.lease_ms = int(max(settings.lease_s, settings.timeout_s + 10) * 1000)

@@ -6,8 +6,10 @@ passivated is still a duplicate (the inbound marker in the reloaded context)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,3 +73,15 @@ async def test_a_redelivery_after_passivation_is_a_duplicate(h: Harness) -> None
     assert (await h.rt.submit(msg)).status == "duplicate"  # re-activated from SQL, marker found
     assert (await h.rt.submit(inbound(user, "next"))).status == "accepted"
     await eventually(lambda: h.sent(user) == ["re: once", "re: next"], 120, "the next reply")
+
+
+async def test_a_burst_of_new_sessions_spreads_over_the_hosts(h: Harness) -> None:
+    # Ten chats write at once: every placement is asked before any host answered. Counting only
+    # answered placements, all ten chose the host that was least loaded before the burst.
+    users = [str(63000 + i) for i in range(10)]
+    results = await asyncio.gather(*(h.rt.submit(inbound(u, f"{u} hello")) for u in users))
+    assert [r.status for r in results] == ["accepted"] * len(users)
+    await eventually(lambda: all(h.sent(u) == [f"re: {u} hello"] for u in users), 120, "the replies")
+    pids = [await h.host_pid(u) for u in users]
+    per_host = sorted(Counter(pids).values())
+    assert len(per_host) == 2 and per_host[0] >= 3, per_host
