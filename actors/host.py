@@ -43,13 +43,17 @@ from typing import Any, TypeVar
 import ray
 
 from actors.host_state import (
+    ROOM_RECHECK_S,
     HostFullError,
     LiveSession,
     RoomWaiters,
     SessionNotBoundError,
     answered,
     current_pid,
+    evictable,
+    oldest_idle_s,
     recorded,
+    session_rows,
     shielded,
 )
 from actors.host_support import (
@@ -73,16 +77,10 @@ __all__ = ["HostFullError", "SessionHost", "SessionNotBoundError"]
 T = TypeVar("T")
 log = logging.getLogger("sessionray.host")
 
-
 TURN_GROUP_SIZE = 1_000_000
-"""Concurrent ``submit`` calls one host accepts (one per accepted message until its turn ended)."""
+"""Concurrent ``submit`` / ``activate`` calls a host takes (held until the turn ended / room found)."""
 CONTROL_GROUP_SIZE = 64
 PREPARE_WAIT_S = 10.0  # how long ``ping`` waits for a new host's warm-up, in seconds
-FRESH_S = 5.0
-"""Seconds a just activated session is not evicted before its first message (its caller sends it)."""
-ROOM_RECHECK_S = 0.5
-"""An activation waiting for room looks again at least this often, in seconds (a fresh session
-becomes evictable after ``FRESH_S`` without any turn ending)."""
 TOOL_THREADS = 64
 """Worker threads for blocking work of one host's sessions (plain-function tools, ``asyncio.to_thread``):
 more than Python's default (CPUs + 4), since a blocking tool mostly waits on I/O."""
@@ -124,8 +122,7 @@ class SessionHost:
         self._live: dict[str, LiveSession] = {}
         self._opening = 0
         """Activations in progress (each holds a slot from its first await on)."""
-        self._room = RoomWaiters()
-        """Activations waiting for a session to turn idle (woken one per idle session, in order)."""
+        self._room = RoomWaiters()  # activations waiting for a session to turn idle
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._routers: dict[str, Any] = {}
         self._repo: Any = None
@@ -202,9 +199,8 @@ class SessionHost:
                 seconds (each session whose turn ends wakes one waiting activation, oldest first).
 
         Returns:
-            ``{"status": "activated", "session_id", "messages", "live", "load_ms", "pid",
-            "evicted": key | None}``; ``{"status": "full", "live", "cap", "reason"}`` at capacity
-            when ``evict`` is false or no session is idle (module docstring).
+            ``{"status": "activated", "session_id", "messages", "live", "load_ms", "pid", "evicted"}``,
+            or at capacity ``{"status": "full", "live", "cap", "reason"}`` (module docstring).
 
         Raises:
             SessionKeyError / database errors from the repository.
@@ -244,8 +240,7 @@ class SessionHost:
         evicted = None
         memory = self._uss > self._rt.host_memory_mib and bool(self._live)
         while len(self._live) + self._opening > self.cap or memory:
-            idle = [(s.fresh, s.last_used, k) for k, s in self._live.items() if s.idle]
-            victims = [v for v in idle if not v[0] or time.monotonic() - v[1] > FRESH_S]
+            victims = evictable(self._live, time.monotonic())
             if evict and not victims and (left := deadline - time.monotonic()) > 0:
                 await self._room.wait(min(left, ROOM_RECHECK_S))
                 continue
@@ -318,20 +313,6 @@ class SessionHost:
         if not self._live:
             await release_sql_connections(self._repo)
         return True
-
-    def _oldest_idle_s(self) -> float:
-        """Seconds since the least recently used evictable session was used (0.0: none is idle,
-        or only just activated ones still waiting for their first message, which an eviction
-        spares); the router evicts on the host with the oldest one first (close to a global LRU)."""
-        now = time.monotonic()  # a copy first: status() reads this from the control thread
-        return max(
-            (
-                now - s.last_used
-                for s in list(self._live.values())
-                if s.idle and (not s.fresh or now - s.last_used > FRESH_S)
-            ),
-            default=0.0,
-        )
 
     def _router(self, name: str) -> Any:
         if name not in self._routers:
@@ -460,23 +441,10 @@ class SessionHost:
 
     @ray.method(concurrency_group="control")
     async def sessions(self, keys: list[str] | None = None) -> list[dict[str, Any]]:
-        """Per live session (all, or those of ``keys``): ``session_key``, ``session_id``,
-        ``epoch``, ``pending``, ``turns``, ``idle_s``."""
+        """Per live session (all, or those of ``keys``): :func:`actors.host_state.session_rows`."""
 
         async def run() -> list[dict[str, Any]]:
-            now = time.monotonic()
-            wanted = self._live.keys() if keys is None else [k for k in keys if k in self._live]
-            return [
-                {
-                    "session_key": k,
-                    "session_id": self._live[k].core.session_id,
-                    "epoch": self._live[k].epoch,
-                    "pending": self._live[k].pending,
-                    "turns": self._live[k].turns,
-                    "idle_s": round(now - self._live[k].last_used, 3),
-                }
-                for k in list(wanted)
-            ]
+            return session_rows(self._live, keys, time.monotonic())
 
         return await self._on_loop(run())
 
@@ -502,7 +470,7 @@ class SessionHost:
             "index": self.index,
             "pid": os.getpid(),
             "live": len(self._live),
-            "oldest_idle_s": round(self._oldest_idle_s(), 3),
+            "oldest_idle_s": round(oldest_idle_s(self._live, time.monotonic()), 3),
             "cap": self.cap,
             "uss_mib": round(self._uss, 2),
             **self.stats,

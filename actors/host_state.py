@@ -16,14 +16,25 @@ from runtime.session.control import UnknownSessionError
 from runtime.session.turn import INBOUND_MARKER, REPLY_MARKER, TurnResult, find_marker
 
 __all__ = [
+    "FRESH_S",
+    "ROOM_RECHECK_S",
     "HostFullError",
     "LiveSession",
     "RoomWaiters",
     "SessionNotBoundError",
     "current_pid",
+    "evictable",
+    "oldest_idle_s",
     "recorded",
+    "session_rows",
     "shielded",
 ]
+
+FRESH_S = 5.0
+"""Seconds a just activated session is not evicted before its first message (its caller sends it)."""
+ROOM_RECHECK_S = 0.5
+"""An activation waiting for room looks again at least this often, in seconds (a fresh session
+becomes evictable after ``FRESH_S`` without any turn ending)."""
 
 
 class SessionNotBoundError(UnknownSessionError):
@@ -80,6 +91,36 @@ class LiveSession:
     @property
     def idle(self) -> bool:
         return self.pending == 0 and bool(self.core.idle)
+
+
+def evictable(live: dict[str, LiveSession], now: float) -> list[tuple[bool, float, str]]:
+    """``(fresh, last_used, key)`` of each session an eviction may passivate at ``now``
+    (monotonic s): idle, and not just activated and still waiting for its first message."""
+    idle = [(s.fresh, s.last_used, k) for k, s in list(live.items()) if s.idle]
+    return [v for v in idle if not v[0] or now - v[1] > FRESH_S]
+
+
+def oldest_idle_s(live: dict[str, LiveSession], now: float) -> float:
+    """Seconds since the least recently used :func:`evictable` session was used (0.0: none); the
+    router evicts on the host with the oldest one first (close to a global LRU)."""
+    return max((now - last_used for _, last_used, _ in evictable(live, now)), default=0.0)
+
+
+def session_rows(live: dict[str, LiveSession], keys: list[str] | None, now: float) -> list[dict[str, Any]]:
+    """Per live session (all, or those of ``keys``): ``session_key``, ``session_id``, ``epoch``,
+    ``pending``, ``turns``, ``idle_s``."""
+    wanted = list(live) if keys is None else [k for k in keys if k in live]
+    return [
+        {
+            "session_key": k,
+            "session_id": live[k].core.session_id,
+            "epoch": live[k].epoch,
+            "pending": live[k].pending,
+            "turns": live[k].turns,
+            "idle_s": round(now - live[k].last_used, 3),
+        }
+        for k in wanted
+    ]
 
 
 def recorded(live: LiveSession, message_id: str) -> bool:
