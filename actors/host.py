@@ -8,20 +8,17 @@ SQL). ``runtime.sessions_per_host: 1`` gives each live session its own process (
 
 Threads: Ray concurrency groups ``turn`` (:meth:`SessionHost.submit`, held until the turn ended,
 and :meth:`SessionHost.activate`, which may wait for room) and ``control`` (passivation, control,
-status) each have a thread, so control never
-queues behind turns (docs/decisions.md#control-never-waits); all cores live on **one** private
-uvloop thread that both forward to. LLM calls and tools are coroutines there, so one session's
-slow call never delays another's; a plain-function tool runs in a worker thread.
+status) each have a thread, so control never queues behind turns (docs/decisions.md#control-never-waits);
+all cores live on **one** private uvloop thread that both forward to. LLM calls and tools are
+coroutines there, so one session's slow call never delays another's; blocking tools use threads.
 
 Each session keeps the router shard's placement ``epoch``: a message with another epoch (or for a key not
 held) is answered ``moved`` (docs/decisions.md#session-direct-path). The host assigns the inbox ``seq``,
 bounds the mailbox (``busy``) and drops redeliveries (``duplicate``: seen here, also on a retry; or, on a
 first attempt only, recorded in the loaded context). At ``cap`` live sessions (or above
 ``runtime.host_memory_mib``) an activation passivates the least recently used *idle* session when allowed
-(``evict``) — waiting up to the caller's ``wait_s`` for a session's turn to end when none is idle,
-so a placement at the cap is one call, not a poll — else answers ``{"status": "full"}`` (a value,
-not an exception: Ray formats the traceback of every exception an actor method raises,
-milliseconds of CPU each, and at the cap this answer is routine); idle sessions go after
+(``evict``; with none idle it waits up to ``wait_s`` for a turn to end), else answers ``{"status":
+"full"}`` — a value, not an exception (docs/decisions.md#session-lifecycle); idle sessions go after
 ``runtime.idle_ttl_s``; each passivation tells the router shard (``forget``). ``max_restarts=0``: a
 dead host is replaced by the supervisor and callers re-send interrupted messages once
 (docs/decisions.md#session-crash-recovery).
@@ -182,9 +179,8 @@ class SessionHost:
             return os.getpid()
         return await self._on_loop(current_pid())
 
-    # ------------------------------------------------------------------ activation (control group)
+    # ------------------------------------------------------------------ activation (turn group)
 
-    @ray.method(concurrency_group="control")
     @ray.method(concurrency_group="turn")  # may wait for room: never in the bounded control group
     async def activate(
         self, session_key: str, epoch: int, router: str, evict: bool = False, wait_s: float = 0.0
@@ -242,7 +238,11 @@ class SessionHost:
         while len(self._live) + self._opening > self.cap or memory:
             victims = evictable(self._live, time.monotonic())
             if evict and not victims and (left := deadline - time.monotonic()) > 0:
-                await self._room.wait(min(left, ROOM_RECHECK_S))
+                self._opening -= 1  # a waiting activation holds no slot (others' room counts)
+                try:
+                    await self._room.wait(min(left, ROOM_RECHECK_S))
+                finally:
+                    self._opening += 1
                 continue
             if not evict or not victims:
                 raise HostFullError(

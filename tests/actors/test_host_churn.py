@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
 
 from tests.actors.router_churn import churn
 from tests.actors.session_support import MASTER, Harness, eventually, inbound, key_of, running_runtime
@@ -97,3 +98,25 @@ async def test_churn_at_the_cap_delivers_every_reply_in_order_and_starts_no_proc
         before["cold"],
         before["hosts"],
     )
+
+
+async def test_activations_waiting_for_room_leave_control_calls_free(h: Harness) -> None:
+    # Both live sessions run a gated tool: no session is idle, so every activation waits on the
+    # host for one. More of them than the control group has slots (64): had they run there, the
+    # status call below would queue behind them until the gates open.
+    gates = {user: f"cap-{user}" for user in ("64000", "64001")}
+    for user, gate in gates.items():
+        assert (await h.rt.submit(inbound(user, f"block {gate}"))).status == "accepted"
+        await eventually(lambda g=gate: h.gate_waiting(g), 120, "the gated tool to start")
+    (host,) = [x["handle"] for x in await h.rt.hosts.hosts.remote()]
+    waiting = [host.activate.remote(key_of(f"6410{i:02d}"), 1, "no-router", True, 20.0) for i in range(70)]
+    status = await host.status.remote()
+    ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+    assert (status["live"], ready) == (CAP, [])  # answered while all 70 still wait
+    for gate in gates.values():
+        h.open_gate(gate)
+    statuses = [(await ref)["status"] for ref in waiting]
+    # each session whose turn ended made room for one waiting activation (and each activated one,
+    # unused for 5 s, for another); the rest answered "full" after their 20 s
+    assert set(statuses) <= {"activated", "full"} and statuses.count("activated") >= 2, statuses
+    await eventually(lambda: all(h.sent(u) for u in gates), 120, "the gated replies")
