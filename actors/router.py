@@ -328,9 +328,12 @@ class RouterActor(RouterAdminMixin):
             idle = [h for h in oldest_first if float(h.get("oldest_idle_s", 0.0)) > 0]
             # none idle (as last read): the host fewest placements wait on. Either host waits for
             # its next idle session when it has none now (the reading is up to a second old).
+            # Waiting is for the host limit only: below it a new host is the answer (waiting there
+            # evicted busy sessions in strict mode, one per process, instead of starting hosts).
             fewest = min(self._hosts, key=lambda h: self._activating.get(h["host_id"], 0), default=None)
             target = idle[:1] or ([fewest] if fewest is not None else [])
-            wait_s = min(ROOM_WAIT_S, max(0.0, deadline - time.monotonic()))
+            at_limit = time.monotonic() < self._no_growth_until
+            wait_s = min(ROOM_WAIT_S, max(0.0, deadline - time.monotonic())) if at_limit else 0.0
             if await self._try(entry, target, evict=True, wait_s=wait_s):
                 self.counts["evictions"] += 1
                 return
