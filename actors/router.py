@@ -326,12 +326,10 @@ class RouterActor(RouterAdminMixin):
             # LRU); hosts that reported no idle session are not asked (one call, not one per host)
             oldest_first = sorted(self._hosts, key=lambda h: -float(h.get("oldest_idle_s", 0.0)))
             idle = [h for h in oldest_first if float(h.get("oldest_idle_s", 0.0)) > 0]
-            # none idle (as last read): the host fewest placements wait on. Either host waits for
-            # its next idle session when it has none now (the reading is up to a second old).
-            # Waiting is for the host limit only: below it a new host is the answer (waiting there
-            # evicted busy sessions in strict mode, one per process, instead of starting hosts).
-            fewest = min(self._hosts, key=lambda h: self._activating.get(h["host_id"], 0), default=None)
-            target = idle[:1] or ([fewest] if fewest is not None else [])
+            # None idle (as last read, up to a second old): the host fewest placements wait on.
+            # At the host limit the chosen host waits for its next idle session; below it a new
+            # host is the answer (waiting there evicted busy sessions in strict mode instead).
+            target = idle[:1] or sorted(self._hosts, key=lambda h: self._activating.get(h["host_id"], 0))[:1]
             at_limit = time.monotonic() < self._no_growth_until
             wait_s = min(ROOM_WAIT_S, max(0.0, deadline - time.monotonic())) if at_limit else 0.0
             if await self._try(entry, target, evict=True, wait_s=wait_s):
@@ -351,7 +349,7 @@ class RouterActor(RouterAdminMixin):
             try:
                 info = await host["handle"].activate.remote(entry.key, entry.epoch, self.name, evict, wait_s)
             except DEAD:
-                self._host_died(host["host_id"])
+                self._host_died(hid)
                 continue
             finally:
                 if (left := self._activating.get(hid, 1) - 1) > 0:
@@ -362,9 +360,9 @@ class RouterActor(RouterAdminMixin):
                 self.counts["full"] += 1
                 self._placed[hid] = int(host["cap"])  # full as far as this shard knows
                 continue
-            entry.host, entry.host_id, entry.index = host["handle"], host["host_id"], host["index"]
+            entry.host, entry.host_id, entry.index = host["handle"], hid, host["index"]
             entry.session_id = info["session_id"]
-            self._placed[host["host_id"]] = self._placed.get(host["host_id"], 0) + 1
+            self._placed[hid] = self._placed.get(hid, 0) + 1
             self.counts["placed"] += 1
             metrics.LIVE_SESSIONS.set(len(self._dir))
             return True
