@@ -126,6 +126,8 @@ class HostSupervisor:
         self.headroom = min(headroom(self.rt), self.cap * self.most)
         self._hosts: dict[str, _Host] = {}
         self._creating: dict[str, asyncio.Task[_Host | None]] = {}
+        self._claims: dict[str, int] = {}
+        """Starting host → callers of :meth:`grow` waiting for it (each takes one of its slots)."""
         self._tasks: list[asyncio.Task[Any]] = []
         self._probes: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -167,7 +169,8 @@ class HostSupervisor:
         used = {h.index for h in self._hosts.values()}
         return next(i for i in range(len(used) + 1) if i not in used)
 
-    def _spawn_host(self) -> asyncio.Task[_Host | None]:
+    def _spawn_host(self) -> str:
+        """Start one host; returns its key in ``_hosts`` / ``_creating``."""
         index = self._free_index()
         strategy, target = _node_for(index, self._unpinnable)
         handle = SessionHost.options(scheduling_strategy=strategy).remote(  # type: ignore[attr-defined]
@@ -179,7 +182,7 @@ class HostSupervisor:
         task = asyncio.create_task(self._await_ready(key, host))
         self._creating[key] = task
         task.add_done_callback(lambda _: self._creating.pop(key, None))
-        return task
+        return key
 
     async def _await_ready(self, key: str, host: _Host) -> _Host | None:
         try:
@@ -282,16 +285,27 @@ class HostSupervisor:
         }
 
     async def grow(self) -> dict[str, Any] | None:
-        """Every host is full: start one now (or join one starting) and return it once ready, or
-        ``None`` at the host limit (the caller then passivates an idle session for room)."""
-        task = next(iter(self._creating.values()), None)
-        if task is None:
+        """Every host is full: start one now (or join one starting that still has an unclaimed
+        slot) and return it once ready, or ``None`` at the host limit (the caller then passivates
+        an idle session for room). Each caller claims one of a starting host's ``cap`` slots, so
+        a burst of new sessions starts as many hosts as it needs (strict mode: one per session)
+        instead of all waiting on one (docs/decisions.md#session-hosts)."""
+        key = next((k for k in self._creating if self._claims.get(k, 0) < self.cap), None)
+        if key is None:
             if len(self._hosts) >= self.most:
                 return None
-            task = self._spawn_host()
+            key = self._spawn_host()
             self.stats["cold"] += 1
             metrics.HOSTS_CREATED_ON_DEMAND.inc()
-        host = await asyncio.shield(task)
+        task = self._creating[key]
+        self._claims[key] = self._claims.get(key, 0) + 1
+        try:
+            host = await asyncio.shield(task)
+        finally:
+            if (left := self._claims.get(key, 1) - 1) > 0:
+                self._claims[key] = left
+            else:
+                self._claims.pop(key, None)
         if host is None:
             return None
         return self._row(actor_key(host.handle), host)

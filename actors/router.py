@@ -76,7 +76,8 @@ def shard_of(session_key: str, shards: int) -> int:
 @dataclass
 class Placement:
     """Where one live session is: ``host`` (a SessionHost handle), its ``host_id`` (hex actor id)
-    and slot ``index``, the placement ``epoch``; ``ready``: the activation task."""
+    and slot ``index``, the placement ``epoch``; ``ready``: the activation task; ``load_ms``: how
+    long the host's ``activate`` took (0 for an adopted placement)."""
 
     key: str
     epoch: int
@@ -86,6 +87,7 @@ class Placement:
     session_id: str = ""
     ready: asyncio.Task[None] | None = None
     placed_at: float = field(default_factory=time.monotonic)
+    load_ms: float = 0.0
 
     def reply(self) -> dict[str, Any]:
         """What :meth:`RouterActor.place` answers."""
@@ -95,6 +97,7 @@ class Placement:
             "host_id": self.host_id,
             "epoch": self.epoch,
             "session_id": self.session_id,
+            "load_ms": self.load_ms,
         }
 
 
@@ -226,7 +229,8 @@ class RouterActor(RouterAdminMixin):
                 and the supervisor told.
 
         Returns:
-            ``{"status": "placed", "host", "host_id", "epoch", "session_id"}`` or
+            ``{"status": "placed", "host", "host_id", "epoch", "session_id", "load_ms"}``
+            (``load_ms``: the host's part of the activation, ms, waiting for room included) or
             ``{"status": "busy", "retry_after_s"}`` (no room within ``runtime.activation_wait_s``).
 
         Raises:
@@ -361,7 +365,7 @@ class RouterActor(RouterAdminMixin):
                 self._placed[hid] = int(host["cap"])  # full as far as this shard knows
                 continue
             entry.host, entry.host_id, entry.index = host["handle"], hid, host["index"]
-            entry.session_id = info["session_id"]
+            entry.session_id, entry.load_ms = info["session_id"], float(info.get("load_ms", 0.0))
             self._placed[hid] = self._placed.get(hid, 0) + 1
             self.counts["placed"] += 1
             metrics.LIVE_SESSIONS.set(len(self._dir))

@@ -110,6 +110,8 @@ def _figures(out: dict[str, Any]) -> dict[str, Any]:
         f["mib_per_live_session"] = out["scale"]["mib_per_live_session"]
         f["activation_p50_ms"] = out["activation"]["activation_p50_ms"]
         f["activation_p99_ms"] = out["activation"]["activation_p99_ms"]
+        f["activation_host_p50_ms"] = out["activation"]["host_p50_ms"]
+        f["activation_host_p99_ms"] = out["activation"]["host_p99_ms"]
     if _ok(out, "churn"):
         f["churn_p50_ms"], f["churn_p99_ms"] = out["churn"]["p50_ms"], out["churn"]["p99_ms"]
     for mode, pre in (("packed", ""), ("strict", "strict_")):
@@ -296,7 +298,8 @@ def _print(out: dict[str, Any]) -> None:
 def _print_scale(sc: dict[str, Any], ac: dict[str, Any]) -> None:
     print(
         f"   activation (passivated → live, 50-message context, {ac['activations']} one at a time): "
-        f"p50 {ac['activation_p50_ms']:.2f} ms, p99 {ac['activation_p99_ms']:.2f} ms, hosts created "
+        f"p50 {ac['activation_p50_ms']:.2f} ms, p99 {ac['activation_p99_ms']:.2f} ms (of it in the host: "
+        f"p50 {ac['host_p50_ms']:.2f}, p99 {ac['host_p99_ms']:.2f}), hosts created "
         f"{ac['hosts_created']}, host pids unchanged {ac['host_pids_before'] == ac['host_pids_after']}"
     )
     print(

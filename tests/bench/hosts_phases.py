@@ -134,10 +134,12 @@ async def host_totals(rt: Any) -> dict[str, int]:
     return {"hosts": len(hosts), **{k: sum(int(a[k]) for a in answers) for k in keys}}
 
 
-async def _place(rt: Any, key: str) -> None:
+async def _place(rt: Any, key: str) -> float:
+    """Place ``key`` through its router shard; returns the host's part of it (``load_ms``)."""
     res = await rt._router(key).place.remote(key)
     if res["status"] != "placed":
         raise RuntimeError(f"placing {key} answered {res}")
+    return float(res.get("load_ms", 0.0))
 
 
 async def activation_phase(rt: Any, keys: list[str]) -> dict[str, Any]:
@@ -146,7 +148,9 @@ async def activation_phase(rt: Any, keys: list[str]) -> dict[str, Any]:
     shard → host ``activate`` loading the context → back), passivating it again after.
 
     Returns:
-        ``activation_p50_ms``, ``activation_p99_ms``, ``activations``, ``host_pids_before`` /
+        ``activation_p50_ms``, ``activation_p99_ms`` (driver → shard → host → back),
+        ``host_p50_ms`` / ``host_p99_ms`` (the host's ``activate`` alone: room, SQL load, the
+        new core), ``activations``, ``host_pids_before`` /
         ``host_pids_after`` (sorted), ``hosts_created`` (supervisor's count during the phase),
         ``no_process_created`` (pids equal and none created).
     """
@@ -155,10 +159,10 @@ async def activation_phase(rt: Any, keys: list[str]) -> dict[str, Any]:
     for key in keys:
         await _place(rt, key)
         assert await rt.passivate(key), f"{key} was not passivated"
-    lat = []
+    lat, host_ms = [], []
     for key in keys:
         t0 = time.perf_counter()
-        await _place(rt, key)
+        host_ms.append(await _place(rt, key))
         lat.append((time.perf_counter() - t0) * 1000)
         assert await rt.passivate(key), f"{key} was not passivated"
     pids1 = sorted(p for p in await rt.hosts.host_pids.remote() if p)
@@ -166,6 +170,8 @@ async def activation_phase(rt: Any, keys: list[str]) -> dict[str, Any]:
     return {
         "activation_p50_ms": round(pct(lat, 0.5), 2),
         "activation_p99_ms": round(pct(lat, 0.99), 2),
+        "host_p50_ms": round(pct(host_ms, 0.5), 2),
+        "host_p99_ms": round(pct(host_ms, 0.99), 2),
         "activations": len(lat),
         "host_pids_before": pids0,
         "host_pids_after": pids1,
