@@ -39,13 +39,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
-from sqlalchemy import Connection, Table, bindparam, func, insert, text, update
+from sqlalchemy import Connection, Table, bindparam, func, insert, update
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import select
 
-from runtime.keys import make_session_id, parse_session_id, parse_session_key
+from runtime.keys import parse_session_id, parse_session_key
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
@@ -56,6 +55,18 @@ from runtime.llm.types import (
     now_ms,
 )
 from runtime.memory.db import Database
+from runtime.memory.epochs import (
+    CorruptMessageError,
+    StoredMessage,
+    get_or_create,
+    lock_key,
+    read_active,
+    read_context,
+    select_messages,
+    start_epoch,
+    summary_message,
+)
+from runtime.memory.epochs import active_id as active_epoch
 from runtime.memory.sender import SUMMARY_CUSTOM_TYPE, strip_user_message
 from runtime.memory.tables import AgentMessageRow, AgentSessionRow, AgentSummaryRow
 
@@ -71,7 +82,6 @@ __all__ = [
 ]
 
 
-_MESSAGE = TypeAdapter(AgentMessage)
 _KEY_RETRIES = 8
 
 _SESSIONS: Table = AgentSessionRow.__table__  # type: ignore[attr-defined]
@@ -85,11 +95,6 @@ _TOUCH_MODEL = _TOUCH.values(model=bindparam("new_model"))
 _INSERT_MESSAGE = insert(_MESSAGES).returning(_MESSAGES.c.id)
 _INSERT_MESSAGES = insert(_MESSAGES).returning(_MESSAGES.c.id, sort_by_parameter_order=True)
 """Several rows in one statement; the ids come back in parameter (list) order."""
-
-
-class CorruptMessageError(ValueError):
-    """A stored ``agent_messages`` payload does not parse as an agent message (edited by hand,
-    or written by an incompatible version); the message names the row id and the session."""
 
 
 class UnknownSessionError(LookupError):
@@ -110,26 +115,6 @@ class SessionInfo:
     status: str
     created_at: int
     updated_at: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One ``agent_messages`` row, decoded: its row ``id`` and the message."""
-
-    id: int
-    message: AgentMessage
-
-
-def summary_message(summary: str, anchor_message_id: int | None, timestamp: int) -> CustomMessage:
-    """The :class:`CustomMessage` that stands for a compaction summary in a context.
-
-    ``data = {"summary": str, "anchor_message_id": int | None}``.
-    """
-    return CustomMessage(
-        custom_type=SUMMARY_CUSTOM_TYPE,
-        data={"summary": summary, "anchor_message_id": anchor_message_id},
-        timestamp=timestamp,
-    )
 
 
 def _info(row: AgentSessionRow) -> SessionInfo:
@@ -179,10 +164,35 @@ class ContextRepository:
             create = lambda: self._get_or_create_sync(session_key, model)  # noqa: E731
             return active or await self._retrying(session_key, create)
 
+    async def open_active(self, session_key: str, *, model: str = "") -> tuple[str, Context]:
+        """:meth:`get_or_create_active` and :meth:`load_context` of it together, as an activation
+        needs them: one read transaction for a stored active epoch and its context, or one write
+        transaction creating the epoch of a new chat (its context is empty).
+
+        Raises:
+            SessionKeyError: malformed ``session_key``.
+            CorruptMessageError: a stored row does not parse.
+            RuntimeError: as for :meth:`get_or_create_active`.
+        """
+        parse_session_key(session_key)
+        async with self._lock(f"key:{session_key}"):
+
+            def read() -> tuple[str, CustomMessage | None, list[StoredMessage]] | None:
+                with self.db.connection() as conn:
+                    return read_active(conn, session_key)
+
+            found = await self.db.run(read)
+            if found is None:
+                create = lambda: self._get_or_create_sync(session_key, model)  # noqa: E731
+                return await self._retrying(session_key, create), Context(messages=[])
+        sid, summary, stored = found
+        msgs: list[Any] = [summary] if summary is not None else []
+        msgs.extend(sm.message for sm in stored)
+        return sid, Context(messages=msgs)
+
     def _active_id_sync(self, session_key: str) -> str | None:
-        with self.db.session() as s:
-            q = select(AgentSessionRow.session_id).where(AgentSessionRow.session_key == session_key)
-            return s.exec(q.where(AgentSessionRow.status == "active")).first()
+        with self.db.connection() as conn:
+            return active_epoch(conn, session_key)
 
     async def _retrying(self, session_key: str, fn: Callable[[], str]) -> str:
         # Another process may create the active epoch between our read and insert: the key or the
@@ -197,49 +207,9 @@ class ContextRepository:
             f"session {session_key!r}: epoch changed concurrently {_KEY_RETRIES} times"
         ) from last
 
-    def _lock_key(self, s: Session, session_key: str) -> None:
-        """PostgreSQL: serialize epoch changes of one key across processes for this transaction
-        (``pg_advisory_xact_lock``); SQLite's ``BEGIN IMMEDIATE`` already serializes writers."""
-        if not self.db.is_sqlite:
-            lock = text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
-            s.connection().execute(lock, {"k": f"sessionray:{session_key}"})
-
     def _get_or_create_sync(self, session_key: str, model: str) -> str:
-        with self.db.session(write=True) as s:
-            self._lock_key(s, session_key)
-            active = s.exec(
-                select(AgentSessionRow).where(
-                    AgentSessionRow.session_key == session_key, AgentSessionRow.status == "active"
-                )
-            ).first()
-            if active is not None:
-                return active.session_id
-            return self._start_epoch(s, session_key, model)
-
-    def _start_epoch(self, s: Session, session_key: str, model: str) -> str:
-        ids = s.exec(
-            select(AgentSessionRow.session_id).where(AgentSessionRow.session_key == session_key)
-        ).all()
-        epoch = max((parse_session_id(i).epoch for i in ids), default=0) + 1
-        session_id = make_session_id(session_key, epoch)
-        key = parse_session_key(session_key)
-        now = now_ms()
-        s.add(
-            AgentSessionRow(
-                session_id=session_id,
-                session_key=session_key,
-                platform=key.platform,
-                bot_id=key.bot_id,
-                scene_id=key.scene_id,
-                scene_type=key.scope,
-                model=model,
-                status="active",
-                created_at=now,
-                updated_at=now,
-            )
-        )
-        s.flush()
-        return session_id
+        with self.db.connection(write=True) as conn:
+            return get_or_create(conn, session_key, model)
 
     async def archive_session(self, session_key: str) -> str:
         """Archive the active epoch of ``session_key`` and start the next; return the new
@@ -254,7 +224,7 @@ class ContextRepository:
 
         def work() -> str:
             with self.db.session(write=True) as s:
-                self._lock_key(s, session_key)
+                lock_key(s.connection(), session_key)
                 active = s.exec(
                     select(AgentSessionRow)
                     .where(AgentSessionRow.session_key == session_key, AgentSessionRow.status == "active")
@@ -267,7 +237,7 @@ class ContextRepository:
                     model = active.model
                     s.add(active)
                     s.flush()
-                return self._start_epoch(s, session_key, model)
+                return start_epoch(s.connection(), session_key, model)
 
         async with self._lock(f"key:{session_key}"):
             return await self._retrying(session_key, work)
@@ -407,21 +377,12 @@ class ContextRepository:
         return await self.db.run(lambda: self._messages_sync(session_id, after_id))
 
     def _messages_sync(self, session_id: str, after_id: int | None) -> list[StoredMessage]:
-        with self.db.session() as s:
-            return _select_messages(s, session_id, after_id)
+        with self.db.connection() as conn:
+            return select_messages(conn, session_id, after_id)
 
     def _load_sync(self, session_id: str) -> tuple[CustomMessage | None, list[StoredMessage]]:
-        with self.db.session() as s:  # one snapshot for the summary and the rows after it
-            row = s.exec(
-                select(AgentSummaryRow)
-                .where(AgentSummaryRow.session_id == session_id)
-                .order_by(col(AgentSummaryRow.id).desc())
-                .limit(1)
-            ).first()
-            if row is None:
-                return None, _select_messages(s, session_id, None)
-            summary = summary_message(row.summary, row.anchor_message_id, row.created_at)
-            return summary, _select_messages(s, session_id, row.anchor_message_id)
+        with self.db.connection() as conn:  # one snapshot for the summary and the rows after it
+            return read_context(conn, session_id)
 
     # ------------------------------------------------------------------ summaries
 
@@ -481,20 +442,3 @@ def message_json(message: AgentMessage) -> str:
         return message.model_dump_json()
     except PydanticSerializationError:
         return message.model_dump_json(fallback=repr)
-
-
-def _select_messages(s: Session, session_id: str, after_id: int | None) -> list[StoredMessage]:
-    q = select(AgentMessageRow.id, AgentMessageRow.payload).where(AgentMessageRow.session_id == session_id)
-    if after_id is not None:
-        q = q.where(col(AgentMessageRow.id) > after_id)
-    rows = s.exec(q.order_by(col(AgentMessageRow.id))).all()
-    out: list[StoredMessage] = []
-    for i, p in rows:
-        try:
-            out.append(StoredMessage(int(i or 0), _MESSAGE.validate_json(p)))
-        except ValidationError as exc:
-            raise CorruptMessageError(
-                f"agent_messages row {i} of {session_id!r} is not a valid message "
-                f"({exc.error_count()} error(s); first: {exc.errors()[0]['msg']}); the row is left as it is"
-            ) from exc
-    return out

@@ -162,8 +162,7 @@ class SessionCore:
         Raises:
             SessionKeyError: malformed key. Database errors propagate.
         """
-        session_id = await repo.get_or_create_active(session_key, model=setup.model.ref())
-        context = await repo.load_context(session_id)
+        session_id, context = await repo.open_active(session_key, model=setup.model.ref())
         writer = SessionWriter(repo, session_id, list(context.messages))
         return cls(
             session_key,
