@@ -297,6 +297,8 @@ class DeliverySender:
             step, uncertain = max(step, cut + 1), True
             resend = [s for s in resend if s != cut]
         plan = [s for s in resend if s < len(calls)] + list(range(step, len(calls)))
+        record = reply if not claim.resend else None  # a resend after a retry: its transcript exists
+        transcript = self._transcript_writer(job, record)
         attempts, waits = 0, []
         deadline_s = (entry.created_at or now_ms()) / 1000 + self.settings.max_age_s
         for n, i in enumerate(plan):
@@ -343,13 +345,14 @@ class DeliverySender:
                 return await self._close(job, "failed", ids, attempts, waits, error, started, reason=reason)
             await self.db.run_write(
                 lambda i=i, mid=out.result.message_id, last=last, final=final: ledger.finish_step(  # type: ignore[misc]
-                    self.db, job.reply_id, self.owner, i, mid, last=last, final=final
+                    self.db, job.reply_id, self.owner, i, mid, last=last, final=final, also=transcript
                 )
             )
             _put(ids, i, out.result.message_id)
+            if last:  # the transcript row went in the same transaction
+                record = None
         outcome: Final = "uncertain" if uncertain else "sent"
         closed = bool(plan)  # the last step's write closed the reply
-        record = reply if not claim.resend else None  # a resend after a retry: its transcript exists
         return await self._close(job, outcome, ids, attempts, waits, None, started, record, closed=closed)
 
     async def _close(
@@ -418,25 +421,38 @@ class DeliverySender:
         )
         return (await check_reply_media(reply, policy, platform)).reply
 
+    def _transcript_fields(self, job: DeliveryJob, reply: Reply, ids: list[str | None]) -> dict[str, Any]:
+        """The outbound transcript row of a confirmed reply (docs/decisions.md#memory-transcripts),
+        keyed by the platform's first message id (else the reply id)."""
+        first = next((i for i in ids if i), None) or job.reply_id
+        scene = {"platform": job.platform, "scene_id": job.scene_id, "scene_type": job.scene_type}
+        bot = {"bot_id": job.bot_id, "sender_id": job.bot_id, "sender_name": "", "sender_role": "bot"}
+        return {"message_id": first, **scene, **bot, "segments": reply.segments}
+
     async def _transcript(self, job: DeliveryJob, reply: Reply, ids: list[str | None]) -> None:
-        """Outbound transcript row after the platform confirmed
-        (docs/decisions.md#memory-transcripts): one row per reply, keyed by the platform's first
-        message id (else the reply id)."""
-        message_id = next((i for i in ids if i), None) or job.reply_id
+        # its own transaction: a reply closed without a last step's write (its last step uncertain)
         try:
-            await self.transcripts.record_outbound(
-                message_id=message_id,
-                platform=job.platform,
-                bot_id=job.bot_id,
-                scene_id=job.scene_id,
-                scene_type=job.scene_type,
-                sender_id=job.bot_id,
-                sender_name="",
-                sender_role="bot",
-                segments=reply.segments,
-            )
+            await self.transcripts.record_outbound(**self._transcript_fields(job, reply, ids))
         except Exception:  # a transcript must never turn a confirmed send into a failure
             log.exception("outbound transcript of %s not written", job.reply_id)
+
+    def _transcript_writer(self, job: DeliveryJob, reply: Reply | None) -> Any:
+        """``(conn, message_ids) -> None`` writing the transcript row in the last step's
+        transaction (one write a reply fewer) inside a savepoint: a row that cannot be written is
+        logged and rolled back alone, never failing the confirmed send. ``None`` without ``reply``."""
+        if reply is None:
+            return None
+
+        def write(conn: Any, ids: list[str | None]) -> None:
+            try:
+                fields = self._transcript_fields(job, reply, ids)
+                if (row := self.transcripts.prepare(direction="outbound", **fields)) is not None:
+                    with conn.begin_nested():
+                        row.execute(conn)
+            except Exception:  # a transcript must never turn a confirmed send into a failure
+                log.exception("outbound transcript of %s not written", job.reply_id)
+
+        return write
 
     async def _send_step(
         self,

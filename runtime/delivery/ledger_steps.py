@@ -10,6 +10,7 @@ Every function is blocking and one whole transaction: call it through
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any, Literal
@@ -192,16 +193,18 @@ def finish_step(
     *,
     last: bool = False,
     final: Literal["sent", "uncertain"] = "sent",
+    also: Callable[[Connection, list[str | None]], None] | None = None,
 ) -> None:
     """Record that the platform confirmed step ``step`` (with its message id, if any). A step
     below ``steps_done`` is a resent uncertain step: its id replaces the recorded ``null`` and its
     ``delivery_uncertain`` row becomes ``resent``. With ``last`` the reply is closed as ``final``
-    in the same transaction (one SQLite write fewer).
+    in the same transaction (one SQLite write fewer), and ``also(conn, message_ids)`` runs last in
+    it (the reply's outbound transcript row; it must not raise for a row it could not write).
 
     Raises:
         LostLeaseError: another owner took the reply over.
     """
-    _record_step(db, reply_id, owner, step, message_id, last=last, final=final)
+    _record_step(db, reply_id, owner, step, message_id, last=last, final=final, also=also)
 
 
 def record_uncertain(
@@ -242,6 +245,7 @@ def _record_step(
     last: bool,
     final: str,
     uncertain: bool = False,
+    also: Callable[[Connection, list[str | None]], None] | None = None,
 ) -> int:
     """Handle one step in one transaction (see :func:`finish_step`, :func:`record_uncertain`)."""
     now = now_ms()
@@ -264,6 +268,8 @@ def _record_step(
         if uncertain:
             row = {"reply_id": reply_id, "step": index, "state": "uncertain", "owner": owner}
             conn.execute(_upsert_uncertain(db), {**row, "created_at": now, "updated_at": now})
+        if last and also is not None:
+            also(conn, ids)
         return index
 
 

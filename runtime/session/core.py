@@ -233,6 +233,7 @@ class SessionCore:
             result = await self._turn(turn, ctl, prev, mine)
         except Exception as exc:
             result = TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="error", error=repr(exc))
+            await self._record_held(ctl)
         finally:
             self._active.remove(ctl)
             self._inflight = {k: v for k, v in self._inflight.items() if v is not ctl}
@@ -301,6 +302,8 @@ class SessionCore:
         aborted = ctl.abort_controller.signal.aborted
         if prev is not None:
             await asyncio.shield(prev)  # chat order: the previous turn hands its reply first
+        if aborted:
+            await self._record_held(ctl)
         if aborted and self.closing:  # not the user's abort: the inbox replays the message
             return TurnResult(  # (docs/decisions.md#inbox-durable)
                 seq=turn.seq, message_id=turn.message_id, outcome="error", error="session closed mid-turn"
@@ -309,8 +312,9 @@ class SessionCore:
             return TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="aborted", reply_id=reply_id)
         preview = reply.preview_text()
         marker = reply_marker(turn, reply_id, preview)
+        held, ctl.unrecorded = ctl.unrecorded, []  # the final answer, with the reply's records
         if reply.is_empty():
-            await self.writer.append([marker])
+            await self.writer.append([*held, marker])
         else:
             job = DeliveryJob(
                 reply_id=reply_id,
@@ -322,7 +326,7 @@ class SessionCore:
                 reply_to=turn.message_id if turn.kind == "inbound" else None,
                 reply=reply,
             )
-            await self._hand_over(job, marker)
+            await self._hand_over(job, [*held, marker])
         if mine is not None and not mine.done():
             mine.set_result(None)  # the next turn may hand its reply over now (chat order kept)
         outcome: Literal["ok", "empty"] = "empty" if reply.is_empty() else "ok"
@@ -330,20 +334,32 @@ class SessionCore:
             seq=turn.seq, message_id=turn.message_id, outcome=outcome, reply_id=reply_id, preview=preview
         )
 
-    async def _hand_over(self, job: DeliveryJob, record: AgentMessage) -> None:
-        """Append ``record`` and ``job``'s ``queued`` ledger row in one transaction, then notify
-        delivery without waiting for the platform (docs/decisions.md#delivery-outbox). The row's
-        ``created_at`` (its place in the chat's order) is strictly increasing per session.
+    async def _hand_over(self, job: DeliveryJob, records: list[AgentMessage]) -> None:
+        """Append ``records`` (the turn's final answer and its ``im_reply`` marker) and ``job``'s
+        ``queued`` ledger row in one transaction, then notify delivery without waiting for the
+        platform (docs/decisions.md#delivery-outbox). The row's ``created_at`` (its place in the
+        chat's order) is strictly increasing per session.
 
         Raises:
-            Whatever the append raises (then neither the record nor the row was written).
+            Whatever the append raises (then neither the records nor the row were written).
         """
         created = self._last_queued_ms = max(now_ms(), self._last_queued_ms + 1)
-        await self.writer.append([record], also=queue_writer(job, self._partition, created))
+        await self.writer.append(records, also=queue_writer(job, self._partition, created))
         try:
             await self.deliver(job)
         except Exception:  # the row is durable: the delivery actor's sweep sends it
             log.exception("notifying delivery of %s failed; its sweep will send it", job.reply_id)
+
+    async def _record_held(self, ctl: TurnControl) -> None:
+        """Record the turn's held final answer (``ctl.unrecorded``) on its own: the turn ends
+        without a reply record (aborted, closed, failed), as if recorded when it ended. Never
+        raises (a failed write is logged; the retried turn then calls the model again)."""
+        held, ctl.unrecorded = ctl.unrecorded, []
+        if held:
+            try:
+                await self.writer.append(held)
+            except Exception:
+                log.exception("recording the final answer of %s failed", self.session_key)
 
     def _recorder(self, ctl: TurnControl) -> Callable[[Sequence[AgentMessage]], Awaitable[Any]]:
         """The record function of one turn: appends through the writer and marks the turn's
@@ -389,7 +405,7 @@ class SessionCore:
             custom_type=DEFERRED_MARKER, data={"task": task, "call_id": call_id, "result": result}
         )
         try:
-            await self._hand_over(job, marker)
+            await self._hand_over(job, [marker])
         except Exception:
             log.exception("deferred task %s of %s: delivery failed", task, self.session_key)
 

@@ -86,6 +86,9 @@ class TurnControl:
         self.agent = Agent(steering_mode=steering_mode, follow_up_mode=follow_up_mode, drain_follow_ups=False)
         self.abort_controller = AbortController()
         self.closed = False
+        self.unrecorded: list[AgentMessage] = []
+        """The loop's last assistant message (no tool calls), not yet recorded: it goes to SQL in
+        the transaction that records the reply (docs/decisions.md#session-turn-records)."""
 
     def steer(self, message: UserMessage) -> None:
         """Queue ``message`` for the running turn's next LLM call."""
@@ -289,8 +292,11 @@ async def run_agent(
     Every message the loop ends — assistant messages, tool results, steering user messages — is
     recorded through ``record`` as soon as it ends (the agent awaits its listeners), so an
     executed tool's result is in SQL before the next LLM call
-    (`docs/decisions.md#session-turn-records`). LLM/tool failures travel as stop reasons and end
-    in the fixed failure message (`docs/decisions.md#reply-fixed-failure`), never as exceptions.
+    (`docs/decisions.md#session-turn-records`) — except an assistant message without tool calls
+    that is the loop's last: it is left in ``ctl.unrecorded`` for the caller to record together
+    with the reply (a custom output schema's answer: recorded here, before its sink runs).
+    LLM/tool failures travel as stop reasons and end in the fixed failure message
+    (`docs/decisions.md#reply-fixed-failure`), never as exceptions.
 
     Raises:
         Exception: whatever ``record`` (or an event hook) raised; the turn then ends in error.
@@ -322,10 +328,17 @@ async def run_agent(
         nonlocal final, budget_spent
         emit_event(setup, event)
         if isinstance(event, MessageEndEvent):
-            await record([event.message])
-            seen.append(event.message)
-            if isinstance(event.message, AssistantMessage):
-                final = event.message
+            message, held = event.message, ctl.unrecorded
+            if held:  # the loop went on (steering): the held answer is recorded first
+                await record(list(held))
+                held.clear()
+            if isinstance(message, AssistantMessage) and not message.tool_calls():
+                held.append(message)  # maybe the final answer: recorded with the reply
+            else:
+                await record([message])
+            seen.append(message)
+            if isinstance(message, AssistantMessage):
+                final = message
         elif isinstance(event, AgentEndEvent):
             budget_spent = event.reason == "max_iterations"
 
@@ -336,6 +349,9 @@ async def run_agent(
         unsubscribe()
     if agent.failure is not None:
         raise agent.failure
+    if ctl.unrecorded and isinstance(setup.output_schema, OutputSpec):  # its sink records after it
+        await record(list(ctl.unrecorded))
+        ctl.unrecorded.clear()
     sender = ctl.turn.sender.get("id")
     return await finalize_reply(
         setup,

@@ -167,12 +167,13 @@ def test_a_stale_owner_cannot_finish_or_step(db: Database) -> None:
     assert (final.status, final.owner, final.in_flight, final.error) == ("sent", "0:b", -1, None)
 
 
-async def test_one_reply_costs_three_ledger_writes_and_one_transcript_write(
+async def test_one_reply_costs_three_write_transactions_the_transcript_in_the_last(
     fixtures_dir: Path, tmp_path: Path
 ) -> None:
     """A fresh single-step reply over HTTP: claim, begin_step as the request is written (not at the
-    claim: docs/decisions.md#delivery-uncertain), the send, finish_step(last) — three ledger write
-    transactions, then the outbound transcript (docs/decisions.md#delivery-ledger)."""
+    claim: docs/decisions.md#delivery-uncertain), the send, finish_step(last) with the outbound
+    transcript row in a savepoint of the same transaction — three write transactions
+    (docs/decisions.md#delivery-ledger)."""
     url = f"sqlite:///{tmp_path / 'send.db'}"
     with PlatformApiServer(fixtures_dir) as api:
         sender = DeliverySender(DeliverySettings(database_url=url, bots=[onebot_bot(api.base_url)]), 0, "0:t")
@@ -203,13 +204,37 @@ async def test_one_reply_costs_three_ledger_writes_and_one_transcript_write(
         "BEGIN IMMEDIATE",
         "SELECT delivery_ledger.message_ids,",  # finish_step(last=True)
         "UPDATE delivery_ledger",
-        "BEGIN IMMEDIATE",
-        "INSERT im_transcripts",  # the outbound transcript
+        "SAVEPOINT sa_savepoint_1",
+        "INSERT im_transcripts",  # the outbound transcript, in the same transaction
+        "RELEASE SAVEPOINT",
     ]
     db = Database(url)
     entry = ledger.get_entry(db, "r-fast")
     db.dispose()
     assert state(entry) == ("sent", "0:t", 1, 1, -1, result.message_ids)
+
+
+async def test_a_transcript_row_that_cannot_be_written_does_not_undo_the_confirmed_send(
+    fixtures_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The transcript row shares the last step's transaction in a savepoint: when its INSERT fails
+    (here the table is gone) only the savepoint rolls back — the reply is closed ``sent`` with its
+    message id, sent once, and the failure is logged."""
+    url = f"sqlite:///{tmp_path / 'no-transcripts.db'}"
+    with PlatformApiServer(fixtures_dir) as api:
+        sender = DeliverySender(DeliverySettings(database_url=url, bots=[onebot_bot(api.base_url)]), 0, "0:t")
+        with sender.db.connection(write=True) as conn:
+            conn.execute(text("DROP TABLE im_transcripts"))
+        try:
+            result = await sender.deliver(text_job("kept anyway", reply_id="r-no-transcript"))
+            entry = ledger.get_entry(sender.db, "r-no-transcript")
+        finally:
+            await sender.close()
+        sent = [r.path for r in api.requests]
+    assert result.outcome == "sent" and result.message_ids[0]
+    assert state(entry) == ("sent", "0:t", 1, 1, -1, result.message_ids)
+    assert sent == ["/send_private_msg"]
+    assert "outbound transcript of r-no-transcript not written" in caplog.text
 
 
 async def test_a_sender_lost_while_connecting_left_nothing_on_the_wire_and_the_next_sends_it_once(

@@ -291,14 +291,13 @@ async def test_a_call_written_and_never_answered_is_uncertain_not_resent(
 # --------------------------------------------------------------------------- SQL writes per message
 
 
-async def test_one_message_costs_seven_write_transactions(
-    tmp_path: Path, api: PlatformApiServer
-) -> None:
-    """One message costs 7 SQL write transactions: inbound record, assistant message, ``im_reply``
-    with the reply's ``queued`` ledger row; the claim (one UPDATE), step 0 marked on the wire when
-    its request is written (not at the claim: a sender killed while connecting must leave a step
-    that is sent again, not an uncertain one — docs/decisions.md#delivery-uncertain), step done,
-    outbound transcript."""
+async def test_one_message_costs_five_write_transactions(tmp_path: Path, api: PlatformApiServer) -> None:
+    """One message costs 5 SQL write transactions: inbound record; the final assistant message and
+    ``im_reply`` with the reply's ``queued`` ledger row (docs/decisions.md#session-turn-records);
+    the claim (one UPDATE), step 0 marked on the wire when its request is written (not at the
+    claim: a sender killed while connecting must leave a step that is sent again, not an
+    uncertain one — docs/decisions.md#delivery-uncertain), step done
+    with the outbound transcript row."""
     url = f"sqlite:///{tmp_path / 'writes.db'}"
     db = Database(url)
     db.create_tables()
@@ -327,17 +326,16 @@ async def test_one_message_costs_seven_write_transactions(
             event.listen(engine, "before_cursor_execute", record)
         result = await core.submit(turn(1, "hello"))
         await eventually(lambda: state(db, result.reply_id or "") == "sent", "the reply")
-        await eventually(lambda: len(writes) == 7, "the outbound transcript")
+        await eventually(lambda: len(writes) == 5 and len(writes[-1]) == 2, "the outbound transcript")
     finally:
         await sender.close()
         db.dispose()
     assert writes == [
         ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT agent_messages"],  # im_inbound + user
-        ["UPDATE agent_sessions", "INSERT agent_messages"],  # the assistant message
-        ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT delivery_ledger"],  # im_reply + queued
+        # the final answer + im_reply, with the reply's queued ledger row
+        ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT agent_messages", "INSERT delivery_ledger"],
         ["UPDATE delivery_ledger"],  # claim
         ["UPDATE delivery_ledger"],  # step 0 on the wire (as its request is written)
-        ["UPDATE delivery_ledger"],  # step done, sent
-        ["INSERT im_transcripts"],
+        ["UPDATE delivery_ledger", "INSERT im_transcripts"],  # step done, sent; the transcript
     ]
     assert [json.loads(r.body)["message"][0]["data"]["text"] for r in api.requests] == ["re: hello"]
