@@ -125,10 +125,13 @@ def start_epoch(conn: Connection, session_key: str, model: str) -> str:
     return session_id
 
 
-def get_or_create(conn: Connection, session_key: str, model: str) -> str:
-    """In a write transaction: the active epoch of ``session_key``, created when there is none."""
+def get_or_create(conn: Connection, session_key: str, model: str) -> tuple[str, bool]:
+    """In a write transaction: ``(session_id, created)`` — the active epoch of ``session_key``,
+    created when there is none (``created`` false: another writer made it first, its context may
+    hold messages)."""
     lock_key(conn, session_key)
-    return active_id(conn, session_key) or start_epoch(conn, session_key, model)
+    found = active_id(conn, session_key)
+    return (found, False) if found is not None else (start_epoch(conn, session_key, model), True)
 
 
 def select_messages(conn: Connection, session_id: str, after_id: int | None) -> list[StoredMessage]:

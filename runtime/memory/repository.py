@@ -37,7 +37,7 @@ import asyncio
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic_core import PydanticSerializationError
 from sqlalchemy import Connection, Table, bindparam, func, insert, update
@@ -83,6 +83,7 @@ __all__ = [
 
 
 _KEY_RETRIES = 8
+_T = TypeVar("_T")
 
 _SESSIONS: Table = AgentSessionRow.__table__  # type: ignore[attr-defined]
 _MESSAGES: Table = AgentMessageRow.__table__  # type: ignore[attr-defined]
@@ -162,7 +163,7 @@ class ContextRepository:
             # epochs of a key change only in the process holding it live, under this same lock.
             active = await self.db.run(lambda: self._active_id_sync(session_key))
             create = lambda: self._get_or_create_sync(session_key, model)  # noqa: E731
-            return active or await self._retrying(session_key, create)
+            return active or (await self._retrying(session_key, create))[0]
 
     async def open_active(self, session_key: str, *, model: str = "") -> tuple[str, Context]:
         """:meth:`get_or_create_active` and :meth:`load_context` of it together, as an activation
@@ -184,7 +185,12 @@ class ContextRepository:
             found = await self.db.run(read)
             if found is None:
                 create = lambda: self._get_or_create_sync(session_key, model)  # noqa: E731
-                return await self._retrying(session_key, create), Context(messages=[])
+                sid, created = await self._retrying(session_key, create)
+                if created:
+                    return sid, Context(messages=[])
+                found = await self.db.run(read)  # another process made it meanwhile: read it
+                if found is None:
+                    return sid, await self.load_context(sid)
         sid, summary, stored = found
         msgs: list[Any] = [summary] if summary is not None else []
         msgs.extend(sm.message for sm in stored)
@@ -194,7 +200,7 @@ class ContextRepository:
         with self.db.connection() as conn:
             return active_epoch(conn, session_key)
 
-    async def _retrying(self, session_key: str, fn: Callable[[], str]) -> str:
+    async def _retrying(self, session_key: str, fn: Callable[[], _T]) -> _T:
         # Another process may create the active epoch between our read and insert: the key or the
         # one-active index refuses ours and a retry sees theirs (run_write retries transient errors).
         last: IntegrityError | None = None
@@ -207,7 +213,7 @@ class ContextRepository:
             f"session {session_key!r}: epoch changed concurrently {_KEY_RETRIES} times"
         ) from last
 
-    def _get_or_create_sync(self, session_key: str, model: str) -> str:
+    def _get_or_create_sync(self, session_key: str, model: str) -> tuple[str, bool]:
         with self.db.connection(write=True) as conn:
             return get_or_create(conn, session_key, model)
 

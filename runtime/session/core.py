@@ -312,9 +312,9 @@ class SessionCore:
             return TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="aborted", reply_id=reply_id)
         preview = reply.preview_text()
         marker = reply_marker(turn, reply_id, preview)
-        held, ctl.unrecorded = ctl.unrecorded, []  # the final answer, with the reply's records
+        records = [*ctl.unrecorded, marker]  # the final answer goes with the reply's records
         if reply.is_empty():
-            await self.writer.append([*held, marker])
+            await self.writer.append(records)
         else:
             job = DeliveryJob(
                 reply_id=reply_id,
@@ -326,7 +326,8 @@ class SessionCore:
                 reply_to=turn.message_id if turn.kind == "inbound" else None,
                 reply=reply,
             )
-            await self._hand_over(job, [*held, marker])
+            await self._hand_over(job, records)
+        ctl.unrecorded = []  # written (a failed write leaves it for the error path to record)
         if mine is not None and not mine.done():
             mine.set_result(None)  # the next turn may hand its reply over now (chat order kept)
         outcome: Literal["ok", "empty"] = "empty" if reply.is_empty() else "ok"

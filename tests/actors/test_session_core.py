@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
@@ -164,6 +165,23 @@ async def test_retry_after_the_answer_was_recorded_only_hands_it_off(repo: Any, 
     result = await fresh.submit(t.model_copy(update={"attempt": 1}))
     assert result.outcome == "empty"  # the recorded answer ({"segments": []}) was reused: no LLM call
     assert rec.jobs == []
+
+
+async def test_a_failed_hand_over_still_records_the_final_answer(repo: Any, tmp_path: Path) -> None:
+    # The final answer is written with the reply's marker and ledger row
+    # (docs/decisions.md#session-turn-records); when that transaction fails (here the ledger table
+    # is gone) the turn ends in error and the answer is recorded alone, after its user message.
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    with repo.db.connection(write=True) as conn:
+        conn.execute(text("DROP TABLE delivery_ledger"))
+    result = await core.submit(turn(1, "echo kept"))
+    assert result.outcome == "error" and "delivery_ledger" in result.error
+    assert rec.jobs == []
+    stored = (await repo.load_context(core.session_id)).messages
+    kinds = [(m.role, getattr(m, "custom_type", None)) for m in stored]
+    assert kinds == [("custom", "im_inbound"), ("user", None), ("assistant", None)]
+    assert isinstance(stored[-1], AssistantMessage) and "kept" in stored[-1].content[0].text
 
 
 async def test_run_deferred_task_delivers_its_result_as_a_separate_message(repo: Any, tmp_path: Path) -> None:

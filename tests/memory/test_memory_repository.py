@@ -246,3 +246,38 @@ async def test_concurrent_get_or_create_and_archive_across_processes(db: Databas
         assert await repos[1].get_or_create_active(KEY) == f"{KEY}#3"
     finally:
         db2.dispose()
+
+
+async def test_open_active_loads_an_epoch_another_process_created_after_its_read(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race open_active must survive: its read finds no active epoch, another process then
+    # creates one and writes to it, and open_active's create finds that epoch — it must load
+    # that epoch's messages, not answer an empty context (docs/decisions.md#memory-write-path).
+    from runtime.memory import repository
+
+    repo = ContextRepository(db)
+    other = await ContextRepository(db).get_or_create_active(KEY)
+    stored = [UserMessage(content="written by the other process", timestamp=1)]
+    await repo.append_messages(other, stored)  # type: ignore[arg-type]
+    real, reads = repository.read_active, []
+
+    def first_read_misses(conn: object, key: str) -> object:
+        reads.append(key)
+        return None if len(reads) == 1 else real(conn, key)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(repository, "read_active", first_read_misses)
+    sid, context = await repo.open_active(KEY)
+    assert (sid, context) == (other, Context(messages=stored))  # type: ignore[arg-type]
+    assert len(reads) == 2
+
+
+async def test_open_active_reads_a_stored_epoch_and_creates_a_new_one_empty(db: Database) -> None:
+    repo = ContextRepository(db)
+    new_key = KEY.replace("123456", "654321")
+    sid, context = await repo.open_active(new_key, model="p/m")
+    assert (sid, context) == (f"{new_key}#1", Context())
+    assert (await repo.get_session(sid)).model == "p/m"  # type: ignore[union-attr]
+    msgs = [UserMessage(content="hi", timestamp=1), AssistantMessage(content=[TextContent(text="yo")])]
+    await repo.append_messages(sid, msgs)  # type: ignore[arg-type]
+    assert await repo.open_active(new_key) == (sid, Context(messages=msgs))  # type: ignore[arg-type]
