@@ -25,6 +25,7 @@ import time
 from typing import Any, Literal
 
 import httpx
+from sqlalchemy import Connection
 
 from runtime import metrics
 from runtime.delivery import ledger as ledger
@@ -436,14 +437,13 @@ class DeliverySender:
         except Exception:  # a transcript must never turn a confirmed send into a failure
             log.exception("outbound transcript of %s not written", job.reply_id)
 
-    def _transcript_writer(self, job: DeliveryJob, reply: Reply | None) -> Any:
-        """``(conn, message_ids) -> None`` writing the transcript row in the last step's
-        transaction (one write a reply fewer) inside a savepoint: a row that cannot be written is
-        logged and rolled back alone, never failing the confirmed send. ``None`` without ``reply``."""
+    def _transcript_writer(self, job: DeliveryJob, reply: Reply | None) -> ledger.StepExtra | None:
+        """The transcript row in the last step's transaction, in a savepoint: a row that cannot be
+        written is logged and rolled back alone, never failing the send. ``None`` without ``reply``."""
         if reply is None:
             return None
 
-        def write(conn: Any, ids: list[str | None]) -> None:
+        def write(conn: Connection, ids: list[str | None]) -> None:
             try:
                 fields = self._transcript_fields(job, reply, ids)
                 if (row := self.transcripts.prepare(direction="outbound", **fields)) is not None:

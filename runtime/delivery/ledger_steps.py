@@ -31,6 +31,7 @@ __all__ = [
     "LedgerStatus",
     "LostLeaseError",
     "RowView",
+    "StepExtra",
     "begin_step",
     "finish",
     "finish_step",
@@ -39,6 +40,9 @@ __all__ = [
     "skip_uncertain_step",
 ]
 
+StepExtra = Callable[[Connection, list[str | None]], None]
+"""``(conn, message_ids) -> None`` run last in the transaction that closes a reply with its last
+confirmed step (:func:`finish_step`'s ``also``: the outbound transcript row)."""
 LedgerStatus = Literal["queued", "pending", "sent", "failed", "uncertain"]
 FinalStatus = Literal["sent", "failed", "uncertain"]
 FINAL: frozenset[str] = frozenset({"sent", "failed", "uncertain"})
@@ -193,7 +197,7 @@ def finish_step(
     *,
     last: bool = False,
     final: Literal["sent", "uncertain"] = "sent",
-    also: Callable[[Connection, list[str | None]], None] | None = None,
+    also: StepExtra | None = None,
 ) -> None:
     """Record that the platform confirmed step ``step`` (with its message id, if any). A step
     below ``steps_done`` is a resent uncertain step: its id replaces the recorded ``null`` and its
@@ -245,7 +249,7 @@ def _record_step(
     last: bool,
     final: str,
     uncertain: bool = False,
-    also: Callable[[Connection, list[str | None]], None] | None = None,
+    also: StepExtra | None = None,
 ) -> int:
     """Handle one step in one transaction (see :func:`finish_step`, :func:`record_uncertain`)."""
     now = now_ms()

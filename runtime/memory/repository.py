@@ -118,6 +118,11 @@ class SessionInfo:
     updated_at: int
 
 
+def _context(summary: CustomMessage | None, stored: list[StoredMessage]) -> Context:
+    """The context of a summary (first, if any) and the stored rows after it."""
+    return Context(messages=[*([summary] if summary is not None else []), *(sm.message for sm in stored)])
+
+
 def _info(row: AgentSessionRow) -> SessionInfo:
     return SessionInfo(**{f.name: getattr(row, f.name) for f in fields(SessionInfo)})
 
@@ -186,15 +191,10 @@ class ContextRepository:
             if found is None:
                 create = lambda: self._get_or_create_sync(session_key, model)  # noqa: E731
                 sid, created = await self._retrying(session_key, create)
-                if created:
-                    return sid, Context(messages=[])
-                found = await self.db.run(read)  # another process made it meanwhile: read it
-                if found is None:
-                    return sid, await self.load_context(sid)
+                # created here: empty; made by another process since the read: load it
+                return sid, Context(messages=[]) if created else await self.load_context(sid)
         sid, summary, stored = found
-        msgs: list[Any] = [summary] if summary is not None else []
-        msgs.extend(sm.message for sm in stored)
-        return sid, Context(messages=msgs)
+        return sid, _context(summary, stored)
 
     def _active_id_sync(self, session_key: str) -> str | None:
         with self.db.connection() as conn:
@@ -367,10 +367,7 @@ class ContextRepository:
             CorruptMessageError: a stored row does not parse (its id is named; nothing is changed).
         """
         parse_session_id(session_id)
-        summary, stored = await self.db.run(lambda: self._load_sync(session_id))
-        msgs: list[Any] = [summary] if summary is not None else []
-        msgs.extend(sm.message for sm in stored)
-        return Context(messages=msgs)
+        return _context(*await self.db.run(lambda: self._load_sync(session_id)))
 
     async def load_stored(self, session_id: str, *, after_id: int | None = None) -> list[StoredMessage]:
         """Every message row of the epoch with ``id > after_id`` (all when ``None``), in append order.

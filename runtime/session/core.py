@@ -355,12 +355,10 @@ class SessionCore:
         """Record the turn's held final answer (``ctl.unrecorded``) on its own: the turn ends
         without a reply record (aborted, closed, failed), as if recorded when it ended. Never
         raises (a failed write is logged; the retried turn then calls the model again)."""
-        held, ctl.unrecorded = ctl.unrecorded, []
-        if held:
-            try:
-                await self.writer.append(held)
-            except Exception:
-                log.exception("recording the final answer of %s failed", self.session_key)
+        try:
+            await ctl.record_unrecorded(self.writer.append)
+        except Exception:
+            log.exception("recording the final answer of %s failed", self.session_key)
 
     def _recorder(self, ctl: TurnControl) -> Callable[[Sequence[AgentMessage]], Awaitable[Any]]:
         """The record function of one turn: appends through the writer and marks the turn's

@@ -90,6 +90,17 @@ class TurnControl:
         """The loop's last assistant message (no tool calls), not yet recorded: it goes to SQL in
         the transaction that records the reply (docs/decisions.md#session-turn-records)."""
 
+    async def record_unrecorded(self, record: RecordFn) -> None:
+        """Record the held final answer (:attr:`unrecorded`), if any, through ``record`` on its
+        own and forget it; a ``record`` that raises leaves it held.
+
+        Raises:
+            Whatever ``record`` raises.
+        """
+        if self.unrecorded:
+            await record(list(self.unrecorded))
+            self.unrecorded = []
+
     def steer(self, message: UserMessage) -> None:
         """Queue ``message`` for the running turn's next LLM call."""
         self.agent.steer(message)
@@ -328,12 +339,10 @@ async def run_agent(
         nonlocal final, budget_spent
         emit_event(setup, event)
         if isinstance(event, MessageEndEvent):
-            message, held = event.message, ctl.unrecorded
-            if held:  # the loop went on (steering): the held answer is recorded first
-                await record(list(held))
-                held.clear()
+            message = event.message
+            await ctl.record_unrecorded(record)  # the loop went on (steering): the held answer first
             if isinstance(message, AssistantMessage) and not message.tool_calls():
-                held.append(message)  # maybe the final answer: recorded with the reply
+                ctl.unrecorded.append(message)  # maybe the final answer: recorded with the reply
             else:
                 await record([message])
             seen.append(message)
@@ -349,9 +358,8 @@ async def run_agent(
         unsubscribe()
     if agent.failure is not None:
         raise agent.failure
-    if ctl.unrecorded and isinstance(setup.output_schema, OutputSpec):  # its sink records after it
-        await record(list(ctl.unrecorded))
-        ctl.unrecorded.clear()
+    if isinstance(setup.output_schema, OutputSpec):  # its sink records after the answer
+        await ctl.record_unrecorded(record)
     sender = ctl.turn.sender.get("id")
     return await finalize_reply(
         setup,
