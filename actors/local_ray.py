@@ -24,15 +24,33 @@ from pathlib import Path
 from typing import Any
 
 from actors.preflight import REPO_ROOT, ensure_repo_root_on_path
-from actors.ray_head import start_head
+from actors.ray_head import RayHeadError, start_head
 from actors.ray_keeper import spawn_keeper
 from actors.stale_ray import LocalRayRun, forget_local_ray, ray_temp_root, stop_instance, write_record
 
-__all__ = ["RayThread", "init_ray"]
+__all__ = ["RayStartError", "RayThread", "init_ray"]
 
 log = logging.getLogger("sessionray.serve")
 
 _THREAD_WARNING = "SIGTERM handler is not set because current thread is not the main thread"
+
+
+class RayStartError(RuntimeError):
+    """Ray did not start (``ray start --head`` failed) or could not be joined (``ray.init``
+    raised); the message is one line (docs/decisions.md#ops-ray-token-first-start)."""
+
+    @classmethod
+    def of(cls, exc: Exception, address: str | None) -> RayStartError:
+        """The one-line error for ``exc``, raised while starting or joining Ray (``address``:
+        the cluster given with ``--address``; None: the local head)."""
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+        if isinstance(exc, RayHeadError):
+            text = str(exc)
+        where = "the local Ray did not start"
+        if address:
+            where = f"the Ray cluster at {address} could not be joined"
+        return cls(f"{where}: {text}")
 
 
 class _DropThreadWarning(logging.Filter):
@@ -137,6 +155,8 @@ class RayThread:
                         self.adopt[0].unlink()  # this driver's record names the instance now
                 else:
                     self._spawn_keeper()
+        except Exception as exc:  # one line for the operator, no traceback
+            self._done.set_exception(RayStartError.of(exc, self.address))
         except BaseException as exc:
             self._done.set_exception(exc)
         else:

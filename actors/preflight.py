@@ -29,9 +29,11 @@ Exit codes of ``sessionray serve`` and ``sessionray check``:
 0     fine (``serve``: stopped normally)
 2     configuration or usage: invalid ``sessionray.yaml`` or option, a bad ``*.tool.md``, a
       configuration the Ray cluster cannot run (SQLite on several nodes)
-3     environment: a variable the configuration names is unset; a directory is missing/unreadable
+3     environment: a variable the configuration names is unset; a directory is missing/unreadable;
+      (``serve``) Ray's token file cannot be created or ``RAY_AUTH_TOKEN_PATH`` names no token
 4     database: ``database.url`` unparsable, unreachable, or its SQLite directory not writable
 5     port in use (or not bindable): the HTTP port or Ray's metrics export port
+6     (``serve``) Ray did not start: ``ray start --head`` failed, or ``--address`` could not be joined
 ====  ==========================================================================
 """
 
@@ -59,6 +61,7 @@ __all__ = [
     "EXIT_DATABASE",
     "EXIT_ENVIRONMENT",
     "EXIT_PORT",
+    "EXIT_RAY",
     "REPO_ROOT",
     "PortInUseError",
     "PreflightFailed",
@@ -78,11 +81,13 @@ EXIT_CONFIG = 2
 EXIT_ENVIRONMENT = 3
 EXIT_DATABASE = 4
 EXIT_PORT = 5
+EXIT_RAY = 6
 EXIT_CODES: dict[int, str] = {
     EXIT_CONFIG: "configuration",
     EXIT_ENVIRONMENT: "environment",
     EXIT_DATABASE: "database",
     EXIT_PORT: "port in use",
+    EXIT_RAY: "Ray did not start",
 }
 """Exit code → the class of problem it reports (the module docstring has the table)."""
 
@@ -367,7 +372,7 @@ def add_start_options(p: argparse.ArgumentParser) -> None:
 
 EPILOG = (
     "exit codes: 0 fine; 2 configuration or usage; 3 environment (unset variable, missing "
-    "directory); 4 database; 5 port in use"
+    "directory, Ray's token); 4 database; 5 port in use; 6 Ray did not start (serve)"
 )
 
 

@@ -58,7 +58,8 @@ _SKIPPED_DIRS = frozenset({".git", ".venv", "venv", "build", "node_modules", "te
 
 
 class RayHeadError(RuntimeError):
-    """``ray start --head`` failed; the message ends with the tail of its output."""
+    """``ray start --head`` failed; the message is one line: what happened, the last line of its
+    output (Ray's error) and the file holding all of it."""
 
 
 def _free_port() -> int:
@@ -72,6 +73,16 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no output)"
+
+
+def last_error(output: str, limit: int = 300) -> str:
+    """The last non-blank line of ``output`` (a Python error's ``Type: message`` line), cut to
+    ``limit`` characters; ``"(no output)"`` when there is none."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    if not lines:
+        return "(no output)"
+    line = lines[-1]
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Path | None = None) -> str:
@@ -135,7 +146,7 @@ def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Pat
             )
             continue
         what = "did not return" if code is None else f"exited {code}"
-        raise RayHeadError(f"`ray start --head` {what}; its last output ({log_path}):\n{output}")
+        raise RayHeadError(f"`ray start --head` {what}: {last_error(output)} (its output: {log_path})")
     raise AssertionError("unreachable")
 
 

@@ -18,7 +18,9 @@ turns in flight end and the delivery actors send for at most ``runtime.shutdown_
 the runtime, then Ray.
 
 Exit codes: 0 stopped normally; 2 configuration/usage (also: SQLite on a multi-node cluster);
-3 environment; 4 database; 5 port in use (:mod:`actors.preflight` has the table).
+3 environment (also: Ray's token cannot be created); 4 database; 5 port in use; 6 Ray did not
+start or could not be joined (:mod:`actors.preflight` has the table). Each failure is one line on
+stderr, no traceback.
 
 Actor metrics (``ray.util.metrics``) are exported by Ray's per-node metrics agent on
 ``--metrics-export-port`` (default 8090; it must lie outside 10002–19999:
@@ -46,7 +48,9 @@ from actors.preflight import (
     DEFAULT_METRICS_EXPORT_PORT,
     EPILOG,
     EXIT_CONFIG,
+    EXIT_ENVIRONMENT,
     EXIT_PORT,
+    EXIT_RAY,
     HTTP_PORT,
     PortInUseError,
     PreflightFailed,
@@ -345,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     from actors.cluster import ClusterConfigError
+    from actors.local_ray import RayStartError
+    from actors.ray_token import RayTokenError
     from runtime.config import ConfigError, load_config
 
     args = _parser().parse_args(argv)
@@ -383,7 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     generated = admin_token_for_run(config) if args.dev_admin_token else None
     if plan is not None and plan.admin_token and args.dev_admin_token:
         generated = plan.admin_token  # the joined instance's workers have this one
-    notes = [] if args.address else [quiet_ray_auth()]
+    try:
+        notes = [] if args.address else [quiet_ray_auth()]
+    except RayTokenError as exc:  # before Ray: one line (docs/decisions.md#ops-ray-token-first-start)
+        for sock in listeners:
+            sock.close()
+        print(f"sessionray serve: {exc} (exit code {EXIT_ENVIRONMENT}, environment)", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     try:
         with contextlib.suppress(KeyboardInterrupt):
             uvloop.run(
@@ -406,4 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     except PortInUseError as exc:  # the port was taken between the pre-flight and listen()
         print(f"sessionray serve: port in use: {exc}", file=sys.stderr)
         return EXIT_PORT
+    except RayStartError as exc:  # one line, no traceback (docs/decisions.md#ops-ray-token-first-start)
+        print(f"sessionray serve: {exc} (exit code {EXIT_RAY})", file=sys.stderr)
+        return EXIT_RAY
     return 0

@@ -1,5 +1,6 @@
 """What ``sessionray serve`` tells the operator before it starts Ray: where everything is, how the
-admin CLI reaches this server, and what Ray's token authentication means here.
+admin CLI reaches this server, and what Ray's token authentication means here (the token is
+created on the first start: :mod:`actors.ray_token`).
 
 Ray 2.60 turns token authentication on for a new local cluster and warns about it on every
 start ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt
@@ -15,6 +16,8 @@ import os
 import secrets
 from collections.abc import MutableMapping
 from typing import Any
+
+from actors.ray_token import ensure_local_token
 
 __all__ = ["RAY_AUTH_MODE_ENV", "admin_token_for_run", "banner", "quiet_ray_auth", "shown_host"]
 
@@ -33,17 +36,23 @@ def shown_host(host: str) -> str:
 
 def quiet_ray_auth(environ: MutableMapping[str, str] | None = None) -> str:
     """Before a *local* Ray starts: ask for token authentication explicitly when the operator set
-    no ``RAY_AUTH_MODE`` (Ray's default for a new local cluster, minus its start-up warning).
+    no ``RAY_AUTH_MODE`` (Ray's default for a new local cluster, minus its start-up warning), and
+    make sure the token exists (:func:`actors.ray_token.ensure_local_token`: created on the first
+    start, as ``ray.init()`` would; docs/decisions.md#ops-ray-token-first-start).
 
     Returns:
-        The banner line explaining the mode in effect.
+        The banner line explaining the mode in effect and where the token is.
+
+    Raises:
+        actors.ray_token.RayTokenError: no token can be found or created.
     """
     env = os.environ if environ is None else environ
     mode = env.setdefault(RAY_AUTH_MODE_ENV, "token").lower()
     if mode == "token":
+        where = ensure_local_token(env)
         return (
-            "sessionray: Ray            local; token authentication on (the token is in ~/.ray/auth_token, "
-            "created on first start; the `ray` CLI on this machine uses it)"
+            f"sessionray: Ray            local; token authentication on (token: {where}; "
+            "the `ray` CLI of this user uses it)"
         )
     return f"sessionray: Ray            local; token authentication {mode} ({RAY_AUTH_MODE_ENV}={mode})"
 

@@ -369,12 +369,13 @@ def test_banner_tells_how_to_use_the_admin_cli() -> None:
     assert any("`sessionray init` writes a commented one" in line for line in off)
 
 
-def test_quiet_ray_auth_asks_for_token_mode_and_respects_the_operator() -> None:
-    env: dict[str, str] = {}
-    assert "token authentication on" in quiet_ray_auth(env) and env == {"RAY_AUTH_MODE": "token"}
-    env = {"RAY_AUTH_MODE": "disabled"}
+def test_quiet_ray_auth_asks_for_token_mode_and_respects_the_operator(tmp_path: Path) -> None:
+    env: dict[str, str] = {"HOME": str(tmp_path)}
+    assert "token authentication on" in quiet_ray_auth(env)
+    assert env == {"HOME": str(tmp_path), "RAY_AUTH_MODE": "token"}
+    env = {"HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
     assert quiet_ray_auth(env).endswith("token authentication disabled (RAY_AUTH_MODE=disabled)")
-    assert env == {"RAY_AUTH_MODE": "disabled"}
+    assert env == {"HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
 
 
 def test_serve_replica_names_every_missing_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

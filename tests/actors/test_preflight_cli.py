@@ -238,3 +238,45 @@ def test_check_joining_a_cluster_does_not_check_ray_ports(workdir: Path, listeni
         workdir, "check", "--config", str(cfg), "--address", "auto", "--metrics-export-port", str(listening)
     )
     assert run.code == 0, run.err
+
+
+def test_a_ray_token_path_with_no_token_is_one_line_exit_3_before_ray(workdir: Path) -> None:
+    cfg = write_config(workdir, {})
+    (workdir / "home").mkdir()
+    env = {"HOME": str(workdir / "home"), "RAY_AUTH_TOKEN_PATH": str(workdir / "no-token")}
+    args = ("serve", "--config", str(cfg), "--metrics-export-port", str(free_port()))
+    run = sessionray(workdir, *args, env=env)
+    assert_refused_before_ray(run, 3)
+    assert run.err == (
+        f"sessionray serve: RAY_AUTH_TOKEN_PATH={workdir / 'no-token'}: the file is missing or empty (Ray "
+        "reads its token there) (exit code 3, environment)\n"
+    )
+    assert list((workdir / "home").iterdir()) == []  # no token was made elsewhere
+
+
+def test_a_failed_ray_start_is_one_line_with_exit_code_6(workdir: Path) -> None:
+    # A RAY_TMPDIR so deep that Ray's unix socket paths pass 107 bytes: `ray start --head` fails
+    deep = workdir / ("d" * 100)
+    deep.mkdir()
+    (workdir / "home").mkdir()
+    cfg = write_config(workdir, {})
+    env = {"HOME": str(workdir / "home"), "RAY_TMPDIR": str(deep)}
+    args = ("serve", "--config", str(cfg), "--metrics-export-port", str(free_port()))
+    run = sessionray(workdir, *args, env=env)
+    assert run.code == 6, (run.code, run.out, run.err)
+    assert "Traceback" not in run.out + run.err
+    [line] = run.err.splitlines()
+    assert line.startswith(
+        "sessionray serve: the local Ray did not start: `ray start --head` exited 1: OSError: "
+        "validate_socket_filename failed: AF_UNIX path length cannot exceed 107 bytes"
+    ), line
+    assert line.endswith(".log) (exit code 6)"), line
+    assert "ready" not in run.out and "sessionray: stopped" in run.out
+    left = []  # nothing of that start keeps running
+    for proc in psutil.process_iter():
+        try:
+            if str(deep) in " ".join(proc.cmdline()):
+                left.append(proc.pid)
+        except psutil.Error:
+            continue
+    assert left == []

@@ -1,12 +1,14 @@
 """A new operator's first run, end to end (issue 19): ``sessionray init``, then the command
 ``make run`` runs, in a fresh directory with no admin token and no Ray settings in the
-environment. Asserts that
+environment, and an empty ``HOME`` (a machine where Ray never ran: no ``~/.ray/auth_token``).
+Asserts that
 
 * the ``./sessionray.yaml`` written by init is the configuration used;
 * ``ready`` is printed only once the HTTP port accepts connections (connect right after reading it);
 * ``make run`` generated an admin token and printed how to use the admin CLI, and the printed
   command works against the running server;
-* Ray's token-authentication warning is not printed (the banner explains the mode once);
+* Ray's token-authentication warning is not printed (the banner explains the mode once), and the
+  token Ray needs was created on this first start (docs/decisions.md#ops-ray-token-first-start);
 * Ctrl-C stops everything with exit code 0 and no traceback.
 """
 
@@ -75,8 +77,11 @@ def test_first_run_like_make_run(workdir: Path) -> None:
 
 def first_run(workdir: Path) -> None:
     workdir.mkdir()
+    home = workdir / "home"
+    home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SESSIONRAY_"))}
     env |= {"PYTHONPATH": str(ROOT), "RAY_TMPDIR": str(workdir), "PATH": f"{BIN}:{env.get('PATH', '')}"}
+    env["HOME"] = str(home)
     init = subprocess.run(
         [str(BIN / "sessionray"), "init"], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
     )
@@ -116,7 +121,8 @@ def first_run(workdir: Path) -> None:
                 break
         banner = "".join(out)
         assert banner.startswith("sessionray: configuration from sessionray.yaml\n"), banner
-        assert "token authentication on" in banner
+        assert "token authentication on (token: ~/.ray/auth_token, created now;" in banner
+        assert len((home / ".ray" / "auth_token").read_text()) == 64
         [export] = re.findall(
             r"admin CLI in another shell: (export SESSIONRAY_ADMIN_TOKEN=\S+; "
             rf"sessionray status --url http://127\.0\.0\.1:{port})\n",
