@@ -7,7 +7,8 @@ and code joins it — its session hosts, router shards and delivery actors (all 
 working meanwhile — instead of starting Ray again (docs/decisions.md#ops-ray-outlives-driver).
 The instance is recorded before it starts, once its head process is spawned and once Ray runs
 (:mod:`actors.stale_ray`, docs/decisions.md#ops-stale-ray); :meth:`RayThread.stop` stops the
-instance and removes the record. A thread that lives as long as the connection because Ray
+instance and removes the record, or (a planned restart: ``keep``) leaves both for the next serve
+(docs/decisions.md#ops-planned-restart). A thread that lives as long as the connection because Ray
 starts helper processes tied to the thread that connected (``PR_SET_PDEATHSIG``).
 """
 
@@ -231,10 +232,12 @@ class RayThread:
         """``ray.init`` returned without an error."""
         return self._done.done() and self._done.exception() is None
 
-    def stop(self, timeout_s: float = 60.0) -> None:
+    def stop(self, timeout_s: float = 60.0, *, keep: bool = False) -> None:
         """Disconnect, stop the local head's processes and forget its record; end the thread.
         Waits at most ``timeout_s`` for a connection still being made; if it is not made by then
         the record is kept and the next start stops what is left (docs/decisions.md#ops-stale-ray).
+        ``keep``: only disconnect — the instance and its record stay for the next serve to join,
+        as after a crash; its keeper stops it if none does (docs/decisions.md#ops-planned-restart).
         """
         with contextlib.suppress(concurrent.futures.TimeoutError, Exception):
             self._done.result(timeout=timeout_s)
@@ -247,7 +250,7 @@ class RayThread:
         else:
             with contextlib.suppress(Exception):
                 ray.shutdown()
-            if self.recorded:
+            if self.recorded and not keep:
                 if self.record is not None:
                     stop_instance(self.record)
                 forget_local_ray()

@@ -257,7 +257,7 @@ def plan_local_ray(
         return plan
     run = adopt[1]
     print(
-        f"sessionray: joining the local Ray of a sessionray serve that died (pid {run.driver_pid}; "
+        f"sessionray: joining the local Ray of a sessionray serve that ended (pid {run.driver_pid}; "
         f"{run.session_dir}): same configuration and code, its actors kept running",
         flush=True,
     )

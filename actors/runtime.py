@@ -233,6 +233,13 @@ class SessionRuntime:
                 self.delivery.stop()
         self.routers, self.hosts = [], None
 
+    async def detach(self) -> None:
+        """Let go of the runtime without stopping it: stop watching turns and write the buffered
+        inbox marks; the detached actors go on running for the next serve to join
+        (docs/decisions.md#ops-planned-restart)."""
+        await self._path.close()
+        self.routers, self.hosts = [], None
+
     def in_flight(self) -> int:
         """Turns this process submitted whose result has not come back yet (``sessionray serve``
         waits for them on SIGTERM: docs/decisions.md#ops-graceful-shutdown)."""

@@ -15,7 +15,9 @@ hosts, delivery pool) start (:mod:`actors.serve_gate`, docs/decisions.md#ops-ear
 ``ready`` is printed once the runtime is up. SIGTERM or Ctrl-C stops in phases
 (:mod:`actors.serve_shutdown`, docs/decisions.md#ops-graceful-shutdown): close the listener, let
 turns in flight end and the delivery actors send for at most ``runtime.shutdown_grace_s``, stop
-the runtime, then Ray.
+the runtime, then Ray — except after SIGTERM, a planned restart: the local Ray and its runtime are
+left running and the next ``sessionray serve`` with the same configuration and code joins them,
+ready in seconds (docs/decisions.md#ops-planned-restart).
 
 Exit codes: 0 stopped normally; 2 configuration/usage (also: SQLite on a multi-node cluster);
 3 environment (also: Ray's token cannot be created); 4 database; 5 port in use; 6 Ray did not
@@ -285,11 +287,20 @@ async def serve(
         stop_requested.cancel()
         failed = sys.exc_info()[1]  # no-op after a signal:
         signals.request(f"start-up failed: {type(failed).__name__}" if failed else "the HTTP server ended")
-        await run.stop()
+        keep = keeps_ray(signals.name, address, gate.ready and ray_thread.connected)
+        await run.stop(keep_runtime=keep)
         # off the loop, so a third signal is still heard; a ray.init still running gets the grace
-        await asyncio.to_thread(ray_thread.stop, max(5.0, float(config.runtime.shutdown_grace_s)))
+        await asyncio.to_thread(ray_thread.stop, max(5.0, float(config.runtime.shutdown_grace_s)), keep=keep)
         signals.close()
         say("stopped")
+
+
+def keeps_ray(signal_name: str | None, address: str | None, up: bool) -> bool:
+    """A planned restart (docs/decisions.md#ops-planned-restart): SIGTERM — what service managers
+    and ``docker stop`` send — leaves a local Ray that is up, with its runtime, for the next serve to
+    join (its keeper stops it if none does within ``runtime.orphaned_ray_keep_s``); SIGINT (Ctrl-C
+    of ``make run``), a failed start and a cluster joined with ``--address`` stop as before."""
+    return signal_name == "SIGTERM" and address is None and up
 
 
 @dataclass
@@ -312,8 +323,9 @@ class _Run:
     pollers: bool = False
     since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
-    async def stop(self) -> None:
-        """The phases of :mod:`actors.serve_shutdown` (Ray itself is stopped by the caller)."""
+    async def stop(self, *, keep_runtime: bool = False) -> None:
+        """The phases of :mod:`actors.serve_shutdown` (Ray itself is stopped by the caller);
+        ``keep_runtime``: the runtime's actors are left running (:func:`keeps_ray`)."""
         grace = float(self.config.runtime.shutdown_grace_s)
         deadline = (self.signals.at or time.monotonic()) + grace
         self.gate.phase = "stopping"
@@ -335,6 +347,14 @@ class _Run:
             await drain(
                 self.runtime, self.db, deadline=deadline, since_ms=self.since_ms, forced=self.signals.forced
             )
+        if keep_runtime:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.runtime.detach(), timeout=30)
+            say(
+                "stopping: runtime and Ray left running for the next start (SIGTERM: a planned restart; "
+                "SIGINT stops them too)"
+            )
+            return
         begun = time.monotonic()
         try:
             await asyncio.wait_for(self.runtime.stop(), timeout=30)

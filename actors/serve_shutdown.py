@@ -9,7 +9,8 @@ Phases, each printed as one ``sessionray: stopping: …`` line with its counts:
    ``runtime.shutdown_grace_s`` after the signal;
 3. **deliveries** — the delivery actors may send the replies of this run that the ledger still
    holds unsent, until the same deadline;
-4. **runtime** — the routers, the hosts, the delivery actors, then Ray are stopped.
+4. **runtime** — the routers, the hosts, the delivery actors, then Ray are stopped (SIGINT); after
+   SIGTERM they are left running for the next start (docs/decisions.md#ops-planned-restart).
 
 What is left — a stored message whose turn did not end, a reply still queued in the ledger — is
 replayed by the next start (the inbox's start-up recovery, the delivery actors' sweep). A second

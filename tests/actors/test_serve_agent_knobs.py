@@ -140,7 +140,7 @@ def serve(fixtures_dir: Path) -> Iterator[Serve]:
             yaml.safe_dump(knobs_config(root, api.base_url, port), allow_unicode=True), encoding="utf-8"
         )
         argv = [SESSIONRAY, "serve", "--config", str(config_file), "--metrics-export-port", str(free_port())]
-        proc = Proc("serve", argv, env, root / "serve.log", cwd=root)
+        proc = Proc("serve", argv, env, root / "serve.log", cwd=root, stop_signal=signal.SIGINT)
         base_url = f"http://127.0.0.1:{port}"
         started = proc
 

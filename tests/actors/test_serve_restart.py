@@ -12,11 +12,14 @@ in-process stand-in and the built-in model:
   before its own Ray is up (a message is stored and answered ``queued`` while the runtime starts),
   becomes ready without Ray's "timed out during startup", and answers the message once;
 * SIGTERM with a turn in flight: the listener closes at once (connections refused), the turn ends
-  and its reply reaches the platform before the process exits 0, within the grace plus a margin,
-  and the Ray instance is stopped with it.
+  and its reply reaches the platform before the process exits 0, within the grace plus a margin;
+  the Ray instance and its runtime are left running (a planned restart,
+  docs/decisions.md#ops-planned-restart), and the next serve with the same configuration joins
+  them — none of their processes stopped — and answers a message once; SIGINT of that serve
+  stops everything: its Ray, its record and the keeper.
 
 One module fixture runs the three serves (and the unrelated head); the SIGTERM test stops the
-last. Waits poll with deadlines; the durations are measured and printed.
+last and restarts it. Waits poll with deadlines; the durations are measured and printed.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class Restarted:
     old_record_left: bool
     """The joined instance's record file was still there once the last serve was ready."""
     new_record: Path
+    config: Path
+    metrics_port: int
 
 
 def event(message_id: int, text: str) -> dict[str, Any]:
@@ -143,7 +148,7 @@ def start_serve(name: str, root: Path, config: Path, metrics_port: int) -> Proc:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SESSIONRAY_"))}
     env |= {"PYTHONPATH": str(Path(__file__).parents[2]), "RAY_TMPDIR": str(root / "rt")}
     argv = [SESSIONRAY, "serve", "--config", str(config), "--metrics-export-port", str(metrics_port)]
-    return Proc(name, argv, env, root / f"{name}.log", cwd=root)
+    return Proc(name, argv, env, root / f"{name}.log", cwd=root, stop_signal=signal.SIGINT)
 
 
 def wait_ready(serve: Proc) -> None:
@@ -288,7 +293,7 @@ def restarted(fixtures_dir: Path) -> Iterator[Restarted]:
         yield Restarted(
             root, api, second, port, db, joined, joined_record, first_record, first_pids, joined_pids_alive,
             joined_ready_after, leftovers, stored_after, first_answer, ready_after, answers, head_before,
-            set(session_members(other.nodes[0].sid)), old_record_left, new_record,
+            set(session_members(other.nodes[0].sid)), old_record_left, new_record, config, metrics_port,
         )  # fmt: skip
     finally:
         for proc in reversed(serves):
@@ -299,7 +304,7 @@ def restarted(fixtures_dir: Path) -> Iterator[Restarted]:
 
 def test_a_new_serve_with_the_same_configuration_joins_the_killed_drivers_ray(restarted: Restarted) -> None:
     log = restarted.joined.log.read_text(errors="replace")
-    assert "joining the local Ray of a sessionray serve that died" in log
+    assert "joining the local Ray of a sessionray serve that ended" in log
     assert "sessionray: the local Ray of a sessionray serve that died" not in log  # nothing stopped
     assert restarted.first_pids and restarted.joined_pids_alive == restarted.first_pids
     first, joined = restarted.first_record, restarted.joined_record
@@ -335,9 +340,13 @@ def test_the_port_stores_and_answers_before_ray_is_up(restarted: Restarted) -> N
     assert restarted.answers[-1][0] == 200
 
 
-def test_sigterm_lets_the_turn_in_flight_deliver_then_exits_0(restarted: Restarted) -> None:
-    serve, api = restarted.serve, restarted.api
+def test_sigterm_lets_the_turn_in_flight_deliver_then_exits_0_and_the_next_serve_joins(
+    restarted: Restarted,
+) -> None:
+    serve, api, root = restarted.serve, restarted.api, restarted.root
     assert post(restarted.port, event(9002, "count to 3 slowly")) == (200, {"status": "accepted"})
+    record = json.loads(restarted.new_record.read_text())
+    pids = [p for p in ray_pids_of(record["session_dir"]) if p != serve.popen.pid]
     signalled = time.monotonic()
     serve.popen.send_signal(signal.SIGTERM)
 
@@ -354,16 +363,43 @@ def test_sigterm_lets_the_turn_in_flight_deliver_then_exits_0(restarted: Restart
     assert code == 0, serve.output()
     assert len(replies_to(api, "counted to 3: 1 2 3")) == 1  # delivered before the exit
     assert "sessionray: stopping: turns: 1 in flight, 1 ended, 0 cut off" in log
+    assert "sessionray: stopping: runtime and Ray left running for the next start" in log
     assert "sessionray: stopped" in log and "Traceback" not in log
-    assert not restarted.new_record.exists()  # a clean stop forgets its Ray
-    assert ray_pids_of(str(restarted.root / "rt" / "ray")) == []  # and stops it
+    assert restarted.new_record.exists()  # the instance stays named for the next start
+    assert pids and [p for p in pids if not psutil.pid_exists(p)] == []
+
+    restarted_at = time.monotonic()
+    again = start_serve("serve-d", root, restarted.config, restarted.metrics_port)
+    try:
+        wait_ready(again)
+        ready_s = time.monotonic() - restarted_at
+        log = again.log.read_text(errors="replace")
+        print(f"planned restart (SIGTERM, then serve): ready {ready_s:.1f} s after the start")
+        assert "joining the local Ray of a sessionray serve that ended" in log
+        assert "sessionray: the local Ray of a sessionray serve that died" not in log  # nothing stopped
+        assert [p for p in pids if not psutil.pid_exists(p)] == []
+        joined = json.loads((root / "rt" / "ray" / f"sessionray-serve-{again.popen.pid}.json").read_text())
+        assert joined["session_dir"] == record["session_dir"] and joined["head_pid"] == record["head_pid"]
+        assert not restarted.new_record.exists()  # the joining serve's record names the instance now
+        body = event(9003, "hello after a planned restart")
+        answers = answer_until_stored(restarted.port, restarted.db, body, again)
+        answered(api, restarted.port, body, answers, again)
+        assert len(replies_to(api, "You said: hello after a planned restart")) == 1
+    finally:
+        again.popen.send_signal(signal.SIGINT)  # Ctrl-C: everything stops
+        code = again.popen.wait(timeout=GRACE_S + STOP_MARGIN_S)
+        again.stop()
+    log = again.log.read_text(errors="replace")
+    assert code == 0 and "stopping Ray" in log and "Traceback" not in log, again.output()
+    assert list((root / "rt" / "ray").glob("sessionray-serve-*.json")) == []  # forgotten
+    assert ray_pids_of(str(root / "rt" / "ray")) == []  # and stopped
 
     def keepers() -> list[int]:
         found = []
         for proc in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
                 line = " ".join(proc.cmdline())
-                if "actors.ray_keeper" in line and str(restarted.root) in line and proc.status() != "zombie":
+                if "actors.ray_keeper" in line and str(root) in line and proc.status() != "zombie":
                     found.append(proc.pid)
         return found
 

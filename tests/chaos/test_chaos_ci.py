@@ -78,4 +78,4 @@ def test_no_message_lost_or_answered_twice(
     assert out["stray_replies"] == 0, out
     if scenario.name == "driver_kill":  # the new serve joined the instance the killed one left
         log = (topo.dir / f"serve-{topo.starts}.log").read_text(errors="replace")
-        assert "joining the local Ray of a sessionray serve that died" in log, log[-3000:]
+        assert "joining the local Ray of a sessionray serve that ended" in log, log[-3000:]

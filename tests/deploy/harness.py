@@ -88,11 +88,14 @@ def session_members(sid: int) -> list[int]:
 
 
 class Proc:
-    """One subprocess started as the leader of a new process session, output to ``log``."""
+    """One subprocess started as the leader of a new process session, output to ``log``.
+    ``stop_signal`` is what :meth:`stop` sends first (SIGINT for a local ``sessionray serve``:
+    its SIGTERM leaves its Ray running for a restart, docs/decisions.md#ops-planned-restart)."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, stop_signal: signal.Signals = signal.SIGTERM) -> None:
         self.name, self.argv, self.log = name, argv, log
+        self.stop_signal = stop_signal
         self._log_file = log.open("wb")
         self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log_file,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -112,8 +115,8 @@ class Proc:
         return f"--- {self.name} ({self.log}) ---\n" + "\n".join(lines[-tail:])
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every process of the session, SIGKILL what is left after ``grace_s``, reap."""
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        """``stop_signal`` to every process of the session, SIGKILL what is left after ``grace_s``, reap."""
+        for sig, wait_s in ((self.stop_signal, grace_s), (signal.SIGKILL, 5.0)):
             for pid in session_members(self.sid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, sig)
