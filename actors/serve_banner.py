@@ -14,12 +14,22 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import sys
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 from actors.ray_token import ensure_local_token
 
-__all__ = ["RAY_AUTH_MODE_ENV", "admin_token_for_run", "banner", "quiet_ray_auth", "shown_host"]
+__all__ = [
+    "RAY_AUTH_MODE_ENV",
+    "admin_token_for_run",
+    "banner",
+    "cli_command",
+    "quiet_ray_auth",
+    "shown_host",
+]
 
 RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 """Ray's switch for token authentication (``token`` | ``disabled``)."""
@@ -74,12 +84,30 @@ def admin_token_for_run(config: Any, environ: MutableMapping[str, str] | None = 
     return env[var]
 
 
-def _control_hint(token_env: str, base: str) -> str:
+def cli_command(environ: MutableMapping[str, str] | None = None) -> str:
+    """How a shell of this user runs this installation's ``sessionray``: the bare name when
+    ``PATH`` (of ``environ``, default ``os.environ``) finds this very console script, else its
+    path beside the running interpreter — relative to the working directory when below it (a
+    source checkout: ``.venv/bin/sessionray``), else absolute."""
+    env = os.environ if environ is None else environ
+    mine = Path(sys.executable).parent / "sessionray"
+    if not mine.exists():
+        return "sessionray"
+    found = shutil.which("sessionray", path=env.get("PATH", ""))
+    if found and Path(found).resolve() == mine.resolve():
+        return "sessionray"
+    try:
+        return str(mine.relative_to(Path.cwd()))
+    except ValueError:
+        return str(mine)
+
+
+def _control_hint(token_env: str, base: str, environ: MutableMapping[str, str]) -> str:
     """The admin CLI command line for this server (options only where they differ from defaults)."""
     opts = "" if base == DEFAULT_CONTROL_URL else f" --url {base}"
     if token_env != DEFAULT_CONTROL_TOKEN_ENV:
         opts += f" --token-env {token_env}"
-    return f"sessionray status{opts}"
+    return f"{cli_command(environ)} status{opts}"
 
 
 def banner(
@@ -94,14 +122,15 @@ def banner(
 ) -> list[str]:
     """The first lines ``sessionray serve`` prints: configuration source, console URL, webhook URLs,
     metrics URLs and the admin API with the command that reaches it (with ``generated_token``, the
-    ``export`` line to paste into another shell)."""
+    ``export`` line to paste into another shell). Commands are spelled as this user's shell runs
+    them (:func:`cli_command`)."""
     env = os.environ if environ is None else environ
     base = f"http://{shown_host(host)}:{port}"
     lines = [f"sessionray: configuration from {source}"]
     if source == "<defaults>":
         lines.append(
             "sessionray: no sessionray.yaml: embedded defaults (local Ray, SQLite ./data/sessionray.db, "
-            "console bot, built-in model); `sessionray init` writes a commented one"
+            f"console bot, built-in model); `{cli_command(env)} init` writes a commented one"
         )
     if any(str(b.platform) == "console" for b in config.bots):
         lines.append(f"sessionray: console        {base}/console")
@@ -129,11 +158,11 @@ def banner(
         if generated_token:
             lines.append(
                 f"sessionray: admin token    generated for this run; admin CLI in another shell: "
-                f"export {token_env}={generated_token}; {_control_hint(token_env, base)}"
+                f"export {token_env}={generated_token}; {_control_hint(token_env, base, env)}"
             )
         else:
             lines.append(
-                f"sessionray: admin CLI      {_control_hint(token_env, base)}  (with ${token_env} set "
+                f"sessionray: admin CLI      {_control_hint(token_env, base, env)}  (with ${token_env} set "
                 "to the same value in that shell)"
             )
     else:

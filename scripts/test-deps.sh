@@ -14,6 +14,10 @@
 #
 #   url=$(scripts/test-deps.sh) && export SESSIONRAY_TEST_PG_URL=$url
 #   scripts/test-deps.sh --postgres-only   # PostgreSQL alone (what `make bench` needs)
+#   scripts/test-deps.sh --stop            # stop the throw-away cluster (`make test-deps-stop`)
+#
+# apt-get's output goes to a log file ($TMPDIR or /tmp: sessionray-test-deps-apt.log), named in
+# the one progress line; its last lines are shown only when it fails.
 #
 # Settings (environment): SESSIONRAY_PG_DIR (data directory; default /tmp/sessionray-pg, or
 # /tmp/sessionray-pg-$USER when not root), SESSIONRAY_PG_PORT (default 55432).
@@ -23,10 +27,12 @@ set -euo pipefail
 
 R=${SESSIONRAY_DEPS_ROOT:-}
 only_pg=0
+stop=0
 case "${1:-}" in
   "") ;;
   --postgres-only) only_pg=1 ;;
-  *) echo "usage: $0 [--postgres-only]" >&2; exit 2 ;;
+  --stop) stop=1 ;;
+  *) echo "usage: $0 [--postgres-only | --stop]" >&2; exit 2 ;;
 esac
 log() { echo "test-deps: $*" >&2; }
 die() { echo "test-deps: $*" >&2; exit 1; }
@@ -51,7 +57,8 @@ install_packages() {
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     die "missing system packages for the tests: run as root \`apt-get install -y ${need[*]}\` (Debian), then \`make test\` again"
   fi
-  log "installing ${need[*]} (apt-get)"
+  local apt_log="${TMPDIR:-/tmp}/sessionray-test-deps-apt.log"
+  log "installing ${need[*]} (apt-get; its output: $apt_log)"
   export DEBIAN_FRONTEND=noninteractive
   # Packages with daemons (postgresql, prometheus) must not start system services here: a
   # policy-rc.d that denies every start, created only if absent and removed afterwards.
@@ -60,9 +67,10 @@ install_packages() {
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1
   fi
   local rc=0
-  { apt-get update -qq && apt-get install -y -qq "${need[@]}"; } >&2 || rc=$?
+  { apt-get update -qq && apt-get install -y -qq "${need[@]}"; } >"$apt_log" 2>&1 || rc=$?
   [ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
-  [ "$rc" = 0 ] || die "apt-get install ${need[*]} failed (rc=$rc)"
+  [ "$rc" = 0 ] || die "apt-get install ${need[*]} failed (rc=$rc); the end of $apt_log:
+$(tail -n 20 "$apt_log")"
   mapfile -t need < <(missing_packages)
   [ ${#need[@]} -eq 0 ] || die "still missing after apt-get install: ${need[*]}"
 }
@@ -71,15 +79,29 @@ as_pg() { # run a PostgreSQL tool as the cluster's owner (initdb refuses root)
   if [ "$(id -u)" = 0 ]; then (cd /tmp && runuser -u postgres -- "$@"); else (cd /tmp && "$@"); fi
 }
 
+pg_dir() { # the throw-away cluster's data directory
+  if [ "$(id -u)" = 0 ]; then echo "${SESSIONRAY_PG_DIR:-/tmp/sessionray-pg}"; else echo "${SESSIONRAY_PG_DIR:-/tmp/sessionray-pg-$(id -un)}"; fi
+}
+
+stop_postgres() { # stop the throw-away cluster if it runs; its data directory is kept
+  local bindir dir
+  bindir=$(pg_bindir)
+  dir=$(pg_dir)
+  if [ -z "$bindir" ] || ! as_pg "$bindir/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
+    log "no throw-away PostgreSQL runs in $dir"
+    return 0
+  fi
+  as_pg "$bindir/pg_ctl" -D "$dir" -m fast -w -t 30 stop >/dev/null || die "pg_ctl stop failed for $dir"
+  log "stopped the throw-away PostgreSQL in $dir"
+}
+
 start_postgres() {
   local bindir dir port lock running_port
   bindir=$(pg_bindir)
   [ -n "$bindir" ] || die "no PostgreSQL server binaries under /usr/lib/postgresql/*/bin"
+  dir=$(pg_dir)
   if [ "$(id -u)" = 0 ]; then
-    dir=${SESSIONRAY_PG_DIR:-/tmp/sessionray-pg}
     id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-  else
-    dir=${SESSIONRAY_PG_DIR:-/tmp/sessionray-pg-$(id -un)}
   fi
   port=${SESSIONRAY_PG_PORT:-55432}
   # One provisioning at a time (two `make test` may start together); the lock goes with the process.
@@ -132,6 +154,10 @@ $(tail -n 20 "$dir/server.log" 2>/dev/null)"
   echo "postgresql+psycopg://postgres@127.0.0.1:$running_port/postgres"
 }
 
+if [ "$stop" = 1 ]; then
+  stop_postgres
+  exit 0
+fi
 install_packages
 if [ -n "${SESSIONRAY_TEST_PG_URL:-}" ]; then
   log "PostgreSQL from SESSIONRAY_TEST_PG_URL"

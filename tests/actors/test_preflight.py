@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import sqlite3
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from actors.serve import IngressServer
 from actors.serve_banner import admin_token_for_run, banner, quiet_ray_auth
 from runtime.config import parse_config
 from runtime.config.requirements import EnvRef, directory_problems, env_references, missing_env
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -347,26 +350,42 @@ def test_admin_token_for_run_generates_only_when_unset() -> None:
 
 
 def test_banner_tells_how_to_use_the_admin_cli() -> None:
+    on_path = str(Path(sys.executable).parent)  # the venv's bin on PATH: the bare name runs it
     config = parse_config({"server": {"admin_token_env": "MY_ADMIN"}})
-    env = {"MY_ADMIN": "tok"}
+    env = {"MY_ADMIN": "tok", "PATH": on_path}
     lines = banner(config, "sessionray.yaml", "127.0.0.1", 8123, 8090, generated_token="tok", environ=env)
     assert (
         "sessionray: admin token    generated for this run; admin CLI in another shell: export MY_ADMIN=tok; "
         "sessionray status --url http://127.0.0.1:8123 --token-env MY_ADMIN"
     ) in lines
-    default = banner(
-        parse_config({}), "<defaults>", "0.0.0.0", 8000, None, environ={"SESSIONRAY_ADMIN_TOKEN": "x"}
-    )
+    env = {"SESSIONRAY_ADMIN_TOKEN": "x", "PATH": on_path}
+    default = banner(parse_config({}), "<defaults>", "0.0.0.0", 8000, None, environ=env)
     assert (
         "sessionray: admin CLI      sessionray status  (with $SESSIONRAY_ADMIN_TOKEN set to the same value "
         "in that shell)"
     ) in default
-    off = banner(parse_config({}), "<defaults>", "127.0.0.1", 8000, None, environ={})
+    off = banner(parse_config({}), "<defaults>", "127.0.0.1", 8000, None, environ={"PATH": on_path})
     assert (
         "sessionray: admin API      disabled (set SESSIONRAY_ADMIN_TOKEN before starting, or start with "
         "--dev-admin-token as `make run` does)"
     ) in off
     assert any("`sessionray init` writes a commented one" in line for line in off)
+
+
+def test_banner_spells_the_cli_as_a_shell_without_the_venv_on_path_runs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = Path(sys.executable).parent / "sessionray"
+    monkeypatch.chdir(ROOT)
+    env = {"SESSIONRAY_ADMIN_TOKEN": "x", "PATH": "/usr/bin:/bin"}
+    lines = banner(parse_config({}), "<defaults>", "127.0.0.1", 8000, None, environ=env)
+    shown = str(script.relative_to(ROOT)) if script.is_relative_to(ROOT) else str(script)
+    assert (
+        f"sessionray: admin CLI      {shown} status  (with $SESSIONRAY_ADMIN_TOKEN set to the same value "
+        "in that shell)"
+    ) in lines
+    assert any(f"`{shown} init` writes a commented one" in line for line in lines)
+    assert shown != "sessionray" and Path(ROOT, shown).is_file()  # a command that runs
 
 
 def test_quiet_ray_auth_asks_for_token_mode_and_respects_the_operator(tmp_path: Path) -> None:
