@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from actors.serve_banner import cli_command
 from providers.common import DEFAULT_KEY_ENV
 from runtime.config import DEFAULT_CONFIG_FILE, DatabaseConfig, ServerConfig
 
@@ -122,7 +123,8 @@ def main(argv: list[str]) -> int:
     path.write_text(config_template(), encoding="utf-8")
     config_opt = "" if args.path == DEFAULT_CONFIG_FILE else f" --config {path}"
     print(f"sessionray init: wrote {path}")
-    print(f"next: sessionray check{config_opt} && sessionray serve{config_opt}")
+    cli = cli_command()  # as this user's shell runs it (.venv/bin/sessionray off PATH)
+    print(f"next: {cli} check{config_opt} && {cli} serve{config_opt}")
     if not config_opt:
         print("      (in a source checkout: `make run`, which reads ./sessionray.yaml)")
     return 0

@@ -20,8 +20,9 @@ SCRIPT = Path(sys.executable).parent / "sessionray"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def init(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def init(cwd: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``sessionray init ARGS`` in ``cwd``; PATH finds this venv's ``sessionray`` unless ``path``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": path or f"{SCRIPT.parent}:{os.environ['PATH']}"}
     return subprocess.run(
         [str(SCRIPT), "init", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
     )
@@ -78,6 +79,12 @@ def test_init_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert mine.read_text() == "bots: []\n"
     assert init(tmp_path, "--force").returncode == 0
     assert mine.read_text() == config_template()
+
+
+def test_the_next_command_is_spelled_as_a_shell_without_the_venv_on_path_runs_it(tmp_path: Path) -> None:
+    out = init(tmp_path, path="/usr/bin:/bin")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1] == f"next: {SCRIPT} check && {SCRIPT} serve"  # cwd is not above it
 
 
 def test_init_path_names_the_file_in_the_next_command(tmp_path: Path) -> None:
