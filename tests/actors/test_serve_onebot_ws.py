@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,6 +147,7 @@ def started(fixtures_dir: Path) -> Iterator[Started]:
         for impl in impls.values():
             impl.stop()
         cleanup(root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_reverse_socket_came_before_ready(started: Started) -> None:
