@@ -45,7 +45,9 @@ A webhook answers:
 * **500** ``{"error": "internal error"}`` for an unexpected exception (logged with traceback);
 * **404** when no bot ``{platform}/{bot_id}`` is configured, or it is a ``mode: polling`` bot
   (:mod:`actors.telegram_poll` runs its updates through :meth:`Ingress.handle_event`; they never
-  come by webhook, and without a secret that route would take forged updates).
+  come by webhook, and without a secret that route would take forged updates), or a OneBot bot
+  whose ``transport`` is a WebSocket (its events come over the socket its access token
+  authenticated; docs/decisions.md#security-socket-bots-no-webhook).
 
 Every event is counted in ``sessionray_inbound_messages_total{platform, outcome}`` (outcome:
 ``accepted`` | ``duplicate`` | ``queued`` | ``ignored`` | ``untriggered`` | ``denied`` |
@@ -165,6 +167,13 @@ class Ingress:
             for bot in config.bots
             if getattr(bot, "mode", "webhook") != "polling"
         }
+        # A WebSocket bot's events come over its socket (actors.onebot_ws uses its codec): its
+        # webhook route would take unsigned events (docs/decisions.md#security-socket-bots-no-webhook).
+        self.socket_bots: dict[tuple[str, str], str] = {
+            (str(bot.platform), str(bot.self_id)): str(bot.transport)
+            for bot in config.bots
+            if getattr(bot, "transport", "http") != "http"
+        }
         self.db: Database | None = None
         if transcripts is None:
             # Short write retries: a 503 must reach the platform before its webhook timeout
@@ -201,6 +210,10 @@ class Ingress:
         """
         platform, bot_id = request.path_params["platform"], request.path_params["bot_id"]
         codec = self.codecs.get((platform, bot_id))
+        transport = self.socket_bots.get((platform, bot_id))
+        if transport is not None:
+            error = f"bot {platform}/{bot_id} takes its events over its WebSocket ({transport}): no webhook"
+            return JSONResponse({"error": error}, status_code=404)
         if codec is None:
             return JSONResponse({"error": f"no bot {platform}/{bot_id} is configured"}, status_code=404)
         try:

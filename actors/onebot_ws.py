@@ -20,6 +20,12 @@ that could not be routed is ``queued`` in the durable inbox instead) is
 submitted again in the background with backoff, at most :data:`RESUBMIT_ATTEMPTS` times and
 :data:`MAX_RESUBMITTING` events at once, counted in ``sessionray_onebot_ws_resubmits_total``.
 
+Start-up (docs/decisions.md#ops-early-accept): ``sessionray serve`` accepts reverse sockets
+before Ray is up. Until the runtime is up (:meth:`actors.serve_gate.RuntimeGate.wait_ready`)
+nothing here touches Ray: a reverse socket's events are stored and answered ``queued`` as a
+webhook's are (the start-up recovery routes them), and its pump takes the bot's lease only once
+the runtime is up; a forward dialer dials only then (the lease decides which process dials).
+
 Outbound: a socket with an API role (``Universal``/``API``, and every forward socket) holds the
 bot's lease in its link actor and pumps: it long-polls ``next_calls``, writes each frame, and
 hands every answer (matched by ``echo``) back with ``resolve``. Meta events (``heartbeat``,
@@ -38,6 +44,7 @@ import random
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -85,6 +92,13 @@ class _Socket:
     ) -> None:
         self.send = send
         self.recv = recv
+
+
+@dataclass
+class _Held:
+    """The link actor in which a socket's pump took the bot's lease (None until it did)."""
+
+    link: Any = None
 
 
 def _starlette_socket(ws: WebSocket) -> _Socket:
@@ -199,6 +213,14 @@ class OneBotSockets:
             link = self._links[bot_id] = get_link(bot_id, self.link_prefix)
         return link
 
+    async def _runtime_up(self) -> None:
+        """Until the session runtime (and so Ray) is up: at once for a started runtime, else
+        :meth:`actors.serve_gate.RuntimeGate.wait_ready` (a socket of ``sessionray serve``
+        accepted or dialled while it starts must not reach Ray, docs/decisions.md#ops-early-accept)."""
+        wait = getattr(getattr(self.ingress, "runtime", None), "wait_ready", None)
+        if wait is not None:
+            await wait()
+
     def _backoff(self, attempt: int, at_least: float = 0.0) -> float:
         full = min(self.backoff_max_s, self.backoff_base_s * (2 ** max(0, attempt - 1)))
         return max(at_least, full * (0.5 + random.random() / 2))
@@ -236,6 +258,7 @@ class OneBotSockets:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         holder = f"{self._process}:dial-{uuid.uuid4().hex[:8]}"
         attempt = 0
+        await self._runtime_up()  # the lease lives in a Ray actor
         while True:
             try:
                 held = await self._link(bot_id).acquire.remote(holder, LEASE_TTL_S, False)
@@ -276,42 +299,61 @@ class OneBotSockets:
         health = self.health[bot_id]
         health.opened(conn_id, role)
         metrics.ONEBOT_WS_CONNECTED.set(1, bot=bot_id)
-        link = self._link(bot_id) if role in ("Universal", "API") else None
         holder = holder or f"{self._process}:{conn_id}"
         closed = asyncio.Event()
+        held = _Held()
         inbox: asyncio.Queue[bytes | None] = asyncio.Queue(INBOX_SIZE)
         worker = asyncio.ensure_future(self._inbox_worker(bot_id, inbox))
         pump = None
-        if link is not None:
-            try:
-                await link.acquire.remote(holder, LEASE_TTL_S, take_over)
-            except ray.exceptions.RayError as exc:  # the pump acquires once the link answers
-                log.warning("bot %s: link actor unreachable: %r", bot_id, exc)
-            pump = asyncio.ensure_future(self._pump(link, holder, sock, closed))
+        if role in ("Universal", "API"):
+            pump = asyncio.ensure_future(self._pump(bot_id, holder, sock, closed, held, take_over))
         try:
             while (text := await sock.recv()) is not None:
-                await self._frame(bot_id, text, link, inbox)
+                await self._frame(bot_id, text, held, inbox)
         finally:
             closed.set()
             health.closed(conn_id)
             metrics.ONEBOT_WS_CONNECTED.set(1 if health.connected else 0, bot=bot_id)
             await inbox.put(None)
-            await asyncio.shield(self._finish(link, holder, pump, worker))
+            await asyncio.shield(self._finish(held, holder, pump, worker))
 
     async def _finish(
-        self, link: Any, holder: str, pump: asyncio.Future[None] | None, worker: asyncio.Future[None]
+        self, held: _Held, holder: str, pump: asyncio.Future[None] | None, worker: asyncio.Future[None]
     ) -> None:
         """After a socket closed: let the pump hand back what it could not write, then release
-        the lease (failing calls written and not answered), then drain the inbox."""
-        if pump is not None and link is not None:
+        the lease it took (failing calls written and not answered), then drain the inbox."""
+        if pump is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pump, POLL_S + 10)
+        if held.link is not None:
             with contextlib.suppress(ray.exceptions.RayError):
-                await link.release.remote(holder)
+                await held.link.release.remote(holder)
         with contextlib.suppress(Exception):
             await worker
 
-    async def _pump(self, link: Any, holder: str, sock: _Socket, closed: asyncio.Event) -> None:
+    async def _until_up(self, closed: asyncio.Event) -> bool:
+        """Until the runtime is up (True) or the socket closed first (False)."""
+        up = asyncio.ensure_future(self._runtime_up())
+        gone = asyncio.ensure_future(closed.wait())
+        try:
+            await asyncio.wait((up, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            up.cancel()
+            gone.cancel()
+        return up.done() and not up.cancelled() and not closed.is_set()
+
+    async def _pump(
+        self, bot_id: str, holder: str, sock: _Socket, closed: asyncio.Event, held: _Held, take_over: bool
+    ) -> None:
+        """Once the runtime is up: take the bot's lease (``take_over``: from any holder), then
+        write the link's queued calls into ``sock`` until it closes."""
+        if not await self._until_up(closed):
+            return  # closed before the runtime was up: no lease taken, nothing to release
+        link = held.link = self._link(bot_id)
+        try:
+            await link.acquire.remote(holder, LEASE_TTL_S, take_over)
+        except ray.exceptions.RayError as exc:  # acquired below once the link answers
+            log.warning("bot %s: link actor unreachable: %r", bot_id, exc)
         while not closed.is_set():
             try:
                 frames = await link.next_calls.remote(holder, POLL_S, LEASE_TTL_S)
@@ -335,10 +377,8 @@ class OneBotSockets:
                     await link.requeue.remote([f["echo"] for f in frames[i:]])
                     return
 
-    async def _frame(
-        self, bot_id: str, text: str, link: Any | None, inbox: asyncio.Queue[bytes | None]
-    ) -> None:
-        """One text frame: an API answer goes to the link, an event to the inbox."""
+    async def _frame(self, bot_id: str, text: str, held: _Held, inbox: asyncio.Queue[bytes | None]) -> None:
+        """One text frame: an API answer goes to the link the pump holds, an event to the inbox."""
         body = text.encode("utf-8", "replace")
         if len(body) > self.max_frame_bytes:
             log.warning("bot %s: %d-byte frame over server.max_body_bytes dropped", bot_id, len(body))
@@ -349,9 +389,10 @@ class OneBotSockets:
         except (ValueError, RecursionError):
             frame = None  # handle_event answers it as malformed (and counts it)
         if is_api_response(frame):
-            if link is not None:  # (an Event-role socket carries no answers)
+            # no link: an Event-role socket, or no call was written yet (the runtime is starting)
+            if held.link is not None:
                 with contextlib.suppress(ray.exceptions.RayError):
-                    await link.resolve.remote(str(frame["echo"]), frame)
+                    await held.link.resolve.remote(str(frame["echo"]), frame)
             return
         self.health[bot_id].event(frame)
         await inbox.put(body)

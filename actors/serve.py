@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import sys
 import time
@@ -68,6 +69,12 @@ from actors.serve_shutdown import REQUESTS_WAIT_S, ShutdownSignals, drain, say
 __all__ = ["DEFAULT_METRICS_EXPORT_PORT", "IngressServer", "main", "serve", "with_ingress_address"]
 
 log = logging.getLogger("sessionray.serve")
+
+RAY_AUTO_CONNECT_ENV = "RAY_ENABLE_AUTO_CONNECT"
+"""Ray's switch for the ``ray.init()`` its API calls make when the process is not connected
+(read when Ray is imported). ``sessionray serve`` sets it to ``0``: its one ``ray.init`` is its
+own, in the ``ray-driver`` thread; a Ray call made before that (a bug) raises
+``RaySystemError`` instead of starting a second Ray that races it (docs/decisions.md#ops-early-accept)."""
 
 LISTEN_BACKLOG = 2048
 """Connections the kernel holds for the HTTP port until the server takes them (uvicorn's default)."""
@@ -373,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     from actors.ray_token import RayTokenError
     from runtime.config import ConfigError, load_config
 
+    os.environ[RAY_AUTO_CONNECT_ENV] = "0"  # before anything imports Ray (docstring of the name)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -10,11 +10,14 @@ configuration, the database and the listener are ready, before Ray and the sessi
   ``GET /healthz`` with 503 ``{"status": "starting"}`` and the routes that need the runtime — the
   admin API, the console page and the console's session list, steer and follow-up — with 503 and
   a message (``Retry-After``). Webhooks, OneBot WebSockets, ``/metrics`` and the rest of the
-  console (history, its reply stream, the console platform API) work from the first moment.
+  console (history, its reply stream, the console platform API) work from the first moment; what
+  must reach a Ray actor (a OneBot socket's link, a forward dialer) first awaits
+  :meth:`RuntimeGate.wait_ready`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from typing import Any
@@ -62,6 +65,7 @@ class RuntimeGate:
         self._target: Any = None
         self._delivery: Any = None
         self._inbox_db: Any = None
+        self._attached = asyncio.Event()
         self.phase = "starting Ray"
 
     def attach(self, runtime: Any) -> None:
@@ -72,11 +76,19 @@ class RuntimeGate:
             runtime.attach_inbox(self._inbox_db)
         self._target = runtime
         self.phase = "ready"
+        self._attached.set()
 
     @property
     def ready(self) -> bool:
         """A runtime is attached."""
         return self._target is not None
+
+    async def wait_ready(self) -> None:
+        """Until :meth:`attach` ran (Ray and the session runtime are up). What accepts or dials a
+        socket before then awaits this before it touches Ray (docs/decisions.md#ops-early-accept):
+        ``sessionray serve``'s ``ray.init`` runs in its own thread meanwhile, and a Ray call made
+        now would race it. Call :meth:`attach` on the loop that waits."""
+        await self._attached.wait()
 
     @property
     def runtime(self) -> Any:

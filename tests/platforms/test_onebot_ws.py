@@ -273,3 +273,19 @@ async def test_forward_ws_dropped_mid_run_nothing_lost_nothing_twice(
     assert health["transport"] == "ws-forward"
     assert (health["connected"], health["reconnects"], health["lifecycle"]) == (True, 1, "connect")
     assert connected_gauge(FORWARD_BOT) == 1.0
+
+
+@pytest.mark.parametrize(("bot", "transport"), [(REVERSE_BOT, "ws-reverse"), (FORWARD_BOT, "ws-forward")])
+async def test_a_websocket_bot_has_no_webhook_route(
+    stack: WsStack, fixtures_dir: Path, bot: str, transport: str
+) -> None:
+    # access_token_env set, no secret_env: an unsigned POST of a group message that mentions the
+    # bot used to be stored and answered over the socket (docs/decisions.md#security-socket-bots-no-webhook)
+    ev = json.loads((fixtures_dir / "onebot11" / "event_group_message_array.json").read_bytes())
+    ev |= {"self_id": int(bot), "message_id": 84001 if transport == "ws-reverse" else 84002}
+    ev["message"] = [{"type": "at", "data": {"qq": bot}}, *ev["message"]]
+    async with httpx.AsyncClient(timeout=10) as client:
+        resp = await client.post(f"{stack.base_url}/webhooks/onebot11/{bot}", json=ev)
+    error = f"bot onebot11/{bot} takes its events over its WebSocket ({transport}): no webhook"
+    assert (resp.status_code, resp.json()) == (404, {"error": error})
+    assert await stack.scene(bot, str(ev["group_id"])) == []  # nothing stored
