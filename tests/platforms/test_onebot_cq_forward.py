@@ -110,6 +110,8 @@ def node(forward_id: str) -> dict[str, Any]:
         "data": {
             "user_id": int(BOT),
             "nickname": BOT,
+            "uin": BOT,  # Lagrange.OneBot reads uin/name, go-cqhttp and NapCat user_id/nickname
+            "name": BOT,
             "content": [{"type": "forward", "data": {"id": forward_id}}],
         },
     }
