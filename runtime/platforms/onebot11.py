@@ -302,7 +302,8 @@ class OneBot11Codec:
 
     def _node(self, forward: dict[str, Any]) -> dict[str, Any]:
         """A custom forward node, sent as the bot, that carries one ``forward`` segment; the sender
-        is named twice (``user_id``/``nickname`` and ``uin``/``name``: docs/decisions.md#platform-forward-api)."""
+        is named twice (``user_id``/``nickname`` and ``uin``/``name``:
+        docs/decisions.md#platform-forward-api)."""
         me, name = _id_value(self.self_id), self.self_id
         sender = {"user_id": me, "nickname": name, "uin": name, "name": name}
         return {"type": "node", "data": {**sender, "content": [forward]}}
