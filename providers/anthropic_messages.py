@@ -43,6 +43,8 @@ from providers.common import (
     join_url,
     loads,
     request_secrets,
+    require_user_turn,
+    sendable_user,
 )
 from providers.handoff import anthropic_tool_id, transform_messages
 from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
@@ -95,7 +97,7 @@ def _blocks(content: list[Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for b in content:
         if isinstance(b, TextContent):
-            if b.text:
+            if b.text.strip():  # the API rejects a text block without non-whitespace text
                 out.append({"type": "text", "text": b.text})
         elif isinstance(b, ImageContent):
             out.append(
@@ -127,18 +129,19 @@ def convert_messages(model: Model, context: Context) -> list[dict[str, Any]]:
 
     Consecutive tool results are merged into one ``user`` message of ``tool_result`` blocks (the
     API requires results right after the ``tool_use`` turn); tool-call ids are normalized to
-    ``[a-zA-Z0-9_-]{1,64}``. Empty text blocks are dropped (the API rejects them).
+    ``[a-zA-Z0-9_-]{1,64}``. Empty text blocks are dropped (the API rejects them); a user message
+    with nothing to send is sent as ``NO_TEXT`` (:func:`providers.common.sendable_user`).
+
+    Raises:
+        ContextError: the result would be empty or end on the assistant's message
+            (docs/decisions.md#llm-user-turns).
     """
     out: list[dict[str, Any]] = []
     for msg in transform_messages(context.messages, model, anthropic_tool_id):
         if isinstance(msg, UserMessage):
-            if isinstance(msg.content, str):
-                if msg.content.strip():
-                    out.append({"role": "user", "content": msg.content})
-            else:
-                blocks = _blocks(msg.content)
-                if blocks:
-                    out.append({"role": "user", "content": blocks})
+            msg = sendable_user(msg)
+            content = msg.content if isinstance(msg.content, str) else _blocks(msg.content)
+            out.append({"role": "user", "content": content})
         elif isinstance(msg, AssistantMessage):
             blocks = _assistant_blocks(msg)
             if blocks:
@@ -157,6 +160,7 @@ def convert_messages(model: Model, context: Context) -> list[dict[str, Any]]:
                 out.append({"role": "user", "content": [result], "_results": True})
     for m in out:
         m.pop("_results", None)
+    require_user_turn(out, "assistant")
     return out
 
 

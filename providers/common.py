@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets as _secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
@@ -15,13 +15,14 @@ from pydantic_core import from_json
 
 from runtime.config import ProviderConfig
 from runtime.llm.options import StreamOptions
-from runtime.llm.types import AssistantMessage, Model, Usage
+from runtime.llm.types import NO_TEXT, AssistantMessage, ImageContent, Model, Usage, UserMessage
 
 __all__ = [
     "DEFAULT_KEY_ENV",
     "OFFICIAL_HOSTS",
     "SECRET_HEADERS",
     "ApiKeyError",
+    "ContextError",
     "ProviderConfigs",
     "apply_cost",
     "crash_handler",
@@ -30,7 +31,9 @@ __all__ = [
     "loads",
     "mint_tool_call_id",
     "request_secrets",
+    "require_user_turn",
     "resolve_api_key",
+    "sendable_user",
 ]
 
 DEFAULT_KEY_ENV: dict[str, str] = {
@@ -181,6 +184,37 @@ def mint_tool_call_id(name: str) -> str:
     return f"call_{_secrets.token_hex(6)}"
 
 
+class ContextError(ValueError):
+    """A Context no provider body can be built from: it has no message, or it ends on the
+    assistant's message (docs/decisions.md#llm-user-turns). Raised before anything is sent; the
+    stream ends with an ``error`` event carrying this message."""
+
+
+def sendable_user(msg: UserMessage) -> UserMessage:
+    """``msg``, or — when it has no non-whitespace text and no image — a copy whose content is
+    :data:`~runtime.llm.types.NO_TEXT` (an empty user message is never sent, nor dropped:
+    docs/decisions.md#llm-user-turns)."""
+    if isinstance(msg.content, str):
+        empty = not msg.content.strip()
+    else:
+        empty = not any(isinstance(b, ImageContent) or b.text.strip() for b in msg.content)
+    return msg.model_copy(update={"content": NO_TEXT}) if empty else msg
+
+
+def require_user_turn(messages: Sequence[Mapping[str, Any]], assistant_role: str) -> None:
+    """Check a converted message list (``{"role", …}`` dicts, system messages left out) before it
+    is sent (docs/decisions.md#llm-user-turns).
+
+    Raises:
+        ContextError: ``messages`` is empty, or its last role is ``assistant_role`` (``assistant``;
+            Gemini: ``model``).
+    """
+    if not messages:
+        raise ContextError("the context has no message for the model to answer")
+    if messages[-1].get("role") == assistant_role:
+        raise ContextError("the context ends on the assistant's message: nothing for the model to answer")
+
+
 def join_url(base_url: str, path: str) -> str:
     """Join ``base_url`` and ``path`` with exactly one ``/`` between them."""
     return base_url.rstrip("/") + "/" + path.lstrip("/")
@@ -191,7 +225,8 @@ def crash_handler(model: Model) -> Callable[[BaseException], AssistantMessage]:
     naming the exception (``stop_reason="error"``; run_stream turns cancellation into aborted)."""
 
     def on_crash(exc: BaseException) -> AssistantMessage:
-        text = str(exc) if isinstance(exc, ApiKeyError) else f"{type(exc).__name__}: {exc}"
+        plain = isinstance(exc, ApiKeyError | ContextError)
+        text = str(exc) if plain else f"{type(exc).__name__}: {exc}"
         return AssistantMessage.error_for(model, text)
 
     return on_crash

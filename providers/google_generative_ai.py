@@ -31,6 +31,8 @@ from providers.common import (
     loads,
     mint_tool_call_id,
     request_secrets,
+    require_user_turn,
+    sendable_user,
 )
 from providers.handoff import transform_messages
 from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
@@ -98,14 +100,19 @@ def convert_contents(model: Model, context: Context) -> list[dict[str, Any]]:
     """Turn ``context.messages`` into ``contents`` (roles ``user``/``model``), after handoff.
 
     Consecutive tool results become one ``user`` content of ``functionResponse`` parts with the
-    call's ``id`` and ``name``; ``response`` is ``{"output": text}`` or ``{"error": text}``.
+    call's ``id`` and ``name``; ``response`` is ``{"output": text}`` or ``{"error": text}``. A user
+    message with nothing to send is sent as ``NO_TEXT`` (:func:`providers.common.sendable_user`).
+
+    Raises:
+        ContextError: the result would be empty or end on the ``model``'s content
+            (docs/decisions.md#llm-user-turns).
     """
     out: list[dict[str, Any]] = []
     for msg in transform_messages(context.messages, model):
         if isinstance(msg, UserMessage):
+            msg = sendable_user(msg)
             parts = [{"text": msg.content}] if isinstance(msg.content, str) else _parts(msg.content)
-            if parts and parts != [{"text": ""}]:
-                out.append({"role": "user", "parts": parts})
+            out.append({"role": "user", "parts": parts})
         elif isinstance(msg, AssistantMessage):
             parts = _model_parts(msg)
             if parts:
@@ -128,6 +135,7 @@ def convert_contents(model: Model, context: Context) -> list[dict[str, Any]]:
                 out.append({"role": "user", "parts": [resp, *images], "_results": True})
     for c in out:
         c.pop("_results", None)
+    require_user_turn(out, "model")
     return out
 
 

@@ -34,6 +34,8 @@ from providers.common import (
     loads,
     mint_tool_call_id,
     request_secrets,
+    require_user_turn,
+    sendable_user,
 )
 from providers.handoff import openai_tool_id, transform_messages
 from providers.profiles import OpenAICompat, openai_compat
@@ -130,7 +132,12 @@ def convert_messages(model: Model, context: Context, compat: OpenAICompat) -> li
     The system prompt goes first as ``developer`` for reasoning models on servers that support
     that role, else ``system``. Images returned by tools follow the tool messages as one user
     message (``tool`` messages cannot carry images). Tool-call ids longer than OpenAI's 40
-    characters are shortened (:func:`providers.handoff.openai_tool_id`), results alike.
+    characters are shortened (:func:`providers.handoff.openai_tool_id`), results alike. A user
+    message with nothing to send is sent as ``NO_TEXT`` (:func:`providers.common.sendable_user`).
+
+    Raises:
+        ContextError: no message besides the system prompt, or the last is the assistant's
+            (docs/decisions.md#llm-user-turns).
     """
     out: list[dict[str, Any]] = []
     if context.system_prompt:
@@ -142,7 +149,7 @@ def convert_messages(model: Model, context: Context, compat: OpenAICompat) -> li
             out.append({"role": "user", "content": tool_images})
             tool_images = []
         if isinstance(msg, UserMessage):
-            out.append({"role": "user", "content": _user_content(msg)})
+            out.append({"role": "user", "content": _user_content(sendable_user(msg))})
         elif isinstance(msg, AssistantMessage):
             converted = _assistant(msg, compat)
             if converted is not None:
@@ -156,6 +163,7 @@ def convert_messages(model: Model, context: Context, compat: OpenAICompat) -> li
                     )
     if tool_images:
         out.append({"role": "user", "content": tool_images})
+    require_user_turn(out[1:] if context.system_prompt else out, "assistant")
     return out
 
 

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 __all__ = [
+    "NO_TEXT",
     "AgentMessage",
     "AssistantContent",
     "AssistantMessage",
@@ -50,6 +51,11 @@ StopReason: TypeAlias = Literal["stop", "length", "toolUse", "error", "aborted"]
 ``aborted`` (the caller's signal fired)."""
 
 InputKind: TypeAlias = Literal["text", "image"]
+
+NO_TEXT = "[message without text]"
+"""What the model reads for a user message that has nothing else to show: an inbound message with no
+text and no segment that has a placeholder (runtime.platforms.placeholders), and what a provider
+sends for a user message with no text and no image (docs/decisions.md#llm-user-turns)."""
 
 
 def now_ms() -> int:

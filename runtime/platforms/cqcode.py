@@ -21,10 +21,13 @@ aiocqhttp use the same grammar), so one odd code never costs the whole event. A 
 * its type name is ``[A-Za-z0-9_.-]+`` (ASCII letters, digits, ``_ . -``; no spaces, no other
   Unicode),
 * each parameter is ``,key=value`` with a key of the same characters and a value without ``,``
-  ``[`` ``]`` (the spec escapes them inside values; the value may be empty), and
+  or ``]`` (the spec escapes them inside values; the value may be empty; an unescaped ``[`` is
+  part of the value, as aiocqhttp and NoneBot2 read it: ``[CQ:image,file=a[1.jpg]`` is an image
+  of ``a[1.jpg``), and
 * one trailing ``,`` before ``]`` is allowed (``[CQ:face,id=14,]``, ``[CQ:rps,]``).
 
-So ``[CQ:at,qq]`` (no ``=``), ``[CQ:image,file=a,b.jpg]`` (an unescaped ``,`` in a value),
+This is aiocqhttp's grammar, malformed cases included (tests/platforms/test_cqcode_aiocqhttp.py
+compares the two). So ``[CQ:at,qq]`` (no ``=``), ``[CQ:image,file=a,b.jpg]`` (an unescaped ``,`` in a value),
 ``[CQ:at, qq=10001]`` (a stray space: the spec says a code has none) and ``[CQ:表情,id=1]`` are
 kept as the text they are. A repeated key keeps its last value.
 """
@@ -37,9 +40,13 @@ from typing import Any
 __all__ = ["escape", "parse_cq", "to_cq", "unescape"]
 
 _NAME = r"[A-Za-z0-9_.-]+"
-_CODE = re.compile(rf"\[CQ:({_NAME})((?:,{_NAME}=[^,\[\]]*)*),?\]")
-"""One well-formed code: group 1 the type, group 2 its ``,key=value`` parameters (maybe empty).
-Linear: a value stops at the first ``,`` ``[`` ``]``, so a failed attempt never rescans."""
+_ATTEMPT = re.compile(rf"\[CQ:(?:({_NAME})((?:,{_NAME}=[^,\]]*)*+),?+(\])?)?+")
+"""One ``[CQ:`` and as far as the code grammar reaches from it, never backtracking: group 1 the
+type, group 2 its ``,key=value`` parameters (maybe empty), group 3 the closing ``]`` — present only
+when the whole code parsed. Without group 3 the reached span is literal text, and no ``[CQ:``
+inside it can start a code: such a ``[CQ:`` lies in a value of this attempt, so it either stops
+before the value's end or, from that ``,``, follows this attempt's parse to the same failure. So
+parsing resumes after the span, and no character is scanned twice (linear)."""
 
 
 def escape(text: str, *, in_value: bool = False) -> str:
@@ -68,28 +75,35 @@ def parse_cq(message: str) -> list[dict[str, Any]]:
 
     Adjacent plain text becomes one ``text`` segment; empty text between codes is omitted; a code
     that does not parse is part of the text (module docstring). Never raises on any string.
-    Linear in the length of ``message`` (docs/decisions.md#platform-linear-parsing: one ``re.split``
-    pass, then one step per code; a repeated parameter string is parsed once), about 2 µs per code.
+    Linear in the length of ``message`` (docs/decisions.md#platform-linear-parsing: one left-to-right
+    pass of :data:`_ATTEMPT`; a repeated parameter string is parsed once), about 2 µs per code.
     """
-    parts = _CODE.split(message)  # [text, type, params, text, type, params, ..., text]
     segments: list[dict[str, Any]] = []
-    append = segments.append
     parsed: dict[str, dict[str, str]] = {}
-    text = parts[0]
-    if text:
-        append({"type": "text", "data": {"text": unescape(text) if "&" in text else text}})
-    for i in range(1, len(parts), 3):
-        code_type, params, text = parts[i], parts[i + 1], parts[i + 2]
-        if params:
-            data = parsed.get(params)
-            if data is None:
-                data = parsed[params] = _params(params)
-            append({"type": code_type, "data": data.copy()})
-        else:
-            append({"type": code_type, "data": {}})
-        if text:
-            append({"type": "text", "data": {"text": unescape(text) if "&" in text else text}})
+    text: list[str] = []  # literal pieces since the last code
+    pos = 0
+    for attempt in _ATTEMPT.finditer(message):
+        code_type, params, closed = attempt.groups()
+        if closed is None:  # not a code: its span stays text
+            continue
+        text.append(message[pos : attempt.start()])
+        pos = attempt.end()
+        _flush_text(text, segments)
+        data = parsed.get(params) if params else {}
+        if data is None:
+            data = parsed[params] = _params(params)
+        segments.append({"type": code_type, "data": data.copy()})
+    text.append(message[pos:])
+    _flush_text(text, segments)
     return segments
+
+
+def _flush_text(pieces: list[str], segments: list[dict[str, Any]]) -> None:
+    """Append the joined ``pieces`` as one unescaped ``text`` segment (none when empty); clear them."""
+    text = "".join(pieces)
+    pieces.clear()
+    if text:
+        segments.append({"type": "text", "data": {"text": unescape(text) if "&" in text else text}})
 
 
 def to_cq(segments: list[dict[str, Any]]) -> str:

@@ -41,8 +41,10 @@ share        ``share {url, title}``
 a reply is cut into runs in order: each run of other segments is one ``send_*_msg`` call, each run
 of consecutive forwards one ``POST {api_base}/send_group_forward_msg`` ``{"group_id", "messages"}``
 (``/send_private_forward_msg`` ``{"user_id", "messages"}``) whose ``messages`` holds one custom
-node per forward: ``{"type": "node", "data": {"user_id": <self_id>, "nickname": <self_id>,
-"content": [{"type": "forward", "data": {"id": <forward_id>}}]}}``.
+node per forward: ``{"type": "node", "data": {"user_id": <self_id>, "nickname": <self_id>, "uin":
+"<self_id>", "name": <self_id>, "content": [{"type": "forward", "data": {"id": <forward_id>}}]}}``
+— both name pairs, as go-cqhttp/NapCat read ``user_id``/``nickname`` and Lagrange.OneBot reads
+``uin``/``name`` (docs/decisions.md#platform-forward-api).
 
 Send results: HTTP 200 with ``retcode`` 0 (ok) or 1 (queued, no message id) is a success; any
 other ``retcode`` is a failed send carrying the platform's wording (``wording`` / ``message`` /
@@ -299,9 +301,12 @@ class OneBot11Codec:
         return calls
 
     def _node(self, forward: dict[str, Any]) -> dict[str, Any]:
-        """A custom forward node, sent as the bot, that carries one ``forward`` segment."""
-        me = _id_value(self.self_id)
-        return {"type": "node", "data": {"user_id": me, "nickname": self.self_id, "content": [forward]}}
+        """A custom forward node, sent as the bot, that carries one ``forward`` segment; the sender
+        is named twice (``user_id``/``nickname`` and ``uin``/``name``:
+        docs/decisions.md#platform-forward-api)."""
+        me, name = _id_value(self.self_id), self.self_id
+        sender = {"user_id": me, "nickname": name, "uin": name, "name": name}
+        return {"type": "node", "data": {**sender, "content": [forward]}}
 
     def parse_send_result(self, status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
         """Read an HTTP API answer: retcode 0/1 ok (message_id from ``data``); other retcodes fail

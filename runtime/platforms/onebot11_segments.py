@@ -40,7 +40,8 @@ def from_onebot_segments(segments: list[dict[str, Any]]) -> list[dict[str, Any]]
     ``file`` with ``media: {kind: "url", value: url}`` when an http(s) URL is known, else
     ``{kind: "file", value: file}`` (an opaque platform reference); ``reply {id}`` →
     ``reply {message_id}``; ``forward {id}`` → ``forward {forward_id}``; ``face`` id as string;
-    ``dice``/``rps`` → empty data; ``share`` keeps url/title. Any other type (``json``, ``xml``,
+    ``dice``/``rps`` → empty data; ``share`` keeps url/title; ``mface`` (a market sticker) → the
+    text ``[sticker <summary>]`` (``[sticker]`` without one). Any other type (``json``, ``xml``,
     ``poke``…) becomes a ``text`` segment ``[<type>]`` (a placeholder,
     docs/decisions.md#platform-degrade-explicitly: the transcript and the model see that something
     was sent; its payload is not interpreted).
@@ -84,6 +85,9 @@ def from_onebot_segments(segments: list[dict[str, Any]]) -> list[dict[str, Any]]
             share = {"url": _str_field(data, "url", t, ids=False)}
             share["title"] = _str_field(data, "title", t, ids=False)
             out.append({"type": "share", "data": share})
+        elif t == "mface":  # a market sticker (NapCat, Lagrange, LLOneBot): its summary is "[嘿嘿]"
+            summary = _str_field(data, "summary", t, ids=False).strip().strip("[]")
+            out.append({"type": "text", "data": {"text": f"[sticker {summary}]" if summary else "[sticker]"}})
         else:
             out.append({"type": "text", "data": {"text": f"[{t}]"}})
     return out

@@ -8,7 +8,8 @@
   ``text_mention`` → ``mention {target: user.id}``; a ``mention`` entity of the bot's own
   ``@username`` → ``mention {target: bot_id}`` (other ``@username`` mentions carry no id and stay
   text — never guess an id: docs/decisions.md#reply-mention-identity); photo (largest size) / video
-  / animation / audio / voice / document / sticker → media ``{kind: "file", value: file_id}``; dice
+  / animation / audio / voice / document / sticker → media ``{kind: "file", value: file_id}`` (a
+  sticker is an ``image`` whose data also has ``sticker``: its emoji, maybe ``""``); dice
   → ``dice``; ``reply_to_message`` → a leading ``reply {message_id}`` segment and ``reply_to``.
 * Groups trigger per ``trigger`` (``mention`` by default): the bot is *mentioned* by a
   ``mention`` entity of its username, a ``text_mention`` of its id, or a reply to one of its
@@ -100,8 +101,11 @@ def message_segments(
         if isinstance(item, dict) and "file_id" in item:
             if not isinstance(item["file_id"], str) or not item["file_id"]:
                 raise MalformedEvent(f"Telegram {field}.file_id must be a non-empty string")
-            media = {"kind": "file", "value": item["file_id"]}
-            segments.append({"type": seg_type, "data": {"media": media}})
+            data: dict[str, Any] = {"media": {"kind": "file", "value": item["file_id"]}}
+            if field == "sticker":  # the model reads "[sticker 😀 file=…]" (runtime.platforms.placeholders)
+                emoji = item.get("emoji")
+                data["sticker"] = emoji if isinstance(emoji, str) else ""
+            segments.append({"type": seg_type, "data": data})
             break
     if isinstance(msg.get("dice"), dict):
         segments.append({"type": "dice", "data": {}})

@@ -32,7 +32,8 @@ from runtime.agent.config import AgentLoopConfig
 from runtime.agent.tool_policy import PolicyCheck, TurnScope, apply_tool_policy
 from runtime.agent.tools import AgentTool
 from runtime.llm.types import AgentMessage, ImageContent, Model, TextContent, UserMessage
-from runtime.reply.provenance import ProvenanceIdentity, inbound_media_lines, reply_identity
+from runtime.platforms.placeholders import model_text
+from runtime.reply.provenance import ProvenanceIdentity, reply_identity
 from runtime.reply.segments import Reply
 from runtime.session.commands import CommandHandler, ParsedCommand, SessionStatus, command_text
 from runtime.session.mcp_tools import McpToolset
@@ -107,15 +108,16 @@ class AgentFeatures:
 
     # ------------------------------------------------------------------ 2. user message
     async def user_message(self, turn: Any, model: Model) -> UserMessage:
-        """The stored user message of an inbound turn: text, media reference lines, image blocks.
+        """The stored user message of an inbound turn: text, then one line per non-text segment
+        (media references, ``[face 14]``, ``[sticker 😀 file=…]``…: :mod:`runtime.platforms.placeholders`;
+        never empty), then image blocks.
 
         Images are read only when some model of the session can see them (``vision_model`` is set
         or the main ``model`` accepts ``image``). An image that cannot be read (refused address,
         too large, not an image) stays only as its reference line; the turn goes on.
         """
         base: UserMessage = turn.user_message()
-        lines = inbound_media_lines(turn.segments)
-        text = "\n".join(p for p in (turn.text, *lines) if p)
+        text = model_text(turn.text, turn.segments)  # never empty: docs/decisions.md#platform-placeholders
         sees = self.vision_model is not None or "image" in model.input
         images = await self._images(turn) if sees and has_image_segments(turn.segments) else []
         content: str | list[TextContent | ImageContent] = (

@@ -42,6 +42,7 @@ from runtime.llm.types import (
     ToolResultMessage,
     UserMessage,
 )
+from runtime.platforms.placeholders import model_text
 from runtime.reply.capability import CapabilityCache, ProbeFn
 from runtime.reply.custom_output import OutputSpec
 from runtime.session.output_sink import OutputSink
@@ -131,10 +132,13 @@ class TurnInput(BaseModel):
         return f"{session_id}/{self.message_id}"
 
     def user_message(self) -> UserMessage:
-        """The user message stored for this inbound (clean text; the sender prefix is rendered at
-        LLM conversion time: docs/decisions.md#security-sender-prefix)."""
+        """The user message stored for this inbound: clean text, then one line per non-text
+        segment (``[face 14]``, ``[image url=…]``…), never empty (docs/decisions.md#platform-placeholders);
+        the sender prefix is rendered at LLM conversion time (docs/decisions.md#security-sender-prefix)."""
         return UserMessage(
-            content=self.text, sender=dict(self.sender) or None, timestamp=self.time_ms or _now()
+            content=model_text(self.text, self.segments),
+            sender=dict(self.sender) or None,
+            timestamp=self.time_ms or _now(),
         )
 
 

@@ -49,7 +49,8 @@ def text(t: str) -> dict[str, Any]:
             "&#91;[CQ:at,qq][CQ:face,id=2]&amp;",
             [text("[[CQ:at,qq]"), {"type": "face", "data": {"id": "2"}}, text("&")],
         ),
-        ("x[CQ:at,qq=[CQ:face,id=3]", [text("x[CQ:at,qq="), {"type": "face", "data": {"id": "3"}}]),
+        # an unescaped '[' is part of a value (aiocqhttp's reading: test_cqcode_aiocqhttp.py)
+        ("x[CQ:at,qq=[CQ:face,id=3]", [text("x"), {"type": "at", "data": {"qq": "[CQ:face", "id": "3"}}]),
         # an empty value is a value; a repeated key keeps the last one; '=' may be in a value
         ("[CQ:at,qq=]", [{"type": "at", "data": {"qq": ""}}]),
         ("[CQ:share,url=u,url=v,title=a=b]", [{"type": "share", "data": {"url": "v", "title": "a=b"}}]),
@@ -110,6 +111,8 @@ def node(forward_id: str) -> dict[str, Any]:
         "data": {
             "user_id": int(BOT),
             "nickname": BOT,
+            "uin": BOT,  # Lagrange.OneBot reads uin/name, go-cqhttp and NapCat user_id/nickname
+            "name": BOT,
             "content": [{"type": "forward", "data": {"id": forward_id}}],
         },
     }

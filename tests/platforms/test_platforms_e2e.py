@@ -212,7 +212,11 @@ async def test_telegram_photo_caption_with_429_retry_after(stack: Stack, load_js
     stack.api.fail_next(1, 429, retry_after=1)
     resp = await post(stack, f"/webhooks/telegram/{TG_BOT}", json.dumps(update).encode(), telegram_headers())
     assert (resp.status_code, resp.json()) == (200, {"status": "accepted"})
-    expected = {"chat_id": 10000001, "text": "re: www.example.com", "parse_mode": "HTML"}
+    photo = load_json("telegram/message_photo_caption.json")["photo"][-1]["file_id"]  # the largest size
+    # the scripted model echoes what it read: the caption, then the photo's line
+    # (docs/decisions.md#platform-placeholders)
+    text = f"re: www.example.com\n[image file={photo}]"
+    expected = {"chat_id": 10000001, "text": text, "parse_mode": "HTML"}
     sent = await eventually(
         lambda: (
             len(requests_to(stack.api, TG_SEND, chat_id=10000001)) >= 2
@@ -225,7 +229,7 @@ async def test_telegram_photo_caption_with_429_retry_after(stack: Stack, load_js
     rows = await eventually(
         lambda: _two(stack.scene("telegram", TG_BOT, "10000001")), 30, "outbound transcript"
     )
-    assert rows == [("inbound", "www.example.com"), ("outbound", "re: www.example.com")]
+    assert rows == [("inbound", "www.example.com"), ("outbound", text)]
 
 
 # --------------------------------------------------------------------------- console in a browser

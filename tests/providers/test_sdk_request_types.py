@@ -26,6 +26,7 @@ from providers.google_generative_ai import THINKING_BUDGETS
 from runtime.llm.options import SimpleStreamOptions
 from runtime.llm.stream import stream_simple
 from runtime.llm.types import (
+    NO_TEXT,
     AssistantMessage,
     Context,
     ImageContent,
@@ -278,3 +279,70 @@ def test_the_check_names_what_the_sdk_does_not_take() -> None:
     assert "force" in (google_problems(unknown) or "")
     bad_mode = {**gemini, "toolConfig": {"functionCallingConfig": {"mode": "X"}}}
     assert google_problems(bad_mode) == ".toolConfig: X is not a valid FunctionCallingConfigMode"
+
+
+# --------------------------------------------------------------------------- user turns
+# docs/decisions.md#llm-user-turns: a user message with nothing to send goes as NO_TEXT; a body is
+# never empty and never ends on the assistant (a Context that would is refused before sending).
+
+SDK_CHECKS = {
+    OPENAI: ("openai/chat_stream_text_with_usage.sse", lambda body: sdk_problems(OPENAI_SDK, body)),
+    ANTHROPIC: ("anthropic/messages_stream_text.sse", lambda body: sdk_problems(ANTHROPIC_SDK, body)),
+    GEMINI: ("gemini/stream_text.sse", google_problems),
+}
+
+
+def turns(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(role, content)`` of the body's conversation (OpenAI's system message left out)."""
+    if "contents" in body:
+        return [(c["role"], c["parts"]) for c in body["contents"]]
+    return [(m["role"], m["content"]) for m in body["messages"] if m["role"] not in ("system", "developer")]
+
+
+def said(model: Model, text: str, content: Any = None) -> AssistantMessage:
+    return AssistantMessage(api=model.api, provider=model.provider, model=model.id,
+                            content=content or [TextContent(text=text)], stop_reason="stop")  # fmt: skip
+
+
+def empty_user_contexts(model: Model) -> list[tuple[list[Any], int]]:
+    """Contexts whose user messages have nothing to send (a QQ face alone stored before its
+    placeholder existed), with the number of user turns the body must have."""
+    empty: list[Any] = ["", "  \n", [], [TextContent(text="")], [TextContent(text=" ")]]
+    out: list[tuple[list[Any], int]] = [([UserMessage(content=e, timestamp=1)], 1) for e in empty]
+    history = [UserMessage(content="hi", timestamp=1), said(model, "hello")]
+    out += [([*history, UserMessage(content=e, timestamp=2)], 2) for e in empty]
+    out.append(
+        ([UserMessage(content="", timestamp=1), said(model, "?"), UserMessage(content="ok", timestamp=2)], 2)
+    )
+    return out
+
+
+@pytest.mark.parametrize("api", [OPENAI, ANTHROPIC, GEMINI])
+async def test_an_empty_user_message_is_sent_as_the_no_text_placeholder(
+    replay: ReplayServer, fixtures_dir: Path, api: str
+) -> None:
+    model = model_for(replay, api, "m", input=["text", "image"])
+    fixture, problems = SDK_CHECKS[api]
+    for messages, user_turns in empty_user_contexts(model):
+        context = Context(system_prompt="be brief", messages=messages)
+        body = await sent_body(replay, fixtures_dir / fixture, model, "off", {}, context)
+        assert problems(body) is None, (messages, body)
+        sent = turns(body)
+        assert sent and sent[-1][0] == "user", body  # never empty, never ending on the assistant
+        assert sum(role == "user" for role, _ in sent) == user_turns, body
+        assert NO_TEXT in json.dumps(body, ensure_ascii=False), body
+
+
+@pytest.mark.parametrize("api", [OPENAI, ANTHROPIC, GEMINI])
+async def test_a_context_without_a_user_turn_to_answer_is_refused_before_sending(
+    replay: ReplayServer, api: str
+) -> None:
+    model = model_for(replay, api, "m")
+    options = SimpleStreamOptions(api_key="sk-test-key-123456")
+    for messages, why in [
+        ([], "the context has no message for the model to answer"),
+        ([UserMessage(content="hi", timestamp=1), said(model, "hello")], "ends on the assistant's message"),
+    ]:
+        result = await stream_simple(model, Context(system_prompt="s", messages=messages), options).result()
+        assert result.stop_reason == "error" and why in (result.error_message or ""), (messages, result)
+    assert replay.requests == []  # nothing was sent

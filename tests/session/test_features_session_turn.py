@@ -101,7 +101,7 @@ async def test_image_inbound_routes_to_vision_model_and_session_records_it(repo:
     sent = vision.calls[0].context.messages[-1]
     assert isinstance(sent, UserMessage) and isinstance(sent.content, list)
     assert [(b.type, getattr(b, "text", None), getattr(b, "mime_type", None)) for b in sent.content] == [
-        ("text", "what is this?", None),
+        ("text", "what is this?\n[image]", None),  # its line (inline data: no reference), then the image
         ("image", None, "image/png"),
     ]
     info = await repo.get_session(core.session_id)
@@ -244,3 +244,15 @@ async def test_mcp_tools_in_session_turns_connect_once_and_close_on_passivation(
     assert (toolset.servers[0].connects, toolset.servers[0].connected) == (1, True)  # once, reused
     await core.close()  # passivation closes the connection (and the stdio subprocess)
     assert toolset.servers[0].connected is False
+
+
+@pytest.mark.parametrize("features", [True, False])
+async def test_a_qq_face_alone_reaches_the_model_as_its_placeholder(repo: Any, features: bool) -> None:
+    """docs/decisions.md#platform-placeholders: never an empty user message."""
+    answer = faux_assistant_message([faux_text(reply_json(text_seg("nice face")))])
+    model = register_faux_provider([answer], provider="s-face", models=["m"])
+    setup = SessionSetup(model=model.get_model(), features=AgentFeatures() if features else None)
+    face = {"type": "face", "data": {"id": "14"}}
+    rec, _ = await run_turn(repo, setup, turn("onebot11:10001:private:42", "", segments=[face]))
+    assert [j.reply for j in rec.jobs] == [Reply.of_text("nice face")]
+    assert model.calls[0].context.messages[-1].content == "[face 14]"
