@@ -254,17 +254,18 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ inbound
 
-    async def submit(self, inbound: Any) -> SubmitResult:
+    async def submit(self, inbound: Any, attempt: int = 0) -> SubmitResult:
         """Send an ``InboundMessage`` to its session's host (see :class:`SubmitResult` and
         :class:`actors.runtime_submit.SubmitPath`): straight to the cached host of a live
         session, through the key's router shard otherwise. Returns once the host accepted (or
         refused) it; the turn runs on, watched here (a host that dies mid-turn: the message is
-        sent once more to the session's new host).
+        sent once more to the session's new host). ``attempt``: 0 for a first delivery, 1 for a
+        stored message sent again (:meth:`actors.runtime_submit.SubmitPath.submit`).
 
         Raises:
             ray.exceptions.RayActorError / ActorUnavailableError: the shard is down or restarting.
         """
-        return SubmitResult(**await self._path.submit(inbound))
+        return SubmitResult(**await self._path.submit(inbound, attempt))
 
     # ------------------------------------------------------------------ control
 

@@ -227,3 +227,29 @@ async def test_a_shard_restarted_after_kill_9_replays_without_being_called(
     await eventually(lambda: sent_texts(h, user) == ["re: after the crash"], 120, "the reply")
     await all_handled(db, user, 1)
     assert await user_texts(h, user) == ["after the crash"]
+
+
+async def test_a_held_chat_under_steady_load_returns_to_the_direct_path_in_order(
+    h: IngressHarness, db: Database
+) -> None:
+    """What a restart leaves: a chat with an open row and a new ingress process that holds the
+    chat behind it. Messages that keep coming are answered ``accepted`` (the direct path) once
+    the held row is handled, not ``queued`` for as long as the load lasts; all in chat order."""
+    user = "300000041"
+    await store_directly(db, message(user, "left by the restart", "held-0"), age_s=0)
+    answers: list[tuple[int, str]] = []
+    with serve_in_thread(build_app(h.runtime, h.config)) as url:
+        for i in range(1, 400):  # back to back, no pause: the chat's load never stops
+            answers.append((i, post(h, user, f"steady {i}", 92000 + i, url)[1]))
+            if dict(states(db, user))["held-0"] == "handled":
+                break
+        assert dict(states(db, user))["held-0"] == "handled", "the held row was never handled"
+        drained_at = len(answers)
+        for i in range(drained_at + 1, drained_at + 6):
+            answers.append((i, post(h, user, f"steady {i}", 92000 + i, url)[1]))
+    after = [status for i, status in answers if i > drained_at]
+    assert after == ["accepted"] * 5
+    texts = ["left by the restart"] + [f"steady {i}" for i, _ in answers]
+    await eventually(lambda: len(sent_texts(h, user)) >= len(texts), 120, f"{user}'s replies")
+    assert sent_texts(h, user) == [f"re: {t}" for t in texts]
+    assert await user_texts(h, user) == texts
