@@ -116,7 +116,7 @@ def test_restart_recovery_is_the_first_window_back_at_the_pre_restart_p50() -> N
     out = restart_recovery(sent, replies, down_at=10.0, ready_at=13.0)
     # the window from ready + 3.75 s holds 2 slow and 8 fast messages: its p50 is back
     assert out == {"pre_p50_s": 0.03, "recovery_s": 3.75, "p50_after_10s_s": 0.04}
-    never = {mid: [t[0] + 5.0] for mid, t in replies.items()}  # slow for ever
+    never = {s.mid: [s.due + (0.03 if s.due < 10 else 5.0)] for s in sent}  # slow for ever after
     assert restart_recovery(sent, never, down_at=10.0, ready_at=13.0)["recovery_s"] is None
 
 
