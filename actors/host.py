@@ -451,7 +451,9 @@ class SessionHost:
     @ray.method(concurrency_group="control")
     async def status(self, session_key: str | None = None) -> dict[str, Any]:
         """With ``session_key``: that core's ``status()`` plus ``pid`` and ``host``. Without: the
-        host's ``{"index", "pid", "live", "cap", "uss_mib", **stats}``.
+        host's ``{"index", "pid", "live", "in_flight", "cap", "uss_mib", **stats}`` — ``in_flight``:
+        accepted messages of its sessions whose turn has not ended, whoever sent them (an
+        ingress, a router shard's inbox recovery).
 
         Raises:
             SessionNotBoundError: ``session_key`` is not live here.
@@ -470,6 +472,7 @@ class SessionHost:
             "index": self.index,
             "pid": os.getpid(),
             "live": len(self._live),
+            "in_flight": sum(live.pending for live in list(self._live.values())),
             "oldest_idle_s": round(oldest_idle_s(self._live, time.monotonic()), 3),
             "cap": self.cap,
             "uss_mib": round(self._uss, 2),
@@ -494,7 +497,8 @@ class SessionHost:
         async def run() -> int:
             lives = list(self._live.values())
             self._live.clear()
-            await asyncio.gather(*(s.core.close(timeout_s) for s in lives), return_exceptions=True)
+            closing = (s.core.close(timeout_s, "the shutdown") for s in lives)
+            await asyncio.gather(*closing, return_exceptions=True)
             return len(lives)
 
         return await asyncio.wait_for(self._on_loop(run()), timeout_s + 5.0)

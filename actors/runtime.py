@@ -233,10 +233,19 @@ class SessionRuntime:
                 self.delivery.stop()
         self.routers, self.hosts = [], None
 
-    def in_flight(self) -> int:
-        """Turns this process submitted whose result has not come back yet (``sessionray serve``
-        waits for them on SIGTERM: docs/decisions.md#ops-graceful-shutdown)."""
-        return int(self._path.status()["pending"])
+    async def in_flight(self) -> int:
+        """Turns in flight in the whole instance: every host's accepted messages whose turn has not
+        ended — this process's, another ingress's, the router shards' inbox recovery's — and at
+        least those this process submitted and still watches (all it can count when the hosts do
+        not answer). ``sessionray serve`` waits for them on SIGTERM
+        (docs/decisions.md#ops-graceful-shutdown)."""
+        mine = int(self._path.status()["pending"])
+        if self.hosts is None:
+            return mine
+        try:
+            return max(mine, int(await self.hosts.in_flight.remote()))
+        except Exception:
+            return mine
 
     def attach_inbox(self, db: Any) -> None:
         """Mark this process's submissions in the durable inbox on ``db`` (a

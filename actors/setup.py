@@ -230,6 +230,7 @@ class ConfigSetupFactory:
             pre_tools=list(self._code[0]),
             deferred_tasks=dict(self._code[1]),
             **({"failure_text": agent.failure_text} if agent.failure_text else {}),
+            **({"abort_text": agent.abort_text or None} if agent.abort_text is not None else {}),
             capabilities=self._capabilities,  # docs/decisions.md#structured-capability-cache
             # the built-in offline model answers every tier: nothing to probe
             probe=default_probe if self.config.ai.default_model else None,

@@ -10,6 +10,7 @@ chats (OneBot user ids) and message ids."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import time
@@ -253,3 +254,23 @@ async def test_a_held_chat_under_steady_load_returns_to_the_direct_path_in_order
     await eventually(lambda: len(sent_texts(h, user)) >= len(texts), 120, f"{user}'s replies")
     assert sent_texts(h, user) == [f"re: {t}" for t in texts]
     assert await user_texts(h, user) == texts
+
+
+async def test_in_flight_counts_the_turns_the_recovery_loop_started(h: IngressHarness, db: Database) -> None:
+    """``in_flight()`` (what a SIGTERM's drain waits for) counts every turn of the instance: here one
+    that a router shard's recovery loop started, which this process never submitted."""
+    user = "300000051"
+    markers = Path(h.db_url.removeprefix("sqlite:///")).parent / "markers"
+    gate = f"recovered-{user}"
+    await store_directly(db, message(user, f"block {gate}", "in-flight-1"), age_s=10)
+    await h.runtime.routers[0].recover_now.remote()
+    await eventually(lambda: (markers / f"gate-{gate}.waiting").exists(), 60, "the recovered turn runs")
+
+    async def in_flight() -> int:
+        n = h.runtime.in_flight()
+        return int(await n if inspect.isawaitable(n) else n)
+
+    assert ((await h.runtime.status())["pending"], await in_flight()) == (0, 1)
+    (markers / f"gate-{gate}.open").write_text("")
+    await all_handled(db, user, 1)
+    assert await in_flight() == 0
