@@ -195,10 +195,15 @@ class InboxGate:
 
     async def _send(self, msg: InboundMessage, earlier: tuple[InboxEntry, ...]) -> str:
         """Re-send the key's ``earlier`` open rows in inbox order (``attempt=1``: a host that has
-        one answers ``duplicate``, one whose turn was cut off resumes it), then submit ``msg``;
+        one answers ``duplicate``, one whose turn was cut off resumes it) — but those this
+        process's runtime still has in flight (at their host already) — then submit ``msg``;
         the first earlier row not taken (``busy``) is the answer and ``msg`` is not sent
         (docs/decisions.md#inbox-durable)."""
+        mine = getattr(self._runtime, "in_flight_ids", None)
+        running = mine(msg.session_key) if callable(mine) else set()
         for entry in earlier:
+            if entry.message_id in running:  # accepted by this process: at its host already
+                continue
             inbound = InboundMessage.model_validate_json(entry.message_json)
             status = _status(await self._runtime.submit(inbound, attempt=1))
             if status == "accepted":

@@ -247,6 +247,11 @@ class SessionRuntime:
         except Exception:
             return mine
 
+    def in_flight_ids(self, session_key: str) -> set[str]:
+        """Message ids of ``session_key`` this process submitted whose turn is still running (the
+        ingress does not send those again: docs/decisions.md#inbox-durable)."""
+        return self._path.in_flight_ids(session_key)
+
     def attach_inbox(self, db: Any) -> None:
         """Mark this process's submissions in the durable inbox on ``db`` (a
         :class:`runtime.memory.db.Database`; the ingress passes its own): ``routed`` when a host

@@ -86,7 +86,7 @@ MAX_ATTEMPTS = 3
 """Re-submissions by the recovery loop that a host accepted, after which an unhandled row is
 ``failed`` instead of sent once more (a message whose turn kills its host every time)."""
 
-EARLIER_LIMIT = 20
+EARLIER_LIMIT = 200
 """Earlier open rows of a key :meth:`InboxStore.store` returns at most (``check_order``)."""
 
 MessageRef = tuple[str, str, str]
