@@ -29,7 +29,9 @@ reply's arrival minus its scheduled send time): ``pre_p50_s`` — the p50 latenc
 due before the restart; ``recovery_s`` — from ``ready`` to the start of the first
 :data:`WINDOW_S` window (messages due in it, at least :data:`WINDOW_MIN` of them answered) whose
 p50 is within the pre-restart p50 (at most ``max(1.5 × pre_p50_s, pre_p50_s + 0.05 s)``), None
-when none is; ``p50_after_10s_s`` — the p50 of the messages due from 10 s after ``ready`` on.
+when none is; ``p50_after_10s_s`` — the p50 of the messages due from 10 s after ``ready`` on;
+``p50_by_s_after_ready`` — the p50 of each second's messages for :data:`TIMELINE_S` s after
+``ready`` (None: fewer than :data:`WINDOW_MIN` answered).
 
 ``uncertain`` (this scenario's replies the serve lists ``uncertain``), ``lost_uncertain``,
 ``retried`` and ``lost_after_retry`` / ``duplicated_after_retry`` (after the operator retried the
@@ -46,7 +48,7 @@ from typing import Any
 
 from tests.chaos.load import Sent
 
-__all__ = ["COLUMNS", "WINDOW_MIN", "WINDOW_S", "figures", "restart_recovery", "table"]
+__all__ = ["COLUMNS", "TIMELINE_S", "WINDOW_MIN", "WINDOW_S", "figures", "restart_recovery", "table"]
 
 COLUMNS = (
     "sent", "accepted", "answered_once", "duplicated", "lost", "never_accepted", "uncertain",
@@ -56,6 +58,8 @@ COLUMNS = (
 :func:`restart_recovery`)."""
 WINDOW_S = 1.0
 """Width of the rolling windows of :func:`restart_recovery`, in seconds."""
+TIMELINE_S = 25
+"""Seconds after ``ready`` that :func:`restart_recovery`'s ``p50_by_s_after_ready`` covers."""
 WINDOW_MIN = 3
 """Answered messages a window needs to count."""
 
@@ -131,7 +135,13 @@ def restart_recovery(
                 break
             start += WINDOW_S / 4
     late = _p50([lat for due, lat in after if due >= ready_at + 10.0])
+    by_second = []
+    for k in range(TIMELINE_S):
+        window = [lat for due, lat in after if ready_at + k <= due < ready_at + k + 1]
+        p50 = _p50(window) if len(window) >= WINDOW_MIN else None
+        by_second.append(None if p50 is None else round(p50, 2))
     return {
+        "p50_by_s_after_ready": by_second,
         "pre_p50_s": None if pre is None else round(pre, 3),
         "recovery_s": recovery,
         "p50_after_10s_s": None if late is None else round(late, 3),

@@ -115,7 +115,9 @@ def test_restart_recovery_is_the_first_window_back_at_the_pre_restart_p50() -> N
     replies = {s.mid: [s.due + latency(s.due)] for s in sent if not 10 <= s.due < 13}
     out = restart_recovery(sent, replies, down_at=10.0, ready_at=13.0)
     # the window from ready + 3.75 s holds 2 slow and 8 fast messages: its p50 is back
+    timeline = out.pop("p50_by_s_after_ready")
     assert out == {"pre_p50_s": 0.03, "recovery_s": 3.75, "p50_after_10s_s": 0.04}
+    assert timeline[:6] == [5.0, 5.0, 5.0, 5.0, 0.04, 0.04] and len(timeline) == 25
     never = {s.mid: [s.due + (0.03 if s.due < 10 else 5.0)] for s in sent}  # slow for ever after
     assert restart_recovery(sent, never, down_at=10.0, ready_at=13.0)["recovery_s"] is None
 
