@@ -46,7 +46,7 @@ from runtime.memory.inbox import (
     InboxEntry,
     InboxStore,
     create_inbox_table,
-    note_attempt,
+    note_attempts,
     pending_keys,
 )
 from runtime.memory.transcripts import TranscriptStore
@@ -201,17 +201,22 @@ class InboxGate:
         (docs/decisions.md#inbox-durable)."""
         mine = getattr(self._runtime, "in_flight_ids", None)
         running = mine(msg.session_key) if callable(mine) else set()
-        for entry in earlier:
-            if entry.message_id in running:  # accepted by this process: at its host already
-                continue
-            inbound = InboundMessage.model_validate_json(entry.message_json)
-            status = _status(await self._runtime.submit(inbound, attempt=1))
-            if status == "accepted":
+        accepted: list[int] = []
+        try:
+            for entry in earlier:
+                if entry.message_id in running:  # accepted by this process: at its host already
+                    continue
+                inbound = InboundMessage.model_validate_json(entry.message_json)
+                status = _status(await self._runtime.submit(inbound, attempt=1))
+                if status == "accepted":
+                    accepted.append(entry.id)
+                elif status != "duplicate":
+                    return status
+            return _status(await self._runtime.submit(msg))
+        finally:
+            if accepted:  # one transaction for the drain (docs/decisions.md#inbox-durable)
                 db = self.store.db
-                await db.run_write(partial(note_attempt, db, entry.id))
-            elif status != "duplicate":
-                return status
-        return _status(await self._runtime.submit(msg))
+                await db.run_write(partial(note_attempts, db, accepted))
 
 
 def _status(result: Any) -> str:

@@ -114,14 +114,14 @@ class SqlCapabilityStore:
         }
 
         def write() -> bool:
-            stmt = self.db.insert(_LEASE).values(**values)
-            stmt = stmt.on_conflict_do_update(
+            upsert = self.db.insert(_LEASE).values(**values)
+            claim = upsert.on_conflict_do_update(
                 index_elements=["provider", "model"],
                 set_={"holder": holder, "until_ms": values["until_ms"]},
                 where=(_LEASE.c.until_ms < now) | (_LEASE.c.holder == holder),
             ).returning(_LEASE.c.holder)
             with self.db.connection(write=True) as conn:
-                result = conn.execute(stmt)
+                result = conn.execute(claim)
                 # pysqlite reports no result columns when RETURNING yields no row
                 return (result.first() if result.returns_rows else None) is not None
 

@@ -20,8 +20,9 @@ order (one key's rows are replayed in ``id`` order).
 Writes are SQLAlchemy Core statements built once (docs/decisions.md#memory-write-path), each a
 whole transaction a caller may re-run on a transient error: :meth:`InboxStore.store` (the row and,
 in the same transaction, the message's transcript row), :func:`mark` (batched state changes,
-idempotent: a state only moves forward), :func:`expire`, :func:`note_attempt`, :func:`fail`,
-:func:`prune`. Readers: :func:`pending`, :func:`backlog`, :func:`pending_keys`, :func:`get_row`.
+idempotent: a state only moves forward), :func:`expire`, :func:`note_attempt` (and
+:func:`note_attempts`), :func:`fail`, :func:`prune`. Readers: :func:`pending`, :func:`backlog`,
+:func:`pending_keys`, :func:`get_row`.
 The table is created, if missing, by :func:`create_inbox_table` (never altered:
 docs/decisions.md#memory-create-only). Every function here but :meth:`InboxStore.store` is
 blocking: run writers through :meth:`runtime.memory.db.Database.run_write`, readers through
@@ -74,6 +75,7 @@ __all__ = [
     "mark",
     "message_ref",
     "note_attempt",
+    "note_attempts",
     "pending",
     "pending_keys",
     "prune",
@@ -326,6 +328,14 @@ def note_attempt(db: Database, row_id: int) -> bool:
     (when it was still open). Returns whether the row was open."""
     with db.connection(write=True) as conn:
         return bool(conn.execute(_NOTE_ATTEMPT, {"i": row_id, "now": now_ms()}).rowcount)
+
+
+def note_attempts(db: Database, row_ids: Sequence[int]) -> None:
+    """:func:`note_attempt` for every row of ``row_ids``, in one transaction."""
+    if row_ids:
+        now = now_ms()
+        with db.connection(write=True) as conn:
+            conn.execute(_NOTE_ATTEMPT, [{"i": i, "now": now} for i in row_ids])
 
 
 def fail(db: Database, row_id: int) -> bool:
