@@ -48,7 +48,7 @@ from actors.host_state import (
     answered,
     current_pid,
     evictable,
-    oldest_idle_s,
+    host_row,
     recorded,
     session_rows,
     shielded,
@@ -451,30 +451,19 @@ class SessionHost:
     @ray.method(concurrency_group="control")
     async def status(self, session_key: str | None = None) -> dict[str, Any]:
         """With ``session_key``: that core's ``status()`` plus ``pid`` and ``host``. Without: the
-        host's ``{"index", "pid", "live", "cap", "uss_mib", **stats}``.
+        host's :func:`actors.host_state.host_row`.
 
         Raises:
             SessionNotBoundError: ``session_key`` is not live here.
         """
 
         if session_key is None:  # plain reads, answered even while the sessions' loop is busy
-            return self._host_status()
+            return host_row(self.index, self.cap, self._uss, self._live, self.stats)
 
         async def run() -> dict[str, Any]:
             return {**self._require(session_key).core.status(), "pid": os.getpid(), "host": self.index}
 
         return await self._on_loop(run())
-
-    def _host_status(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "pid": os.getpid(),
-            "live": len(self._live),
-            "oldest_idle_s": round(oldest_idle_s(self._live, time.monotonic()), 3),
-            "cap": self.cap,
-            "uss_mib": round(self._uss, 2),
-            **self.stats,
-        }
 
     @ray.method(concurrency_group="control")
     async def context_messages(self, session_key: str) -> list[dict[str, Any]]:
@@ -494,7 +483,8 @@ class SessionHost:
         async def run() -> int:
             lives = list(self._live.values())
             self._live.clear()
-            await asyncio.gather(*(s.core.close(timeout_s) for s in lives), return_exceptions=True)
+            closing = (s.core.close(timeout_s, "the shutdown") for s in lives)
+            await asyncio.gather(*closing, return_exceptions=True)
             return len(lives)
 
         return await asyncio.wait_for(self._on_loop(run()), timeout_s + 5.0)

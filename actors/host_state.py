@@ -24,6 +24,7 @@ __all__ = [
     "SessionNotBoundError",
     "current_pid",
     "evictable",
+    "host_row",
     "oldest_idle_s",
     "recorded",
     "session_rows",
@@ -104,6 +105,24 @@ def oldest_idle_s(live: dict[str, LiveSession], now: float) -> float:
     """Seconds since the least recently used :func:`evictable` session was used (0.0: none); the
     router evicts on the host with the oldest one first (close to a global LRU)."""
     return max((now - last_used for _, last_used, _ in evictable(live, now)), default=0.0)
+
+
+def host_row(
+    index: int, cap: int, uss_mib: float, live: dict[str, LiveSession], stats: dict[str, int]
+) -> dict[str, Any]:
+    """A host's status: ``{"index", "pid", "live", "in_flight", "oldest_idle_s", "cap", "uss_mib",
+    **stats}`` — ``in_flight``: accepted messages of its sessions whose turn has not ended, whoever
+    sent them (an ingress, a router shard's inbox recovery)."""
+    return {
+        "index": index,
+        "pid": os.getpid(),
+        "live": len(live),
+        "in_flight": sum(s.pending for s in list(live.values())),
+        "oldest_idle_s": round(oldest_idle_s(live, time.monotonic()), 3),
+        "cap": cap,
+        "uss_mib": round(uss_mib, 2),
+        **stats,
+    }
 
 
 def session_rows(live: dict[str, LiveSession], keys: list[str] | None, now: float) -> list[dict[str, Any]]:

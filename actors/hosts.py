@@ -342,6 +342,26 @@ class HostSupervisor:
             **self.stats,
         }
 
+    async def in_flight(self, timeout_s: float = 5.0) -> int:
+        """Turns in flight on every ready host (each host's ``in_flight``: accepted messages whose
+        turn has not ended, whoever submitted them); a host that does not answer in ``timeout_s``
+        counts 0.
+
+        Raises:
+            RuntimeError: no host answered (while some are ready).
+        """
+
+        async def one(h: _Host) -> int | None:
+            try:
+                return int((await asyncio.wait_for(h.handle.status.remote(), timeout_s))["in_flight"])
+            except Exception:
+                return None
+
+        counts = await asyncio.gather(*(one(h) for h in self._hosts.values() if h.ready))
+        if counts and all(c is None for c in counts):
+            raise RuntimeError("no session host answered")
+        return sum(c for c in counts if c is not None)
+
     async def host_pids(self, timeout_s: float = 5.0) -> list[int | None]:
         """Process ids of the ready hosts (``None`` for one that did not answer in ``timeout_s``)."""
 

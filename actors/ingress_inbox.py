@@ -13,10 +13,15 @@
    down, a Ray error, the session's mailbox full (``busy``), no answer within
    :data:`SUBMIT_WAIT_S` — is ``queued``: the row is stored, and a router shard's recovery loop
    (:mod:`actors.recovery`) routes it a few seconds later;
-4. keeps per-chat order: once a key had a ``queued`` message here, later messages of that key are
-   stored and left ``queued`` as well while an earlier row of the key is still open (checked in
-   the same write transaction), so none overtakes a queued one. Keys with open rows at start-up
-   (an earlier ingress process died or stopped) start out that way too.
+4. keeps per-chat order and gets a chat back to the direct path: once a key had a ``queued``
+   message here (keys with open rows at start-up — an earlier ingress process died or stopped —
+   start out that way), its next message reads, in its store transaction, the key's earlier rows
+   that are still open, re-sends them in inbox order (``attempt=1``) and then submits itself,
+   all through the runtime's per-key order, so the host stamps them first; when all were taken
+   the key is no longer held and its later messages take the plain direct path. An earlier row
+   the host does not take (``busy``, an error, no answer in time), more than
+   :data:`runtime.memory.inbox.EARLIER_LIMIT` of them, or one the recovery loop is about to give
+   up leaves the new message ``queued`` behind them. Such messages of one key pass one at a time.
 
 The inbox marks (``routed`` / ``handled``) are written by the runtime's submit path, batched,
 off the answer path (:meth:`actors.runtime.SessionRuntime.attach_inbox`).
@@ -29,12 +34,21 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from actors.admission import KeyOrder
 from runtime.memory.db import Database
-from runtime.memory.inbox import InboxStore, create_inbox_table, pending_keys
+from runtime.memory.inbox import (
+    MAX_ATTEMPTS,
+    InboxEntry,
+    InboxStore,
+    create_inbox_table,
+    note_attempts,
+    pending_keys,
+)
 from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import InboundMessage
 
@@ -84,6 +98,7 @@ class InboxGate:
         self.submit_wait_s = submit_wait_s
         self._late: set[asyncio.Future[Any]] = set()
         self._queued: OrderedDict[str, None] = OrderedDict()
+        self._order = KeyOrder()
         try:
             since = int((time.time() - replay_window_s) * 1000)
             for key in sorted(pending_keys(db, since)):
@@ -120,12 +135,20 @@ class InboxGate:
         """Store ``msg`` (with its inbound transcript row from the ``record_inbound`` fields
         ``transcript``), then submit it; returns ``accepted`` | ``duplicate`` | ``queued``.
 
+        Messages of a held key (:meth:`queued`) pass one at a time, in arrival order.
+
         Raises:
             sqlalchemy.exc.OperationalError: the rows could not be stored (answer 503).
         """
         key = msg.session_key
         row = self.transcripts.prepare(direction="inbound", **transcript)
-        held = key in self._queued
+        if key not in self._queued and not self._order.waiting(key):
+            return await self._take(msg, row, held=False)
+        async with self._order.turn(key):
+            return await self._take(msg, row, held=key in self._queued)
+
+    async def _take(self, msg: InboundMessage, row: Any, *, held: bool) -> str:
+        key = msg.session_key
         stored = await self.store.store(
             platform=msg.platform,
             bot_id=msg.bot_id,
@@ -137,13 +160,11 @@ class InboxGate:
         )
         if not stored.stored:
             return "duplicate"
-        if stored.behind:
-            self._queue(key)
+        if stored.more or any(e.attempts >= MAX_ATTEMPTS for e in stored.earlier):
+            self._queue(key)  # a long backlog, or one the recovery loop is to give up: its job
             return "queued"
-        if held:
-            self._queued.pop(key, None)
         try:
-            status = await self._submit(msg)
+            status = await self._submit(msg, stored.earlier)
         except Exception as exc:
             self._queue(key)
             if isinstance(exc, _EXPECTED):
@@ -156,21 +177,50 @@ class InboxGate:
         if status not in ("accepted", "duplicate"):  # busy: the mailbox is full, or no host had room
             self._queue(key)
             return "queued"
+        self._queued.pop(key, None)
         return status
 
-    async def _submit(self, msg: InboundMessage) -> str:
-        """``runtime.submit(msg)``'s status; after :attr:`submit_wait_s` the call goes on in the
-        background and this raises :class:`TimeoutError`."""
+    async def _submit(self, msg: InboundMessage, earlier: tuple[InboxEntry, ...] = ()) -> str:
+        """:meth:`_send`'s status; after :attr:`submit_wait_s` the call goes on in the background
+        and this raises :class:`TimeoutError`."""
         if self._runtime is None:
             raise RuntimeError("no session runtime connected yet")
-        call = asyncio.ensure_future(self._runtime.submit(msg))
+        call = asyncio.ensure_future(self._send(msg, earlier))
         done, _ = await asyncio.wait({call}, timeout=self.submit_wait_s)
         if not done:
             self._late.add(call)
             call.add_done_callback(_forget(self._late))
             raise TimeoutError(f"no answer from the session's host within {self.submit_wait_s:g} s")
-        result = call.result()
-        return str(getattr(result, "status", result))
+        return call.result()
+
+    async def _send(self, msg: InboundMessage, earlier: tuple[InboxEntry, ...]) -> str:
+        """Re-send the key's ``earlier`` open rows in inbox order (``attempt=1``: a host that has
+        one answers ``duplicate``, one whose turn was cut off resumes it) — but those this
+        process's runtime still has in flight (at their host already) — then submit ``msg``;
+        the first earlier row not taken (``busy``) is the answer and ``msg`` is not sent
+        (docs/decisions.md#inbox-durable)."""
+        mine = getattr(self._runtime, "in_flight_ids", None)
+        running = mine(msg.session_key) if callable(mine) else set()
+        accepted: list[int] = []
+        try:
+            for entry in earlier:
+                if entry.message_id in running:  # accepted by this process: at its host already
+                    continue
+                inbound = InboundMessage.model_validate_json(entry.message_json)
+                status = _status(await self._runtime.submit(inbound, attempt=1))
+                if status == "accepted":
+                    accepted.append(entry.id)
+                elif status != "duplicate":
+                    return status
+            return _status(await self._runtime.submit(msg))
+        finally:
+            if accepted:  # one transaction for the drain (docs/decisions.md#inbox-durable)
+                db = self.store.db
+                await db.run_write(partial(note_attempts, db, accepted))
+
+
+def _status(result: Any) -> str:
+    return str(getattr(result, "status", result))
 
 
 def _forget(late: set[asyncio.Future[Any]]) -> Any:

@@ -20,7 +20,9 @@ seconds. A pass that finds no open row of its keys is one read (no write, no wri
    as a first delivery does. ``accepted`` adds one to
    the row's ``attempts`` (outcome ``resubmitted``); ``duplicate`` of a message whose reply is
    recorded marks it handled (outcome ``handled``); ``duplicate`` of a turn still running on a
-   live host, ``busy`` or an error stops the key until the next pass (order kept);
+   live host, ``busy`` or an error stops the key until the next pass (order kept). An ingress
+   that holds the key sends the same rows, in the same order, before the key's next message
+   (:mod:`actors.ingress_inbox`): whichever sender comes second gets ``duplicate``;
 3. a row a host accepted :data:`runtime.memory.inbox.MAX_ATTEMPTS` times without a result is
    ``failed`` instead of sent again: logged at ERROR, counted (outcome ``failed``);
 4. sets ``sessionray_inbox_pending{shard}`` to the shard's open rows, and now and then deletes

@@ -240,10 +240,24 @@ class SessionRuntime:
         await self._path.close()
         self.routers, self.hosts = [], None
 
-    def in_flight(self) -> int:
-        """Turns this process submitted whose result has not come back yet (``sessionray serve``
-        waits for them on SIGTERM: docs/decisions.md#ops-graceful-shutdown)."""
-        return int(self._path.status()["pending"])
+    async def in_flight(self) -> int:
+        """Turns in flight in the whole instance: every host's accepted messages whose turn has not
+        ended — this process's, another ingress's, the router shards' inbox recovery's — and at
+        least those this process submitted and still watches (all it can count when the hosts do
+        not answer). ``sessionray serve`` waits for them on SIGTERM
+        (docs/decisions.md#ops-graceful-shutdown)."""
+        mine = int(self._path.status()["pending"])
+        if self.hosts is None:
+            return mine
+        try:
+            return max(mine, int(await self.hosts.in_flight.remote()))
+        except Exception:
+            return mine
+
+    def in_flight_ids(self, session_key: str) -> set[str]:
+        """Message ids of ``session_key`` this process submitted whose turn is still running (the
+        ingress does not send those again: docs/decisions.md#inbox-durable)."""
+        return self._path.in_flight_ids(session_key)
 
     def attach_inbox(self, db: Any) -> None:
         """Mark this process's submissions in the durable inbox on ``db`` (a
@@ -261,17 +275,18 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ inbound
 
-    async def submit(self, inbound: Any) -> SubmitResult:
+    async def submit(self, inbound: Any, attempt: int = 0) -> SubmitResult:
         """Send an ``InboundMessage`` to its session's host (see :class:`SubmitResult` and
         :class:`actors.runtime_submit.SubmitPath`): straight to the cached host of a live
         session, through the key's router shard otherwise. Returns once the host accepted (or
         refused) it; the turn runs on, watched here (a host that dies mid-turn: the message is
-        sent once more to the session's new host).
+        sent once more to the session's new host). ``attempt``: 0 for a first delivery, 1 for a
+        stored message sent again (:meth:`actors.runtime_submit.SubmitPath.submit`).
 
         Raises:
             ray.exceptions.RayActorError / ActorUnavailableError: the shard is down or restarting.
         """
-        return SubmitResult(**await self._path.submit(inbound))
+        return SubmitResult(**await self._path.submit(inbound, attempt))
 
     # ------------------------------------------------------------------ control
 

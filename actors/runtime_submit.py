@@ -261,6 +261,11 @@ class SubmitPath:
 
     # ------------------------------------------------------------------ introspection
 
+    def in_flight_ids(self, session_key: str) -> set[str]:
+        """Message ids of ``session_key`` a host accepted from this path whose turn result has not
+        come back yet."""
+        return {str(e.inbound.message_id) for e in (self._inflight.get(session_key) or {}).values()}
+
     def status(self) -> dict[str, Any]:
         """Counters plus ``pending`` (in-flight turns), ``cached`` keys and ``throughput_msg_s``
         (accepted in the last 60 s)."""

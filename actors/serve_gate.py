@@ -119,8 +119,10 @@ class RuntimeGate:
         else:
             self._delivery = pool
 
-    async def submit(self, inbound: Any) -> Any:
+    async def submit(self, inbound: Any, attempt: int = 0) -> Any:
         """``SessionRuntime.submit``. Raises :class:`RuntimeNotReady` before :meth:`attach`."""
+        if attempt:
+            return await self.runtime.submit(inbound, attempt=attempt)
         return await self.runtime.submit(inbound)
 
     async def status(self) -> Any:

@@ -5,7 +5,8 @@ Phases, each printed as one ``sessionray: stopping: …`` line with its counts:
 1. **listener** — the HTTP listener is closed (a new connection is refused, never answered 503)
    and the Telegram pollers stop; requests already being served are answered (at most
    :data:`REQUESTS_WAIT_S`);
-2. **turns** — the turns this process submitted and still watches may end, until
+2. **turns** — every turn in flight in the instance (``runtime.in_flight()``: the hosts' count,
+   so turns the router shards' inbox recovery started are waited for too) may end, until
    ``runtime.shutdown_grace_s`` after the signal;
 3. **deliveries** — the delivery actors may send the replies of this run that the ledger still
    holds unsent, until the same deadline;
@@ -137,14 +138,14 @@ async def _until(done: Callable[[], Any], deadline: float, forced: asyncio.Event
 async def drain(
     runtime: Any, db: Any, *, deadline: float, since_ms: int, forced: asyncio.Event
 ) -> dict[str, int]:
-    """Phases 2 and 3 (module docstring): wait for ``runtime.in_flight()`` to reach 0, then for the
+    """Phases 2 and 3 (module docstring): wait for ``await runtime.in_flight()`` to reach 0, then for the
     ledger rows of this run (:func:`open_replies` on ``db``) to be final, both until ``deadline``
     (``time.monotonic()``). Prints one line per phase; returns their counts
     ``{"turns", "turns_left", "replies", "replies_left", "on_the_wire"}``. A database error in
     phase 3 is printed and ends it."""
 
     async def turns() -> int:
-        return int(runtime.in_flight())
+        return int(await runtime.in_flight())
 
     started_turns = await turns()
     left_turns = await _until(turns, deadline, forced)

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runtime.session.turn import SessionSetup
+from runtime.session.turn import ABORT_TEXT, SessionSetup
 
 __all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory", "business_tools", "output_schema", "output_sink"]
 
@@ -230,6 +230,7 @@ class ConfigSetupFactory:
             pre_tools=list(self._code[0]),
             deferred_tasks=dict(self._code[1]),
             **({"failure_text": agent.failure_text} if agent.failure_text else {}),
+            abort_text=ABORT_TEXT if agent.abort_text is None else (agent.abort_text or None),
             capabilities=self._capabilities,  # docs/decisions.md#structured-capability-cache
             # the built-in offline model answers every tier: nothing to probe
             probe=default_probe if self.config.ai.default_model else None,

@@ -203,6 +203,10 @@ class AgentConfig(_Closed):
     failure_text: str | None = Field(None, min_length=1)
     """The fixed message sent when a turn cannot produce a valid reply
     (docs/decisions.md#reply-fixed-failure); ``null``: the built-in English text."""
+    abort_text: str | None = None
+    """The fixed notice a chat gets when a master aborts its turn (nothing of the cut-off answer
+    is sent; docs/decisions.md#agent-abort-valid-context); ``null``: the built-in English text,
+    ``""``: nothing is sent."""
     pre_tools: list[str] = Field(default_factory=list)
     """``"module:function"`` references run in parallel before a turn's first LLM call; each gets
     the turn (``runtime.session.turn.TurnInput``) and returns text for the model or ``None``

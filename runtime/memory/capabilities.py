@@ -6,6 +6,10 @@ Every session host on every node reads and writes the same rows, so a model is p
 (on the next turn: the cache reads the row at the start of each turn). One row per
 ``(provider, model)``, replaced in place (``INSERT … ON CONFLICT DO UPDATE``) on both SQLite and
 PostgreSQL; writes go through :meth:`Database.run_write` (retried when the database is busy).
+
+A probe is run by one process at a time for the whole deployment: :meth:`SqlCapabilityStore.claim_probe`
+takes the model's ``capability_probes`` lease (one conditional upsert: taken only when free or
+run out), :meth:`~SqlCapabilityStore.release_probe` gives it back.
 """
 
 from __future__ import annotations
@@ -13,15 +17,16 @@ from __future__ import annotations
 import time
 from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from runtime.memory.db import Database
-from runtime.memory.tables import ModelCapabilityRow
+from runtime.memory.tables import CapabilityProbeRow, ModelCapabilityRow
 from runtime.reply.capability import TIERS, CapabilityRecord, Source, Tier
 
 __all__ = ["SqlCapabilityStore"]
 
 _TABLE: Any = ModelCapabilityRow.__table__  # type: ignore[attr-defined]
+_LEASE: Any = CapabilityProbeRow.__table__  # type: ignore[attr-defined]
 _SOURCES = ("probe", "config", "downgrade")
 
 
@@ -92,6 +97,43 @@ class SqlCapabilityStore:
         def write() -> None:
             stmt = self.db.insert(_TABLE).values(**values)
             stmt = stmt.on_conflict_do_update(index_elements=["provider", "model"], set_=update)
+            with self.db.connection(write=True) as conn:
+                conn.execute(stmt)
+
+        await self.db.run_write(write)
+
+    async def claim_probe(self, provider: str, model: str, holder: str, lease_s: float) -> bool:
+        """Take the probe lease of ``(provider, model)`` for ``lease_s`` seconds as ``holder``;
+        False when another holder has it and it has not run out."""
+        now = int(time.time() * 1000)
+        values = {
+            "provider": provider,
+            "model": model,
+            "holder": holder,
+            "until_ms": now + int(lease_s * 1000),
+        }
+
+        def write() -> bool:
+            upsert = self.db.insert(_LEASE).values(**values)
+            claim = upsert.on_conflict_do_update(
+                index_elements=["provider", "model"],
+                set_={"holder": holder, "until_ms": values["until_ms"]},
+                where=(_LEASE.c.until_ms < now) | (_LEASE.c.holder == holder),
+            ).returning(_LEASE.c.holder)
+            with self.db.connection(write=True) as conn:
+                result = conn.execute(claim)
+                # pysqlite reports no result columns when RETURNING yields no row
+                return (result.first() if result.returns_rows else None) is not None
+
+        return bool(await self.db.run_write(write))
+
+    async def release_probe(self, provider: str, model: str, holder: str) -> None:
+        """Give the lease back (when ``holder`` still has it)."""
+
+        def write() -> None:
+            stmt = delete(_LEASE).where(
+                _LEASE.c.provider == provider, _LEASE.c.model == model, _LEASE.c.holder == holder
+            )
             with self.db.connection(write=True) as conn:
                 conn.execute(stmt)
 

@@ -20,8 +20,9 @@ order (one key's rows are replayed in ``id`` order).
 Writes are SQLAlchemy Core statements built once (docs/decisions.md#memory-write-path), each a
 whole transaction a caller may re-run on a transient error: :meth:`InboxStore.store` (the row and,
 in the same transaction, the message's transcript row), :func:`mark` (batched state changes,
-idempotent: a state only moves forward), :func:`expire`, :func:`note_attempt`, :func:`fail`,
-:func:`prune`. Readers: :func:`pending`, :func:`backlog`, :func:`pending_keys`, :func:`get_row`.
+idempotent: a state only moves forward), :func:`expire`, :func:`note_attempt` (and
+:func:`note_attempts`), :func:`fail`, :func:`prune`. Readers: :func:`pending`, :func:`backlog`,
+:func:`pending_keys`, :func:`get_row`.
 The table is created, if missing, by :func:`create_inbox_table` (never altered:
 docs/decisions.md#memory-create-only). Every function here but :meth:`InboxStore.store` is
 blocking: run writers through :meth:`runtime.memory.db.Database.run_write`, readers through
@@ -57,6 +58,7 @@ from runtime.memory.db import Database
 from runtime.memory.transcripts import PreparedInsert, no_nul
 
 __all__ = [
+    "EARLIER_LIMIT",
     "MAX_ATTEMPTS",
     "OPEN_STATES",
     "InboxEntry",
@@ -73,6 +75,7 @@ __all__ = [
     "mark",
     "message_ref",
     "note_attempt",
+    "note_attempts",
     "pending",
     "pending_keys",
     "prune",
@@ -84,6 +87,9 @@ OPEN_STATES: tuple[str, str] = ("stored", "routed")
 MAX_ATTEMPTS = 3
 """Re-submissions by the recovery loop that a host accepted, after which an unhandled row is
 ``failed`` instead of sent once more (a message whose turn kills its host every time)."""
+
+EARLIER_LIMIT = 200
+"""Earlier open rows of a key :meth:`InboxStore.store` returns at most (``check_order``)."""
 
 MessageRef = tuple[str, str, str]
 """``(platform, bot_id, message_id)`` as stored (NUL replaced): the unique key of a row."""
@@ -139,12 +145,19 @@ class InboxEntry:
 @dataclass(frozen=True, slots=True)
 class StoreResult:
     """What :meth:`InboxStore.store` did: ``stored`` False — the message was already in the inbox
-    (nothing written); ``row_id`` — the new row's id; ``behind`` — only when asked: an earlier row
-    of the same session key is still ``stored`` or ``routed``."""
+    (nothing written); ``row_id`` — the new row's id; ``earlier`` — only when asked: the earlier
+    rows of the same session key that are still ``stored`` or ``routed``, in inbox order (at most
+    :data:`EARLIER_LIMIT`; ``more`` — there were more)."""
 
     stored: bool
     row_id: int | None = None
-    behind: bool = False
+    earlier: tuple[InboxEntry, ...] = ()
+    more: bool = False
+
+    @property
+    def behind(self) -> bool:
+        """Whether an earlier row of the key is still open."""
+        return bool(self.earlier)
 
 
 def create_inbox_table(db: Database) -> None:
@@ -167,7 +180,10 @@ _BY_REF = (
 _MINE = (_T.c.key_hash % bindparam("shards")) == bindparam("shard")
 _OPEN = or_(*(_T.c.state == state for state in OPEN_STATES))  # plain binds: executemany-safe
 _EARLIER_OPEN = (
-    core_select(_T.c.id).where(_T.c.session_key == bindparam("k"), _T.c.id < bindparam("id"), _OPEN).limit(1)
+    core_select(_T)
+    .where(_T.c.session_key == bindparam("k"), _T.c.id < bindparam("id"), _OPEN)
+    .order_by(_T.c.id)
+    .limit(bindparam("limit"))
 )
 _MARK_ROUTED = (
     update(_T).where(_BY_REF, _T.c.state == "stored").values(state="routed", updated_at=bindparam("now"))
@@ -231,8 +247,8 @@ class InboxStore:
             session_key: The message's session key.
             message_json: The whole message as JSON.
             with_rows: Rows written only when the inbox row is new (each ``ON CONFLICT DO NOTHING``).
-            check_order: Also find out whether an earlier row of ``session_key`` is still open
-                (:attr:`StoreResult.behind`).
+            check_order: Also read the earlier rows of ``session_key`` that are still open
+                (:attr:`StoreResult.earlier`), in the same transaction.
 
         Raises:
             sqlalchemy.exc.OperationalError: the database stayed unavailable (locked, down) for
@@ -262,11 +278,16 @@ class InboxStore:
                 row_id = int(first[0])
                 for row in with_rows:
                     row.execute(conn)
-                behind = False
-                if check_order:
-                    earlier = conn.execute(_EARLIER_OPEN, {"k": session_key, "id": row_id}).first()
-                    behind = earlier is not None
-                return StoreResult(stored=True, row_id=row_id, behind=behind)
+                if not check_order:
+                    return StoreResult(stored=True, row_id=row_id)
+                params = {"k": session_key, "id": row_id, "limit": EARLIER_LIMIT + 1}
+                earlier = [_entry(r) for r in conn.execute(_EARLIER_OPEN, params).all()]
+                return StoreResult(
+                    stored=True,
+                    row_id=row_id,
+                    earlier=tuple(earlier[:EARLIER_LIMIT]),
+                    more=len(earlier) > EARLIER_LIMIT,
+                )
 
         return await self.db.run_write(work)
 
@@ -307,6 +328,14 @@ def note_attempt(db: Database, row_id: int) -> bool:
     (when it was still open). Returns whether the row was open."""
     with db.connection(write=True) as conn:
         return bool(conn.execute(_NOTE_ATTEMPT, {"i": row_id, "now": now_ms()}).rowcount)
+
+
+def note_attempts(db: Database, row_ids: Sequence[int]) -> None:
+    """:func:`note_attempt` for every row of ``row_ids``, in one transaction."""
+    if row_ids:
+        now = now_ms()
+        with db.connection(write=True) as conn:
+            conn.execute(_NOTE_ATTEMPT, [{"i": i, "now": now} for i in row_ids])
 
 
 def fail(db: Database, row_id: int) -> bool:

@@ -12,7 +12,8 @@
   ``agent_messages`` row the summary covers.
 * ``model_capabilities`` — the structured-output tier of each ``(provider, model)`` with its
   source, time, reason and raw evidence (:mod:`runtime.memory.capabilities`;
-  docs/decisions.md#structured-capability-cache). One row per model, replaced in place.
+  docs/decisions.md#structured-capability-cache). One row per model, replaced in place;
+  ``capability_probes`` — the lease of a probe running now (one row per model).
 * ``delivery_ledger``, ``delivery_uncertain`` — the delivery outbox (:mod:`runtime.memory.delivery_tables`).
 
 Times (``time``, ``timestamp``, ``created_at``, ``updated_at``) are Unix epoch milliseconds in
@@ -31,6 +32,7 @@ __all__ = [
     "AgentMessageRow",
     "AgentSessionRow",
     "AgentSummaryRow",
+    "CapabilityProbeRow",
     "ImTranscriptRow",
     "ModelCapabilityRow",
 ]
@@ -157,12 +159,27 @@ class ModelCapabilityRow(SQLModel, table=True):
     updated_at: int = Field(sa_column=_ms_column())
 
 
+class CapabilityProbeRow(SQLModel, table=True):
+    """Who probes a model's structured-output tier now: a lease, so one process of the deployment
+    probes a model at a time (docs/decisions.md#structured-capability-cache)."""
+
+    __tablename__ = "capability_probes"
+
+    provider: str = Field(sa_column=Column(Text, primary_key=True))
+    model: str = Field(sa_column=Column(Text, primary_key=True))
+    holder: str = Field(sa_column=Column(Text, nullable=False))
+    """A random id of the probing call."""
+    until_ms: int = Field(sa_column=_ms_column())
+    """The lease ends then (Unix ms); after it another process may take it."""
+
+
 MEMORY_TABLES: tuple[type[SQLModel], ...] = (
     ImTranscriptRow,
     AgentSessionRow,
     AgentMessageRow,
     AgentSummaryRow,
     ModelCapabilityRow,
+    CapabilityProbeRow,
     DeliveryLedgerRow,
     DeliveryUncertainRow,
 )

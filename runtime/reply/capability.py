@@ -26,6 +26,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol, TypeAlias
@@ -35,6 +36,8 @@ from runtime.llm.types import Model
 __all__ = [
     "CAPABILITIES",
     "EVIDENCE_CHARS",
+    "PROBE_LEASE_S",
+    "PROBE_POLL_S",
     "TIERS",
     "CapabilityCache",
     "CapabilityRecord",
@@ -55,6 +58,11 @@ TIERS: tuple[Tier, ...] = ("native", "tool", "prompt")
 """All tiers, strongest first."""
 Source: TypeAlias = Literal["probe", "config", "downgrade"]
 """Where a tier came from (see the module docstring)."""
+PROBE_LEASE_S = 90.0
+"""How long one process may hold a model's probe lease (a probe is at most two requests of
+:data:`runtime.reply.probe.PROBE_TIMEOUT_S`), in seconds; a lease whose holder died runs out."""
+PROBE_POLL_S = 0.25
+"""How often a process that waits for another's probe reads the store, in seconds."""
 EVIDENCE_CHARS = 4000
 """Raw evidence kept per record (characters; longer output is cut, marked with ``…``)."""
 
@@ -274,7 +282,8 @@ class CapabilityCache:
     async def resolve(self, model: Model, probe: ProbeFn | None = None) -> CapabilityRecord | None:
         """The model's record at first use (docs/decisions.md#structured-capability-cache): read the
         store; when the model has no config tier and no unexpired record, run ``probe`` (once per
-        process at a time) and store its result (source ``probe``). Without ``probe`` an unknown
+        deployment at a time: a process holds the store's probe lease, the others wait for its
+        record) and store its result (source ``probe``). Without ``probe`` an unknown
         model stays unknown (``None``: callers default to ``native``)."""
         if self.pinned(model) is not None:
             return self.effective(model)
@@ -283,25 +292,67 @@ class CapabilityCache:
             return self.effective(model)
         if (rec is not None and not self._expired(rec)) or probe is None:
             return rec
-        key = self.key(model)
-        lock = self._probing.setdefault(key, asyncio.Lock())
+        lock = self._probing.setdefault(self.key(model), asyncio.Lock())
         async with lock:
             rec = await self._reload(model)  # another process or task may have probed meanwhile
             if rec is not None and not self._expired(rec):
                 return rec
-            found = await probe(model)
-            new = CapabilityRecord(
-                key[0], key[1], found.tier, "probe", self._now_ms(), found.reason, _cut(found.evidence)
-            )
-            log.info(
-                "capability probe: %s → %s (%s; was %s)",
-                model.ref(),
-                found.tier,
-                found.reason,
-                f"{rec.tier} from {rec.source}" if rec is not None else "unknown",
-            )
-            await self._save(new)
-            return new
+            lease = await self._lease(model)
+            if isinstance(lease, CapabilityRecord):  # another process probed it meanwhile
+                return lease
+            try:
+                return await self._probe(model, probe, rec)
+            finally:
+                if lease is not None:
+                    await self._release(model, lease)
+
+    async def _probe(self, model: Model, probe: ProbeFn, old: CapabilityRecord | None) -> CapabilityRecord:
+        provider, model_id = self.key(model)
+        found = await probe(model)
+        new = CapabilityRecord(
+            provider, model_id, found.tier, "probe", self._now_ms(), found.reason, _cut(found.evidence)
+        )
+        log.info(
+            "capability probe: %s → %s (%s; was %s)",
+            model.ref(),
+            found.tier,
+            found.reason,
+            f"{old.tier} from {old.source}" if old is not None else "unknown",
+        )
+        await self._save(new)
+        return new
+
+    async def _lease(self, model: Model) -> str | CapabilityRecord | None:
+        """Take the store's probe lease of ``model`` (one process of the deployment probes a model
+        at a time: docs/decisions.md#structured-capability-cache); returns its holder id. While
+        another process holds it, read the store every :data:`PROBE_POLL_S` and return that
+        process's record once it is there (or take the lease once it ran out). ``None``: the
+        store has no leases, or failed (logged) — this process probes on its own."""
+        claim = getattr(self.store, "claim_probe", None)
+        if claim is None:
+            return None
+        provider, model_id = self.key(model)
+        holder = uuid.uuid4().hex
+        while True:
+            try:
+                if await claim(provider, model_id, holder, PROBE_LEASE_S):
+                    return holder
+            except Exception:
+                log.warning(
+                    "capability store: probe lease of %s/%s failed", provider, model_id, exc_info=True
+                )
+                return None
+            await asyncio.sleep(PROBE_POLL_S)
+            rec = await self._reload(model)
+            if rec is not None and not self._expired(rec):
+                return rec
+
+    async def _release(self, model: Model, holder: str) -> None:
+        provider, model_id = self.key(model)
+        try:
+            await self.store.release_probe(provider, model_id, holder)  # type: ignore[union-attr]
+        except Exception:  # the lease runs out by itself
+            log.warning("capability store: releasing the probe lease of %s/%s failed", provider, model_id)
 
     async def note_invalid(self, model: Model, tier: Tier, raw: str, reason: str) -> bool:
         """Count an answer at ``tier`` that did not validate against the schema (evidence;

@@ -41,14 +41,12 @@ from runtime.delivery.outbox import queue_writer
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
-    CustomMessage,
     ToolResultMessage,
     UserMessage,
     now_ms,
 )
 from runtime.reply.segments import Reply
 from runtime.session.turn import (
-    DEFERRED_MARKER,
     INBOUND_MARKER,
     REPLY_MARKER,
     DeliverFn,
@@ -62,8 +60,15 @@ from runtime.session.turn import (
     inbound_marker,
     reply_marker,
 )
-from runtime.session.turn_agent import TurnControl, control_message, finalize_reply, run_agent, run_pre_tools
-from runtime.session.turn_tools import SpawnFn, make_deferred_task_tool, spawn_in_thread
+from runtime.session.turn_agent import (
+    TurnControl,
+    abort_notice,
+    control_message,
+    finalize_reply,
+    run_agent,
+    run_pre_tools,
+)
+from runtime.session.turn_tools import SpawnFn, deferred_result, make_deferred_task_tool, spawn_in_thread
 
 __all__ = ["ControlOutcome", "SessionCore"]
 
@@ -308,8 +313,12 @@ class SessionCore:
             return TurnResult(  # (docs/decisions.md#inbox-durable)
                 seq=turn.seq, message_id=turn.message_id, outcome="error", error="session closed mid-turn"
             )
-        if aborted:
-            return TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="aborted", reply_id=reply_id)
+        if aborted:  # a master's abort: the fixed notice, never a part of the cut-off answer
+            reply = abort_notice(self.setup)
+            if reply is None:
+                return TurnResult(
+                    seq=turn.seq, message_id=turn.message_id, outcome="aborted", reply_id=reply_id
+                )
         preview = reply.preview_text()
         marker = reply_marker(turn, reply_id, preview)
         records = [*ctl.unrecorded, marker]  # the final answer goes with the reply's records
@@ -330,7 +339,8 @@ class SessionCore:
         ctl.unrecorded = []  # written (a failed write leaves it for the error path to record)
         if mine is not None and not mine.done():
             mine.set_result(None)  # the next turn may hand its reply over now (chat order kept)
-        outcome: Literal["ok", "empty"] = "empty" if reply.is_empty() else "ok"
+        outcome: Literal["ok", "empty", "aborted"] = "empty" if reply.is_empty() else "ok"
+        outcome = "aborted" if aborted else outcome
         return TurnResult(
             seq=turn.seq, message_id=turn.message_id, outcome=outcome, reply_id=reply_id, preview=preview
         )
@@ -380,29 +390,14 @@ class SessionCore:
 
     async def _run_deferred(self, call_id: str, task: str, args: dict[str, Any]) -> None:
         """Run a deferred task, deliver its result as its own message, record it (never raises)."""
-        from runtime.keys import parse_session_key
-
         try:
             result = await self._spawn_deferred(self.setup.deferred_tasks[task], args)
         except Exception as exc:
             result = f"deferred task {task} failed: {exc}"
-        key = parse_session_key(self.session_key)
         prev = self._last_handoff
         if prev is not None:
             await asyncio.shield(prev)  # after the reply of the turn that started it (chat order)
-        job = DeliveryJob(
-            reply_id=f"{self.session_id}/deferred/{call_id}",
-            session_key=self.session_key,
-            platform=key.platform,
-            bot_id=key.bot_id,
-            scene_type=key.scope,
-            scene_id=key.scene_id,
-            reply_to=None,
-            reply=Reply.of_text(result),
-        )
-        marker = CustomMessage(
-            custom_type=DEFERRED_MARKER, data={"task": task, "call_id": call_id, "result": result}
-        )
+        job, marker = deferred_result(self.session_key, self.session_id, call_id, task, result)
         try:
             await self._hand_over(job, [marker])
         except Exception:
@@ -440,13 +435,16 @@ class SessionCore:
         self._start_control_turn("follow_up", msg)
         return "started"
 
-    def abort(self) -> int:
-        """Abort every running turn (stop_reason ``aborted``; no reply is sent for them). Queued
-        inbox entries still run. Returns how many turns were aborted."""
+    def abort(self, why: str = "a master") -> int:
+        """Abort every running turn (stop_reason ``aborted``; the abort's reason reads ``aborted by
+        {why}``). A master's abort answers each turn with the host's fixed abort notice
+        (``SessionSetup.abort_text``; docs/decisions.md#agent-abort-valid-context); a turn cut off
+        by a close sends nothing (it is replayed). Queued inbox entries still run. Returns how many
+        turns were aborted."""
         n = 0
         for ctl in list(self._active):
             if not ctl.abort_controller.signal.aborted:
-                ctl.abort_controller.abort("aborted by a master")
+                ctl.abort_controller.abort(f"aborted by {why}")
                 n += 1
         return n
 
@@ -481,11 +479,12 @@ class SessionCore:
             "idle_s": round(time.monotonic() - self.last_activity, 3),
         }
 
-    async def close(self, timeout_s: float = 5.0) -> None:
-        """Abort what still runs and wait (bounded) for the tasks to end (passivation, shutdown); a
-        turn cut off so ends as ``error`` (not handled: replayed from the inbox)."""
+    async def close(self, timeout_s: float = 5.0, why: str = "the session's close") -> None:
+        """Abort what still runs (reason ``aborted by {why}``, e.g. ``the shutdown``) and wait
+        (bounded) for the tasks to end (passivation, shutdown); a turn cut off so ends as
+        ``error`` (not handled: replayed from the inbox)."""
         self.closing = True
-        self.abort()
+        self.abort(why)
         if self._tasks:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._tasks), timeout=timeout_s)

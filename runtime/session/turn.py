@@ -48,6 +48,7 @@ from runtime.reply.custom_output import OutputSpec
 from runtime.session.output_sink import OutputSink
 
 __all__ = [
+    "ABORT_TEXT",
     "DEFERRED_MARKER",
     "INBOUND_MARKER",
     "INTERRUPTED_TEXT",
@@ -64,6 +65,8 @@ __all__ = [
     "find_marker",
 ]
 
+ABORT_TEXT = "(Stopped: this answer was cancelled.)"
+"""The built-in notice a chat gets for a turn a master aborted."""
 INBOUND_MARKER = "im_inbound"
 """``CustomMessage.custom_type`` recorded with each inbound turn (before the user message)."""
 REPLY_MARKER = "im_reply"
@@ -203,6 +206,8 @@ class SessionSetup:
         max_iterations: LLM-call budget per turn (``None`` = the loop's default).
         failure_text: The host's fixed failure message sent when a turn errors
             (docs/decisions.md#reply-fixed-failure).
+        abort_text: The host's fixed notice sent when a master aborts a turn (``None``: nothing
+            is sent; docs/decisions.md#agent-abort-valid-context).
         deferred_tasks: Named work the model may hand off with the ``run_deferred_task`` tool:
             ``name -> fn(args: dict) -> str`` (sync, picklable: the session host runs it as a Ray
             task); its result is delivered as a separate outbound message.
@@ -235,6 +240,7 @@ class SessionSetup:
     pre_tools: list[PreTool] = field(default_factory=list)
     max_iterations: int | None = None
     failure_text: str = "Sorry, something went wrong while answering. Please try again."
+    abort_text: str | None = ABORT_TEXT
     deferred_tasks: dict[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
     features: Any = None
     on_event: Callable[[Any], None] | None = None

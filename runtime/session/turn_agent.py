@@ -36,6 +36,7 @@ from runtime.session.turn import (
 __all__ = [
     "RecordFn",
     "TurnControl",
+    "abort_notice",
     "control_message",
     "convert_for_session",
     "deliver_output",
@@ -372,3 +373,12 @@ async def run_agent(
         scope=scope,
         record=record,
     )
+
+
+def abort_notice(setup: SessionSetup) -> Reply | None:
+    """The reply of a turn a master aborted: the host's fixed ``setup.abort_text`` — never a part
+    of the cut-off answer (docs/decisions.md#agent-abort-valid-context) — or None when the text is
+    off or the answers go to a custom output sink instead of the chat."""
+    if not setup.abort_text or isinstance(setup.output_schema, OutputSpec):
+        return None
+    return Reply.of_text(setup.abort_text)

@@ -23,8 +23,12 @@ from pydantic import BaseModel, Field
 
 from runtime.agent.agent import Agent
 from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
+from runtime.delivery.job import DeliveryJob
+from runtime.keys import parse_session_key
 from runtime.llm.abort import AbortSignal
-from runtime.llm.types import AssistantMessage, Model, UserMessage
+from runtime.llm.types import AssistantMessage, CustomMessage, Model, UserMessage
+from runtime.reply.segments import Reply
+from runtime.session.turn import DEFERRED_MARKER
 
 __all__ = [
     "DELEGATE",
@@ -33,6 +37,7 @@ __all__ = [
     "DeferredTaskArgs",
     "DelegateArgs",
     "SpawnFn",
+    "deferred_result",
     "make_deferred_task_tool",
     "make_subagent_tool",
     "run_subagent",
@@ -128,3 +133,25 @@ def make_subagent_tool(
         return AgentToolResult.text(text)
 
     return AgentTool(DELEGATE, "Hand a self-contained sub-task to a helper agent.", DelegateArgs, execute)
+
+
+def deferred_result(
+    session_key: str, session_id: str, call_id: str, task: str, result: str
+) -> tuple[DeliveryJob, CustomMessage]:
+    """The delivery job (its own message, reply id ``{session_id}/deferred/{call_id}``) and the
+    ``deferred_result`` marker of a finished deferred task's ``result`` text."""
+    key = parse_session_key(session_key)
+    job = DeliveryJob(
+        reply_id=f"{session_id}/deferred/{call_id}",
+        session_key=session_key,
+        platform=key.platform,
+        bot_id=key.bot_id,
+        scene_type=key.scope,
+        scene_id=key.scene_id,
+        reply_to=None,
+        reply=Reply.of_text(result),
+    )
+    marker = CustomMessage(
+        custom_type=DEFERRED_MARKER, data={"task": task, "call_id": call_id, "result": result}
+    )
+    return job, marker

@@ -215,3 +215,44 @@ class ScriptedSetup:
             steering_mode=self.steering_mode,
             follow_up_mode=self.follow_up_mode,
         )
+
+
+class ProbedSetup(ScriptedSetup):
+    """:class:`ScriptedSetup` whose sessions resolve the model's structured-output tier through the
+    SQL capability store on ``db_url`` (docs/decisions.md#structured-capability-cache), with a
+    stand-in probe that writes ``<marker_dir>/probe-<pid>-<n>`` per call and, to give another
+    host's probe the chance to overlap, waits until a second probe started or ``overlap_s``
+    passed; it answers ``native``."""
+
+    def __init__(self, marker_dir: str, db_url: str, overlap_s: float = 5.0) -> None:
+        super().__init__(marker_dir)
+        self.db_url = db_url
+        self.overlap_s = overlap_s
+        self._cache: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_cache": None}
+
+    async def probe(self, model: Any) -> Any:
+        import os
+
+        from runtime.reply.capability import ProbeResult
+
+        markers = Path(self.marker_dir)
+        (markers / f"probe-{os.getpid()}-{uuid.uuid4().hex[:8]}").write_text("")
+        deadline = time.monotonic() + self.overlap_s
+        while len(list(markers.glob("probe-*"))) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return ProbeResult("native", "native: valid", 'native: {"ok": true}')
+
+    def __call__(self, session_key: str) -> SessionSetup:
+        from runtime.memory.capabilities import SqlCapabilityStore
+        from runtime.memory.db import Database
+        from runtime.reply.capability import CapabilityCache
+
+        setup = super().__call__(session_key)
+        if self._cache is None:
+            self._cache = CapabilityCache(SqlCapabilityStore(Database(self.db_url, threads=1)), ttl_s=600)
+        setup.capabilities = self._cache
+        setup.probe = self.probe
+        return setup

@@ -105,11 +105,13 @@ def running_runtime(
     *,
     ai: dict[str, Any] | None = None,
     wait_warm: bool = True,
+    setup: ScriptedSetup | None = None,
     **knobs: Any,
 ) -> Iterator[Harness]:
     """Start a runtime with ``runtime`` config ``knobs`` (one host ahead of need, one shard, one
     delivery actor by default) and the ``ai`` section ``ai`` (default: none), and stop it after.
-    ``wait_warm=False`` returns before the first host answers (a test that sends no message)."""
+    ``wait_warm=False`` returns before the first host answers (a test that sends no message);
+    ``setup``: another scripted setup factory (its database is ``tmp_path / 'sessionray.db'``)."""
     db_url = f"sqlite:///{tmp_path / 'sessionray.db'}"
     knobs = {"min_hosts": 1, "router_shards": 1, "delivery_actors": 1, **knobs}
     with PlatformApiServer(fixtures_dir) as api, delivery_pool(db_url, api.base_url) as delivery:
@@ -121,7 +123,7 @@ def running_runtime(
         )
         markers = tmp_path / "markers"
         rt = SessionRuntime(prefix=f"test-{uuid.uuid4().hex[:8]}")
-        setup = ScriptedSetup(str(markers))
+        setup = setup if setup is not None else ScriptedSetup(str(markers))
         asyncio.run(rt.start(config, setup_factory=setup, delivery=delivery, wait_warm=wait_warm))
         try:
             yield Harness(rt, api, markers, config)

@@ -10,6 +10,7 @@ chats (OneBot user ids) and message ids."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import time
@@ -227,3 +228,49 @@ async def test_a_shard_restarted_after_kill_9_replays_without_being_called(
     await eventually(lambda: sent_texts(h, user) == ["re: after the crash"], 120, "the reply")
     await all_handled(db, user, 1)
     assert await user_texts(h, user) == ["after the crash"]
+
+
+async def test_a_held_chat_under_steady_load_returns_to_the_direct_path_in_order(
+    h: IngressHarness, db: Database
+) -> None:
+    """What a restart leaves: a chat with an open row and a new ingress process that holds the
+    chat behind it. Messages that keep coming are answered ``accepted`` (the direct path) once
+    the held row is handled, not ``queued`` for as long as the load lasts; all in chat order."""
+    user = "300000041"
+    await store_directly(db, message(user, "left by the restart", "held-0"), age_s=0)
+    answers: list[tuple[int, str]] = []
+    with serve_in_thread(build_app(h.runtime, h.config)) as url:
+        for i in range(1, 400):  # back to back, no pause: the chat's load never stops
+            answers.append((i, post(h, user, f"steady {i}", 92000 + i, url)[1]))
+            if dict(states(db, user))["held-0"] == "handled":
+                break
+        assert dict(states(db, user))["held-0"] == "handled", "the held row was never handled"
+        drained_at = len(answers)
+        for i in range(drained_at + 1, drained_at + 6):
+            answers.append((i, post(h, user, f"steady {i}", 92000 + i, url)[1]))
+    after = [status for i, status in answers if i > drained_at]
+    assert after == ["accepted"] * 5
+    texts = ["left by the restart"] + [f"steady {i}" for i, _ in answers]
+    await eventually(lambda: len(sent_texts(h, user)) >= len(texts), 120, f"{user}'s replies")
+    assert sent_texts(h, user) == [f"re: {t}" for t in texts]
+    assert await user_texts(h, user) == texts
+
+
+async def test_in_flight_counts_the_turns_the_recovery_loop_started(h: IngressHarness, db: Database) -> None:
+    """``in_flight()`` (what a SIGTERM's drain waits for) counts every turn of the instance: here one
+    that a router shard's recovery loop started, which this process never submitted."""
+    user = "300000051"
+    markers = Path(h.db_url.removeprefix("sqlite:///")).parent / "markers"
+    gate = f"recovered-{user}"
+    await store_directly(db, message(user, f"block {gate}", "in-flight-1"), age_s=10)
+    await h.runtime.routers[0].recover_now.remote()
+    await eventually(lambda: (markers / f"gate-{gate}.waiting").exists(), 60, "the recovered turn runs")
+
+    async def in_flight() -> int:
+        n = h.runtime.in_flight()
+        return int(await n if inspect.isawaitable(n) else n)
+
+    assert ((await h.runtime.status())["pending"], await in_flight()) == (0, 1)
+    (markers / f"gate-{gate}.open").write_text("")
+    await all_handled(db, user, 1)
+    assert await in_flight() == 0

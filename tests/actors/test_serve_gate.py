@@ -33,8 +33,8 @@ class FakeRuntime:
         self.inbox_db: Any = None
         self.submitted: list[str] = []
 
-    async def submit(self, inbound: str) -> str:
-        self.submitted.append(inbound)
+    async def submit(self, inbound: str, attempt: int = 0) -> str:
+        self.submitted.append(f"{inbound}#{attempt}" if attempt else inbound)
         return "accepted"
 
     async def status(self) -> dict[str, int]:
@@ -63,7 +63,9 @@ async def test_the_stand_in_refuses_until_attached_then_forwards() -> None:
     with pytest.raises(RuntimeNotReady):
         await gate.sessions()  # any SessionRuntime coroutine method
     with pytest.raises(RuntimeNotReady):
-        gate.in_flight()  # and a plain one
+        await gate.in_flight()
+    with pytest.raises(RuntimeNotReady):
+        gate.router_name(0)  # and a plain one
     with pytest.raises(AttributeError):
         gate.no_such_method  # noqa: B018 - not a SessionRuntime attribute: getattr(..., None) is None
     assert getattr(gate, "no_such_method", None) is None
@@ -76,6 +78,8 @@ async def test_the_stand_in_refuses_until_attached_then_forwards() -> None:
     assert (gate.ready, gate.phase, gate.config) == (True, "ready", "the runtime's config")
     assert (runtime.inbox_db, runtime.delivery) == ("the ingress db", "a pool looked up meanwhile")
     assert await gate.submit("m2") == "accepted" and runtime.submitted == ["m2"]
+    # a stored message sent again by the ingress (docs/decisions.md#inbox-durable) keeps its attempt
+    assert await gate.submit("m1", attempt=1) == "accepted" and runtime.submitted == ["m2", "m1#1"]
     assert await gate.status() == {"live_sessions": 3}
     assert await gate.sessions() == ["k"]
     gate.delivery = "another pool"

@@ -94,7 +94,7 @@ class Turns:
     def __init__(self, n: int) -> None:
         self.n = n
 
-    def in_flight(self) -> int:
+    async def in_flight(self) -> int:
         return self.n
 
 

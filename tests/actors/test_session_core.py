@@ -17,7 +17,7 @@ from runtime.llm.types import AssistantMessage, CustomMessage, TextContent, Tool
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.session.core import SessionCore
-from runtime.session.turn import INTERRUPTED_TEXT, TurnInput
+from runtime.session.turn import ABORT_TEXT, INTERRUPTED_TEXT, TurnInput
 from tests.actors.session_scripts import ScriptedSetup
 
 KEY = "onebot11:10001:private:20002"
@@ -208,17 +208,52 @@ async def test_a_sub_agent_turn_runs_without_the_im_preset(repo: Any, tmp_path: 
     assert rec.texts() == ["tool: from the helper; then: []"]
 
 
-async def test_abort_stops_the_running_turn_and_sends_nothing(repo: Any, tmp_path: Path) -> None:
+def abort_reasons(messages: list[Any]) -> list[str | None]:
+    return [
+        m.error_message for m in messages if isinstance(m, AssistantMessage) and m.stop_reason == "aborted"
+    ]
+
+
+async def test_a_masters_abort_stops_the_turn_and_sends_only_the_fixed_notice(
+    repo: Any, tmp_path: Path
+) -> None:
     rec = Recorder()
     core = await open_core(repo, tmp_path, rec)
     task = asyncio.ensure_future(core.submit(turn(1, "slow 30")))
     await wait_for(lambda: any((tmp_path / "markers").glob("*.started")))
     assert core.abort() == 1
     result = await asyncio.wait_for(task, 10)
-    assert (result.outcome, rec.jobs) == ("aborted", [])
+    # the chat is told, in the host's words; nothing of the cut-off answer is sent
+    assert (result.outcome, rec.texts()) == ("aborted", [ABORT_TEXT])
+    assert rec.jobs[0].reply_to == "m1" and result.reply_id == rec.jobs[0].reply_id
+    msgs = (await repo.load_context(core.session_id)).messages
+    assert abort_reasons(msgs) == ["aborted by a master"]
     # the context stays valid: the next message gets a normal turn
     assert (await core.submit(turn(2, "hello again"))).outcome == "ok"
-    assert rec.texts() == ["re: hello again"]
+    assert rec.texts() == [ABORT_TEXT, "re: hello again"]
+
+
+async def test_an_abort_notice_switched_off_sends_nothing(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    setup = ScriptedSetup(str(tmp_path / "markers"))(KEY)
+    setup.abort_text = None
+    core = await SessionCore.open(KEY, repo, setup, rec, max_concurrent_turns=4)
+    task = asyncio.ensure_future(core.submit(turn(1, "slow 30")))
+    await wait_for(lambda: any((tmp_path / "markers").glob("*.started")))
+    assert core.abort() == 1
+    assert ((await asyncio.wait_for(task, 10)).outcome, rec.jobs) == ("aborted", [])
+
+
+async def test_a_shutdown_close_says_why_and_sends_nothing(repo: Any, tmp_path: Path) -> None:
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec)
+    task = asyncio.ensure_future(core.submit(turn(1, "slow 30")))
+    await wait_for(lambda: any((tmp_path / "markers").glob("*.started")))
+    await core.close(10, "the shutdown")
+    result = await asyncio.wait_for(task, 10)
+    assert (result.outcome, rec.jobs) == ("error", [])  # replayed from the inbox, not answered now
+    msgs = (await repo.load_context(core.session_id)).messages
+    assert abort_reasons(msgs) == ["aborted by the shutdown"]
 
 
 async def test_pre_executable_tools_run_before_the_turn_and_are_recorded(repo: Any, tmp_path: Path) -> None:

@@ -24,6 +24,15 @@ delivered (message id → arrival times):
 * ``lost_ids`` / ``duplicated_ids`` — the first 20 message ids of each (to look them up in the
   serve's logs and database).
 
+A driver restart scenario adds (:func:`restart_recovery`; a message's latency is its first
+reply's arrival minus its scheduled send time): ``pre_p50_s`` — the p50 latency of the messages
+due before the restart; ``recovery_s`` — from ``ready`` to the start of the first
+:data:`WINDOW_S` window (messages due in it, at least :data:`WINDOW_MIN` of them answered) whose
+p50 is within the pre-restart p50 (at most ``max(1.5 × pre_p50_s, pre_p50_s + 0.05 s)``), None
+when none is; ``p50_after_10s_s`` — the p50 of the messages due from 10 s after ``ready`` on;
+``p50_by_s_after_ready`` — the p50 of each second's messages for :data:`TIMELINE_S` s after
+``ready`` (None: fewer than :data:`WINDOW_MIN` answered).
+
 ``uncertain`` (this scenario's replies the serve lists ``uncertain``), ``lost_uncertain``,
 ``retried`` and ``lost_after_retry`` / ``duplicated_after_retry`` (after the operator retried the
 uncertain replies that did not arrive) and the driver's ``ready_s`` come from elsewhere
@@ -33,18 +42,26 @@ uncertain replies that did not arrive) and the driver's ``ready_s`` come from el
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections import Counter
 from typing import Any
 
 from tests.chaos.load import Sent
 
-__all__ = ["COLUMNS", "figures", "table"]
+__all__ = ["COLUMNS", "TIMELINE_S", "WINDOW_MIN", "WINDOW_S", "figures", "restart_recovery", "table"]
 
 COLUMNS = (
     "sent", "accepted", "answered_once", "duplicated", "lost", "never_accepted", "uncertain",
-    "lost_after_retry", "stall_s", "drain_s", "unavailable_s", "ready_s",
+    "lost_after_retry", "stall_s", "drain_s", "unavailable_s", "ready_s", "recovery_s",
 )  # fmt: skip
-"""Columns of :func:`table` (``ready_s``: a driver scenario's slowest restart)."""
+"""Columns of :func:`table` (``ready_s``: a driver scenario's slowest restart; ``recovery_s``: see
+:func:`restart_recovery`)."""
+WINDOW_S = 1.0
+"""Width of the rolling windows of :func:`restart_recovery`, in seconds."""
+TIMELINE_S = 25
+"""Seconds after ``ready`` that :func:`restart_recovery`'s ``p50_by_s_after_ready`` covers."""
+WINDOW_MIN = 3
+"""Answered messages a window needs to count."""
 
 
 def _stall(replies: list[float], start: float, end: float) -> float:
@@ -92,6 +109,42 @@ def figures(
         "stray_replies": stray,
         "lost_ids": sorted(s.mid for s in accepted if counts[s.mid] == 0)[:20],
         "duplicated_ids": sorted(mid for mid, n in counts.items() if n > 1)[:20],
+    }
+
+
+def _p50(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def restart_recovery(
+    sent: list[Sent], replies: dict[int, list[float]], *, down_at: float, ready_at: float
+) -> dict[str, Any]:
+    """``pre_p50_s``, ``recovery_s`` and ``p50_after_10s_s`` (module docstring) of a restart that
+    began at ``down_at`` and was ready at ``ready_at`` (both ``time.monotonic()``)."""
+    latency = {s.mid: min(replies[s.mid]) - s.due for s in sent if replies.get(s.mid)}
+    pre = _p50([latency[s.mid] for s in sent if s.due < down_at and s.mid in latency])
+    after = sorted((s.due, latency[s.mid]) for s in sent if s.due >= ready_at and s.mid in latency)
+    recovery: float | None = None
+    if pre is not None and after:
+        bound = max(1.5 * pre, pre + 0.05)
+        start = ready_at
+        while start <= after[-1][0]:
+            window = [lat for due, lat in after if start <= due < start + WINDOW_S]
+            if len(window) >= WINDOW_MIN and (_p50(window) or 0.0) <= bound:
+                recovery = round(start - ready_at, 2)
+                break
+            start += WINDOW_S / 4
+    late = _p50([lat for due, lat in after if due >= ready_at + 10.0])
+    by_second = []
+    for k in range(TIMELINE_S):
+        window = [lat for due, lat in after if ready_at + k <= due < ready_at + k + 1]
+        p50 = _p50(window) if len(window) >= WINDOW_MIN else None
+        by_second.append(None if p50 is None else round(p50, 2))
+    return {
+        "p50_by_s_after_ready": by_second,
+        "pre_p50_s": None if pre is None else round(pre, 3),
+        "recovery_s": recovery,
+        "p50_after_10s_s": None if late is None else round(late, 3),
     }
 
 

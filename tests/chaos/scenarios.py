@@ -24,7 +24,7 @@ from typing import Any
 import uvloop
 
 from tests.chaos.faults import Fault, run_faults
-from tests.chaos.figures import figures
+from tests.chaos.figures import figures, restart_recovery
 from tests.chaos.load import Sent, open_loop
 from tests.chaos.platform import FaultyPlatform
 from tests.chaos.serve import Topology
@@ -240,8 +240,9 @@ async def run_on(
     """Run ``scenario`` on the started ``topo`` whose bot ``i`` sends to ``platforms[i]``: load and
     faults at once, then the drain; returns its figures (:func:`tests.chaos.figures.figures`)
     with ``uncertain``, ``ready_s`` (slowest driver restart, None without one or when one never
-    got ready), ``client_lag_max_s`` (:func:`_loop_lag` over the load), ``mode``, ``client`` and
-    the ``faults`` log. Run it on uvloop (as the serve does; less CPU for the client)."""
+    got ready), the first restart's :func:`tests.chaos.figures.restart_recovery` figures,
+    ``client_lag_max_s`` (:func:`_loop_lag` over the load), ``mode``, ``client`` and the
+    ``faults`` log. Run it on uvloop (as the serve does; less CPU for the client)."""
     stray_before = sum(p.stray for p in platforms)
     log: list[dict[str, Any]] = []
     t0 = time.monotonic() + 0.2
@@ -263,7 +264,13 @@ async def run_on(
     await _drain(platforms, sent, fault_end, deadline, size.quiet_s)
     stray = sum(p.stray for p in platforms) - stray_before
     out = figures(sent, merged_replies(platforms), fault_end=fault_end, stray=stray)
-    ready = [rec.get("ready_s") for rec in log if rec["fault"].startswith("driver:")]
+    restarts = [rec for rec in log if rec["fault"].startswith("driver:")]
+    ready = [rec.get("ready_s") for rec in restarts]
+    if restarts and restarts[0].get("ready_s") is not None:
+        down = t0 + restarts[0]["t"]
+        out |= restart_recovery(
+            sent, merged_replies(platforms), down_at=down, ready_at=down + restarts[0]["ready_s"]
+        )
     out.update(await _operator_pass(topo, platforms, sent, out, size))
     out["ready_s"] = None if not ready or None in ready else max(r for r in ready if r is not None)
     out["client_lag_max_s"] = round(client_lag, 2)

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.chaos.figures import figures, table
+from tests.chaos.figures import figures, restart_recovery, table
 from tests.chaos.load import Sent, backoff_s, event_body, group_template
 from tests.chaos.platform import FaultyPlatform
 
@@ -102,6 +102,24 @@ def test_figures_count_each_outcome() -> None:
     assert out["answers"] == {"200": 3, "503": 2, "ConnectError": 1}
     assert out["redeliveries"] == 1
     assert "lost" in table({"x": out}).splitlines()[0]
+
+
+def test_restart_recovery_is_the_first_window_back_at_the_pre_restart_p50() -> None:
+    """Ten messages a second; 0.03 s before the restart (down at 10, ready at 13), 5 s until
+    ready + 4, 0.04 s (within 1.5 x) from then on."""
+    sent = [Sent(mid=i, chat=0, due=i / 10) for i in range(300)]
+
+    def latency(due: float) -> float:
+        return 0.03 if due < 10 else 5.0 if due < 17 else 0.04
+
+    replies = {s.mid: [s.due + latency(s.due)] for s in sent if not 10 <= s.due < 13}
+    out = restart_recovery(sent, replies, down_at=10.0, ready_at=13.0)
+    # the window from ready + 3.75 s holds 2 slow and 8 fast messages: its p50 is back
+    timeline = out.pop("p50_by_s_after_ready")
+    assert out == {"pre_p50_s": 0.03, "recovery_s": 3.75, "p50_after_10s_s": 0.04}
+    assert timeline[:6] == [5.0, 5.0, 5.0, 5.0, 0.04, 0.04] and len(timeline) == 25
+    never = {s.mid: [s.due + (0.03 if s.due < 10 else 5.0)] for s in sent}  # slow for ever after
+    assert restart_recovery(sent, never, down_at=10.0, ready_at=13.0)["recovery_s"] is None
 
 
 def test_redelivery_backoff_and_event_body(fixtures_dir: Path) -> None:

@@ -219,3 +219,53 @@ async def test_complete_structured_counts_off_schema_answers_in_the_shared_store
         assert (again.tier, again.outcome, again.calls, handle.call_count) == ("tool", "first_try", 1, 5)
     finally:
         unregister_faux_provider("store-evidence")
+
+
+async def test_the_probe_lease_is_one_holders_until_released_or_run_out(db: Database) -> None:
+    store = SqlCapabilityStore(db)
+    assert await store.claim_probe("p", "m1", "a", 60)
+    assert not await store.claim_probe("p", "m1", "b", 60)  # another process waits
+    assert await store.claim_probe("p", "m1", "a", 60)  # its holder may renew it
+    assert await store.claim_probe("p", "m2", "b", 60)  # per model
+    await store.release_probe("p", "m1", "b")  # not b's: nothing changes
+    assert not await store.claim_probe("p", "m1", "b", 60)
+    await store.release_probe("p", "m1", "a")
+    assert await store.claim_probe("p", "m1", "b", 60)
+    assert await store.claim_probe("p", "m3", "dead", -1)  # a holder that died: its lease ran out
+    assert await store.claim_probe("p", "m3", "c", 60)
+
+
+class CountingStore(SqlCapabilityStore):
+    claims = 0
+
+    async def claim_probe(self, provider: str, model: str, holder: str, lease_s: float) -> bool:
+        self.claims += 1
+        return await super().claim_probe(provider, model, holder, lease_s)
+
+
+async def test_two_processes_at_first_use_probe_once(db: Database) -> None:
+    """Two caches (two hosts' views) resolve an unknown model at once: one probes, the other waits
+    for its row (docs/decisions.md#structured-capability-cache)."""
+    import asyncio
+
+    release = asyncio.Event()
+    calls = 0
+
+    async def probe(model: Model) -> ProbeResult:
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return ProbeResult("tool", "tool: valid", "tool: {}")
+
+    stores = [CountingStore(db), CountingStore(db)]
+    caches = [CapabilityCache(s, ttl_s=100) for s in stores]
+    first = asyncio.ensure_future(caches[0].resolve(MODEL, probe))
+    while calls == 0:
+        await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(caches[1].resolve(MODEL, probe))
+    while calls < 2 and stores[1].claims < 2:  # the other one probed too, or it waits for the lease
+        await asyncio.sleep(0.01)
+    release.set()
+    one, two = await asyncio.gather(first, second)
+    assert calls == 1
+    assert one == two and one is not None and (one.tier, one.source) == ("tool", "probe")
