@@ -62,11 +62,14 @@ LIVE_KEYS = (
 
 class EchoRuntime:
     """Accepts every message and answers ``re: <text>`` through :attr:`sender` (set once the
-    server's URL is known); lists :data:`LIVE_KEYS`; records steer / follow-up requests in
-    :attr:`controls` (``(kind, session_key, text, sender_id)``, each answered ``steered``)."""
+    server's URL is known); lists :attr:`live_keys` (default :data:`LIVE_KEYS`); records steer /
+    follow-up requests in :attr:`controls` (``(kind, session_key, text, sender_id)``, each answered
+    ``steered``)."""
 
     def __init__(self) -> None:
         self.controls: list[tuple[str, str, str, str]] = []
+        self.live_keys: tuple[str, ...] = LIVE_KEYS
+        """What :meth:`sessions` lists (a test may change it while a page is open)."""
         self.sender: DeliverySender | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -96,7 +99,7 @@ class EchoRuntime:
     async def sessions(self) -> list[SessionInfo]:
         return [
             SessionInfo(session_key=k, session_id=f"{k}#1", shard=0, pending=0, turns=2, idle_s=3.0)
-            for k in LIVE_KEYS
+            for k in self.live_keys
         ]
 
     async def status(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from tests.actors.edge_support import serve_in_thread
 from tests.platforms.console_browser_support import (
     API_TOKEN,
     HEIGHT,
+    LIVE_KEYS,
     MASTER_TOKEN,
     PROOF,
     WIDTHS,
@@ -392,6 +393,24 @@ def test_master_panel_only_for_the_master(console: Console, open_page: OpenPage,
     expect(page.get_by_test_id("master-panel")).to_be_hidden()
     assert role_known(page) == "user"
     assert not visible(page, "master-panel") and shown_despite_hidden(page) == []
+
+
+def test_live_session_list_follows_the_runtime_without_a_click(console: Console, open_page: OpenPage) -> None:
+    """A chat that becomes live after the master logged in appears in the list on its own (the
+    page refreshes it; no ↻ click), and one that ends leaves it."""
+    console.runtime.live_keys = ()
+    try:
+        page = open_page(390)
+        login(page, "admin", master_token=MASTER_TOKEN)
+        assert role_known(page) == "master"
+        expect(page.get_by_test_id("sessions")).to_contain_text("no live console session yet")
+        console.runtime.live_keys = ("console:console:private:admin",)
+        expect(page.get_by_test_id("session")).to_have_count(1, timeout=15_000)  # refreshed every 5 s
+        assert page.get_by_test_id("session").text_content().startswith("console:console:private:admin ")
+        console.runtime.live_keys = ()
+        expect(page.get_by_test_id("session")).to_have_count(0, timeout=15_000)
+    finally:
+        console.runtime.live_keys = LIVE_KEYS
 
 
 def test_steer_from_the_page_needs_the_master_token(console: Console, open_page: OpenPage) -> None:
