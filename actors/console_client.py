@@ -59,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("console client (talk to a running `sessionray serve`)")
     g.add_argument("--url", help="base URL of the ingress, e.g. http://127.0.0.1:8000")
-    g.add_argument("--user", default="admin", help="your console user name (default: admin, the master)")
+    g.add_argument(
+        "--user",
+        default="admin",
+        help="your console user name (default: admin, the master with the master token)",
+    )
     g.add_argument("--group", help="chat in this group scene instead of a private chat")
     g.add_argument("--bot", default="console", help="console bot id (default: console)")
     g.add_argument(
