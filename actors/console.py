@@ -5,8 +5,8 @@ Routes::
     GET  /console                    the single-page chat (plain HTML + JS, no build step)
     GET  /console/static/{name}      console.js / console.css / favicon.svg
     GET  /favicon.ico                the console's icon (SVG, ``image/svg+xml``)
-    GET  /console/api/info           {"bots": [...], "token_required": bool}
-    GET  /console/api/me             ?user=&bot= → {"user", "bot", "master": bool}
+    GET  /console/api/info           {"bots": [...], "token_required": bool, "master_token": bool}
+    GET  /console/api/me             ?user=&bot= → {"user", "bot", "master": bool, "master_name": bool}
     GET  /console/api/history        ?user=&bot=&scene=private|group&group=&limit= → {"messages": [...]}
     GET  /console/api/stream         Server-Sent Events for one browser: ?user=&group=
     POST /console/api/echo           a user's message, shown to the other members of its group scene
@@ -22,16 +22,25 @@ the way every platform gets them: the DeliveryActor renders the reply with the c
 POSTs it to ``/console/api/deliver``, which fans it out to the browsers whose scene it is (a
 private scene to that user's tabs; a group scene to every member watching the group).
 
-Steer and follow-up are sent with the console user's name as ``sender_id``; the runtime allows
-them only to the bot's masters (default config: the console user ``admin``) and answers 403
-otherwise. The console trusts the name a browser picks, so it may act on **console sessions only**
-(``console:*`` keys; docs/decisions.md#security-console-scope): any other platform's session key
-answers 403 and points to the admin API (bearer token). ``/console/api/sessions`` answers only a
-master (403 otherwise) and lists the console sessions of the bots that user is a master of; the
-page shows the live-session list and the master controls only when ``/console/api/me`` says
-``master`` (docs/decisions.md#security-console-masters). With ``secret_env`` set on the console bot,
-every browser-facing ``/console/api`` call (and the webhook) needs ``X-Console-Token``; without it
-the console is meant for 127.0.0.1 only.
+Master actions need proof, never a name alone (docs/decisions.md#security-console-master-proof):
+a console user is a master of a bot when the name is in its ``masters`` **and** the request carries
+``X-Console-Master-Token`` equal to the value of the bot's ``master_token_env`` (default
+``server.admin_token_env``: the admin token, which ``sessionray serve --dev-admin-token`` — ``make
+run`` — generates and prints). ``/console/api/me`` answers ``master`` (name and token) and
+``master_name`` (the name alone, so the page can ask for the token); ``/console/api/sessions``,
+``/console/api/steer`` and ``/console/api/follow_up`` answer 403 without the proof, naming what is
+missing; the console webhook gives the sender the ``master`` role (``/steer``, ``/followup``,
+``/new`` in groups, master-only tools) on the same condition (:mod:`runtime.platforms.console`).
+``/console/api/info`` says whether any console bot has a master token set (``master_token``).
+
+Steer and follow-up are sent with the console user's name as ``sender_id`` (the runtime checks it
+against ``masters`` once more). The console may act on **console sessions only** (``console:*``
+keys; docs/decisions.md#security-console-scope): any other platform's session key answers 403 and
+points to the admin API (bearer token). ``/console/api/sessions`` lists the console sessions of
+the bots the caller proved to be a master of; the page shows the live-session list and the master
+controls only when ``/console/api/me`` says ``master`` (docs/decisions.md#security-console-masters).
+With ``secret_env`` set on the console bot, every browser-facing ``/console/api`` call (and the
+webhook) needs ``X-Console-Token``; without it the console is meant for 127.0.0.1 only.
 
 ``/console/api/deliver`` and ``/console/api/events`` are not for browsers: they need
 ``X-Console-Api-Token`` equal to ``$SESSIONRAY_CONSOLE_API_TOKEN``, else 401 (the one check
@@ -62,6 +71,7 @@ import hmac
 import itertools
 import json
 import logging
+import os
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -82,8 +92,10 @@ from runtime.platforms.common import is_json_content_type, valid_unicode
 from runtime.platforms.console import (
     API_TOKEN_ENV,
     API_TOKEN_HEADER,
+    MASTER_TOKEN_HEADER,
     NAME_RULE,
     api_token_matches,
+    master_token_matches,
     require_console_api_token,
 )
 from runtime.reply.leak import LeakPolicy
@@ -200,6 +212,7 @@ def console_routes(
     token = read_env(getattr(bots[0], "secret_env", None), what="console token")
     bot_ids = [str(b.self_id) for b in bots]
     masters = {str(b.self_id): {str(m) for m in getattr(b, "masters", None) or ()} for b in bots}
+    master_envs = {str(b.self_id): getattr(b, "master_token_env", None) for b in bots}
     text_limit = max_text_chars(config)
     leak_policy = LeakPolicy.from_config(config)
 
@@ -211,6 +224,25 @@ def console_routes(
 
     def denied() -> Response:
         return JSONResponse({"error": "missing or wrong X-Console-Token"}, status_code=401)
+
+    def is_master(request: Request, user: str, bot: str) -> bool:
+        """``user`` is a master of ``bot`` by name **and** the request proves it
+        (docs/decisions.md#security-console-master-proof)."""
+        proof = request.headers.get(MASTER_TOKEN_HEADER)
+        return user in masters.get(bot, ()) and master_token_matches(proof, master_envs.get(bot))
+
+    def not_master(user: str, bot: str, what: str) -> Response:
+        """The 403 of a master action (``what``) asked without a name in ``masters`` or without the proof."""
+        if user not in masters.get(bot, ()):
+            message = f"{user!r} is not a master of console bot {bot!r}; only masters may {what}"
+        else:
+            env = master_envs.get(bot)
+            where = f"the value of ${env} on the server" if env else "none is set: see master_token_env"
+            message = (
+                f"{user!r} is a master name of console bot {bot!r}, but to {what} the request needs the "
+                f"master token in {MASTER_TOKEN_HEADER} ({where}; `make run` prints it as the admin token)"
+            )
+        return JSONResponse({"error": message}, status_code=403)
 
     def internal(request: Request) -> bool:
         return api_token_matches(request.headers.get(API_TOKEN_HEADER))
@@ -251,7 +283,8 @@ def console_routes(
         return Response(_static("favicon.svg"), media_type=_STATIC["favicon.svg"])
 
     async def info(request: Request) -> Response:
-        return JSONResponse({"bots": bot_ids, "token_required": bool(token)})
+        master_token = any(os.environ.get(env) for env in master_envs.values() if env)
+        return JSONResponse({"bots": bot_ids, "token_required": bool(token), "master_token": master_token})
 
     def who(request: Request) -> tuple[str, str] | Response:
         """``(user, bot)`` from the query (``bot`` defaults to the first console bot), or a 400."""
@@ -270,7 +303,8 @@ def console_routes(
         if isinstance(found, Response):
             return found
         user, bot = found
-        return JSONResponse({"user": user, "bot": bot, "master": user in masters[bot]})
+        master = is_master(request, user, bot)
+        return JSONResponse({"user": user, "bot": bot, "master": master, "master_name": user in masters[bot]})
 
     async def history(request: Request) -> Response:
         if not authorized(request):
@@ -385,8 +419,11 @@ def console_routes(
         user = request.query_params.get("user", "")
         if not NAME_RULE.fullmatch(user):
             return bad(f"`user` {_NAMES}")
-        mastered = {bot for bot, names in masters.items() if user in names}
+        mastered = {bot for bot in masters if is_master(request, user, bot)}
         if not mastered:
+            named = [bot for bot, names in masters.items() if user in names]
+            if named:
+                return not_master(user, named[0], "see live sessions")
             return JSONResponse(
                 {"error": f"{user!r} is not a master of a console bot; only masters see live sessions"},
                 status_code=403,
@@ -417,9 +454,10 @@ def console_routes(
         if not NAME_RULE.fullmatch(user):
             return bad("`user` must be 1-32 letters, digits, '_', '.' or '-'")
         try:
-            platform = parse_session_key(key).platform
+            parsed = parse_session_key(key)
         except SessionKeyError as exc:
             return bad(f"`session_key`: {exc}")
+        platform = parsed.platform
         if platform != "console":
             return JSONResponse(
                 {"error": f"the console may {kind} console sessions only (console:*), not {platform} "
@@ -427,6 +465,8 @@ def console_routes(
                           "Authorization: Bearer <admin token>)"},
                 status_code=403,
             )  # fmt: skip
+        if not is_master(request, user, parsed.bot_id):
+            return not_master(user, parsed.bot_id, kind.replace("_", "-"))
         try:
             check_text("text", text, max_chars=text_limit)
         except InputError as exc:

@@ -5,9 +5,11 @@ running ``sessionray serve`` exactly like the web console does: each line is POS
 ``/webhooks/console/{bot}`` (so it goes through the ingress, the router, a session host, the
 structured reply and a DeliveryActor), replies and live agent events arrive on the console's
 Server-Sent-Events stream ``/console/api/stream`` and are printed segment by segment. ``/steer TEXT``
-and ``/followup TEXT`` send control messages for the user's own session (masters only: the server
-answers 403 otherwise). ``/help`` lists these commands (answered here, never sent to the bot);
-``/quit`` or Ctrl-D leaves. Agent events print as the standalone chat prints them
+and ``/followup TEXT`` send control messages for the user's own session (masters only: a name in
+``masters`` and the master token, ``X-Console-Master-Token`` from ``--master-token-env``, default
+``$SESSIONRAY_ADMIN_TOKEN``, which is sent with every request; the server answers 403 otherwise,
+docs/decisions.md#security-console-master-proof). ``/help`` lists these commands (answered here,
+never sent to the bot); ``/quit`` or Ctrl-D leaves. Agent events print as the standalone chat prints them
 (:func:`actors.chat_cli.tool_call_line` / :func:`~actors.chat_cli.tool_result_line`). When stdin is
 not a terminal (piped input), each line waits for its reply (up to ``--reply-timeout`` seconds)
 before the next line is read, so ``echo hi | sessionray chat --url …`` prints the reply before it
@@ -32,6 +34,7 @@ import httpx
 
 from actors import chat_cli
 from runtime.keys import SessionKeyError, make_session_key
+from runtime.platforms.console import MASTER_TOKEN_HEADER
 
 __all__ = ["HELP", "build_parser", "describe_event", "main", "render_segments", "run_console_chat"]
 
@@ -56,11 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("console client (talk to a running `sessionray serve`)")
     g.add_argument("--url", help="base URL of the ingress, e.g. http://127.0.0.1:8000")
-    g.add_argument("--user", default="admin", help="your console user name (default: admin, the master)")
+    g.add_argument(
+        "--user",
+        default="admin",
+        help="your console user name (default: admin, the master with the master token)",
+    )
     g.add_argument("--group", help="chat in this group scene instead of a private chat")
     g.add_argument("--bot", default="console", help="console bot id (default: console)")
     g.add_argument(
         "--token-env", default="CONSOLE_TOKEN", help="env var holding X-Console-Token, if the bot has one"
+    )
+    g.add_argument(
+        "--master-token-env",
+        default="SESSIONRAY_ADMIN_TOKEN",
+        help="env var holding the console master token (X-Console-Master-Token; default "
+        "SESSIONRAY_ADMIN_TOKEN, the admin token `make run` prints): a master name needs it to steer",
     )
     g.add_argument(
         "--reply-timeout",
@@ -128,6 +141,7 @@ async def run_console_chat(
     group: str | None = None,
     bot: str = "console",
     token: str | None = None,
+    master_token: str | None = None,
     wait_replies: bool = False,
     reply_timeout_s: float = 120.0,
 ) -> int:
@@ -141,6 +155,7 @@ async def run_console_chat(
         group: Group scene id, or None for the private chat with the bot.
         bot: Console bot id.
         token: ``X-Console-Token`` value when the bot has a secret.
+        master_token: ``X-Console-Master-Token`` value: the proof a master name needs.
         wait_replies: After each message, wait for a reply on the stream (at most
             ``reply_timeout_s`` seconds; then ``[no reply within N s]`` is printed) before reading
             the next line: piped input, so the chat does not end before its replies arrive.
@@ -151,6 +166,8 @@ async def run_console_chat(
         session key.
     """
     headers = {"X-Console-Token": token} if token else {}
+    if master_token:
+        headers[MASTER_TOKEN_HEADER] = master_token
     scene = {"scene": "group", "group_id": group} if group else {"scene": "private"}
     try:
         session_key = make_session_key("console", bot, "group" if group else "private", group or user)
@@ -283,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             group=args.group,
             bot=args.bot,
             token=os.environ.get(args.token_env) or None,
+            master_token=os.environ.get(args.master_token_env) or None,
             wait_replies=not sys.stdin.isatty(),
             reply_timeout_s=args.reply_timeout,
         )

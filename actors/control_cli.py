@@ -242,19 +242,24 @@ def status_main(argv: list[str]) -> int:
 
 
 def models_main(argv: list[str]) -> int:
-    """``sessionray models``: each configured model's structured-output tier, source and age."""
+    """``sessionray models``: each configured model's structured-output tier, source, age and note
+    (``default``, ``probed at first use``; on the embedded defaults the built-in offline model)."""
     from runtime.reply.capability import age_text
 
     args = _parser("models", "List the configured models with their structured-output tier.").parse_args(argv)
     data = _request(args, "GET", "/admin/models")
     rows = data.get("models", []) if isinstance(data, dict) else []
-    lines = [f"{'MODEL':<32} {'TIER':<8} {'SOURCE':<10} AGE"]
+    lines = [f"{'MODEL':<32} {'TIER':<8} {'SOURCE':<10} {'AGE':<8} NOTE"]
     for row in rows:
         age = row.get("age_s")
-        lines.append(
+        shown_age = age_text(age) if age is not None else "-"
+        line = (
             f"{row.get('model', '?'):<32} {row.get('tier') or 'unknown':<8} "
-            f"{row.get('source') or '-':<10} {age_text(age) if age is not None else '-'}"
+            f"{row.get('source') or '-':<10} {shown_age:<8} {row.get('note') or ''}"
         )
+        lines.append(line.rstrip())
+    if not rows:
+        lines.append("(no models)")
     return _print(args, data, "\n".join(lines))
 
 

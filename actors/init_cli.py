@@ -68,7 +68,8 @@ def config_template() -> str:
 bots:
   - platform: console
     self_id: console
-    masters: [admin]
+    masters: [admin]          # acts as master with the master token: the admin token by default
+    # master_token_env: CONSOLE_MASTER_TOKEN   # or a console-only master token's variable
   ## QQ through a OneBot v11 implementation (NapCat, LLOneBot, go-cqhttp) on its HTTP API:
   # - platform: onebot11
   #   self_id: "10001"

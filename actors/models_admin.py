@@ -5,10 +5,16 @@ store every process shares (docs/decisions.md#structured-capability-cache).
 Answer::
 
     {"models": [{"model": "local/qwen", "api": "openai-completions", "tier": "tool",
-                 "source": "downgrade", "age_s": 12.5, "reason": "...", "failures": 0}, ...]}
+                 "source": "downgrade", "age_s": 12.5, "reason": "...", "failures": 0,
+                 "default": true, "note": "default"}, ...]}
 
-``tier``/``source`` are ``null`` for a model not used (nor probed) yet; ``age_s`` is ``null`` for a
-config tier. ``sessionray models`` (:func:`actors.control_cli.models_main`) prints it.
+``tier``/``source`` are ``null`` for a model not used (nor probed) yet (``note`` then says
+``probed at first use``); ``age_s`` is ``null`` for a config tier. ``default`` marks
+``ai.default_model``. With no model configured (the embedded defaults of ``make run``) the one row
+is the built-in offline model (``builtin/sessionray-builtin``, ``api`` ``faux``): it answers every
+tier and is never probed, so its row says ``tier`` ``native`` (what its turns use), ``source``
+``built-in`` and a note saying it is not an LLM — the model ``/models`` and ``/status`` name.
+``sessionray models`` (:func:`actors.control_cli.models_main`) prints it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from typing import Any
 
 from runtime.memory.db import Database
 
-__all__ = ["models_payload"]
+__all__ = ["BUILTIN_NOTE", "models_payload"]
+
+BUILTIN_NOTE = "default; built-in offline model, not an LLM: answers every tier, never probed"
+"""The ``note`` of the built-in model's row."""
 
 
 async def models_payload(config: Any, db: Database | None) -> dict[str, Any]:
@@ -34,5 +43,18 @@ async def models_payload(config: Any, db: Database | None) -> dict[str, Any]:
     from runtime.reply.capability import CapabilityCache
     from runtime.session.capabilities import capability_cache, configured_models, model_rows
 
+    models = configured_models(config)
+    if not models and not config.ai.default_model:
+        from providers.builtin import builtin_model
+
+        row = {**(await model_rows([builtin_model()], CapabilityCache()))[0], "default": True}
+        return {"models": [{**row, "tier": "native", "source": "built-in", "note": BUILTIN_NOTE}]}
     cache = capability_cache(config, db) if db is not None else CapabilityCache()
-    return {"models": await model_rows(configured_models(config), cache)}
+    rows = []
+    for row in await model_rows(models, cache):
+        default = row["model"] == config.ai.default_model
+        notes = ["default"] if default else []
+        if row["tier"] is None:
+            notes.append("probed at first use")
+        rows.append({**row, "default": default, "note": "; ".join(notes)})
+    return {"models": rows}

@@ -172,4 +172,31 @@ def banner(
             else "server.admin_token_env is null"
         )
         lines.append(f"sessionray: admin API      disabled ({how})")
+    lines += _console_master_lines(config, base, generated_token, env)
+    return lines
+
+
+def _console_master_lines(
+    config: Any, base: str, generated_token: str | None, env: MutableMapping[str, str]
+) -> list[str]:
+    """One line per console bot: who its masters are and the token they log in with
+    (docs/decisions.md#security-console-master-proof); with a token generated for this run whose
+    variable is the bot's ``master_token_env``, the console URL that fills it in."""
+    lines = []
+    for bot in config.bots:
+        if str(bot.platform) != "console" or not bot.masters:
+            continue
+        names, var = ", ".join(bot.masters), getattr(bot, "master_token_env", None)
+        if not var or not env.get(var):
+            lines.append(
+                f"sessionray: console master {names}: no master token is set, so none can act as master; "
+                f"set {var or 'master_token_env'} (a name alone grants nothing)"
+            )
+        elif generated_token and env.get(var) == generated_token:
+            lines.append(
+                f"sessionray: console master {names} with the admin token as master token, e.g. open "
+                f"{base}/console#master={generated_token}"
+            )
+        else:
+            lines.append(f"sessionray: console master {names} with the master token (${var})")
     return lines

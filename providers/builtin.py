@@ -5,8 +5,9 @@ provider configured (docs/decisions.md#llm-builtin-model). Its behaviour, :func:
 looks only at the last message of the context:
 
 1. No messages: a greeting that says what it is.
-2. Last message is a tool result: ``"Tool <name> returned: <text>"`` for each trailing tool result
-   (one line each; ``"Tool <name> failed: <text>"`` for error results).
+2. Last message is a tool result: ``"Tool <name> returned: <text>"`` for each tool result of the
+   running turn — every one after the last assistant message without tool calls (one line each;
+   ``"Tool <name> failed: <text>"`` for error results).
 3. Last message is from the user, with text ``T`` (text blocks joined; images counted; the sender
    prefix ``[sender:id=… name=… roles=…]`` that group scenes put before the text for the model is
    removed by :func:`runtime.memory.sender.strip_forged_prefix`, so the answer is about the user's
@@ -21,7 +22,9 @@ looks only at the last message of the context:
    * otherwise ``T`` contains ``tool`` and the ``echo`` tool is available: it calls ``echo`` with
      ``{"text": T}``;
    * otherwise it answers ``"You said: T"`` (plus ``" [+N image(s)]"`` when images were sent),
-     or ``"You sent no text."`` for an empty message.
+     or ``"You sent no text."`` for an empty message; when the message was steered in after the
+     running turn's tool results (it follows a tool result), those results' lines (as in 2.) come
+     first, so what the tools did still reaches the user.
 
 Tool-call ids are ``builtin-<number of messages in the context>``, so a reply depends on nothing
 but its input. Usage is reported as zero tokens and zero cost.
@@ -154,18 +157,50 @@ def _plain_respond(context: Context) -> AssistantMessage:
         return faux_assistant_message(GREETING)
     last = messages[-1]
     if isinstance(last, ToolResultMessage):
-        trailing: list[ToolResultMessage] = []
-        for m in reversed(messages):
-            if not isinstance(m, ToolResultMessage):
-                break
-            trailing.insert(0, m)
-        lines = [
-            f"Tool {r.tool_name} {'failed' if r.is_error else 'returned'}: {_result_text(r)}"
-            for r in trailing
-        ]
-        return faux_assistant_message("\n".join(lines))
+        return faux_assistant_message("\n".join(_result_lines(_turn_results(messages))))
     if not isinstance(last, UserMessage):
         return faux_assistant_message(GREETING)
+    answer = _user_answer(context, last)
+    before = messages[: len(messages) - _trailing_users(messages)]
+    if answer.tool_calls() or not before or not isinstance(before[-1], ToolResultMessage):
+        return answer
+    # Steered: the message came after the running turn's tool results. Report them with the
+    # answer, or the user never sees what the tools did (docs/providers.md#the-built-in-model).
+    lines = [*_result_lines(_turn_results(before)), answer.text()]
+    return faux_assistant_message(faux_text("\n".join(lines)))
+
+
+def _turn_results(messages: list[Any]) -> list[ToolResultMessage]:
+    """The tool results of the running turn, in order: every tool result after the last assistant
+    message without tool calls (the previous final answer)."""
+    found: list[ToolResultMessage] = []
+    for m in reversed(messages):
+        if isinstance(m, AssistantMessage) and not m.tool_calls():
+            break
+        if isinstance(m, ToolResultMessage):
+            found.insert(0, m)
+    return found
+
+
+def _trailing_users(messages: list[Any]) -> int:
+    """How many user messages end ``messages`` (the steered ones after a tool batch)."""
+    n = 0
+    for m in reversed(messages):
+        if not isinstance(m, UserMessage):
+            break
+        n += 1
+    return n
+
+
+def _result_lines(results: list[ToolResultMessage]) -> list[str]:
+    return [
+        f"Tool {r.tool_name} {'failed' if r.is_error else 'returned'}: {_result_text(r)}" for r in results
+    ]
+
+
+def _user_answer(context: Context, last: UserMessage) -> AssistantMessage:
+    """The answer to the user message ``last`` alone: a demo tool call or ``You said: …``."""
+    messages = context.messages
     text, images = _user_text(last)
     tools = {t.name for t in context.tools or []}
     lowered = text.lower()

@@ -4,13 +4,17 @@
 const $ = (id) => document.getElementById(id);
 const SAVED = "sessionray.console.login";  // sessionStorage: this tab's login, so a reload resumes it
 const ARGS_INLINE_CHARS = 120;
+const SESSIONS_REFRESH_MS = 5000;  // the master's live-session list follows the runtime on its own
 const state = {
-  user: "", scene: "private", group: "", bot: "", token: "", stream: null, seen: new Set(), view: 0,
+  user: "", scene: "private", group: "", bot: "", token: "", masterToken: "", stream: null,
+  seen: new Set(), view: 0, refresher: null,
 };
 
 function headers() {
   const h = { "Content-Type": "application/json" };
   if (state.token) h["X-Console-Token"] = state.token;
+  // A master's proof (docs/decisions.md#security-console-master-proof): a name alone is no master.
+  if (state.masterToken) h["X-Console-Master-Token"] = state.masterToken;
   return h;
 }
 
@@ -204,15 +208,39 @@ async function loadHistory(view) {
   scrollToEnd();
 }
 
+// The role /console/api/me grants: "master" (name and master token) shows the live sessions and
+// the controls, refreshed every few seconds; "locked" (a master's name without the token) asks for
+// the token; anyone else sees neither.
 async function loadRole(view) {
   const q = new URLSearchParams({ user: state.user, bot: state.bot });
   const resp = await fetch("/console/api/me?" + q, { headers: headers() });
   const answer = await resp.json().catch(() => ({}));
   if (view !== state.view || !resp.ok) return;
-  $("master").hidden = !answer.master;
-  $("chat").classList.toggle("with-master", answer.master === true);
-  $("chat").dataset.role = answer.master ? "master" : "user";
-  if (answer.master) await refreshSessions();
+  const master = answer.master === true;
+  const locked = !master && answer.master_name === true;
+  $("master").hidden = !(master || locked);
+  $("master-tools").hidden = !master;
+  $("unlock-form").hidden = !locked;
+  $("chat").classList.toggle("with-master", master || locked);
+  $("chat").dataset.role = master ? "master" : locked ? "locked" : "user";
+  if (locked && state.masterToken) $("unlock-result").textContent = "wrong master token";
+  if (!master) return;
+  await refreshSessions();
+  if (state.refresher === null) state.refresher = setInterval(refreshSessions, SESSIONS_REFRESH_MS);
+}
+
+function saveLogin() {
+  const { user, scene, group, bot, token, masterToken } = state;
+  sessionStorage.setItem(SAVED, JSON.stringify({ user, scene, group, bot, token, masterToken }));
+}
+
+async function unlock(event) {
+  event.preventDefault();
+  state.masterToken = $("unlock-token").value;
+  $("unlock-token").value = "";
+  $("unlock-result").textContent = "";
+  saveLogin();
+  await loadRole(state.view);
 }
 
 // Forget everything the previous view showed: a new login (another name, scene or bot) starts empty.
@@ -220,6 +248,8 @@ function resetView() {
   state.view += 1;
   if (state.stream) state.stream.close();
   state.stream = null;
+  if (state.refresher !== null) clearInterval(state.refresher);
+  state.refresher = null;
   state.seen = new Set();
   $("log").replaceChildren();
   delete $("log").dataset.history;
@@ -228,13 +258,16 @@ function resetView() {
   $("control-result").textContent = "";
   $("control-text").value = "";
   $("master").hidden = true;
+  $("master-tools").hidden = true;
+  $("unlock-form").hidden = true;
+  $("unlock-result").textContent = "";
   $("chat").classList.remove("with-master");
 }
 
 function connect() {
   const login = {
     user: $("user").value.trim(), scene: $("scene").value, group: $("group").value.trim(),
-    bot: $("bot").value, token: $("token").value,
+    bot: $("bot").value, token: $("token").value, masterToken: $("master-token").value,
   };
   const ok = /^[\w.-]{1,32}$/u;
   if (!ok.test(login.user) || (login.scene === "group" && !ok.test(login.group))) {
@@ -243,7 +276,7 @@ function connect() {
   }
   resetView();
   Object.assign(state, login);
-  sessionStorage.setItem(SAVED, JSON.stringify(login));
+  saveLogin();
   const view = state.view;
   const q = new URLSearchParams({ user: state.user });
   if (state.scene === "group") q.set("group", state.group);
@@ -268,6 +301,8 @@ function logout() {
   resetView();
   sessionStorage.removeItem(SAVED);
   state.user = "";
+  state.masterToken = "";
+  $("master-token").value = "";
   $("chat").hidden = true;
   $("logout").hidden = true;
   $("login").hidden = false;
@@ -299,19 +334,31 @@ async function send(event) {
 
 async function refreshSessions() {
   const view = state.view;
-  const resp = await fetch("/console/api/sessions?" + new URLSearchParams({ user: state.user }),
-    { headers: headers() });
-  const answer = await resp.json().catch(() => ({}));
+  let resp = null;
+  let answer = {};
+  try {
+    resp = await fetch("/console/api/sessions?" + new URLSearchParams({ user: state.user }),
+      { headers: headers() });
+    answer = await resp.json().catch(() => ({}));
+  } catch (e) {
+    answer = { error: String(e) };
+  }
   if (view !== state.view) return;
   const list = $("sessions");
   list.replaceChildren();
-  if (!resp.ok) { list.append(el("li", {}, `error ${resp.status}: ${answer.error || ""}`)); return; }
-  if (!answer.sessions.length) list.append(el("li", {}, "none"));
+  if (!resp || !resp.ok) {
+    list.append(el("li", {}, `error ${resp ? resp.status : "network"}: ${answer.error || ""}`));
+    return;
+  }
+  if (!answer.sessions.length) {
+    list.append(el("li", {}, "no live console session yet: a chat becomes live with its first message"));
+  }
   for (const s of answer.sessions) {
     const pick = el("button", { type: "button" }, "select");
     pick.onclick = () => { $("control-key").value = s.session_key; };
     list.append(el("li", { "data-testid": "session" }, `${s.session_key} · ${s.turns} turns · idle ${Math.round(s.idle_s)} s `, pick));
   }
+  list.dataset.loaded = "1";
 }
 
 async function control(kind) {
@@ -334,6 +381,7 @@ function resumeSaved(bots) {
   $("group").value = saved.group;
   $("bot").value = saved.bot;
   if (!$("token").value) $("token").value = saved.token || "";
+  if (!$("master-token").value) $("master-token").value = saved.masterToken || "";
   $("group-label").hidden = saved.scene !== "group";
   connect();
 }
@@ -347,12 +395,15 @@ async function init() {
   $("refresh").onclick = refreshSessions;
   $("steer").onclick = () => control("steer");
   $("follow-up").onclick = () => control("follow_up");
+  $("unlock-form").onsubmit = unlock;
   const frag = new URLSearchParams(location.hash.slice(1));
   if (frag.get("token")) $("token").value = frag.get("token");
+  if (frag.get("master")) $("master-token").value = frag.get("master");
   const resp = await fetch("/console/api/info");
   const info = await resp.json();
   for (const b of info.bots) $("bot").append(el("option", { value: b }, b));
   $("token-label").hidden = !info.token_required;
+  $("master-token-label").hidden = !info.master_token;
   resumeSaved(info.bots);
   $("connect").dataset.ready = "1";
 }

@@ -9,7 +9,8 @@ find every such problem at once, each with the config key that asks for it
 (`docs/decisions.md#ops-preflight-before-ray`).
 
 ``server.admin_token_env`` is not required: without it the admin API is disabled (the banner
-of ``sessionray serve`` says so).
+of ``sessionray serve`` says so). Nor is a console bot's ``bots[].master_token_env``: without it the
+console has no master (docs/decisions.md#security-console-master-proof; the banner says so too).
 
 Usage::
 

@@ -30,7 +30,11 @@ class BotConfig(_Closed):
     keyword: str | None = None
     """Required with ``trigger: keyword``."""
     masters: list[str] = Field(default_factory=list)
-    """User ids allowed to steer / follow_up."""
+    """User ids allowed to steer / follow_up (console: with the master token only)."""
+    master_token_env: str | None = None
+    """Console: the variable whose value a console master must send (``X-Console-Master-Token``)
+    to act as a master; a name in ``masters`` alone grants nothing. Unset: the admin token's
+    variable, ``server.admin_token_env`` (docs/decisions.md#security-console-master-proof)."""
     username: str | None = None
     """Telegram: the bot's ``@username`` (without ``@``), to recognize mentions of it in groups."""
     media_dir: str | None = None
@@ -96,6 +100,8 @@ class BotConfig(_Closed):
             self.self_id = "console"
         if not self.self_id:
             raise ValueError(f"a {self.platform} bot needs `self_id` (QQ number / Telegram bot id)")
+        if self.master_token_env and self.platform != "console":
+            raise ValueError("`master_token_env` is for console bots only")
         if self.transport != "http" and self.platform != "onebot11":
             raise ValueError(f"transport: {self.transport} is for onebot11 bots only")
         if self.transport == "ws-forward" and not (self.ws_url or "").startswith(("ws://", "wss://")):

@@ -101,11 +101,15 @@ class Config(_Closed):
 
     @model_validator(mode="after")
     def _console_api_base(self) -> Config:
-        """A console bot's "platform API" is this ingress: default its ``api_base`` to the server."""
+        """A console bot's "platform API" is this ingress: default its ``api_base`` to the server;
+        its master proof defaults to the admin token (``master_token_env`` unset:
+        ``server.admin_token_env``, docs/decisions.md#security-console-master-proof)."""
         host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::", "") else self.server.host
         for bot in self.bots:
             if bot.platform == "console" and not bot.api_base:
                 bot.api_base = f"http://{host}:{self.server.port}"
+            if bot.platform == "console" and not bot.master_token_env:
+                bot.master_token_env = self.server.admin_token_env
         return self
 
 

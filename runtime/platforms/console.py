@@ -12,6 +12,10 @@ Inbound: the browser POSTs JSON to the ingress webhook ``/webhooks/console/{bot_
   ``@<bot_id>``; it then becomes a ``mention`` segment. Groups trigger per ``trigger``.
 * With ``secret_env`` configured the page must send ``X-Console-Token`` (verified in constant
   time); the default console (no secret) is meant for 127.0.0.1.
+* A name in ``masters`` alone is not a master: the sender gets the ``master`` role only when the
+  request also carries ``X-Console-Master-Token`` equal to the value of the bot's
+  ``master_token_env`` (default: the admin token's variable, ``server.admin_token_env``), checked
+  in constant time by :func:`master_token_matches` (docs/decisions.md#security-console-master-proof).
 
 Outbound: the console "platform API" is an endpoint on the ingress itself
 (``POST {api_base}/console/api/deliver``, served by ``actors/console.py``) that DeliveryActors
@@ -85,6 +89,7 @@ __all__ = [
     "CODEC_FACTORY",
     "DELIVER_PATH",
     "EVENTS_PATH",
+    "MASTER_TOKEN_HEADER",
     "MAX_MESSAGE_ID_CHARS",
     "NAME_RULE",
     "TOOL_RESULT_PREVIEW_CHARS",
@@ -93,6 +98,7 @@ __all__ = [
     "agent_event_payload",
     "api_token_matches",
     "console_api_token",
+    "master_token_matches",
     "require_console_api_token",
     "tool_result_text",
 ]
@@ -110,6 +116,8 @@ API_TOKEN_ENV = CONSOLE_API_TOKEN_ENV
 """Environment variable holding the shared secret of the internal console endpoints."""
 API_TOKEN_HEADER = "X-Console-Api-Token"
 """Header carrying :data:`API_TOKEN_ENV`'s value on ``/console/api/deliver`` and ``/events``."""
+MASTER_TOKEN_HEADER = "X-Console-Master-Token"
+"""Header carrying a console master's proof: the value of the bot's ``master_token_env``."""
 TOOL_RESULT_PREVIEW_CHARS = 2000
 """Characters of a tool's result shown in the console's live events (the rest is cut, ``…``)."""
 MAX_MESSAGE_ID_CHARS = 128
@@ -134,6 +142,15 @@ def console_api_token(*, create: bool = False) -> str | None:
     return token or None
 
 
+def _secret_matches(got: str | bytes | None, expected: str | None) -> bool:
+    """``got`` equals ``expected`` (compared in constant time); False when either is missing or
+    empty. A str ``got`` is encoded as latin-1, as Starlette decodes header bytes."""
+    if not expected or not got:
+        return False
+    raw = got if isinstance(got, bytes) else got.encode("latin-1", "replace")
+    return hmac.compare_digest(raw, expected.encode("utf-8"))
+
+
 def api_token_matches(got: str | bytes | None) -> bool:
     """The one check of an ``X-Console-Api-Token`` value (``actors/console.py``'s internal
     endpoints and ``actors/ingress_guard.trusted_internal_call``): True when ``got`` equals
@@ -143,11 +160,22 @@ def api_token_matches(got: str | bytes | None) -> bool:
     Args:
         got: The header value: raw header bytes, or a str as Starlette decodes them (latin-1).
     """
-    expected = console_api_token()
-    if not expected or got is None:
-        return False
-    raw = got if isinstance(got, bytes) else got.encode("latin-1", "replace")
-    return hmac.compare_digest(raw, expected.encode("utf-8"))
+    return _secret_matches(got, console_api_token())
+
+
+def master_token_matches(got: str | bytes | None, env_name: str | None) -> bool:
+    """The one check of a console master's proof (``X-Console-Master-Token``; the codec's
+    ``parse`` and the console's master routes, docs/decisions.md#security-console-master-proof):
+    True when ``got`` equals the value of the environment variable ``env_name`` as it is now (read
+    per call: ``sessionray serve --dev-admin-token`` sets it before the ingress starts), compared in
+    constant time. False when ``got`` is missing, ``env_name`` is None or the variable is unset or
+    empty — then no console user is a master.
+
+    Args:
+        got: The header value (raw bytes, or a str as Starlette decodes them).
+        env_name: The console bot's ``master_token_env``.
+    """
+    return _secret_matches(got, os.environ.get(env_name) if env_name else None)
 
 
 def require_console_api_token(config: Any) -> str | None:
@@ -186,7 +214,10 @@ class ConsoleCodec:
         secret: Expected ``X-Console-Token`` (None: not checked).
         trigger: ``always`` | ``mention`` | ``keyword`` for group scenes.
         keywords: Words that trigger in ``keyword`` mode.
-        masters: Console user names allowed to steer (default config: ``["admin"]``).
+        masters: Console user names that may act as masters (default config: ``["admin"]``) —
+            with the master token only.
+        master_token_env: The variable whose value a master sends as ``X-Console-Master-Token``
+            (None: no console user is a master).
         media_dir: Directory that ``path`` media must lie under (inlined as base64).
         api_token: Sent as ``X-Console-Api-Token`` on every deliver call (None: not sent;
             :func:`from_config` passes :func:`console_api_token`).
@@ -209,6 +240,7 @@ class ConsoleCodec:
         masters: list[str] | tuple[str, ...] = ("admin",),
         media_dir: Path | str | None = None,
         api_token: str | None = None,
+        master_token_env: str | None = None,
     ) -> None:
         check_trigger("console", trigger)
         self.bot_id = bot_id
@@ -219,6 +251,7 @@ class ConsoleCodec:
         self.masters = frozenset(masters)
         self.media_dir = Path(media_dir) if media_dir else None
         self._api_token = api_token
+        self.master_token_env = master_token_env
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
         """Check ``X-Console-Token`` when a secret is configured.
@@ -275,6 +308,8 @@ class ConsoleCodec:
         if isinstance(time_ms, bool) or not isinstance(time_ms, int) or not event_time_in_range(time_ms):
             limit = MAX_EVENT_TIME_MS
             raise MalformedEvent(f"console 'time_ms' must be an integer in [0, {limit}) (Unix ms)")
+        proven = master_token_matches(header(headers, MASTER_TOKEN_HEADER), self.master_token_env)
+        roles = with_master_role([], user, self.masters if proven else ())
         tag = "@" + self.bot_id
         mentioned = scene == "group" and (event.get("mention_bot") is True or tag in text)
         segments: list[dict[str, Any]] = []
@@ -291,7 +326,7 @@ class ConsoleCodec:
             message_id=message_id,
             scene_type=scene,
             scene_id=scene_id,
-            sender=Sender(id=user, name=user, roles=with_master_role([], user, self.masters)),
+            sender=Sender(id=user, name=user, roles=roles),
             text=text,
             segments=segments,
             reply_to=None,
@@ -402,13 +437,14 @@ def agent_event_call(
 def from_config(bot: Any) -> ConsoleCodec:
     """Build the codec from a ``bots:`` entry (``platform: console``): ``self_id`` (default
     ``console``), ``api_base`` (default ``http://127.0.0.1:8000``, the ingress), ``secret_env``,
-    ``trigger``, ``keyword``, ``masters``, ``media_dir``; the internal API token from
+    ``trigger``, ``keyword``, ``masters``, ``master_token_env``, ``media_dir``; the internal API token from
     ``$SESSIONRAY_CONSOLE_API_TOKEN`` (:func:`console_api_token`)."""
     return ConsoleCodec(
         bot_id=str(setting(bot, "self_id", None) or "console"),
         api_base=setting(bot, "api_base", None) or "http://127.0.0.1:8000",
         secret=read_env(setting(bot, "secret_env", None), what="console token"),
         api_token=console_api_token(),
+        master_token_env=setting(bot, "master_token_env", None),
         **trigger_settings(bot),
     )
 

@@ -135,7 +135,7 @@ class LeakPolicy:
     ) -> LeakPolicy:
         """Build a policy from a :class:`runtime.config.Config` (duck-typed): the values of every
         secret variable it names — ``ai.providers.*.api_key_env``, ``bots[*].access_token_env`` /
-        ``secret_env`` / ``token_env`` and ``server.admin_token_env`` — plus
+        ``secret_env`` / ``token_env`` / ``master_token_env`` and ``server.admin_token_env`` — plus
         ``$SESSIONRAY_CONSOLE_API_TOKEN`` (:data:`CONSOLE_API_TOKEN_ENV`, the
         console's internal-endpoint token, which every worker has in its environment whether or
         not a console bot is configured; docs/decisions.md#security-leak-check). Unset or empty
@@ -151,7 +151,8 @@ class LeakPolicy:
         for p in providers.values() if isinstance(providers, Mapping) else providers:
             names.append(getattr(p, "api_key_env", None) or "")
         for bot in getattr(config, "bots", None) or []:
-            names += [getattr(bot, k, None) or "" for k in ("access_token_env", "secret_env", "token_env")]
+            keys = ("access_token_env", "secret_env", "token_env", "master_token_env")
+            names += [getattr(bot, k, None) or "" for k in keys]
         names.append(getattr(getattr(config, "server", None), "admin_token_env", None) or "")
         names.append(CONSOLE_API_TOKEN_ENV)
         return cls.from_env(list(dict.fromkeys(n for n in names if n)), environ=environ, **kwargs)

@@ -28,6 +28,7 @@ from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.reply.capability import CapabilityRecord
+from tests.actors.edge_support import serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV, TOKEN = "MODELS_ADMIN_TEST_TOKEN", "models-secret"
@@ -97,6 +98,11 @@ def test_admin_models_lists_tier_source_and_age(server: tuple[str, Database]) ->
         ("local/new", None, None),
     ]
     assert 300 <= rows[0]["age_s"] < 3600 and rows[1]["age_s"] is None
+    assert [(r["default"], r["note"]) for r in rows] == [
+        (True, "default"),
+        (False, ""),
+        (False, "probed at first use"),
+    ]
     assert rows[0]["reason"] == "2 off-schema answers"
     assert httpx.get(url + "/admin/models").status_code == 401
 
@@ -109,10 +115,43 @@ def test_sessionray_models_prints_the_table(server: tuple[str, Database]) -> Non
     out = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        f"{'MODEL':<32} {'TIER':<8} {'SOURCE':<10} AGE",
-        f"{'local/qwen':<32} {'tool':<8} {'downgrade':<10} 5 min",
+        f"{'MODEL':<32} {'TIER':<8} {'SOURCE':<10} {'AGE':<8} NOTE",
+        f"{'local/qwen':<32} {'tool':<8} {'downgrade':<10} {'5 min':<8} default",
         f"{'local/pinned':<32} {'prompt':<8} {'config':<10} -",
-        f"{'local/new':<32} {'unknown':<8} {'-':<10} -",
+        f"{'local/new':<32} {'unknown':<8} {'-':<10} {'-':<8} probed at first use",
     ]
     raw = subprocess.run([*base, "--json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert json.loads(raw.stdout)["models"][0]["tier"] == "tool"
+
+
+def test_sessionray_models_on_the_defaults_lists_the_builtin_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no model configured (``make run``'s embedded defaults) ``sessionray models`` names the
+    built-in offline model, its tier and that it is never probed — not a bare header."""
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    env = {**os.environ, TOKEN_ENV: TOKEN}
+    url = f"sqlite:///{tmp_path / 'admin.db'}"
+    db = Database(url)
+    db.create_tables()
+    cfg = parse_config({"database": {"url": url}})
+    app = Starlette(routes=admin_routes(StubRuntime(cfg), TOKEN_ENV, repository=ContextRepository(db)))
+    with serve_in_thread(app) as base:
+        cmd = [sys.executable, "-m", "actors.cli", "models", "--url", base, "--token-env", TOKEN_ENV]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+        raw = subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    db.dispose()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"{'MODEL':<32} {'TIER':<8} {'SOURCE':<10} {'AGE':<8} NOTE",
+        f"{'builtin/sessionray-builtin':<32} {'native':<8} {'built-in':<10} {'-':<8} "
+        "default; built-in offline model, not an LLM: answers every tier, never probed",
+    ]
+    (row,) = json.loads(raw.stdout)["models"]
+    assert (row["model"], row["api"], row["tier"], row["source"], row["default"]) == (
+        "builtin/sessionray-builtin",
+        "faux",
+        "native",
+        "built-in",
+        True,
+    )

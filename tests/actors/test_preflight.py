@@ -397,6 +397,28 @@ def test_quiet_ray_auth_asks_for_token_mode_and_respects_the_operator(tmp_path: 
     assert env == {"HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
 
 
+def test_banner_names_the_console_master_token() -> None:
+    """docs/decisions.md#security-console-master-proof: ``make run``'s banner says the console
+    master logs in with the admin token (and gives the URL that fills it in); without a token set
+    it says no one can act as master, since a name alone grants nothing."""
+    made = banner(parse_config({}), "<defaults>", "127.0.0.1", 8000, None, generated_token="tok",
+                  environ={"SESSIONRAY_ADMIN_TOKEN": "tok"})  # fmt: skip
+    assert made[-1] == (
+        "sessionray: console master admin with the admin token as master token, e.g. open "
+        "http://127.0.0.1:8000/console#master=tok"
+    )
+    own = parse_config(
+        {"bots": [{"platform": "console", "masters": ["ann", "bo"], "master_token_env": "PW"}]}
+    )
+    assert banner(own, "x", "127.0.0.1", 8000, None, environ={"PW": "p"})[-1] == (
+        "sessionray: console master ann, bo with the master token ($PW)"
+    )
+    assert banner(parse_config({}), "<defaults>", "127.0.0.1", 8000, None, environ={})[-1] == (
+        "sessionray: console master admin: no master token is set, so none can act as master; set "
+        "SESSIONRAY_ADMIN_TOKEN (a name alone grants nothing)"
+    )
+
+
 def test_serve_replica_names_every_missing_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The Ray Serve replica (``actors/serve_app.py``) runs the environment checks before it starts."""
     from actors.serve_app import SessionrayIngress
@@ -423,7 +445,8 @@ def test_serve_replica_names_every_missing_variable(monkeypatch: pytest.MonkeyPa
 
 def test_every_env_key_of_the_config_model_is_checked_or_deliberately_optional() -> None:
     """A new ``*_env`` key must be added to :mod:`runtime.config.requirements` (or declared optional
-    here, like ``server.admin_token_env``: unset means the admin API is off)."""
+    here, like ``server.admin_token_env``: unset means the admin API is off; and a console bot's
+    ``master_token_env``: unset means the console has no master, which the banner says)."""
     from pydantic import BaseModel
 
     from runtime.config import Config
@@ -441,7 +464,7 @@ def test_every_env_key_of_the_config_model_is_checked_or_deliberately_optional()
         return out
 
     checked = {f"bots.{k}" for k in BOT_SECRET_KEYS} | {"ai.providers.api_key_env"}
-    assert env_keys(Config, "", set()) == checked | {"server.admin_token_env"}
+    assert env_keys(Config, "", set()) == checked | {"server.admin_token_env", "bots.master_token_env"}
 
 
 def _models_in(annotation: object) -> list[type]:

@@ -131,6 +131,51 @@ async def test_builtin_model_with_agent_and_replaceable_responder() -> None:
     assert agent.state.messages[-1].text() == "You said: back to echo"  # type: ignore[union-attr]
 
 
+def test_a_steered_message_gets_the_turns_tool_results_with_its_answer() -> None:
+    """docs/providers.md#the-built-in-model: a user message steered in after the running turn's
+    tool results is answered together with them, so what the tools did reaches the user (the
+    README's steer demo); a steer that asks for a tool reports every result of the turn at its end."""
+    asked = UserMessage(content="count to 3 slowly")
+    call = faux_assistant_message([faux_tool_call("count_slowly", {"to": 3}, id="builtin-1")])
+    counted = ToolResultMessage(
+        tool_call_id="builtin-1", tool_name="count_slowly", content=[TextContent(text="counted to 3: 1 2 3")]
+    )
+    assert reply(asked, call, counted, UserMessage(content="then say goodbye")) == (
+        "Tool count_slowly returned: counted to 3: 1 2 3\nYou said: then say goodbye",
+        [],
+    )
+    assert reply(asked, call, counted, UserMessage(content="also tell me the time")) == (
+        "",
+        [("builtin-4", "clock", {})],
+    )
+    clock_call = faux_assistant_message([faux_tool_call("clock", {}, id="builtin-4")])
+    clock = ToolResultMessage(
+        tool_call_id="builtin-4", tool_name="clock", content=[TextContent(text="12:00")]
+    )
+    steered = UserMessage(content="also tell me the time")
+    assert reply(asked, call, counted, steered, clock_call, clock) == (
+        "Tool count_slowly returned: counted to 3: 1 2 3\nTool clock returned: 12:00",
+        [],
+    )
+    earlier = faux_assistant_message("Tool count_slowly returned: counted to 3: 1 2 3")  # a finished turn
+    assert reply(asked, call, counted, earlier, UserMessage(content="hi")) == ("You said: hi", [])
+
+
+async def test_steering_the_builtin_model_mid_count_reports_the_count() -> None:
+    """The README's tour on the real agent loop: a steer sent while ``count_slowly`` runs."""
+    agent = Agent(model=builtin_model(), tools=builtin_tools())
+
+    def steer_once_counting(event: object, signal: object) -> None:
+        if getattr(event, "type", None) == "tool_execution_start":
+            agent.steer("then say goodbye")
+
+    agent.subscribe(steer_once_counting)
+    await agent.prompt("count to 1 slowly")
+    assert agent.state.messages[-1].text() == (  # type: ignore[union-attr]
+        "Tool count_slowly returned: counted to 1: 1\nYou said: then say goodbye"
+    )
+
+
 async def test_clock_tool_bad_zone_is_an_error_result() -> None:
     from providers.faux import register_faux_provider
     from runtime.agent.loop import AgentContext, AgentLoopConfig, agent_loop

@@ -7,7 +7,9 @@ what SQL stores, is checked.
 Overrides of the example's file, all environmental: the faux providers as default and vision
 model; the database in a temporary folder; a free port; ``tools_dir`` and the MCP server's script
 made absolute, and the MCP server run by this interpreter; the commented-out OneBot bot enabled
-(its lines uncommented, as a user would) against the platform API stand-in.
+(its lines uncommented, as a user would) against the platform API stand-in; the admin token's
+variable named ``EXAMPLE_ADMIN_TOKEN`` (set here; the console master logs in with that token, as
+with ``make run``'s, docs/decisions.md#security-console-master-proof).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ ONEBOT_ENV = {
 }
 for _k, _v in ONEBOT_ENV.items():
     os.environ.setdefault(_k, _v)
+ADMIN_TOKEN_ENV, ADMIN_TOKEN = "EXAMPLE_ADMIN_TOKEN", "example-admin-token"
+"""The admin token, which is also the console's master token (``master_token_env`` unset)."""
+os.environ.setdefault(ADMIN_TOKEN_ENV, ADMIN_TOKEN)
 
 QQ_BOT, QQ_GROUP, QQ_USER = "1000000001", 300000003, 200000002
 
@@ -89,6 +94,7 @@ def example_config(tmp: Path, api_base: str) -> Config:
     faq = ai["mcp_servers"]["faq"]
     faq["command"], faq["args"] = sys.executable, [str(ROOT / a) for a in faq["args"]]
     data["database"]["url"] = f"sqlite:///{tmp / 'example-bot.db'}"
+    data.setdefault("server", {})["admin_token_env"] = ADMIN_TOKEN_ENV
     data["bots"].append({**commented_bot(text, "onebot11"), "api_base": api_base})
     return parse_config(data, str(EXAMPLE))
 
@@ -192,11 +198,15 @@ class Browser:
 
 
 @contextlib.asynccontextmanager
-async def browser(bot: Bot, user: str, group: str | None = None) -> AsyncIterator[Browser]:
-    """A console tab of ``user`` (watching ``group`` too), connected before anything is sent."""
+async def browser(
+    bot: Bot, user: str, group: str | None = None, *, master: bool = False
+) -> AsyncIterator[Browser]:
+    """A console tab of ``user`` (watching ``group`` too), connected before anything is sent; with
+    ``master``, every request carries the master token (the admin token)."""
     params = {"user": user, **({"group": group} if group else {})}
+    headers = {"X-Console-Master-Token": ADMIN_TOKEN} if master else {}
     async with (
-        httpx.AsyncClient(base_url=bot.base_url, timeout=60) as client,
+        httpx.AsyncClient(base_url=bot.base_url, timeout=60, headers=headers) as client,
         client.stream("GET", "/console/api/stream", params=params) as stream,
     ):
         lines = stream.aiter_lines()
@@ -411,7 +421,7 @@ async def test_models_lists_the_configured_models(bot: Bot) -> None:
 
 async def test_new_archives_the_group_conversation_masters_only(bot: Bot) -> None:
     key = "console:console:group:team"
-    async with browser(bot, "admin", "team") as admin, browser(bot, "bob", "team") as bob:
+    async with browser(bot, "admin", "team", master=True) as admin, browser(bot, "bob", "team") as bob:
         await admin.say("hello team", group="team", mention=True)
         assert await admin.reply("team", 1) == "You said: hello team"
         await eventually(lambda: _at_least(bot.stored(key), 4), 30, "the first turn stored")
@@ -450,7 +460,7 @@ async def _turns_ended(bot: Bot, session_key: str, timeout_s: float = 60.0) -> N
 
 
 async def test_a_non_master_cannot_steer(bot: Bot) -> None:
-    async with browser(bot, "bob") as bob, browser(bot, "admin") as admin:
+    async with browser(bot, "bob") as bob, browser(bot, "admin", master=True) as admin:
         # from the chat
         await bob.say("/steer answer in French")
         assert await bob.reply("bob", 1) == "Only a master of this bot may use /steer."

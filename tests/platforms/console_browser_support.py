@@ -31,9 +31,14 @@ from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import InboundMessage
 from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER
 from runtime.reply.segments import Reply
+from runtime.session.control import ControlReply, ControlRequest
 from tests.actors.edge_support import serve_in_thread
 
 API_TOKEN = "console-browser-api-token"
+MASTER_ENV = "CONSOLE_BROWSER_MASTER"
+MASTER_TOKEN = "console-browser-master-token"
+"""The console bots' master token (``master_token_env``): a master name needs it to act."""
+PROOF = {"X-Console-Master-Token": MASTER_TOKEN}
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -57,9 +62,14 @@ LIVE_KEYS = (
 
 class EchoRuntime:
     """Accepts every message and answers ``re: <text>`` through :attr:`sender` (set once the
-    server's URL is known); lists :data:`LIVE_KEYS`."""
+    server's URL is known); lists :attr:`live_keys` (default :data:`LIVE_KEYS`); records steer /
+    follow-up requests in :attr:`controls` (``(kind, session_key, text, sender_id)``, each answered
+    ``steered``)."""
 
     def __init__(self) -> None:
+        self.controls: list[tuple[str, str, str, str]] = []
+        self.live_keys: tuple[str, ...] = LIVE_KEYS
+        """What :meth:`sessions` lists (a test may change it while a page is open)."""
         self.sender: DeliverySender | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -82,10 +92,14 @@ class EchoRuntime:
             task.add_done_callback(self.tasks.discard)
         return SubmitResult(status="accepted", seq=1)
 
+    async def control(self, request: ControlRequest) -> ControlReply:
+        self.controls.append((request.kind, request.session_key, request.text, request.sender_id))
+        return ControlReply(kind=request.kind, session_key=request.session_key, result="steered")
+
     async def sessions(self) -> list[SessionInfo]:
         return [
             SessionInfo(session_key=k, session_id=f"{k}#1", shard=0, pending=0, turns=2, idle_s=3.0)
-            for k in LIVE_KEYS
+            for k in self.live_keys
         ]
 
     async def status(self) -> dict[str, Any]:
@@ -100,8 +114,8 @@ class Console:
     runtime: EchoRuntime
     transcripts: TranscriptStore
 
-    def get(self, path: str, **params: Any) -> httpx.Response:
-        return httpx.get(self.url + path, params=params, timeout=30)
+    def get(self, path: str, *, headers: dict[str, str] | None = None, **params: Any) -> httpx.Response:
+        return httpx.get(self.url + path, params=params, headers=headers, timeout=30)
 
     def event(self, session_key: str, event: dict[str, Any]) -> None:
         """POST one agent event as a console session does (internal endpoint)."""
@@ -126,13 +140,15 @@ def in_own_loop(coro: Coroutine[Any, Any, T]) -> T:
 @contextmanager
 def running_console(tmp: Path) -> Iterator[Console]:
     """Serve the ingress with two console bots (``console``: master ``admin``; ``other``: master
-    ``boss``) on SQLite in ``tmp``; stop everything afterwards."""
+    ``boss``; both with the master token :data:`MASTER_TOKEN`) on SQLite in ``tmp``; stop
+    everything afterwards."""
     old = os.environ.get(API_TOKEN_ENV)
     os.environ[API_TOKEN_ENV] = API_TOKEN
+    os.environ[MASTER_ENV] = MASTER_TOKEN
     url = f"sqlite:///{tmp / 'console.db'}"
     bots = [
-        BotConfig(platform="console", self_id="console", masters=["admin"]),
-        BotConfig(platform="console", self_id="other", masters=["boss"]),
+        BotConfig(platform="console", self_id="console", masters=["admin"], master_token_env=MASTER_ENV),
+        BotConfig(platform="console", self_id="other", masters=["boss"], master_token_env=MASTER_ENV),
     ]
     config = Config(bots=bots, database=DatabaseConfig(url=url))
     runtime = EchoRuntime()
@@ -153,6 +169,7 @@ def running_console(tmp: Path) -> Iterator[Console]:
                     asyncio.run_coroutine_threadsafe(closing, runtime.loop).result(30)
     finally:
         db.dispose()
+        os.environ.pop(MASTER_ENV, None)
         if old is None:
             os.environ.pop(API_TOKEN_ENV, None)
         else:
@@ -195,9 +212,11 @@ def open_console(browser: Any, url: str, width: int) -> Any:
     return page
 
 
-def login(page: Any, user: str, *, group: str | None = None) -> None:
-    """Log in as ``user`` (a private chat, or the group ``group``) and wait for the stream."""
+def login(page: Any, user: str, *, group: str | None = None, master_token: str = "") -> None:
+    """Log in as ``user`` (a private chat, or the group ``group``; with ``master_token`` in the
+    login form's master-token field) and wait for the stream."""
     page.fill("[data-testid=user]", user)
+    page.fill("[data-testid=master-token]", master_token)
     page.select_option("[data-testid=scene]", "group" if group else "private")
     if group:
         page.fill("[data-testid=group]", group)

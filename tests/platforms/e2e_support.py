@@ -41,6 +41,7 @@ ENV = {
     "SR_E2E_ONEBOT_TOKEN": "onebot-access-token",
     "SR_E2E_TG_TOKEN": "1000000099:AAE2E-telegram-token",
     "SR_E2E_TG_SECRET": "telegram-webhook-secret",
+    "SR_E2E_CONSOLE_MASTER": "console-master-token",
 }
 for _k, _v in ENV.items():
     os.environ.setdefault(_k, _v)
@@ -131,7 +132,11 @@ def make_config(tmp: Path, api_base: str, port: int) -> Config:
                 secret_env="SR_E2E_TG_SECRET",
             ),
             BotConfig(
-                platform="console", self_id="console", api_base=f"http://127.0.0.1:{port}", masters=[MASTER]
+                platform="console",
+                self_id="console",
+                api_base=f"http://127.0.0.1:{port}",
+                masters=[MASTER],
+                master_token_env="SR_E2E_CONSOLE_MASTER",
             ),
         ],
         database=DatabaseConfig(url=f"sqlite:///{tmp / 'sessionray.db'}"),

@@ -28,6 +28,9 @@ from tests.actors.edge_support import serve_in_thread
 from tests.platforms.console_browser_support import (
     API_TOKEN,
     HEIGHT,
+    LIVE_KEYS,
+    MASTER_TOKEN,
+    PROOF,
     WIDTHS,
     Console,
     EchoRuntime,
@@ -131,7 +134,7 @@ def test_login_first_then_chat(open_page: OpenPage, width: int) -> None:
 def test_list_markers_are_not_clipped(console: Console, open_page: OpenPage, width: int) -> None:
     """No shown list puts its numbers or bullets outside the room its padding gives them."""
     page = open_page(width)
-    login(page, "admin")
+    login(page, "admin", master_token=MASTER_TOKEN)
     console.event("console:console:private:admin", {"type": "status", "text": "thinking…"})
     page.wait_for_selector("[data-testid=agent-event]")
     page.wait_for_selector("[data-testid=session]")
@@ -328,59 +331,128 @@ def test_validated_reply_drives_the_completed_reply_line(console: Console, open_
 # --------------------------------------------------------------------------- master panel
 
 
+def master_tools_fit(page: Any, width: int) -> None:
+    """The live sessions, the steer controls and the chat's composer all lie on the first screen
+    (no scrolling: a phone never scrolls past a full-height chat to steer), side by side from
+    900 px, the panel above the chat below that; nothing is wider than the viewport."""
+    chat, panel = box(page, "#conversation"), box(page, "[data-testid=master-panel]")
+    for selector in ("[data-testid=steer]", "[data-testid=control-text]", "[data-testid=composer]"):
+        found = box(page, selector)
+        assert found["y"] >= 0 and found["y"] + found["height"] <= HEIGHT, (selector, found)
+        assert found["x"] >= 0 and found["x"] + found["width"] <= width, (selector, found)
+    if width >= 900:
+        assert panel["x"] >= chat["x"] + chat["width"] and panel["y"] < chat["y"] + chat["height"]
+    else:
+        assert panel["y"] + panel["height"] <= chat["y"]
+        assert chat["height"] >= 0.45 * HEIGHT  # the chat keeps most of the screen
+    dims = overflow(page)
+    assert dims["scrollWidth"] <= width and dims["scrollHeight"] <= HEIGHT, dims
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_master_panel_only_for_the_master(console: Console, open_page: OpenPage, width: int) -> None:
-    """The master sees the live console sessions of their bot and the controls (beside the chat
-    on a wide screen, below it on a narrow one); anyone else sees neither."""
+    """The master (name and master token) sees the live console sessions of their bot without
+    asking (listed on login, then kept fresh) and the controls, on the first screen at every width;
+    the master's name without the token gets only a request for the token (unlocking works);
+    anyone else sees neither (docs/decisions.md#security-console-master-proof)."""
     page = open_page(width)
     login(page, "carol")
     expect(page.get_by_test_id("master-panel")).to_be_hidden()
     assert role_known(page) == "user"
     page.get_by_test_id("logout").click()
-    login(page, "admin")
+    login(page, "admin", master_token=MASTER_TOKEN)
     assert role_known(page) == "master"
-    page.wait_for_selector("[data-testid=session]")
-    assert visible(page, "master-panel")
+    page.wait_for_selector("[data-testid=session]")  # listed on its own: no ↻ click
+    assert (
+        visible(page, "master-panel") and visible(page, "master-tools") and not visible(page, "unlock-form")
+    )
     assert [s.split(" ")[0] for s in page.get_by_test_id("session").all_text_contents()] == [
         "console:console:private:admin",
         "console:console:group:lobby",
     ]
-    chat, panel = box(page, "#conversation"), box(page, "[data-testid=master-panel]")
-    if width >= 900:
-        assert panel["x"] >= chat["x"] + chat["width"] and panel["y"] < chat["y"] + chat["height"]
-    else:
-        assert panel["y"] >= chat["y"] + chat["height"]
-    assert panel["x"] + panel["width"] <= width
-    assert overflow(page)["scrollWidth"] <= width
+    master_tools_fit(page, width)
 
     page.get_by_test_id("logout").click()
-    login(page, "bob")
+    login(page, "admin")  # the name alone
+    assert role_known(page) == "locked"
+    assert visible(page, "unlock-form") and not visible(page, "master-tools")
+    assert page.get_by_test_id("session").count() == 0 and shown_despite_hidden(page) == []
+    page.fill("[data-testid=unlock-token]", "wrong")
+    page.click("[data-testid=unlock]")
+    expect(page.get_by_test_id("unlock-result")).to_have_text("wrong master token")
+    assert not visible(page, "master-tools")
+    page.fill("[data-testid=unlock-token]", MASTER_TOKEN)
+    page.click("[data-testid=unlock]")
+    expect(page.get_by_test_id("master-tools")).to_be_visible()
+    page.wait_for_selector("[data-testid=session]")
+    assert role_known(page) == "master"
+    master_tools_fit(page, width)
+
+    page.get_by_test_id("logout").click()
+    login(page, "bob", master_token=MASTER_TOKEN)  # the token makes no other name a master
     expect(page.get_by_test_id("master-panel")).to_be_hidden()
     assert role_known(page) == "user"
     assert not visible(page, "master-panel") and shown_despite_hidden(page) == []
 
 
+def test_live_session_list_follows_the_runtime_without_a_click(console: Console, open_page: OpenPage) -> None:
+    """A chat that becomes live after the master logged in appears in the list on its own (the
+    page refreshes it; no ↻ click), and one that ends leaves it."""
+    console.runtime.live_keys = ()
+    try:
+        page = open_page(390)
+        login(page, "admin", master_token=MASTER_TOKEN)
+        assert role_known(page) == "master"
+        expect(page.get_by_test_id("sessions")).to_contain_text("no live console session yet")
+        console.runtime.live_keys = ("console:console:private:admin",)
+        expect(page.get_by_test_id("session")).to_have_count(1, timeout=15_000)  # refreshed every 5 s
+        assert page.get_by_test_id("session").text_content().startswith("console:console:private:admin ")
+        console.runtime.live_keys = ()
+        expect(page.get_by_test_id("session")).to_have_count(0, timeout=15_000)
+    finally:
+        console.runtime.live_keys = LIVE_KEYS
+
+
+def test_steer_from_the_page_needs_the_master_token(console: Console, open_page: OpenPage) -> None:
+    """A steer sent from the master panel carries the token; a request without it is refused."""
+    page = open_page(390)
+    login(page, "admin", master_token=MASTER_TOKEN)
+    assert role_known(page) == "master"
+    body = {"user": "admin", "session_key": "console:console:private:admin", "text": "stop"}
+    refused = page.evaluate(
+        "async b => (await fetch('/console/api/steer', {method: 'POST', headers: {'Content-Type':"
+        " 'application/json'}, body: JSON.stringify(b)})).status", body
+    )  # fmt: skip
+    assert refused == 403
+    page.fill("[data-testid=control-text]", "stop")
+    page.click("[data-testid=steer]")
+    expect(page.get_by_test_id("control-result")).to_contain_text("steer")
+    assert console.runtime.controls[-1] == ("steer", "console:console:private:admin", "stop", "admin")
+
+
 def test_session_list_api_refuses_non_masters(console: Console) -> None:
     def keys(user: str) -> list[str]:
-        answer = console.get("/console/api/sessions", user=user)
+        answer = console.get("/console/api/sessions", user=user, headers=PROOF)
         assert answer.status_code == 200, answer.text
         return [s["session_key"] for s in answer.json()["sessions"]]
 
     assert keys("admin") == ["console:console:private:admin", "console:console:group:lobby"]
     assert keys("boss") == ["console:other:private:boss"]
-    refused = console.get("/console/api/sessions", user="bob")
+    refused = console.get("/console/api/sessions", user="bob", headers=PROOF)
     assert (refused.status_code, refused.json()) == (
         403,
         {"error": "'bob' is not a master of a console bot; only masters see live sessions"},
     )
-    assert console.get("/console/api/sessions").status_code == 400
-    assert [console.get("/console/api/me", **q).json() for q in (
+    assert console.get("/console/api/sessions", user="admin").status_code == 403  # no master token
+    assert console.get("/console/api/sessions", headers=PROOF).status_code == 400
+    assert [console.get("/console/api/me", headers=PROOF, **q).json() for q in (
         {"user": "admin"}, {"user": "admin", "bot": "other"}, {"user": "bob"},
     )] == [
-        {"user": "admin", "bot": "console", "master": True},
-        {"user": "admin", "bot": "other", "master": False},
-        {"user": "bob", "bot": "console", "master": False},
+        {"user": "admin", "bot": "console", "master": True, "master_name": True},
+        {"user": "admin", "bot": "other", "master": False, "master_name": False},
+        {"user": "bob", "bot": "console", "master": False, "master_name": False},
     ]  # fmt: skip
+    assert console.get("/console/api/me", user="admin").json()["master"] is False
     assert console.get("/console/api/me", user="admin", bot="nope").status_code == 400
 
 

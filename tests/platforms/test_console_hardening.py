@@ -1,7 +1,8 @@
 """The console under attack (docs/decisions.md#security-console-scope): steer / follow-up only for
-console sessions, console sessions only in the list, internal deliver / events behind
-``X-Console-Api-Token``, bad input answered 400/413 (never a 500), names matched in full, and no
-link to a non-http(s) URL in the browser.
+console sessions and only with the master token (a master's name alone is not enough:
+docs/decisions.md#security-console-master-proof), console sessions only in the list, internal
+deliver / events behind ``X-Console-Api-Token``, bad input answered 400/413 (never a 500), names
+matched in full, and no link to a non-http(s) URL in the browser.
 
 Real HTTP over loopback: the ingress app (``actors.ingress.build_app``, so the console routes are
 mounted as ``sessionray serve`` mounts them) in a uvicorn thread, a real SQLite transcript store,
@@ -31,6 +32,9 @@ from runtime.session.control import ControlReply, ControlRequest
 from tests.actors.edge_support import serve_in_thread
 
 API_TOKEN = "console-hardening-api-token"
+MASTER_ENV = "CONSOLE_HARDEN_MASTER"
+MASTER_TOKEN = "console-hardening-master-token"
+PROOF = {"X-Console-Master-Token": MASTER_TOKEN}
 MAX_TEXT = 100
 TG_KEY = "telegram:1000000077:private:987654321"
 OB_KEY = "onebot11:10001:group:123"
@@ -70,9 +74,13 @@ class Served:
     url: str
     runtime: ControlRuntime
 
-    def post(self, path: str, body: Any = None, *, raw: bytes | None = None, **kw: Any) -> httpx.Response:
+    def post(
+        self, path: str, body: Any = None, *, raw: bytes | None = None, as_master: bool = True, **kw: Any
+    ) -> httpx.Response:
+        """POST JSON (or ``raw``); with the master token (:data:`PROOF`) unless ``as_master`` is False."""
         content = raw if raw is not None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", **kw.pop("headers", {})}
+        proof = PROOF if as_master else {}
+        headers = {"Content-Type": "application/json", **proof, **kw.pop("headers", {})}
         return httpx.post(self.url + path, content=content, headers=headers, timeout=30, **kw)
 
 
@@ -80,9 +88,12 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     old = os.environ.get(API_TOKEN_ENV)
     os.environ[API_TOKEN_ENV] = API_TOKEN
+    os.environ[MASTER_ENV] = MASTER_TOKEN
     db_file = tmp_path_factory.mktemp("console-harden") / "ingress.db"
     config = Config(
-        bots=[BotConfig(platform="console", self_id="console", masters=["admin"])],
+        bots=[
+            BotConfig(platform="console", self_id="console", masters=["admin"], master_token_env=MASTER_ENV)
+        ],
         database=DatabaseConfig(url=f"sqlite:///{db_file}"),
         server=ServerConfig(max_text_chars=MAX_TEXT, admin_token_env="CONSOLE_HARDEN_NO_TOKEN"),
     )
@@ -91,6 +102,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         with serve_in_thread(build_app(runtime, config)) as url:
             yield Served(url, runtime)
     finally:
+        os.environ.pop(MASTER_ENV, None)
         if old is None:
             os.environ.pop(API_TOKEN_ENV, None)
         else:
@@ -144,6 +156,63 @@ def test_console_controls_console_sessions(s: Served) -> None:
     )
 
 
+@pytest.mark.parametrize("proof", [None, "wrong-token", ""])
+def test_a_master_name_alone_cannot_steer_list_or_get_the_master_role(s: Served, proof: str | None) -> None:
+    """docs/decisions.md#security-console-master-proof: ``admin`` without the master token (none,
+    a wrong one, an empty one) cannot steer or follow up any console session, see the live
+    sessions, or become a master through the webhook (``/steer`` in the chat); the page is told
+    to ask for the token (``master_name``). With the token each of these works."""
+    headers = {} if proof is None else {"X-Console-Master-Token": proof}
+    why = (
+        "'admin' is a master name of console bot 'console', but to {what} the request needs the master "
+        f"token in X-Console-Master-Token (the value of ${MASTER_ENV} on the server; `make run` prints it "
+        "as the admin token)"
+    )
+    for kind in ("steer", "follow_up"):
+        body = {"user": "admin", "session_key": "console:console:private:bob", "text": "stop"}
+        r = s.post(f"/console/api/{kind}", body, as_master=False, headers=headers)
+        assert (r.status_code, r.json()) == (403, {"error": why.format(what=kind.replace("_", "-"))})
+    listed = httpx.get(s.url + "/console/api/sessions", params={"user": "admin"}, headers=headers, timeout=30)
+    assert (listed.status_code, listed.json()) == (403, {"error": why.format(what="see live sessions")})
+    me = httpx.get(s.url + "/console/api/me", params={"user": "admin"}, headers=headers, timeout=30)
+    assert me.json() == {"user": "admin", "bot": "console", "master": False, "master_name": True}
+    unproven = console_msg(user="admin", text="/steer stop", message_id=f"c-np-{proof}")
+    hook = s.post("/webhooks/console/console", unproven, as_master=False, headers=headers)
+    assert hook.status_code == 200 and [m.sender.roles for m in s.runtime.taken] == [[]]
+    assert s.runtime.calls == []
+
+    steer = s.post(
+        "/console/api/steer", {"user": "admin", "session_key": "console:console:private:bob", "text": "x"}
+    )
+    assert (steer.status_code, s.runtime.calls) == (
+        200,
+        [("steer", "console:console:private:bob", "x", "admin")],
+    )
+    listed = httpx.get(s.url + "/console/api/sessions", params={"user": "admin"}, headers=PROOF, timeout=30)
+    assert listed.status_code == 200
+    me = httpx.get(s.url + "/console/api/me", params={"user": "admin"}, headers=PROOF, timeout=30)
+    assert me.json() == {"user": "admin", "bot": "console", "master": True, "master_name": True}
+    s.post(
+        "/webhooks/console/console", console_msg(user="admin", text="/steer stop", message_id=f"c-p-{proof}")
+    )
+    assert [m.sender.roles for m in s.runtime.taken] == [[], ["master"]]
+    info = httpx.get(s.url + "/console/api/info", timeout=30).json()
+    assert info == {"bots": ["console"], "token_required": False, "master_token": True}
+
+
+def test_the_master_token_makes_no_other_name_a_master(s: Served) -> None:
+    body = {"user": "mallory", "session_key": CONSOLE_KEY, "text": "stop"}
+    r = s.post("/console/api/steer", body)
+    error = "'mallory' is not a master of console bot 'console'; only masters may steer"
+    assert (r.status_code, r.json()) == (403, {"error": error})
+    listed = httpx.get(s.url + "/console/api/sessions", params={"user": "mallory"}, headers=PROOF, timeout=30)
+    assert listed.status_code == 403
+    s.post(
+        "/webhooks/console/console", console_msg(user="mallory", text="/steer stop", message_id="c-mallory")
+    )
+    assert [m.sender.roles for m in s.runtime.taken] == [[]] and s.runtime.calls == []
+
+
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", ""])
 def test_console_api_refuses_what_a_cross_site_page_can_send(s: Served, ctype: str) -> None:
     """A cross-site page can POST text/plain or a form without a CORS preflight, never JSON: the
@@ -156,7 +225,7 @@ def test_console_api_refuses_what_a_cross_site_page_can_send(s: Served, ctype: s
 
 
 def test_console_lists_console_sessions_only(s: Served) -> None:
-    resp = httpx.get(s.url + "/console/api/sessions", params={"user": "admin"}, timeout=30)
+    resp = httpx.get(s.url + "/console/api/sessions", params={"user": "admin"}, headers=PROOF, timeout=30)
     assert resp.json() == {
         "sessions": [
             {

@@ -53,9 +53,11 @@ def test_private_message() -> None:
     assert msg.session_key == "console:console:private:alice"
 
 
-def test_group_message_mention_and_master() -> None:
-    c = ConsoleCodec(masters=["admin"])
-    msg = c.parse({}, browser(user="admin", scene="group", group_id="lobby", text="@console what's up"))
+def test_group_message_mention_and_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONSOLE_CODEC_MASTER", "m-token")
+    c = ConsoleCodec(masters=["admin"], master_token_env="CONSOLE_CODEC_MASTER")
+    proof = {"X-Console-Master-Token": "m-token"}
+    msg = c.parse(proof, browser(user="admin", scene="group", group_id="lobby", text="@console what's up"))
     assert msg == InboundMessage(
         platform="console",
         bot_id="console",
@@ -79,6 +81,51 @@ def test_group_message_mention_and_master() -> None:
     assert quiet is not None and (quiet.mentioned_bot, quiet.triggered) == (False, False)
     always = ConsoleCodec(trigger="always").parse({}, browser(scene="group", group_id="lobby"))
     assert always is not None and always.triggered is True
+
+
+def test_console_master_token_defaults_to_the_admin_token_variable() -> None:
+    config = Config.model_validate(
+        {
+            "bots": [
+                {"platform": "console"},
+                {"platform": "console", "self_id": "c2", "master_token_env": "PW"},
+            ],
+            "server": {"admin_token_env": "MY_ADMIN"},
+        }
+    )
+    assert [b.master_token_env for b in config.bots] == ["MY_ADMIN", "PW"]
+    assert Config().bots[0].master_token_env == "SESSIONRAY_ADMIN_TOKEN"
+    assert get_codec(Config().bots[0]).master_token_env == "SESSIONRAY_ADMIN_TOKEN"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="master_token_env` is for console bots only"):
+        BotConfig(platform="onebot11", self_id="1", master_token_env="X")
+
+
+@pytest.mark.parametrize(
+    ("headers", "env_value", "configured"),
+    [
+        ({}, "m-token", "CONSOLE_CODEC_MASTER"),  # the name alone
+        ({"X-Console-Master-Token": "wrong"}, "m-token", "CONSOLE_CODEC_MASTER"),
+        ({"X-Console-Master-Token": "m-token"}, None, "CONSOLE_CODEC_MASTER"),  # variable unset
+        ({"X-Console-Master-Token": "m-token"}, "m-token", None),  # no master token configured
+        ({"X-Console-Master-Token": ""}, "m-token", "CONSOLE_CODEC_MASTER"),
+    ],
+)
+def test_a_master_name_without_the_master_token_is_no_master(
+    monkeypatch: pytest.MonkeyPatch, headers: dict[str, str], env_value: str | None, configured: str | None
+) -> None:
+    """docs/decisions.md#security-console-master-proof: ``admin`` typed without the proof gets no
+    ``master`` role (so no ``/steer``, ``/followup``, group ``/new`` or master-only tool)."""
+    if env_value is None:
+        monkeypatch.delenv("CONSOLE_CODEC_MASTER", raising=False)
+    else:
+        monkeypatch.setenv("CONSOLE_CODEC_MASTER", env_value)
+    c = ConsoleCodec(masters=["admin"], master_token_env=configured)
+    msg = c.parse(headers, browser(user="admin", text="/steer stop"))
+    assert msg is not None and msg.sender.roles == []
+    named_other = ConsoleCodec(masters=["boss"], master_token_env="CONSOLE_CODEC_MASTER")
+    monkeypatch.setenv("CONSOLE_CODEC_MASTER", "m-token")
+    other = named_other.parse({"X-Console-Master-Token": "m-token"}, browser(user="admin"))
+    assert other is not None and other.sender.roles == []  # the token does not make any name a master
 
 
 @pytest.mark.parametrize(

@@ -267,6 +267,7 @@ async def test_console_in_chromium(stack: Stack) -> None:
             await page.goto(f"{stack.base_url}/console")
             await page.wait_for_selector('[data-testid=connect][data-ready="1"]')
             await page.fill("[data-testid=user]", "admin")
+            await page.fill("[data-testid=master-token]", ENV["SR_E2E_CONSOLE_MASTER"])
             await page.click("[data-testid=connect]")
             await expect(page.get_by_test_id("status")).to_have_text("connected as admin")
             await expect(page.get_by_test_id("control-key")).to_have_value("console:console:private:admin")
@@ -323,8 +324,7 @@ async def test_console_in_chromium(stack: Stack) -> None:
                 ['🔧 clock({"tz":"UTC"})', "⚠ format corrected"]
             )
 
-            # live sessions list
-            await page.click("[data-testid=refresh]")
+            # live sessions list (loaded and refreshed on its own)
             await expect(
                 page.get_by_test_id("session").filter(has_text="console:console:private:admin")
             ).to_have_count(1)
@@ -355,7 +355,7 @@ async def test_console_in_chromium(stack: Stack) -> None:
         )
     assert (resp.status_code, resp.json()) == (
         403,
-        {"error": "'bob' is not a master of bot console:console; only masters may steer"},
+        {"error": "'bob' is not a master of console bot 'console'; only masters may steer"},
     )
     rows = await stack.scene("console", "console", "admin")
     assert [d for d, _ in rows] == ["inbound", "outbound", "inbound", "outbound"]
