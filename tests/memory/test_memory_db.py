@@ -28,6 +28,7 @@ def test_default_url_creates_directory_with_wal_and_busy_timeout(
             "agent_messages",
             "agent_sessions",
             "agent_summaries",
+            "capability_probes",  # one probe per model per TTL (decisions#structured-capability-cache)
             "delivery_ledger",  # with the memory tables since issue #16 (docs/decisions.md#delivery-outbox)
             "delivery_uncertain",
             "im_transcripts",
@@ -96,6 +97,7 @@ def test_table_shapes(db: Database) -> None:
         ],
         "agent_messages": ["id", "session_id", "role", "payload", "timestamp"],
         "agent_summaries": ["id", "session_id", "summary", "anchor_message_id", "created_at"],
+        "capability_probes": ["provider", "model", "holder", "until_ms"],
         "model_capabilities": [
             "provider",
             "model",
