@@ -231,6 +231,12 @@ def console_routes(
         proof = request.headers.get(MASTER_TOKEN_HEADER)
         return user in masters.get(bot, ()) and master_token_matches(proof, master_envs.get(bot))
 
+    def master_token_set(bot: str) -> bool:
+        """A master token is configured for ``bot`` (else no console user is a master, and a
+        master's name is a plain name)."""
+        env = master_envs.get(bot)
+        return bool(env and os.environ.get(env))
+
     def not_master(user: str, bot: str, what: str) -> Response:
         """The 403 of a master action (``what``) asked without a name in ``masters`` or without the proof."""
         if user not in masters.get(bot, ()):
@@ -313,6 +319,8 @@ def console_routes(
         if isinstance(found, Response):
             return found
         user, bot = found
+        if user in masters[bot] and master_token_set(bot) and not is_master(request, user, bot):
+            return not_master(user, bot, "read its history")
         scene, group = request.query_params.get("scene", "private"), request.query_params.get("group", "")
         if scene not in ("private", "group"):
             return bad("`scene` must be private or group")

@@ -7,7 +7,8 @@ structured reply and a DeliveryActor), replies and live agent events arrive on t
 Server-Sent-Events stream ``/console/api/stream`` and are printed segment by segment. ``/steer TEXT``
 and ``/followup TEXT`` send control messages for the user's own session (masters only: a name in
 ``masters`` and the master token, ``X-Console-Master-Token`` from ``--master-token-env``, default
-``$SESSIONRAY_ADMIN_TOKEN``, which is sent with every request; the server answers 403 otherwise,
+``$SESSIONRAY_ADMIN_TOKEN``, sent with every request over https or to this machine only; the
+server answers 403 otherwise,
 docs/decisions.md#security-console-master-proof). ``/help`` lists these commands (answered here,
 never sent to the bot); ``/quit`` or Ctrl-D leaves. Agent events print as the standalone chat prints them
 (:func:`actors.chat_cli.tool_call_line` / :func:`~actors.chat_cli.tool_result_line`). When stdin is
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TextIO
@@ -132,6 +135,22 @@ def describe_event(event: dict[str, Any]) -> str | None:
     return f"[{kind}]" if isinstance(kind, str) else None
 
 
+def _safe_for_secrets(url: str) -> bool:
+    """``url`` is https, or plain http to this machine (a loopback address or ``localhost``): the
+    only places the master token (by default the admin token) is sent to
+    (docs/decisions.md#security-console-master-proof)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    host = parts.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 async def run_console_chat(
     url: str,
     user: str,
@@ -165,9 +184,11 @@ async def run_console_chat(
         0; 1 when the server could not be reached; 2 when ``user``/``group``/``bot`` cannot form a
         session key.
     """
-    headers = {"X-Console-Token": token} if token else {}
-    if master_token:
-        headers[MASTER_TOKEN_HEADER] = master_token
+    headers: dict[bytes, bytes] = {b"X-Console-Token": token.encode()} if token else {}
+    if master_token and _safe_for_secrets(url):
+        headers[MASTER_TOKEN_HEADER.encode()] = master_token.encode()  # UTF-8: the server compares bytes
+    elif master_token:
+        write("note: the master token is not sent over plain http to another host (use https)")
     scene = {"scene": "group", "group_id": group} if group else {"scene": "private"}
     try:
         session_key = make_session_key("console", bot, "group" if group else "private", group or user)

@@ -11,8 +11,10 @@ does, before the head starts, with the file readable by its owner only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -45,12 +47,60 @@ def _shown(path: Path, environ: MutableMapping[str, str]) -> str:
 
 
 def _has_token(path: Path) -> bool:
+    """``path`` is a regular file holding a token (not only whitespace); False when nothing is
+    there (a dangling link included).
+
+    Raises:
+        RayTokenError: the path is there but not a regular file (a FIFO would block the read), or
+            cannot be read.
+    """
     try:
+        if not path.exists():
+            return False
+        if not path.is_file():
+            raise RayTokenError(f"Ray's token file {path} is not a regular file")
         return bool(path.read_text(errors="replace").strip())
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError as exc:
         raise RayTokenError(f"Ray's token file {path} cannot be read: {exc.strerror or exc}") from None
+
+
+def _create(path: Path) -> bool:
+    """Write a new token to ``path`` unless something is there already: the token goes to a
+    temporary file of mode 0600 beside it, which is then hard-linked as ``path`` (an atomic
+    create-if-absent: a start that fails half-way leaves no empty token file, and an existing file
+    is never overwritten).
+
+    Returns:
+        True when this call created the file, False when another start had created it.
+
+    Raises:
+        RayTokenError: the directory or the file cannot be created or written.
+    """
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".auth_token.", dir=path.parent)  # mode 0600
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(TOKEN_BYTES))
+            out.flush()
+            os.fsync(out.fileno())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        if tmp is None:  # mkdir: the directory's path is a file
+            raise RayTokenError(f"Ray's token directory {path.parent} is not a directory") from None
+        return False  # another start created it meanwhile (or a dangling link is there)
+    except OSError as exc:
+        raise RayTokenError(
+            f"Ray's token file {path} cannot be created ({exc.strerror or exc}): set {TOKEN_ENV} or "
+            f"{TOKEN_PATH_ENV}, or RAY_AUTH_MODE=disabled"
+        ) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def ensure_local_token(environ: MutableMapping[str, str] | None = None) -> str:
@@ -65,7 +115,8 @@ def ensure_local_token(environ: MutableMapping[str, str] | None = None) -> str:
 
     Raises:
         RayTokenError: ``$RAY_AUTH_TOKEN_PATH`` names a missing or empty file (the operator's
-            choice of file is not filled in), or the default file cannot be read or created.
+            choice of file is not filled in) or a path that cannot be expanded, or the default file
+            cannot be read or created, or is there without a token (never overwritten).
     """
     env = os.environ if environ is None else environ
     if env.get("RAY_AUTH_MODE", "").lower() != "token":
@@ -73,7 +124,10 @@ def ensure_local_token(environ: MutableMapping[str, str] | None = None) -> str:
     if env.get(TOKEN_ENV, "").strip():
         return f"${TOKEN_ENV}"
     if env.get(TOKEN_PATH_ENV):
-        path = Path(env[TOKEN_PATH_ENV]).expanduser()
+        try:
+            path = Path(env[TOKEN_PATH_ENV]).expanduser()
+        except RuntimeError as exc:  # ~user that does not exist, or no home directory
+            raise RayTokenError(f"{TOKEN_PATH_ENV}={env[TOKEN_PATH_ENV]}: {exc}") from None
         if not _has_token(path):
             what = "the file is missing or empty (Ray reads its token there)"
             raise RayTokenError(f"{TOKEN_PATH_ENV}={path}: {what}")
@@ -81,16 +135,10 @@ def ensure_local_token(environ: MutableMapping[str, str] | None = None) -> str:
     path = default_token_path(env)
     if _has_token(path):
         return _shown(path, env)
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another start created it meanwhile
-        return _shown(path, env)
-    except OSError as exc:
+    created = _create(path)
+    if not _has_token(path):
         raise RayTokenError(
-            f"Ray's token file {path} cannot be created ({exc.strerror or exc}): set {TOKEN_ENV} or "
-            f"{TOKEN_PATH_ENV}, or RAY_AUTH_MODE=disabled"
-        ) from None
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(TOKEN_BYTES))
-    return f"{_shown(path, env)}, created now"
+            f"Ray's token file {path} is there but holds no token: remove it (it is never overwritten) "
+            f"or set {TOKEN_ENV}"
+        )
+    return f"{_shown(path, env)}, created now" if created else _shown(path, env)

@@ -399,6 +399,8 @@ async function init() {
   const frag = new URLSearchParams(location.hash.slice(1));
   if (frag.get("token")) $("token").value = frag.get("token");
   if (frag.get("master")) $("master-token").value = frag.get("master");
+  // the secrets leave the address bar and the history entry at once (they stay in the form)
+  if (frag.get("token") || frag.get("master")) history.replaceState(null, "", location.pathname + location.search);
   const resp = await fetch("/console/api/info");
   const info = await resp.json();
   for (const b of info.bots) $("bot").append(el("option", { value: b }, b));

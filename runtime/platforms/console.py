@@ -147,7 +147,10 @@ def _secret_matches(got: str | bytes | None, expected: str | None) -> bool:
     empty. A str ``got`` is encoded as latin-1, as Starlette decodes header bytes."""
     if not expected or not got:
         return False
-    raw = got if isinstance(got, bytes) else got.encode("latin-1", "replace")
+    try:  # strict: a character outside latin-1 never came from a header, and matches nothing
+        raw = got if isinstance(got, bytes) else got.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
     return hmac.compare_digest(raw, expected.encode("utf-8"))
 
 
@@ -259,11 +262,35 @@ class ConsoleCodec:
         Raises:
             SignatureError: missing or wrong token.
         """
-        if not self._secret:
+        if self._secret:
+            got = header(headers, "X-Console-Token") or ""
+            if not hmac.compare_digest(got.encode(), self._secret.encode()):
+                raise SignatureError("missing or wrong X-Console-Token")
+        self._verify_master_name(headers, body)
+
+    def _verify_master_name(self, headers: Mapping[str, str], body: bytes) -> None:
+        """A master's name is reserved for whoever holds the master token: while a master token is
+        set, a message under a name in ``masters`` without the proof is refused, so that nobody
+        speaks in (or ``/new``-s) a master's own session by typing the name
+        (docs/decisions.md#security-console-master-proof). A body that is not a JSON object with a
+        string ``user`` is left to :meth:`parse` to reject.
+
+        Raises:
+            SignatureError: a master's name without the master token.
+        """
+        if not self.masters or not self.master_token_env or not os.environ.get(self.master_token_env):
             return
-        got = header(headers, "X-Console-Token") or ""
-        if not hmac.compare_digest(got.encode(), self._secret.encode()):
-            raise SignatureError("missing or wrong X-Console-Token")
+        try:
+            user = json.loads(body).get("user")
+        except (ValueError, AttributeError, RecursionError):
+            return
+        if user in self.masters and not master_token_matches(
+            header(headers, MASTER_TOKEN_HEADER), self.master_token_env
+        ):
+            raise SignatureError(
+                f"{user!r} is a master's name: a message under it needs the master token in "
+                f"{MASTER_TOKEN_HEADER}"
+            )
 
     def parse(self, headers: Mapping[str, str], body: bytes) -> InboundMessage | None:
         """Parse a browser message (shape in the module docstring).

@@ -38,8 +38,11 @@ _SILENT = frozenset({"text", "mention", "reply"})
 
 def _line(seg: dict[str, Any]) -> str | None:
     """The line of one canonical segment (module table), ``None`` for text, mention and reply."""
+    if not isinstance(seg, dict):  # a third-party codec's odd segment: no line, never an error
+        return None
     kind = seg.get("type")
-    data = seg.get("data") or {}
+    data = seg.get("data")
+    data = data if isinstance(data, dict) else {}
     if not isinstance(kind, str) or kind in _SILENT:
         return None
     if kind in _MEDIA:
@@ -52,7 +55,8 @@ def _line(seg: dict[str, Any]) -> str | None:
     if kind == "forward":
         return f"[forward {data.get('forward_id', '')}]"
     if kind == "share":
-        return "[" + " ".join(p for p in ("share", data.get("title"), data.get("url")) if p) + "]"
+        parts = ("share", data.get("title"), data.get("url"))
+        return "[" + " ".join(str(p) for p in parts if p not in (None, "")) + "]"
     return f"[{kind}]"
 
 

@@ -6,6 +6,7 @@ tests/actors/test_serve_first_run.py."""
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 from pathlib import Path
@@ -67,3 +68,54 @@ def test_the_banner_line_says_where_the_token_is_and_whether_it_was_made(tmp_pat
     )
     assert env["RAY_AUTH_MODE"] == "token"
     assert "(token: ~/.ray/auth_token;" in quiet_ray_auth(env)
+
+
+def test_a_default_token_file_without_a_token_is_an_error_never_overwritten(tmp_path: Path) -> None:
+    """An empty ``~/.ray/auth_token``, a dangling link there, or ``~/.ray`` as a plain file was
+    reported as found (Ray then failed on its own); each is one line, and nothing is replaced."""
+    env = {"HOME": str(tmp_path), "RAY_AUTH_MODE": "token"}
+    token_file = tmp_path / ".ray" / "auth_token"
+    token_file.parent.mkdir()
+    token_file.write_text("  \n")
+    with pytest.raises(RayTokenError, match=r"auth_token is there but holds no token: remove it"):
+        ensure_local_token(env)
+    assert token_file.read_text() == "  \n"
+    token_file.unlink()
+    token_file.symlink_to(tmp_path / "gone")
+    with pytest.raises(RayTokenError, match=r"holds no token"):
+        ensure_local_token(env)
+    assert token_file.is_symlink() and not (tmp_path / "gone").exists()
+    assert [p.name for p in token_file.parent.iterdir()] == ["auth_token"]  # no temporary file left
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".ray").write_text("")
+    with pytest.raises(RayTokenError, match=r"\.ray is not a directory$"):
+        ensure_local_token({"HOME": str(other), "RAY_AUTH_MODE": "token"})
+
+
+def test_a_token_write_that_fails_leaves_no_token_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails half-way (a full disk, a file-size limit) left an empty ``auth_token``
+    that the next start took for a token, and a traceback; now one line and no file."""
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("actors.ray_token.os.fsync", full)
+    with pytest.raises(RayTokenError, match=r"cannot be created \(No space left on device\)"):
+        ensure_local_token({"HOME": str(tmp_path), "RAY_AUTH_MODE": "token"})
+    assert list((tmp_path / ".ray").iterdir()) == []
+
+
+def test_a_token_path_that_is_a_fifo_or_cannot_be_expanded_is_one_line(tmp_path: Path) -> None:
+    """A FIFO named by ``RAY_AUTH_TOKEN_PATH`` blocked the start for ever; ``~nosuchuser/…`` ended
+    it with a traceback."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    env = {"HOME": str(tmp_path), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(fifo)}
+    with pytest.raises(RayTokenError, match=r"fifo is not a regular file$"):
+        ensure_local_token(env)
+    env["RAY_AUTH_TOKEN_PATH"] = "~nosuchuser-sessionray/tok"
+    with pytest.raises(RayTokenError, match=r"^RAY_AUTH_TOKEN_PATH=~nosuchuser-sessionray/tok: "):
+        ensure_local_token(env)

@@ -400,7 +400,7 @@ async def test_an_image_goes_to_the_vision_model(bot: Bot) -> None:
 
 
 async def test_models_lists_the_configured_models(bot: Bot) -> None:
-    async with browser(bot, "admin") as tab:
+    async with browser(bot, "admin", master=True) as tab:
         await tab.say("/models")
         assert (await tab.reply("admin", 1)).split("\n") == [
             "Configured models:",

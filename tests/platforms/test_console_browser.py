@@ -430,6 +430,23 @@ def test_steer_from_the_page_needs_the_master_token(console: Console, open_page:
     assert console.runtime.controls[-1] == ("steer", "console:console:private:admin", "stop", "admin")
 
 
+def test_a_master_token_in_the_link_fills_the_form_and_leaves_the_address_bar(
+    browser: Any, console: Console
+) -> None:
+    """The banner's ``/console#master=…`` link: the token fills the form, then the fragment is
+    removed from the address bar and the history entry (it was left there: the admin token by
+    default, docs/decisions.md#security-console-master-proof)."""
+    page = browser.new_context(viewport={"width": 1280, "height": HEIGHT}).new_page()
+    try:
+        page.goto(f"{console.url}/console#master={MASTER_TOKEN}")
+        page.wait_for_selector('[data-testid=connect][data-ready="1"]')
+        assert page.input_value("[data-testid=master-token]") == MASTER_TOKEN
+        assert page.url == f"{console.url}/console"
+        assert MASTER_TOKEN not in page.evaluate("location.href")
+    finally:
+        page.context.close()
+
+
 def test_session_list_api_refuses_non_masters(console: Console) -> None:
     def keys(user: str) -> list[str]:
         answer = console.get("/console/api/sessions", user=user, headers=PROOF)

@@ -94,3 +94,18 @@ def test_model_lines_follow_the_segments_in_order() -> None:
                                      "[share https://e.com]", "[poll]"]  # fmt: skip
     assert model_text("  ", []) == NO_TEXT
     assert model_text("a", segments[:2]) == "a"
+
+
+def test_odd_segments_of_another_codec_give_lines_never_errors() -> None:
+    """Segments the built-in codecs never make (a codec of one's own may): a non-dict segment or
+    ``data``, a number where a string is expected — a line or nothing, never an exception that
+    would drop the whole event."""
+    from runtime.platforms.placeholders import model_text
+
+    odd: list[Any] = [
+        "not a segment",
+        {"type": "share", "data": {"title": 5, "url": None}},
+        {"type": "face", "data": [1]},
+        {"type": "poke", "data": None},
+    ]
+    assert model_text("", odd) == "[share 5]\n[face ]\n[poke]"
