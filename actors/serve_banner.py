@@ -157,7 +157,8 @@ def banner(
         lines.append(f"sessionray: admin API      {base}/admin/ (bearer token from ${token_env})")
         if generated_token:
             lines.append(
-                f"sessionray: admin token    generated for this run; admin CLI in another shell: "
+                f"sessionray: admin token    generated for this instance (kept across a planned restart); "
+                f"admin CLI in another shell: "
                 f"export {token_env}={generated_token}; {_control_hint(token_env, base, env)}"
             )
         else:

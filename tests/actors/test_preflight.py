@@ -355,7 +355,8 @@ def test_banner_tells_how_to_use_the_admin_cli() -> None:
     env = {"MY_ADMIN": "tok", "PATH": on_path}
     lines = banner(config, "sessionray.yaml", "127.0.0.1", 8123, 8090, generated_token="tok", environ=env)
     assert (
-        "sessionray: admin token    generated for this run; admin CLI in another shell: export MY_ADMIN=tok; "
+        "sessionray: admin token    generated for this instance (kept across a planned restart); "
+        "admin CLI in another shell: export MY_ADMIN=tok; "
         "sessionray status --url http://127.0.0.1:8123 --token-env MY_ADMIN"
     ) in lines
     env = {"SESSIONRAY_ADMIN_TOKEN": "x", "PATH": on_path}
