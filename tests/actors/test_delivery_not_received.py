@@ -176,3 +176,25 @@ def test_max_connections_is_shared_by_the_delivery_actors() -> None:
     assert actor_connections(bot.model_copy(update={"max_connections": 9}), 2) == 5
     with pytest.raises(ValueError, match="max_connections"):
         BotConfig(platform="onebot11", self_id="1", max_connections=0)
+
+
+async def test_a_bot_behind_a_proxy_of_the_environment_is_reached_through_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HTTP_PROXY`` is still honoured for a platform API (httpx's own client, same bound): the
+    stand-in plays the proxy, the bot's ``api_base`` does not resolve."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with WeakPlatformServer() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.base_url)
+        settings = DeliverySettings(
+            database_url=f"sqlite:///{tmp_path / 'delivery.db'}",
+            bots=[onebot_bot("http://onebot.invalid:5700")],
+        )
+        sender = DeliverySender(settings, 0, "0:test")
+        try:
+            result = await sender.deliver(text_job("via the proxy"))
+        finally:
+            await sender.close()
+    assert result.outcome == "sent", result
+    assert proxy.bodies == [private_call("20002", "via the proxy")]
