@@ -40,26 +40,16 @@ async def _closed_loop(pool: Any, jobs: list[list[Any]]) -> collections.Counter[
 def _case(backlog: int, max_connections: int | None, db_dir: Path) -> dict[str, Any]:
     import time
 
-    from actors.delivery import DeliveryPool, DeliverySettings
-    from tests.actors.edge_support import onebot_bot, text_job
+    from tests.actors.edge_support import delivery_pool, text_job
     from tests.weak_platform_server import WeakPlatformServer
 
-    extra = {} if max_connections is None else {"max_connections": max_connections}
+    bot = {} if max_connections is None else {"max_connections": max_connections}
     jobs = [[text_job(f"{c}/{m}", scene_id=str(40000 + c)) for m in range(REPLIES)] for c in range(CHATS)]
+    db_url = f"sqlite:///{db_dir / f'{uuid.uuid4().hex}.db'}"
     with WeakPlatformServer(backlog=backlog) as server:
-        settings = DeliverySettings(
-            database_url=f"sqlite:///{db_dir / f'{uuid.uuid4().hex}.db'}",
-            bots=[onebot_bot(server.base_url, **extra)],
-            actors=2,
-            backoff_base_s=0.05,
-            backoff_max_s=1.0,
-        )
-        pool = DeliveryPool.create(settings, 2, prefix=f"bench-weak-{uuid.uuid4().hex[:6]}", sweep_s=0)
-        started = time.perf_counter()
-        try:
+        with delivery_pool(db_url, server.base_url, 2, bot=bot, actors=2, backoff_base_s=0.05) as pool:
+            started = time.perf_counter()
             counts = asyncio.run(_closed_loop(pool, jobs))
-        finally:
-            pool.stop()
         elapsed = time.perf_counter() - started
         seen = collections.Counter(body["message"][0]["data"]["text"] for body in server.bodies)
     expected = {f"{c}/{m}" for c in range(CHATS) for m in range(REPLIES)}
