@@ -183,7 +183,7 @@ class DeliverySender:
         return len(keys)
 
     async def close(self) -> None:
-        """Stop the chains, close the HTTP client and the database."""
+        """Stop the chains, close the HTTP clients and the database."""
         await self.chains.close()
         await self.clients.aclose()
         self.db.dispose()

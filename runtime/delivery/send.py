@@ -7,7 +7,7 @@ between retries (docs/decisions.md#delivery-outage, docs/decisions.md#delivery-u
   call that was written and not answered (read timeout, connection dropped) is *unanswered*, an
   error starting ``transport:`` (the same words the OneBot socket path uses), never retried —
   unless the server ended the connection before its TCP acknowledged any byte of the request (a
-  client from :func:`runtime.delivery.wire_probe.platform_client` knows): nothing reached the
+  client from :func:`runtime.delivery.clients.platform_client` knows): nothing reached the
   server, so it is a retryable ``connect:`` failure too (docs/decisions.md#delivery-not-received).
 * :func:`retry_step` retries a retryable failure (429, 5xx, ``connect:``) with exponential back-off
   and full jitter, or exactly the platform's ``Retry-After`` (delta-seconds or an HTTP-date), for
@@ -46,8 +46,8 @@ UNANSWERED_PREFIX = "transport:"
 """Error prefix of a call that was written and not answered (HTTP here, the OneBot socket in
 ``runtime.platforms.onebot11_ws``)."""
 NOT_RECEIVED = "(the server ended the connection before acknowledging any byte of the request)"
-"""Said after the error of a call written and failed that no byte of reached the server
-(:mod:`runtime.delivery.wire_probe`): retried like a refused connect."""
+"""Appended to the error of a call that was written and failed although no byte of it reached the
+server (:mod:`runtime.delivery.wire_probe`): it is retried like a refused connect."""
 
 
 def unanswered(result: SendResult) -> bool:
