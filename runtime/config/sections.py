@@ -66,6 +66,11 @@ class BotConfig(_Closed):
     ws_url: str | None = None
     """OneBot v11 ``transport: ws-forward``: the implementation's WebSocket server, e.g.
     ``ws://127.0.0.1:3001`` (required there, unused otherwise)."""
+    max_connections: int = Field(4, ge=1, strict=True)
+    """HTTP connections all delivery actors together open at most to ``api_base`` (each actor its
+    share, rounded up); a reply waits for a free one. 4: a small server's listen backlog (5 for
+    Python's ``http.server``) is not overrun by one bot's replies
+    (docs/decisions.md#delivery-connections)."""
     mode: Literal["webhook", "polling"] = "webhook"
     """Telegram: how updates arrive — ``webhook`` (Telegram POSTs to ``/webhooks/telegram/{id}``;
     needs public HTTPS) or ``polling`` (one ``getUpdates`` long-poll loop per bot across the

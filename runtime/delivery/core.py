@@ -24,13 +24,13 @@ import logging
 import time
 from typing import Any, Literal
 
-import httpx
 from sqlalchemy import Connection
 
 from runtime import metrics
 from runtime.delivery import ledger as ledger
 from runtime.delivery import outbox
 from runtime.delivery.chains import ChatChains
+from runtime.delivery.clients import PlatformClients
 from runtime.delivery.job import DeliveryJob
 from runtime.delivery.send import OnWire, StepOutcome, retry_step, send_http, unanswered
 from runtime.delivery.settings import (
@@ -65,13 +65,6 @@ __all__ = [
 log = logging.getLogger("sessionray.delivery")
 
 Final = Literal["sent", "empty", "failed", "uncertain"]
-MAX_CONNECTIONS = 32
-"""Platform API connections one delivery actor opens at most (all bots together); more sends at
-once wait for a free one (a wait that outlasts the call timeout is a retryable ``connect:``
-failure: nothing was sent). A burst of replies — hundreds of sessions answering at once — must
-not open hundreds of connections to a bot's OneBot implementation, whose small servers reset
-what they cannot take, and a reset after the body was written makes a send uncertain
-(docs/decisions.md#delivery-uncertain)."""
 WIRE_MARK_LOCK_WAIT_S = 0.02
 """Longest wait for the SQLite writer lock of an on-the-wire mark written on the event loop's
 thread (it blocks the loop meanwhile); past it the mark waits on the SQL pool instead, in seconds."""
@@ -138,10 +131,8 @@ class DeliverySender:
             self.media_policies[key] = bot_media_policy(settings.media, bot)
             if setting(bot, "transport", "http") != "http":
                 self.socket_bots.add(key)
-        self.client = httpx.AsyncClient(
-            timeout=settings.timeout_s,
-            limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS),
-        )
+        self.clients = PlatformClients(settings, self.socket_bots)
+        """One HTTP client per bot over HTTP (docs/decisions.md#delivery-connections)."""
         self.chains = ChatChains(self._drain)
         self._running: dict[str, asyncio.Future[DeliveryResult]] = {}
         self.lease_ms = int(max(settings.lease_s, settings.timeout_s + 10) * 1000)
@@ -192,9 +183,9 @@ class DeliverySender:
         return len(keys)
 
     async def close(self) -> None:
-        """Stop the chains, close the HTTP client and the database."""
+        """Stop the chains, close the HTTP clients and the database."""
         await self.chains.close()
-        await self.client.aclose()
+        await self.clients.aclose()
         self.db.dispose()
 
     # ------------------------------------------------------------------ one chat
@@ -470,7 +461,10 @@ class DeliverySender:
 
         async def once() -> SendResult:
             if on_wire is not None:
-                return await send_http(self.client, codec, call, on_wire)
+                client = self.clients.get(bot_key(platform, job.bot_id))
+                if client is None:
+                    return SendResult(ok=False, error=f"no HTTP client for bot {job.bot_id}", retryable=False)
+                return await send_http(client, codec, call, on_wire)
             if self.socket_sender is None:
                 return SendResult(ok=False, error="connect: no socket sender in this process", retryable=True)
             return await self.socket_sender(codec, str(job.bot_id), call, self.settings.timeout_s)

@@ -5,7 +5,10 @@ between retries (docs/decisions.md#delivery-outage, docs/decisions.md#delivery-u
   :class:`~runtime.platforms.base.SendResult`: a call that never reached the platform (connect
   refused or timed out, no pooled connection) is retryable with an error starting ``connect:``; a
   call that was written and not answered (read timeout, connection dropped) is *unanswered*, an
-  error starting ``transport:`` (the same words the OneBot socket path uses), never retried.
+  error starting ``transport:`` (the same words the OneBot socket path uses), never retried —
+  unless the server ended the connection before its TCP acknowledged any byte of the request (a
+  client from :func:`runtime.delivery.clients.platform_client` knows): nothing reached the
+  server, so it is a retryable ``connect:`` failure too (docs/decisions.md#delivery-not-received).
 * :func:`retry_step` retries a retryable failure (429, 5xx, ``connect:``) with exponential back-off
   and full jitter, or exactly the platform's ``Retry-After`` (delta-seconds or an HTTP-date), for
   as long as the reply is younger than ``delivery.max_age_s``; before each wait it calls
@@ -26,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from runtime.delivery.wire_probe import probing
 from runtime.platforms.base import ApiCall, PlatformCodec, SendResult
 
 __all__ = [
@@ -41,6 +45,9 @@ __all__ = [
 UNANSWERED_PREFIX = "transport:"
 """Error prefix of a call that was written and not answered (HTTP here, the OneBot socket in
 ``runtime.platforms.onebot11_ws``)."""
+NOT_RECEIVED = "(the server ended the connection before acknowledging any byte of the request)"
+"""Appended to the error of a call that was written and failed although no byte of it reached the
+server (:mod:`runtime.delivery.wire_probe`): it is retried like a refused connect."""
 
 
 def unanswered(result: SendResult) -> bool:
@@ -126,7 +133,8 @@ async def send_http(
             killed while connecting or between headers and body left nothing the platform acts
             on, and its step is sent again, not recorded uncertain. What it raises ends the call
             before the body is written (and propagates). A call that failed before it was
-            reached is retryable (``connect:``) whatever the error.
+            reached is retryable (``connect:``) whatever the error; one that failed after it is
+            retryable only when no byte of it reached the server (module docstring).
     """
     kwargs: dict[str, Any] = {"headers": call.headers}
     if call.json_body is not None:
@@ -138,14 +146,17 @@ async def send_http(
     mark = _WireMark(on_wire) if on_wire is not None else None
     if mark is not None:
         kwargs["extensions"] = {"trace": mark.trace}
-    try:
-        resp = await client.request(call.method, call.url, **kwargs)
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-        return SendResult(ok=False, error=f"connect: {exc!r}", retryable=True)  # never reached it
-    except httpx.HTTPError as exc:
-        if mark is not None and not mark.reached:  # failed before a byte was written
-            return SendResult(ok=False, error=f"connect: {exc!r}", retryable=True)
-        return SendResult(ok=False, error=f"{UNANSWERED_PREFIX} {exc!r}", retryable=False)
+    with probing() as attempt:
+        try:
+            resp = await client.request(call.method, call.url, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            return SendResult(ok=False, error=f"connect: {exc!r}", retryable=True)  # never reached it
+        except httpx.HTTPError as exc:
+            if mark is not None and not mark.reached:  # failed before a byte was written
+                return SendResult(ok=False, error=f"connect: {exc!r}", retryable=True)
+            if attempt.not_received():  # docs/decisions.md#delivery-not-received
+                return SendResult(ok=False, error=f"connect: {exc!r} {NOT_RECEIVED}", retryable=True)
+            return SendResult(ok=False, error=f"{UNANSWERED_PREFIX} {exc!r}", retryable=False)
     result = codec.parse_send_result(resp.status_code, resp.headers, resp.content)
     if not result.ok and result.retry_after_s is None and "retry-after" in resp.headers:
         result = result.model_copy(update={"retry_after_s": parse_retry_after(resp.headers["retry-after"])})

@@ -77,6 +77,9 @@ class DeliverySettings(BaseModel):
     """``delivery.backoff_max_s``: the longest back-off without a ``Retry-After``, in seconds."""
     timeout_s: float = 30.0
     """``delivery.timeout_s``: HTTP timeout of one platform call, in seconds."""
+    actors: int = 1
+    """``runtime.delivery_actors``: how many delivery actors share a bot's
+    ``bots[].max_connections`` (docs/decisions.md#delivery-connections)."""
     sweep_s: float = 30.0
     """``delivery.sweep_s``: period of a delivery actor's look for work nobody told it about."""
     lease_s: float = 60.0
@@ -100,6 +103,7 @@ class DeliverySettings(BaseModel):
         return cls(
             **{k: getattr(section, k) for k in knobs if section is not None and hasattr(section, k)},
             database_url=getattr(database, "url", None),
+            actors=int(getattr(getattr(config, "runtime", None), "delivery_actors", 1) or 1),
             bots=list(getattr(config, "bots", []) or []),
             media=getattr(config, "media", None),
             leak=LeakPolicy.from_config(config),

@@ -14,7 +14,7 @@ the system resolver and so checked as the address they mean. It is applied twice
 an httpcore network backend that resolves, checks and connects to the vetted IP itself, so a DNS
 answer that changes in between (rebinding) cannot reach a private address. TLS still verifies, and
 sends SNI for, the URL's host name. Only public httpx/httpcore APIs are used
-(:class:`_GuardedTransport`).
+(:class:`runtime.reply.http_pool.PoolTransport`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ import asyncio
 import ipaddress
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any, Literal, TypeAlias
 from urllib.parse import urljoin, urlsplit
 
 import certifi
 import httpcore
 import httpx
+
+from runtime.reply.http_pool import PoolTransport
 
 __all__ = ["REJECT_REASONS", "MediaRejected", "RejectReason", "check_address", "fetch_url"]
 
@@ -167,90 +169,14 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def _httpx_error(exc: Exception, request: httpx.Request) -> httpx.TransportError:
-    """The httpx exception of the same name as an httpcore one (``ConnectError``, ``ReadTimeout``…)."""
-    cls = getattr(httpx, type(exc).__name__, None)
-    if not (isinstance(cls, type) and issubclass(cls, httpx.TransportError)):
-        cls = httpx.TransportError
-    return cls(str(exc) or type(exc).__name__, request=request)
-
-
-_HTTPCORE_ERRORS: tuple[type[Exception], ...] = (
-    httpcore.TimeoutException,
-    httpcore.NetworkError,
-    httpcore.ProtocolError,
-    httpcore.UnsupportedProtocol,
-    httpcore.ProxyError,
-    httpcore.ConnectionNotAvailable,
-)
-
-
-class _RawStream(httpx.AsyncByteStream):
-    """An httpcore response body as an httpx stream (errors mapped to httpx's)."""
-
-    def __init__(self, body: Any, request: httpx.Request) -> None:
-        self._body, self._request = body, request
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._body:
-                yield chunk
-        except _HTTPCORE_ERRORS as exc:
-            raise _httpx_error(exc, self._request) from exc
-
-    async def aclose(self) -> None:
-        close = getattr(self._body, "aclose", None)
-        if close is not None:
-            await close()
-
-
-class _GuardedTransport(httpx.AsyncBaseTransport):
-    """httpx transport over an ``httpcore.AsyncConnectionPool`` whose ``network_backend`` is
-    :class:`_GuardedBackend`: every TCP connection is re-resolved, checked and made to the vetted
-    IP, while TLS still verifies (and sends SNI for) the URL's host name.
-
-    Only public APIs: ``httpx.AsyncBaseTransport``/``AsyncByteStream``/``Request``/``Response`` and
-    ``httpcore.AsyncConnectionPool(network_backend=…)`` (httpx itself offers no public parameter for
-    a network backend; assigning ``AsyncHTTPTransport._pool`` would depend on a private attribute).
-    HTTP/1.1 only, no proxies, no environment settings.
-    """
-
-    def __init__(self, allow_private: bool, allowed_hosts: frozenset[str]) -> None:
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl.create_default_context(cafile=certifi.where()),
-            network_backend=_GuardedBackend(allow_private, allowed_hosts),
-            max_connections=4,
-        )
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` through the guarded pool; the body is returned unread (streamed)."""
-        url = request.url
-        core = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
-            headers=request.headers.raw,
-            content=request.stream,  # httpx request streams are async iterables of bytes
-            extensions=request.extensions,
-        )
-        try:
-            resp = await self._pool.handle_async_request(core)
-        except _HTTPCORE_ERRORS as exc:
-            raise _httpx_error(exc, request) from exc
-        return httpx.Response(
-            status_code=resp.status,
-            headers=resp.headers,
-            stream=_RawStream(resp.stream, request),
-            extensions=resp.extensions,
-        )
-
-    async def aclose(self) -> None:
-        """Close every pooled connection."""
-        await self._pool.aclose()
-
-
 def _client(allow_private: bool, allowed_hosts: frozenset[str], timeout_s: float) -> httpx.AsyncClient:
+    pool = httpcore.AsyncConnectionPool(
+        ssl_context=ssl.create_default_context(cafile=certifi.where()),
+        network_backend=_GuardedBackend(allow_private, allowed_hosts),
+        max_connections=4,
+    )
     return httpx.AsyncClient(
-        transport=_GuardedTransport(allow_private, allowed_hosts),
+        transport=PoolTransport(pool),
         timeout=timeout_s,
         follow_redirects=False,
         trust_env=False,

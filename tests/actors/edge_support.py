@@ -48,13 +48,20 @@ def private_call(scene_id: str, text: str) -> dict[str, Any]:
 
 @contextmanager
 def delivery_pool(
-    db_url: str, api_base: str, size: int = 1, *, sweep_s: float = 0, **settings: Any
+    db_url: str,
+    api_base: str,
+    size: int = 1,
+    *,
+    sweep_s: float = 0,
+    bot: dict[str, Any] | None = None,
+    **settings: Any,
 ) -> Iterator[DeliveryPool]:
     """``size`` delivery actors with a per-test name prefix (killed at the end); a 10 ms first
-    back-off, 0.5 s at most, and no periodic sweep (only the one at each start) unless overridden."""
+    back-off, 0.5 s at most, and no periodic sweep (only the one at each start) unless overridden;
+    ``bot``: more fields of the OneBot ``bots:`` entry."""
     settings = {"backoff_base_s": 0.01, "backoff_max_s": 0.5, **settings}
     pool = DeliveryPool.create(
-        DeliverySettings(database_url=db_url, bots=[onebot_bot(api_base)], **settings),
+        DeliverySettings(database_url=db_url, bots=[onebot_bot(api_base, **(bot or {}))], **settings),
         size,
         prefix=f"test-delivery-{uuid.uuid4().hex[:8]}",
         sweep_s=sweep_s,

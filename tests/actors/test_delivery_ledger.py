@@ -257,7 +257,8 @@ async def test_a_sender_lost_while_connecting_left_nothing_on_the_wire_and_the_n
     async def count(request: httpx.Request) -> None:
         attempts.append(request.url.path)
 
-    first.client.event_hooks["request"].append(count)
+    [client] = first.clients.values()  # one HTTP client per bot
+    client.event_hooks["request"].append(count)
     job = text_job("sent once after all", reply_id="r-connect")
     task = asyncio.create_task(first.deliver(job))
     try:
