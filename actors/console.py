@@ -71,7 +71,6 @@ import hmac
 import itertools
 import json
 import logging
-import os
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -84,6 +83,7 @@ from starlette.routing import BaseRoute, Route
 
 from actors.admin import error_status
 from actors.console_history import HISTORY_LIMIT, HISTORY_MAX, read_history, scrub
+from actors.console_masters import ConsoleMasters
 from actors.http_input import InputError, check_text, loads_json, max_text_chars, valid_session_key
 from runtime.keys import SessionKeyError, parse_session_key
 from runtime.memory.transcripts import TranscriptStore
@@ -92,10 +92,8 @@ from runtime.platforms.common import is_json_content_type, valid_unicode
 from runtime.platforms.console import (
     API_TOKEN_ENV,
     API_TOKEN_HEADER,
-    MASTER_TOKEN_HEADER,
     NAME_RULE,
     api_token_matches,
-    master_token_matches,
     require_console_api_token,
 )
 from runtime.reply.leak import LeakPolicy
@@ -211,8 +209,7 @@ def console_routes(
     hub = hub or ConsoleHub()
     token = read_env(getattr(bots[0], "secret_env", None), what="console token")
     bot_ids = [str(b.self_id) for b in bots]
-    masters = {str(b.self_id): {str(m) for m in getattr(b, "masters", None) or ()} for b in bots}
-    master_envs = {str(b.self_id): getattr(b, "master_token_env", None) for b in bots}
+    masters = ConsoleMasters(bots)
     text_limit = max_text_chars(config)
     leak_policy = LeakPolicy.from_config(config)
 
@@ -224,31 +221,6 @@ def console_routes(
 
     def denied() -> Response:
         return JSONResponse({"error": "missing or wrong X-Console-Token"}, status_code=401)
-
-    def is_master(request: Request, user: str, bot: str) -> bool:
-        """``user`` is a master of ``bot`` by name **and** the request proves it
-        (docs/decisions.md#security-console-master-proof)."""
-        proof = request.headers.get(MASTER_TOKEN_HEADER)
-        return user in masters.get(bot, ()) and master_token_matches(proof, master_envs.get(bot))
-
-    def master_token_set(bot: str) -> bool:
-        """A master token is configured for ``bot`` (else no console user is a master, and a
-        master's name is a plain name)."""
-        env = master_envs.get(bot)
-        return bool(env and os.environ.get(env))
-
-    def not_master(user: str, bot: str, what: str) -> Response:
-        """The 403 of a master action (``what``) asked without a name in ``masters`` or without the proof."""
-        if user not in masters.get(bot, ()):
-            message = f"{user!r} is not a master of console bot {bot!r}; only masters may {what}"
-        else:
-            env = master_envs.get(bot)
-            where = f"the value of ${env} on the server" if env else "none is set: see master_token_env"
-            message = (
-                f"{user!r} is a master name of console bot {bot!r}, but to {what} the request needs the "
-                f"master token in {MASTER_TOKEN_HEADER} ({where}; `make run` prints it as the admin token)"
-            )
-        return JSONResponse({"error": message}, status_code=403)
 
     def internal(request: Request) -> bool:
         return api_token_matches(request.headers.get(API_TOKEN_HEADER))
@@ -289,7 +261,7 @@ def console_routes(
         return Response(_static("favicon.svg"), media_type=_STATIC["favicon.svg"])
 
     async def info(request: Request) -> Response:
-        master_token = any(os.environ.get(env) for env in master_envs.values() if env)
+        master_token = masters.any_token_set()
         return JSONResponse({"bots": bot_ids, "token_required": bool(token), "master_token": master_token})
 
     def who(request: Request) -> tuple[str, str] | Response:
@@ -298,7 +270,7 @@ def console_routes(
         bot = request.query_params.get("bot") or bot_ids[0]
         if not NAME_RULE.fullmatch(user):
             return bad(f"`user` {_NAMES}")
-        if bot not in masters:
+        if bot not in masters.names:
             return bad(f"`bot`: no console bot {bot!r} is configured")
         return user, bot
 
@@ -309,8 +281,9 @@ def console_routes(
         if isinstance(found, Response):
             return found
         user, bot = found
-        master = is_master(request, user, bot)
-        return JSONResponse({"user": user, "bot": bot, "master": master, "master_name": user in masters[bot]})
+        master = masters.is_master(request, user, bot)
+        named = user in masters.names[bot]
+        return JSONResponse({"user": user, "bot": bot, "master": master, "master_name": named})
 
     async def history(request: Request) -> Response:
         if not authorized(request):
@@ -319,8 +292,8 @@ def console_routes(
         if isinstance(found, Response):
             return found
         user, bot = found
-        if user in masters[bot] and master_token_set(bot) and not is_master(request, user, bot):
-            return not_master(user, bot, "read its history")
+        if masters.unproven(request, user, bot):
+            return masters.refusal(user, bot, "read its history")
         scene, group = request.query_params.get("scene", "private"), request.query_params.get("group", "")
         if scene not in ("private", "group"):
             return bad("`scene` must be private or group")
@@ -427,11 +400,11 @@ def console_routes(
         user = request.query_params.get("user", "")
         if not NAME_RULE.fullmatch(user):
             return bad(f"`user` {_NAMES}")
-        mastered = {bot for bot in masters if is_master(request, user, bot)}
+        mastered = {bot for bot in masters.names if masters.is_master(request, user, bot)}
         if not mastered:
-            named = [bot for bot, names in masters.items() if user in names]
+            named = [bot for bot, names in masters.names.items() if user in names]
             if named:
-                return not_master(user, named[0], "see live sessions")
+                return masters.refusal(user, named[0], "see live sessions")
             return JSONResponse(
                 {"error": f"{user!r} is not a master of a console bot; only masters see live sessions"},
                 status_code=403,
@@ -473,8 +446,8 @@ def console_routes(
                           "Authorization: Bearer <admin token>)"},
                 status_code=403,
             )  # fmt: skip
-        if not is_master(request, user, parsed.bot_id):
-            return not_master(user, parsed.bot_id, kind.replace("_", "-"))
+        if not masters.is_master(request, user, parsed.bot_id):
+            return masters.refusal(user, parsed.bot_id, kind.replace("_", "-"))
         try:
             check_text("text", text, max_chars=text_limit)
         except InputError as exc:
