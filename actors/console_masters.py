@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runtime.platforms.console import MASTER_TOKEN_HEADER, master_token_matches
+from runtime.platforms.console import MASTER_TOKEN_HEADER, master_name_unproven, master_token_matches
 
 __all__ = ["ConsoleMasters"]
 
@@ -40,21 +40,16 @@ class ConsoleMasters:
         proof = request.headers.get(MASTER_TOKEN_HEADER)
         return user in self.names.get(bot, ()) and master_token_matches(proof, self._envs.get(bot))
 
-    def token_set(self, bot: str) -> bool:
-        """A master token is configured for ``bot`` (else no console user is a master of it, and a
-        master's name is a plain name)."""
-        env = self._envs.get(bot)
-        return bool(env and os.environ.get(env))
-
     def any_token_set(self) -> bool:
-        """Some console bot has a master token (``/console/api/info``: the page shows the field)."""
-        return any(self.token_set(bot) for bot in self._envs)
+        """Some console bot has a master token (``/console/api/info``: the page shows the field);
+        without one a bot has no master, and a master's name is a plain name."""
+        return any(env and os.environ.get(env) for env in self._envs.values())
 
     def unproven(self, request: Request, user: str, bot: str) -> bool:
         """``user`` is a master's name of ``bot``, a master token is set, and the request lacks the
         proof: what reads or writes under that name is refused (the name is reserved)."""
-        named = user in self.names.get(bot, ())
-        return named and self.token_set(bot) and not self.is_master(request, user, bot)
+        proof = request.headers.get(MASTER_TOKEN_HEADER)
+        return master_name_unproven(user, self.names.get(bot, ()), proof, self._envs.get(bot))
 
     def refusal(self, user: str, bot: str, what: str) -> Response:
         """The 403 of a master action (``what``) asked without a name in ``masters`` or without the

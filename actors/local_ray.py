@@ -44,14 +44,14 @@ class RayStartError(RuntimeError):
     def of(cls, exc: Exception, address: str | None) -> RayStartError:
         """The one-line error for ``exc``, raised while starting or joining Ray (``address``:
         the cluster given with ``--address``; None: the local head)."""
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-        if isinstance(exc, RayHeadError):
+        if isinstance(exc, RayHeadError):  # already one line
             text = str(exc)
-        where = "the local Ray did not start"
+        else:
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
         if address:
-            where = f"the Ray cluster at {address} could not be joined"
-        return cls(f"{where}: {text}")
+            return cls(f"the Ray cluster at {address} could not be joined: {text}")
+        return cls(f"the local Ray did not start: {text}")
 
 
 class _DropThreadWarning(logging.Filter):

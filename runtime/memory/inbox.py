@@ -154,11 +154,6 @@ class StoreResult:
     earlier: tuple[InboxEntry, ...] = ()
     more: bool = False
 
-    @property
-    def behind(self) -> bool:
-        """Whether an earlier row of the key is still open."""
-        return bool(self.earlier)
-
 
 def create_inbox_table(db: Database) -> None:
     """Create ``inbox`` if it is missing (never drops or alters: docs/decisions.md#memory-create-only).

@@ -50,7 +50,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,7 @@ __all__ = [
     "agent_event_payload",
     "api_token_matches",
     "console_api_token",
+    "master_name_unproven",
     "master_token_matches",
     "require_console_api_token",
     "tool_result_text",
@@ -179,6 +180,16 @@ def master_token_matches(got: str | bytes | None, env_name: str | None) -> bool:
         env_name: The console bot's ``master_token_env``.
     """
     return _secret_matches(got, os.environ.get(env_name) if env_name else None)
+
+
+def master_name_unproven(
+    user: str, masters: Iterable[str], got: str | bytes | None, env_name: str | None
+) -> bool:
+    """``user`` is one of ``masters``, a master token is set (``env_name``'s value) and ``got`` is
+    not it: a master's name without the proof, refused wherever it reads or writes under that name
+    (the webhook, the console's history: docs/decisions.md#security-console-master-proof)."""
+    token_set = bool(env_name and os.environ.get(env_name))
+    return user in masters and token_set and not master_token_matches(got, env_name)
 
 
 def require_console_api_token(config: Any) -> str | None:
@@ -284,9 +295,8 @@ class ConsoleCodec:
             user = json.loads(body).get("user")
         except (ValueError, AttributeError, RecursionError):
             return
-        if user in self.masters and not master_token_matches(
-            header(headers, MASTER_TOKEN_HEADER), self.master_token_env
-        ):
+        proof = header(headers, MASTER_TOKEN_HEADER)
+        if isinstance(user, str) and master_name_unproven(user, self.masters, proof, self.master_token_env):
             raise SignatureError(
                 f"{user!r} is a master's name: a message under it needs the master token in "
                 f"{MASTER_TOKEN_HEADER}"

@@ -26,13 +26,12 @@ import base64
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from runtime.agent.config import AgentLoopConfig
 from runtime.agent.tool_policy import PolicyCheck, TurnScope, apply_tool_policy
 from runtime.agent.tools import AgentTool
 from runtime.llm.types import AgentMessage, ImageContent, Model, TextContent, UserMessage
-from runtime.platforms.placeholders import model_text
 from runtime.reply.provenance import ProvenanceIdentity, reply_identity
 from runtime.reply.segments import Reply
 from runtime.session.commands import CommandHandler, ParsedCommand, SessionStatus, command_text
@@ -116,8 +115,8 @@ class AgentFeatures:
         or the main ``model`` accepts ``image``). An image that cannot be read (refused address,
         too large, not an image) stays only as its reference line; the turn goes on.
         """
-        base: UserMessage = turn.user_message()
-        text = model_text(turn.text, turn.segments)  # never empty: docs/decisions.md#platform-placeholders
+        base: UserMessage = turn.user_message()  # text and placeholder lines, never empty
+        text = cast(str, base.content)  # TurnInput.user_message: docs/decisions.md#platform-placeholders
         sees = self.vision_model is not None or "image" in model.input
         images = await self._images(turn) if sees and has_image_segments(turn.segments) else []
         content: str | list[TextContent | ImageContent] = (
