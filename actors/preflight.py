@@ -66,12 +66,14 @@ __all__ = [
     "PortInUseError",
     "PreflightFailed",
     "Problem",
+    "StartArgs",
     "add_start_options",
     "check_main",
     "config_source",
     "database_problems",
     "ensure_repo_root_on_path",
     "environment_problems",
+    "load_start",
     "open_listeners",
     "port_problem",
     "run_checks",
@@ -384,6 +386,35 @@ def config_source(path: str | None) -> str:
     return path or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).exists() else "<defaults>")
 
 
+@dataclass(frozen=True)
+class StartArgs:
+    """What ``serve`` and ``check`` start from: the loaded configuration, the HTTP ``host`` and
+    ``port`` after ``--host``/``--port``, and the Ray metrics agent port to check
+    (``metrics_port``, None when ``--address`` joins a cluster)."""
+
+    config: Config
+    host: str
+    port: int
+    metrics_port: int | None
+
+
+def load_start(args: argparse.Namespace, prog: str) -> StartArgs | None:
+    """Load ``args.config`` and apply the options of :func:`add_start_options`. None when the
+    configuration is invalid: its problems were printed as one ``{prog}: ...`` report on stderr
+    (the command exits :data:`EXIT_CONFIG`)."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    return StartArgs(
+        config=config,
+        host=args.host or config.server.host,
+        port=config.server.port if args.port is None else args.port,
+        metrics_port=None if args.address else args.metrics_export_port,
+    )
+
+
 def check_main(argv: list[str]) -> int:
     """``sessionray check [--config FILE] [--host H] [--port P] [--address A]``: run the pre-flight
     only; print one summary (OK) or the problems; return the exit code (module docstring)."""
@@ -395,14 +426,9 @@ def check_main(argv: list[str]) -> int:
     )
     add_start_options(p)
     args = p.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"sessionray check: {exc}", file=sys.stderr)
+    if (start := load_start(args, "sessionray check")) is None:
         return EXIT_CONFIG
-    host = args.host or config.server.host
-    port = config.server.port if args.port is None else args.port
-    metrics = None if args.address else args.metrics_export_port
+    config, host, port, metrics = start.config, start.host, start.port, start.metrics_port
     problems = run_checks(config, host=host, port=port, metrics_port=metrics)
     if problems:
         failed = PreflightFailed(problems)

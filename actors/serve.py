@@ -60,6 +60,7 @@ from actors.preflight import (
     Problem,
     add_start_options,
     config_source,
+    load_start,
     open_listeners,
     run_checks,
 )
@@ -378,19 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     from actors.cluster import ClusterConfigError
     from actors.local_ray import RayStartError
     from actors.ray_token import RayTokenError
-    from runtime.config import ConfigError, load_config
 
     os.environ[RAY_AUTO_CONNECT_ENV] = "0"  # before anything imports Ray (docstring of the name)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"sessionray serve: {exc}", file=sys.stderr)
+    if (start := load_start(args, "sessionray serve")) is None:
         return EXIT_CONFIG
-    host = args.host or config.server.host
-    port = config.server.port if args.port is None else args.port
-    metrics_port = None if args.address else args.metrics_export_port
+    config, host, port, metrics_port = start.config, start.host, start.port, start.metrics_port
     listeners: list[socket.socket] = []
     http_problem: Problem | None = None
     try:  # listening at once: a connection made during the checks waits, it is not refused
