@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import Connection
@@ -89,6 +90,35 @@ class _Lease:
         if self.until_ms - now_ms() < need_ms:
             lease_ms = need_ms + s.lease_ms
             self.until_ms = await s.db.run_write(lambda: ledger.renew(s.db, self.reply_id, s.owner, lease_ms))
+
+
+@dataclass
+class _Sending:
+    """One claimed reply on its way out (:meth:`DeliverySender._deliver`): its calls (one a step),
+    the steps still to send in order (``plan``), the platform's message id of each step so far
+    (``ids``, None for an uncertain one) and what its :class:`DeliveryResult` reports."""
+
+    job: DeliveryJob
+    codec: PlatformCodec
+    calls: list[ApiCall]
+    lease: _Lease
+    started: float
+    """``time.perf_counter()`` when the delivery began, in seconds (the latency metric)."""
+    record: Reply | None
+    """The reply whose outbound transcript row is still to be written; None once it is, or for a
+    resend (its row exists)."""
+    over_socket: bool
+    """The bot sends over a socket (``transport: ws-*``), not HTTP."""
+    begun: bool = False
+    """The claim marked step 0 in flight."""
+    ids: list[str | None] = field(default_factory=list)
+    plan: list[int] = field(default_factory=list)
+    uncertain: bool = False
+    transcript: ledger.StepExtra | None = None
+    deadline_s: float = 0.0
+    """Unix time in seconds after which a retryable failure is final (``delivery.max_age_s``)."""
+    attempts: int = 0
+    waits: list[float] = field(default_factory=list)
 
 
 class DeliverySender:
@@ -213,7 +243,68 @@ class DeliverySender:
 
     # ------------------------------------------------------------------ one reply
 
+    async def _deliver(self, job: DeliveryJob, *, queued: bool) -> DeliveryResult:
+        """One reply, step by step: claim → check → render → send → close. Returns its
+        :class:`DeliveryResult` (``duplicate`` and ``busy`` without sending). Raises
+        :class:`runtime.delivery.ledger.LostLeaseError` when another owner took the reply over,
+        and whatever the check or render of a claimed reply raises (the reply stays claimed)."""
+        started = time.perf_counter()
+        codec = self.codecs.get(bot_key(job.platform, job.bot_id))
+        early = await self._render_early(job, codec)
+        claim = await self._claim(job, queued, self._steps_marked_at_claim(job, early))
+        if claim.state != "claimed":
+            return self._settled(job, claim)
+        lease = _Lease(self, job.reply_id)
+        if codec is None:
+            return await self._close(
+                job, "failed", [], error=f"no bot configured for {job.platform}/{job.bot_id}"
+            )
+        reply, calls = early or await self._render(job, codec)
+        if not calls:
+            return await self._close(job, "empty", [])
+        over_socket = bot_key(job.platform, job.bot_id) in self.socket_bots
+        run = await self._resume(job, claim, _Sending(job, codec, calls, lease, started, reply, over_socket))
+        return await self._send_all(run)
+
+    # --------------------------------------------------- one reply: claim, check, render
+
+    async def _render_early(
+        self, job: DeliveryJob, codec: PlatformCodec | None
+    ) -> tuple[Reply, list[ApiCall]] | None:
+        """The checked reply and its calls before the claim, for a reply without attachments
+        (the leak scan does no I/O), so that a claim over a socket also marks step 0 in flight
+        (one ledger write before the first send). None for a reply with attachments (claim →
+        checks: a duplicate never fetches its media again), without a codec, or whose check or
+        render failed (done again after the claim, where the failure is reported)."""
+        if codec is None or has_media(job.reply):
+            return None
+        try:
+            return await self._render(job, codec)
+        except Exception:
+            return None
+
+    async def _render(self, job: DeliveryJob, codec: PlatformCodec) -> tuple[Reply, list[ApiCall]]:
+        """The checked reply (:meth:`_checked`) and the platform calls ``codec`` renders it to
+        (one a step; an empty list sends nothing). Raises what the checks or the codec raise."""
+        reply = await self._checked(job.reply, job.platform, job.bot_id)
+        target = RenderTarget(scene_type=job.scene_type, scene_id=job.scene_id, reply_to=job.reply_to)
+        return reply, list(codec.render(reply, target))
+
+    def _steps_marked_at_claim(
+        self, job: DeliveryJob, early: tuple[Reply, list[ApiCall]] | None
+    ) -> int | None:
+        """How many steps the claim records (marking step 0 in flight), or None. Only over a
+        socket: over HTTP a step is marked on the wire when its request is written (send_http's
+        ``on_wire``), so a sender killed while connecting leaves a step that is sent again, not an
+        uncertain one (docs/decisions.md#delivery-uncertain)."""
+        if early is None or not early[1] or bot_key(job.platform, job.bot_id) not in self.socket_bots:
+            return None
+        return len(early[1])
+
     async def _claim(self, job: DeliveryJob, queued: bool, n_calls: int | None) -> ledger.ClaimOutcome:
+        """Claim the reply's ledger row for this owner (one write): its ``queued`` row, else a new
+        row from ``job``; with ``n_calls`` the same write marks step 0 in flight
+        (docs/decisions.md#delivery-outbox)."""
         if queued:
             found = await self.db.run_write(
                 lambda: ledger.claim_queued(self.db, job.reply_id, self.owner, self.lease_ms, n_calls)
@@ -236,116 +327,129 @@ class DeliverySender:
             )
         return await self.db.run_write(lambda: ledger.claim(self.db, **fields))
 
-    async def _deliver(self, job: DeliveryJob, *, queued: bool) -> DeliveryResult:
-        started = time.perf_counter()
-        platform = job.platform
-        codec = self.codecs.get(bot_key(platform, job.bot_id))
-        target = RenderTarget(scene_type=job.scene_type, scene_id=job.scene_id, reply_to=job.reply_to)
-        # A reply without attachments is checked (leak scan: no I/O) and rendered before the claim,
-        # so its claim also marks step 0 in flight (one ledger write before the first send). A
-        # reply with attachments keeps the order claim → checks (a duplicate never fetches its
-        # media again), as does one whose check or render failed.
-        reply: Reply | None = None
-        calls: list[ApiCall] | None = None
-        if codec is not None and not has_media(job.reply):
-            try:
-                reply = await self._checked(job.reply, platform, job.bot_id)
-                calls = list(codec.render(reply, target))
-            except Exception:
-                reply, calls = None, None
-        # Over HTTP a step is marked on the wire when its request is written (send_http's
-        # on_wire), not at the claim: a sender killed while connecting leaves a step that is
-        # sent again, not an uncertain one (docs/decisions.md#delivery-uncertain). Over a
-        # socket the claim marks step 0 (one ledger write before the first send).
-        over_socket = bot_key(platform, job.bot_id) in self.socket_bots
-        claim = await self._claim(job, queued, len(calls) if calls and over_socket else None)
+    def _settled(self, job: DeliveryJob, claim: ledger.ClaimOutcome) -> DeliveryResult:
+        """The answer for a reply not claimed: ``duplicate`` (final already: its recorded ids
+        and error, counted) or ``busy`` (another live owner holds its lease)."""
+        entry = claim.entry
         if claim.state == "done":
-            metrics.DELIVERIES.inc(platform=platform, outcome="duplicate")
-            entry = claim.entry
+            metrics.DELIVERIES.inc(platform=job.platform, outcome="duplicate")
             return DeliveryResult(
                 reply_id=job.reply_id, outcome="duplicate", message_ids=entry.message_ids, error=entry.error
             )
-        if claim.state == "busy":
-            return DeliveryResult(
-                reply_id=job.reply_id, outcome="busy", error=f"owned by {claim.entry.owner}"
-            )
-        entry, lease = claim.entry, _Lease(self, job.reply_id)
-        if codec is None:
-            return await self._close(
-                job, "failed", [], error=f"no bot configured for {platform}/{job.bot_id}"
-            )
-        if reply is None or calls is None:
-            reply = await self._checked(job.reply, platform, job.bot_id)
-            calls = list(codec.render(reply, target))
-        if not calls:
-            return await self._close(job, "empty", [])
-        ids: list[str | None] = list(entry.message_ids)
-        step, resend, uncertain = entry.steps_done, list(claim.resend), bool(claim.uncertain)
+        return DeliveryResult(reply_id=job.reply_id, outcome="busy", error=f"owned by {entry.owner}")
+
+    async def _resume(self, job: DeliveryJob, claim: ledger.ClaimOutcome, run: _Sending) -> _Sending:
+        """Where sending starts: after the steps done, the steps an operator asked to resend
+        first; a step its dead owner left on the wire is recorded ``uncertain`` and skipped
+        (docs/decisions.md#delivery-uncertain). Returns ``run`` with its plan set."""
+        entry = claim.entry
+        run.ids, run.uncertain, run.begun = list(entry.message_ids), bool(claim.uncertain), claim.begun
+        step, resend = entry.steps_done, list(claim.resend)
         if not claim.begun and entry.in_flight >= 0:  # its owner died with this call on the wire
             cut = entry.in_flight
             await self.db.run_write(lambda: ledger.record_uncertain(self.db, job.reply_id, self.owner))
             self._uncertain(job, cut, f"on the wire when its owner {entry.owner} died")
-            _put(ids, cut, None)
-            step, uncertain = max(step, cut + 1), True
+            _put(run.ids, cut, None)
+            step, run.uncertain = max(step, cut + 1), True
             resend = [s for s in resend if s != cut]
-        plan = [s for s in resend if s < len(calls)] + list(range(step, len(calls)))
-        record = reply if not claim.resend else None  # a resend after a retry: its transcript exists
-        transcript = self._transcript_writer(job, record)
-        attempts, waits = 0, []
-        deadline_s = (entry.created_at or now_ms()) / 1000 + self.settings.max_age_s
-        for n, i in enumerate(plan):
-            last = n == len(plan) - 1
+        run.plan = [s for s in resend if s < len(run.calls)] + list(range(step, len(run.calls)))
+        if claim.resend:  # a resend after a retry: its transcript exists
+            run.record = None
+        run.transcript = self._transcript_writer(job, run.record)
+        run.deadline_s = (entry.created_at or now_ms()) / 1000 + self.settings.max_age_s
+        return run
 
-            async def on_wire(i: int = i, total: int = len(calls)) -> None:
-                def mark() -> None:
-                    ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
+    # --------------------------------------------------- one reply: send, close
 
-                try:  # here, not on the SQL pool: no thread hop between the mark and the first byte
-                    self.db.write_here(mark, lock_wait_s=WIRE_MARK_LOCK_WAIT_S)
-                except Exception as exc:
-                    if not is_transient_write_error(exc):
-                        raise
-                    await self.db.run_write(mark)  # the writer lock is busy: wait off the loop
-                lease.refreshed()
-
-            if over_socket and not (i == 0 and claim.begun):  # else the claim marked step 0
-                await on_wire()
-            out = await self._send_step(
-                codec, calls[i], job, deadline_s, lease, None if over_socket else on_wire
-            )
-            attempts += out.attempts
-            waits += out.waits
-            final: Literal["sent", "uncertain"] = "uncertain" if uncertain else "sent"
+    async def _send_all(self, run: _Sending) -> DeliveryResult:
+        """Send the planned steps in order, each recorded as it ends (done, or uncertain and
+        passed over), then close the reply; the first step that fails closes it ``failed``."""
+        for n, i in enumerate(run.plan):
+            last = n == len(run.plan) - 1
+            out = await self._send_marked(run, i)
+            run.attempts += out.attempts
+            run.waits += out.waits
             if unanswered(out.result):
-                await self.db.run_write(
-                    lambda i=i, last=last: ledger.record_uncertain(  # type: ignore[misc]
-                        self.db, job.reply_id, self.owner, i, last=last, final="uncertain"
-                    )
-                )
-                self._uncertain(job, i, out.result.error or "no answer")
-                _put(ids, i, None)
-                uncertain = True
-                continue
-            if not out.result.ok:
-                reason = "expired" if out.expired else "rejected"
-                error = out.result.error or "failed"
-                if out.expired:
-                    age = time.time() - (deadline_s - self.settings.max_age_s)
-                    error = (
-                        f"gave up after {age:.0f} s (delivery.max_age_s={self.settings.max_age_s:g}): {error}"
-                    )
-                return await self._close(job, "failed", ids, attempts, waits, error, started, reason=reason)
-            await self.db.run_write(
-                lambda i=i, mid=out.result.message_id, last=last, final=final: ledger.finish_step(  # type: ignore[misc]
-                    self.db, job.reply_id, self.owner, i, mid, last=last, final=final, also=transcript
-                )
+                await self._step_uncertain(run, i, last, out.result.error or "no answer")
+            elif not out.result.ok:
+                return await self._fail(run, out)
+            else:
+                await self._step_done(run, i, last, out.result.message_id)
+        outcome: Final = "uncertain" if run.uncertain else "sent"
+        job, closed = run.job, bool(run.plan)  # the last step's write closed the reply
+        return await self._close(
+            job, outcome, run.ids, run.attempts, run.waits, None, run.started, run.record, closed=closed
+        )
+
+    async def _send_marked(self, run: _Sending, i: int) -> StepOutcome:
+        """Step ``i`` with its retries, marked in flight in the ledger: over HTTP as its request
+        is written, over a socket before it is sent (unless the claim marked step 0)."""
+        on_wire = self._wire_mark(run, i)
+        if run.over_socket and not (i == 0 and run.begun):
+            await on_wire()
+        return await self._send_step(
+            run.codec, run.calls[i], run.job, run.deadline_s, run.lease, None if run.over_socket else on_wire
+        )
+
+    def _wire_mark(self, run: _Sending, i: int) -> OnWire:
+        """The write that marks step ``i`` in flight (:func:`runtime.delivery.ledger.begin_step`),
+        renewing the lease: on the event loop's thread, so no thread hop stands between the mark
+        and the first byte; on the SQL pool when the writer lock stays busy past
+        :data:`WIRE_MARK_LOCK_WAIT_S`."""
+        job, total = run.job, len(run.calls)
+
+        def mark() -> None:
+            ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
+
+        async def on_wire() -> None:
+            try:
+                self.db.write_here(mark, lock_wait_s=WIRE_MARK_LOCK_WAIT_S)
+            except Exception as exc:
+                if not is_transient_write_error(exc):
+                    raise
+                await self.db.run_write(mark)  # the writer lock is busy: wait off the loop
+            run.lease.refreshed()
+
+        return on_wire
+
+    async def _step_uncertain(self, run: _Sending, i: int, last: bool, why: str) -> None:
+        """Step ``i`` was written and not answered: recorded ``uncertain`` (closing the reply
+        ``uncertain`` when it is the last), not resent; the next steps go on."""
+        job = run.job
+        await self.db.run_write(
+            lambda: ledger.record_uncertain(
+                self.db, job.reply_id, self.owner, i, last=last, final="uncertain"
             )
-            _put(ids, i, out.result.message_id)
-            if last:  # the transcript row went in the same transaction
-                record = None
-        outcome: Final = "uncertain" if uncertain else "sent"
-        closed = bool(plan)  # the last step's write closed the reply
-        return await self._close(job, outcome, ids, attempts, waits, None, started, record, closed=closed)
+        )
+        self._uncertain(job, i, why)
+        _put(run.ids, i, None)
+        run.uncertain = True
+
+    async def _step_done(self, run: _Sending, i: int, last: bool, message_id: str | None) -> None:
+        """Step ``i`` was sent: recorded done with the platform's ``message_id``; the last step's
+        write also closes the reply and writes its outbound transcript row."""
+        job = run.job
+        final: Literal["sent", "uncertain"] = "uncertain" if run.uncertain else "sent"
+        await self.db.run_write(
+            lambda: ledger.finish_step(
+                self.db, job.reply_id, self.owner, i, message_id, last=last, final=final, also=run.transcript
+            )
+        )
+        _put(run.ids, i, message_id)
+        if last:  # the transcript row went in the same transaction
+            run.record = None
+
+    async def _fail(self, run: _Sending, out: StepOutcome) -> DeliveryResult:
+        """Close the reply ``failed`` after a step the platform refused (``rejected``) or that
+        kept failing until the reply was ``delivery.max_age_s`` old (``expired``)."""
+        error = out.result.error or "failed"
+        if out.expired:
+            age = time.time() - (run.deadline_s - self.settings.max_age_s)
+            error = f"gave up after {age:.0f} s (delivery.max_age_s={self.settings.max_age_s:g}): {error}"
+        reason = "expired" if out.expired else "rejected"
+        return await self._close(
+            run.job, "failed", run.ids, run.attempts, run.waits, error, run.started, reason=reason
+        )
 
     async def _close(
         self,
