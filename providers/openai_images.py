@@ -143,21 +143,55 @@ async def generate_images(
     """
     opts = options or ImageGenerationOptions()
     result = ImageGenerationResult(model=model.id, provider=model.provider)
+    prompt, images = _split_inputs(prompt_or_inputs)
+    try:
+        headers, secrets = _headers(model, opts, provider_configs)
+        fields = _request_fields(model, opts, prompt)
+        files = _input_files(images)
+        payload = await _post(client or get_http_client(), model, opts, fields, files, headers, secrets)
+        _read_payload(payload, result, opts.output_format)
+    except _CallFailed as exc:
+        result.images, result.revised_prompts = [], []
+        result.error_message = str(exc)
+        return result
+    if not result.images:
+        result.error_message = "the Images API returned no b64_json image"
+    return result
+
+
+class _CallFailed(Exception):
+    """The call failed; the message is the result's ``error_message``."""
+
+
+def _split_inputs(prompt_or_inputs: str | list[TextContent | ImageContent]) -> tuple[str, list[ImageContent]]:
+    """The prompt (text blocks joined by newlines) and the input images."""
     if isinstance(prompt_or_inputs, str):
-        prompt, images = prompt_or_inputs, []
-    else:
-        prompt = "\n".join(b.text for b in prompt_or_inputs if isinstance(b, TextContent))
-        images = [b for b in prompt_or_inputs if isinstance(b, ImageContent)]
+        return prompt_or_inputs, []
+    prompt = "\n".join(b.text for b in prompt_or_inputs if isinstance(b, TextContent))
+    return prompt, [b for b in prompt_or_inputs if isinstance(b, ImageContent)]
+
+
+def _headers(
+    model: ImageModel, opts: ImageGenerationOptions, provider_configs: ProviderConfigs | None
+) -> tuple[dict[str, str], list[str]]:
+    """The request headers (the model's, the call's, the bearer key) and the secrets to redact
+    from error texts. Raises :class:`_CallFailed` when no API key is found
+    (:func:`providers.common.resolve_api_key`)."""
     chat_like = Model(id=model.id, api=API, provider=model.provider, base_url=model.base_url)
     try:
         key = resolve_api_key(chat_like, StreamOptions(api_key=opts.api_key), provider_configs)
     except ApiKeyError as exc:
-        result.error_message = str(exc)
-        return result
+        raise _CallFailed(str(exc)) from None
     headers = {**model.headers, **opts.headers}
     secrets = request_secrets(key, headers)
     if key:
         headers["authorization"] = f"Bearer {key}"
+    return headers, secrets
+
+
+def _request_fields(model: ImageModel, opts: ImageGenerationOptions, prompt: str) -> dict[str, Any]:
+    """The request's fields: model, prompt, the options set, ``b64_json`` for ``dall-e-*`` (the
+    others always answer base64) and the call's ``extra`` fields last."""
     fields: dict[str, Any] = {"model": model.id, "prompt": prompt}
     for name in ("n", "size", "quality", "output_format"):
         if getattr(opts, name) is not None:
@@ -165,21 +199,41 @@ async def generate_images(
     if model.id.startswith("dall-e"):
         fields["response_format"] = "b64_json"
     fields.update(opts.extra)
-    base = model.base_url or DEFAULT_BASE_URL
-    http = client or get_http_client()
-    total_s = opts.timeout or 300.0
-    # httpx's own per-read bound stays above the whole-call bound so the latter decides
-    timeout = httpx.Timeout(total_s + 5.0, connect=min(10.0, total_s))
+    return fields
+
+
+def _input_files(images: list[ImageContent]) -> list[tuple[str, tuple[str, bytes, str]]]:
+    """The multipart ``image[]`` parts of the input images. Raises :class:`_CallFailed` for an
+    image whose data is not valid base64."""
     files = []
     for i, b in enumerate(images):
         try:
             raw_input = base64.b64decode(b.data, validate=True)
         except ValueError:
-            result.error_message = f"input image {i} is not valid base64"
-            return result
+            raise _CallFailed(f"input image {i} is not valid base64") from None
         files.append(("image[]", (f"input{i}.{b.mime_type.split('/')[-1]}", raw_input, b.mime_type)))
+    return files
+
+
+async def _post(
+    http: httpx.AsyncClient,
+    model: ImageModel,
+    opts: ImageGenerationOptions,
+    fields: dict[str, Any],
+    files: list[tuple[str, tuple[str, bytes, str]]],
+    headers: dict[str, str],
+    secrets: list[str],
+) -> Any:
+    """``POST images/edits`` (multipart) with ``files``, else ``POST images/generations`` (JSON),
+    within ``opts.timeout`` seconds (default 300) and cancelled by ``opts.signal``; returns the
+    decoded JSON. Raises :class:`_CallFailed` naming the failure: an HTTP status of 400 or more,
+    ``aborted``, a timeout, a connection error (secrets redacted) or a body that is not JSON."""
+    base = model.base_url or DEFAULT_BASE_URL
+    total_s = opts.timeout or 300.0
+    # httpx's own per-read bound stays above the whole-call bound so the latter decides
+    timeout = httpx.Timeout(total_s + 5.0, connect=min(10.0, total_s))
     try:
-        if images:
+        if files:
             data = {k: str(v) for k, v in fields.items()}
             call = http.post(
                 join_url(base, "images/edits"), headers=headers, data=data, files=files, timeout=timeout
@@ -190,34 +244,30 @@ async def generate_images(
             )
         resp = await _abortable(call, opts.signal, total_s)
         if resp.status_code >= 400:
-            result.error_message = redact(error_message_from_body(resp.status_code, resp.content), secrets)
-            return result
-        payload = json.loads(resp.content)
+            raise _CallFailed(redact(error_message_from_body(resp.status_code, resp.content), secrets))
+        return json.loads(resp.content)
     except _Aborted:
-        result.error_message = "aborted"
-        return result
+        raise _CallFailed("aborted") from None
     except TimeoutError:
-        result.error_message = f"timeout: no complete response within {total_s:g} s"
-        return result
+        raise _CallFailed(f"timeout: no complete response within {total_s:g} s") from None
     except httpx.HTTPError as exc:
-        result.error_message = redact(f"connection error: {type(exc).__name__}: {exc}", secrets)
-        return result
+        raise _CallFailed(redact(f"connection error: {type(exc).__name__}: {exc}", secrets)) from None
     except ValueError as exc:
-        result.error_message = f"invalid JSON from the Images API: {exc}"
-        return result
-    try:
-        _read_payload(payload, result, opts.output_format)
-    except (AttributeError, TypeError, ValueError) as exc:  # valid JSON of the wrong shape
-        result.images, result.revised_prompts = [], []
-        result.error_message = f"unexpected response from the Images API: {type(exc).__name__}: {exc}"
-        return result
-    if not result.images:
-        result.error_message = "the Images API returned no b64_json image"
-    return result
+        raise _CallFailed(f"invalid JSON from the Images API: {exc}") from None
 
 
 def _read_payload(payload: Any, result: ImageGenerationResult, output_format: str | None) -> None:
-    """Fill ``result`` from an ``images`` response; raises on a payload of the wrong shape."""
+    """Fill ``result`` from an ``images`` response. Raises :class:`_CallFailed` for valid JSON of
+    the wrong shape."""
+    try:
+        _read_images(payload, result, output_format)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise _CallFailed(f"unexpected response from the Images API: {type(exc).__name__}: {exc}") from None
+
+
+def _read_images(payload: Any, result: ImageGenerationResult, output_format: str | None) -> None:
+    """The images and usage of an ``images`` response into ``result``; raises on a payload of the
+    wrong shape (AttributeError, TypeError, ValueError)."""
     for item in payload.get("data") or []:
         b64 = item.get("b64_json")
         if not b64:

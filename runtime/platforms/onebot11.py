@@ -58,7 +58,7 @@ import hmac
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runtime.platforms import cqcode
 from runtime.platforms.base import (
@@ -112,6 +112,48 @@ def _runs(message: list[dict[str, Any]]) -> list[tuple[bool, list[dict[str, Any]
 def _id_value(raw: str) -> int | str:
     """OneBot ids are numbers on the wire; keep non-numeric ids as strings."""
     return int(raw) if raw.isdigit() else raw
+
+
+def _onebot_segments(raw: Any) -> list[Any]:
+    """The OneBot segments of an event's ``message``: a segment array as it is, a CQ-code string
+    parsed leniently (a code that does not parse stays text). Raises :class:`MalformedEvent` for
+    another type, or more than :data:`MAX_SEGMENTS` segments (a string's counted before parsing:
+    a 1 MB body stays cheap)."""
+    if isinstance(raw, str):
+        if raw.count("[CQ:") > MAX_SEGMENTS:
+            raise MalformedEvent(f"OneBot message has more than {MAX_SEGMENTS} segments")
+        segments = cqcode.parse_cq(raw)
+    elif isinstance(raw, list):
+        segments = raw
+    else:
+        raise MalformedEvent("OneBot 'message' must be a segment array or a CQ-code string")
+    if len(segments) > MAX_SEGMENTS:
+        raise MalformedEvent(f"OneBot message has more than {MAX_SEGMENTS} segments")
+    return segments
+
+
+def _scene(event: dict[str, Any], user_id: str) -> tuple[Literal["private", "group"], str]:
+    """``(scene_type, scene_id)`` of a message event: the peer of a private message, the
+    ``group_id`` of a group one. Raises :class:`MalformedEvent` for another ``message_type`` or
+    a group message without a valid ``group_id``."""
+    message_type = event["message_type"]
+    if message_type == "private":
+        return "private", user_id
+    if message_type == "group":
+        if "group_id" not in event:
+            raise MalformedEvent("OneBot group message lacks group_id")
+        return "group", int_id(event["group_id"], "group_id", "OneBot", digit_strings=True, positive=True)
+    raise MalformedEvent(f"unsupported OneBot message_type {message_type!r}")
+
+
+def _sender(event: dict[str, Any], user_id: str, masters: frozenset[str]) -> Sender:
+    """The sender: its group card, else its nickname; its group ``role`` and ``master``."""
+    sender_obj = event.get("sender") if isinstance(event.get("sender"), dict) else {}
+    assert isinstance(sender_obj, dict)
+    names = (sender_obj.get("card"), sender_obj.get("nickname"))
+    name = next((n for n in names if isinstance(n, str) and n), "")
+    own = [sender_obj["role"]] if isinstance(sender_obj.get("role"), str) and sender_obj["role"] else []
+    return Sender(id=user_id, name=name, roles=with_master_role(own, user_id, masters))
 
 
 class OneBot11Codec:
@@ -220,34 +262,9 @@ class OneBot11Codec:
         user_id = int_id(event["user_id"], "user_id", "OneBot", digit_strings=True, positive=True)
         time_s = event.get("time")
         time_ms = 0 if time_s is None else epoch_ms(time_s, "time", "OneBot", floats=True)
-        raw = event["message"]
-        if isinstance(raw, str):
-            if raw.count("[CQ:") > MAX_SEGMENTS:  # counted before parsing: a 1 MB body stays cheap
-                raise MalformedEvent(f"OneBot message has more than {MAX_SEGMENTS} segments")
-            ob_segments = cqcode.parse_cq(raw)  # lenient: a code that does not parse stays text
-        elif isinstance(raw, list):
-            ob_segments = raw
-        else:
-            raise MalformedEvent("OneBot 'message' must be a segment array or a CQ-code string")
-        if len(ob_segments) > MAX_SEGMENTS:
-            raise MalformedEvent(f"OneBot message has more than {MAX_SEGMENTS} segments")
-        segments = from_onebot_segments(ob_segments)
-        message_type = event["message_type"]
-        if message_type == "private":
-            scene_type, scene_id = "private", user_id
-        elif message_type == "group":
-            if "group_id" not in event:
-                raise MalformedEvent("OneBot group message lacks group_id")
-            scene_id = int_id(event["group_id"], "group_id", "OneBot", digit_strings=True, positive=True)
-            scene_type = "group"
-        else:
-            raise MalformedEvent(f"unsupported OneBot message_type {message_type!r}")
-        sender_obj = event.get("sender") if isinstance(event.get("sender"), dict) else {}
-        assert isinstance(sender_obj, dict)
-        names = (sender_obj.get("card"), sender_obj.get("nickname"))
-        name = next((n for n in names if isinstance(n, str) and n), "")
-        own = [sender_obj["role"]] if isinstance(sender_obj.get("role"), str) and sender_obj["role"] else []
-        roles = with_master_role(own, user_id, self.masters)
+        segments = from_onebot_segments(_onebot_segments(event["message"]))
+        scene_type, scene_id = _scene(event, user_id)
+        sender = _sender(event, user_id, self.masters)
         text = plain_text(segments)
         mentioned = any(s["type"] == "mention" and s["data"]["target"] == self.self_id for s in segments)
         reply_to = next((s["data"]["message_id"] for s in segments if s["type"] == "reply"), None)
@@ -258,7 +275,7 @@ class OneBot11Codec:
             message_id=message_id,
             scene_type=scene_type,
             scene_id=scene_id,
-            sender=Sender(id=user_id, name=name, roles=roles),
+            sender=sender,
             text=text,
             segments=segments,
             reply_to=reply_to,

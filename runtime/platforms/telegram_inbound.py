@@ -22,7 +22,7 @@ Message ids: Bot API message ids are unique only per chat, so the inbound messag
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from runtime.platforms.base import InboundMessage, MalformedEvent, Sender
 from runtime.platforms.common import epoch_ms, int_id, is_triggered, load_event, with_master_role
@@ -151,6 +151,63 @@ def message_segments(
     return segments + out, mentioned, command
 
 
+def _message(update: Any) -> dict[str, Any] | None:
+    """The ``message`` of a decoded update, checked to be an object with ``message_id``, ``date``
+    and ``chat {id, type}``; None for an update without one. Raises :class:`MalformedEvent` for
+    an update that is not an object, a bad ``update_id`` or a message of the wrong shape."""
+    if not isinstance(update, dict):
+        raise MalformedEvent("Telegram update must be a JSON object")
+    int_id(update.get("update_id"), "update_id", "Telegram")
+    msg = update.get("message")
+    if msg is None:
+        return None
+    if not isinstance(msg, dict):
+        raise MalformedEvent("Telegram 'message' must be an object")
+    chat = msg.get("chat")
+    if not isinstance(chat, dict) or "id" not in chat or "type" not in chat:
+        raise MalformedEvent("Telegram message lacks chat {id, type}")
+    if "message_id" not in msg or "date" not in msg:
+        raise MalformedEvent("Telegram message lacks message_id or date")
+    return msg
+
+
+def _scene_type(chat_type: Any) -> Literal["private", "group"] | None:
+    """A ``private`` chat, or a ``group``/``supergroup`` (a group); None for other chats (channels)."""
+    if chat_type == "private":
+        return "private"
+    if chat_type in ("group", "supergroup"):
+        return "group"
+    return None
+
+
+def _sender(msg: dict[str, Any], chat_id: str, masters: Collection[str]) -> Sender:
+    """The message's ``from`` (the chat itself when absent) with its display name and roles
+    (``bot``, ``master``). Raises :class:`MalformedEvent` for a ``from`` that is not an object
+    or a bad ``from.id``."""
+    user = msg.get("from", {})
+    if not isinstance(user, dict):
+        raise MalformedEvent("Telegram message 'from' must be an object")
+    sender_id = int_id(user["id"], "from.id", "Telegram") if "id" in user else chat_id
+    parts = (user.get("first_name"), user.get("last_name"))
+    name = " ".join(p for p in parts if isinstance(p, str) and p)
+    roles = with_master_role(["bot"] if user.get("is_bot") is True else [], sender_id, masters)
+    return Sender(id=sender_id, name=name, roles=roles)
+
+
+def _quote(msg: dict[str, Any], segments: list[dict[str, Any]], bot_id: str) -> tuple[str | None, bool]:
+    """The native id of the message ``msg`` answers (inserted first in ``segments`` as a
+    ``reply`` segment) and whether that message is the bot's; ``(None, False)`` for no
+    ``reply_to_message``. Raises :class:`MalformedEvent` for one without a ``message_id``."""
+    reply_msg = msg.get("reply_to_message")
+    if reply_msg is None:
+        return None, False
+    if not isinstance(reply_msg, dict) or "message_id" not in reply_msg:
+        raise MalformedEvent("Telegram reply_to_message must be an object with a message_id")
+    reply_to = int_id(reply_msg["message_id"], "reply_to_message.message_id", "Telegram")
+    segments.insert(0, {"type": "reply", "data": {"message_id": reply_to}})
+    return reply_to, _is_bot(reply_msg.get("from"), bot_id)
+
+
 def parse_update(
     headers: Mapping[str, str],
     body: bytes,
@@ -189,47 +246,19 @@ def parse_update(
             without ``message_id``, ``date`` or ``chat {id, type}``, or any value above of
             the wrong type or range (the message names the field).
     """
-    update = load_event(headers, body, "Telegram")
-    if not isinstance(update, dict):
-        raise MalformedEvent("Telegram update must be a JSON object")
-    int_id(update.get("update_id"), "update_id", "Telegram")
-    msg = update.get("message")
+    msg = _message(load_event(headers, body, "Telegram"))
     if msg is None:
         return None
-    if not isinstance(msg, dict):
-        raise MalformedEvent("Telegram 'message' must be an object")
-    chat = msg.get("chat")
-    if not isinstance(chat, dict) or "id" not in chat or "type" not in chat:
-        raise MalformedEvent("Telegram message lacks chat {id, type}")
-    if "message_id" not in msg or "date" not in msg:
-        raise MalformedEvent("Telegram message lacks message_id or date")
-    chat_id = int_id(chat["id"], "chat.id", "Telegram")
+    chat_id = int_id(msg["chat"]["id"], "chat.id", "Telegram")
     message_id = int_id(msg["message_id"], "message_id", "Telegram")
     time_ms = epoch_ms(msg["date"], "date", "Telegram")
-    chat_type = chat["type"]
-    if chat_type == "private":
-        scene_type = "private"
-    elif chat_type in ("group", "supergroup"):
-        scene_type = "group"
-    else:
+    scene_type = _scene_type(msg["chat"]["type"])
+    if scene_type is None:
         return None
-    user = msg.get("from", {})
-    if not isinstance(user, dict):
-        raise MalformedEvent("Telegram message 'from' must be an object")
-    sender_id = int_id(user["id"], "from.id", "Telegram") if "id" in user else chat_id
-    parts = (user.get("first_name"), user.get("last_name"))
-    name = " ".join(p for p in parts if isinstance(p, str) and p)
-    roles = with_master_role(["bot"] if user.get("is_bot") is True else [], sender_id, masters)
-
+    sender = _sender(msg, chat_id, masters)
     segments, mentioned, command = message_segments(msg, bot_id=bot_id, username=username)
-    reply_msg = msg.get("reply_to_message")
-    reply_to = None
-    if reply_msg is not None:
-        if not isinstance(reply_msg, dict) or "message_id" not in reply_msg:
-            raise MalformedEvent("Telegram reply_to_message must be an object with a message_id")
-        reply_to = int_id(reply_msg["message_id"], "reply_to_message.message_id", "Telegram")
-        segments.insert(0, {"type": "reply", "data": {"message_id": reply_to}})
-        mentioned = mentioned or _is_bot(reply_msg.get("from"), bot_id)
+    reply_to, quotes_bot = _quote(msg, segments, bot_id)
+    mentioned = mentioned or quotes_bot
     text = "".join(
         s["data"]["text"] if s["type"] == "text" else "@" + s["data"]["target"]
         for s in segments
@@ -242,7 +271,7 @@ def parse_update(
         message_id=f"{chat_id}:{message_id}",
         scene_type=scene_type,
         scene_id=chat_id,
-        sender=Sender(id=sender_id, name=name, roles=roles),
+        sender=sender,
         text=text,
         segments=segments,
         reply_to=reply_to,

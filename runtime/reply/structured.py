@@ -324,6 +324,110 @@ def _tiers_for(model: Model, mode: Tier | Literal["auto"], cache: CapabilityCach
     return list(TIERS[TIERS.index(start) :])
 
 
+@dataclass
+class _StructuredRun(Generic[T]):
+    """One :func:`run_structured` call: what it asks for, and the :class:`StructuredOutcome` it
+    builds as it goes down the tiers."""
+
+    model: Model
+    output_type: type[T]
+    name: str
+    """Name sent with the schema / of the output tool."""
+    default: T | None
+    cache: CapabilityCache
+    counts_evidence: bool
+    """A caller's cache: off-schema answers count against its ``downgrade_after``."""
+    check: Check | None
+    retry_timeout: float | None
+    sleep: SleepFn
+    stream_fn: StreamFn | None
+    out: StructuredOutcome[T]
+
+    def finish(self, outcome: Outcome, value: T | None, raw: str, reason: str | None) -> StructuredOutcome[T]:
+        """Set the outcome, and log and count it (:func:`record_outcome`)."""
+        out = self.out
+        out.value, out.outcome, out.raw, out.reason = value, outcome, raw, reason
+        name = self.output_type.__name__
+        record_outcome(out.tier, outcome, raw=raw, reason=reason, output_type=name, calls=out.calls)
+        return out
+
+    def fallback(self, raw: str, reason: str) -> StructuredOutcome[T]:
+        """The caller's ``default`` (never for an abort), else ``failed``."""
+        if self.default is not None and reason != "aborted":
+            return self.finish("default", self.default, raw, reason)
+        return self.finish("failed", None, raw, reason)
+
+    async def downgrade(self, src: Tier, dst: Tier, reason: str, raw: str = "") -> None:
+        """Move the model from ``src`` to ``dst`` (stored, logged and counted by the cache)."""
+        self.out.downgrades.append((src, dst))
+        await self.cache.downgrade(self.model, src, reason, raw)
+
+    async def off_schema(self, raw: str, error: str) -> bool:
+        """Evidence against ``native``; whether the model moved to ``tool`` (module docstring)."""
+        if not self.counts_evidence:
+            await self.downgrade("native", "tool", f"answer ignored the schema: {error}", raw)
+            return True
+        if await self.cache.note_invalid(self.model, "native", raw, error):  # stored, logged and counted
+            self.out.downgrades.append(("native", "tool"))
+            return True
+        return False
+
+    async def at_tier(
+        self, ctx: Context, opts: StreamOptions, tier: Tier, next_tier: Tier | None
+    ) -> StructuredOutcome[T] | None:
+        """One call at ``tier``, then its one retry when the answer is invalid. None: the call
+        goes on at ``next_tier`` (a capability error, or off-schema evidence that moved it)."""
+        msg = await bounded_call(self.model, ctx, opts, sleep=self.sleep, stream_fn=self.stream_fn)
+        self.out.calls += 1
+        if msg.stop_reason == "aborted":
+            return self.fallback(msg.text(), "aborted")
+        if msg.stop_reason == "error":
+            if next_tier is not None and is_capability_error(msg.error_message):
+                await self.downgrade(tier, next_tier, f"provider error: {msg.error_message}")
+                return None
+            return self.fallback(msg.text(), f"provider error: {msg.error_message}")
+        raw, problem = extract_raw(msg, tier, self.name)
+        value, error = (None, problem) if problem else validate_raw(self.output_type, raw, self.check)
+        if value is not None:
+            self.cache.record(self.model, tier)
+            if self.counts_evidence:
+                await self.cache.note_valid(self.model, tier)  # the off-schema streak restarts
+            return self.finish("first_try", value, raw, None)
+        if (  # a 200 that does not follow the native schema (a ``check`` rule is no evidence)
+            tier == "native"
+            and next_tier is not None
+            and validate_raw(self.output_type, raw)[0] is None
+            and await self.off_schema(raw, error or "invalid")
+        ):
+            return None
+        return await self.retry(ctx, opts, tier, raw, error)
+
+    async def retry(
+        self, ctx: Context, opts: StreamOptions, tier: Tier, raw: str, error: str | None
+    ) -> StructuredOutcome[T]:
+        """Exactly one retry carrying the validation error (docs/decisions.md#structured-one-retry):
+        ``corrected`` when its answer is valid, else the fallback."""
+        retry = await bounded_call(
+            self.model,
+            _retry_context(ctx, tier, raw, error or "invalid"),
+            opts,
+            timeout=self.retry_timeout,
+            sleep=self.sleep,
+            stream_fn=self.stream_fn,
+        )
+        self.out.calls += 1
+        if retry.stop_reason == "aborted":
+            return self.fallback(retry.text(), "aborted")
+        if retry.stop_reason == "error":
+            return self.fallback(retry.text(), f"retry failed: {retry.error_message}")
+        raw2, problem2 = extract_raw(retry, tier, self.name)
+        value2, error2 = (None, problem2) if problem2 else validate_raw(self.output_type, raw2, self.check)
+        if value2 is not None:
+            self.cache.record(self.model, tier)
+            return self.finish("corrected", value2, raw2, error)
+        return self.fallback(raw2, error2 or "invalid")
+
+
 async def run_structured(
     model: Model,
     context: Context,
@@ -350,80 +454,16 @@ async def run_structured(
     tiers = _tiers_for(model, mode, cache)
     base = options or StreamOptions()
     out: StructuredOutcome[T] = StructuredOutcome(value=None, tier=tiers[0], outcome="failed")
-    type_name = output_type.__name__
-
-    def finish(outcome: Outcome, value: T | None, raw: str, reason: str | None) -> StructuredOutcome[T]:
-        out.value, out.outcome, out.raw, out.reason = value, outcome, raw, reason
-        record_outcome(out.tier, outcome, raw=raw, reason=reason, output_type=type_name, calls=out.calls)
-        return out
-
-    def fallback(raw: str, reason: str) -> StructuredOutcome[T]:
-        if default is not None and reason != "aborted":
-            return finish("default", default, raw, reason)
-        return finish("failed", None, raw, reason)
-
-    async def downgrade(src: Tier, dst: Tier, reason: str, raw: str = "") -> None:
-        out.downgrades.append((src, dst))
-        await cache.downgrade(model, src, reason, raw)  # stored, logged and counted by the cache
-
-    async def off_schema(raw: str, error: str) -> bool:
-        """Evidence against ``native``; whether the model moved to ``tool`` (module docstring)."""
-        if not counts_evidence:
-            await downgrade("native", "tool", f"answer ignored the schema: {error}", raw)
-            return True
-        if await cache.note_invalid(model, "native", raw, error):  # stored, logged and counted
-            out.downgrades.append(("native", "tool"))
-            return True
-        return False
-
+    run = _StructuredRun(
+        model, output_type, name, default, cache, counts_evidence, check, retry_timeout, sleep, stream_fn, out
+    )
     for i, tier in enumerate(tiers):
         out.tier = tier
-        has_next = i + 1 < len(tiers)
         ctx, opts = prepare_request(context, base, tier, schema, name)
-        msg = await bounded_call(model, ctx, opts, sleep=sleep, stream_fn=stream_fn)
-        out.calls += 1
-        if msg.stop_reason == "aborted":
-            return fallback(msg.text(), "aborted")
-        if msg.stop_reason == "error":
-            if has_next and is_capability_error(msg.error_message):
-                await downgrade(tier, tiers[i + 1], f"provider error: {msg.error_message}")
-                continue
-            return fallback(msg.text(), f"provider error: {msg.error_message}")
-        raw, problem = extract_raw(msg, tier, name)
-        value, error = (None, problem) if problem else validate_raw(output_type, raw, check)
-        if value is not None:
-            cache.record(model, tier)
-            if counts_evidence:
-                await cache.note_valid(model, tier)  # the off-schema streak restarts
-            return finish("first_try", value, raw, None)
-        if (  # a 200 that does not follow the native schema (a ``check`` rule is no evidence)
-            tier == "native"
-            and has_next
-            and validate_raw(output_type, raw)[0] is None
-            and await off_schema(raw, error or "invalid")
-        ):
-            continue
-        # exactly one retry carrying the validation error (docs/decisions.md#structured-one-retry)
-        retry = await bounded_call(
-            model,
-            _retry_context(ctx, tier, raw, error or "invalid"),
-            opts,
-            timeout=retry_timeout,
-            sleep=sleep,
-            stream_fn=stream_fn,
-        )
-        out.calls += 1
-        if retry.stop_reason == "aborted":
-            return fallback(retry.text(), "aborted")
-        if retry.stop_reason == "error":
-            return fallback(retry.text(), f"retry failed: {retry.error_message}")
-        raw2, problem2 = extract_raw(retry, tier, name)
-        value2, error2 = (None, problem2) if problem2 else validate_raw(output_type, raw2, check)
-        if value2 is not None:
-            cache.record(model, tier)
-            return finish("corrected", value2, raw2, error)
-        return fallback(raw2, error2 or "invalid")
-    return fallback("", "no tier left")  # pragma: no cover - the loop always returns
+        done = await run.at_tier(ctx, opts, tier, tiers[i + 1] if i + 1 < len(tiers) else None)
+        if done is not None:
+            return done
+    return run.fallback("", "no tier left")  # pragma: no cover - the loop always returns
 
 
 async def complete_structured(
