@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 from providers.common import (
-    ProviderConfigs,
     finalize_usage,
     join_url,
     loads,
@@ -35,10 +34,10 @@ from providers.common import (
     sendable_user,
 )
 from providers.handoff import transform_messages
-from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
+from providers.sse_api import SseApi
+from providers.transport import HttpRequest, ProviderStreamError
 from runtime.llm.builder import MessageBuilder
-from runtime.llm.events import AssistantMessageEventStream
-from runtime.llm.options import SimpleStreamOptions, StreamOptions
+from runtime.llm.options import StreamOptions
 from runtime.llm.types import (
     AssistantMessage,
     Context,
@@ -298,34 +297,7 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
     return HttpRequest(url, headers, body, request_secrets(key, headers))
 
 
-def stream_google_generative_ai(
-    model: Model,
-    context: Context,
-    options: StreamOptions | None = None,
-    *,
-    provider_configs: ProviderConfigs | None = None,
-) -> AssistantMessageEventStream:
-    """Stream one Gemini call; returns at once, failures arrive as the ``error`` event.
-    ``provider_configs`` (``ai.providers``) is where the API key is looked up
-    (:func:`providers.common.resolve_api_key`)."""
-    return stream_sse_call(
-        API,
-        model,
-        options,
-        lambda opts, reasoning: _request(model, context, opts, reasoning),
-        lambda builder: GoogleParser(builder, model),
-        provider_configs,
-    )
-
-
-def stream_simple(
-    model: Model,
-    context: Context,
-    options: SimpleStreamOptions | None = None,
-    *,
-    provider_configs: ProviderConfigs | None = None,
-) -> AssistantMessageEventStream:
-    """:func:`stream_google_generative_ai` with the unified reasoning level as a thinking budget."""
-    return stream_google_generative_ai(
-        model, context, options or SimpleStreamOptions(), provider_configs=provider_configs
-    )
+PROTOCOL = SseApi(API, _request, GoogleParser)
+"""This api's request and parser; its stream functions below."""
+stream_google_generative_ai = PROTOCOL.stream
+stream_simple = PROTOCOL.stream_simple

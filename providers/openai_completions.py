@@ -28,7 +28,6 @@ import json
 from typing import Any
 
 from providers.common import (
-    ProviderConfigs,
     finalize_usage,
     join_url,
     loads,
@@ -39,10 +38,10 @@ from providers.common import (
 )
 from providers.handoff import openai_tool_id, transform_messages
 from providers.profiles import OpenAICompat, openai_compat
-from providers.transport import HttpRequest, ProviderStreamError, stream_sse_call
+from providers.sse_api import SseApi
+from providers.transport import HttpRequest, ProviderStreamError
 from runtime.llm.builder import MessageBuilder, parse_partial_json, parse_tool_arguments
-from runtime.llm.events import AssistantMessageEventStream
-from runtime.llm.options import SimpleStreamOptions, StreamOptions
+from runtime.llm.options import StreamOptions
 from runtime.llm.types import (
     AssistantMessage,
     Context,
@@ -437,38 +436,7 @@ def _request(model: Model, context: Context, options: StreamOptions, reasoning: 
     )
 
 
-def stream_openai_completions(
-    model: Model,
-    context: Context,
-    options: StreamOptions | None = None,
-    *,
-    provider_configs: ProviderConfigs | None = None,
-) -> AssistantMessageEventStream:
-    """Stream one Chat Completions call (``POST {base_url}/chat/completions``, ``stream: true``).
-
-    Returns at once; failures (HTTP errors, timeouts, aborts, malformed chunks) arrive as the
-    terminal ``error`` event with the provider's message. ``options`` as in :class:`StreamOptions`;
-    ``provider_configs`` (``ai.providers``) is where the API key is looked up
-    (:func:`providers.common.resolve_api_key`).
-    """
-    return stream_sse_call(
-        API,
-        model,
-        options,
-        lambda opts, reasoning: _request(model, context, opts, reasoning),
-        lambda builder: OpenAICompletionsParser(builder, model),
-        provider_configs,
-    )
-
-
-def stream_simple(
-    model: Model,
-    context: Context,
-    options: SimpleStreamOptions | None = None,
-    *,
-    provider_configs: ProviderConfigs | None = None,
-) -> AssistantMessageEventStream:
-    """:func:`stream_openai_completions` with the unified reasoning level mapped per ``compat``."""
-    return stream_openai_completions(
-        model, context, options or SimpleStreamOptions(), provider_configs=provider_configs
-    )
+PROTOCOL = SseApi(API, _request, OpenAICompletionsParser)
+"""This api's request and parser; its stream functions below."""
+stream_openai_completions = PROTOCOL.stream
+stream_simple = PROTOCOL.stream_simple
