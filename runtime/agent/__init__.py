@@ -24,6 +24,7 @@ from runtime.agent.config import (
 from runtime.agent.events import (
     AgentEndEvent,
     AgentEvent,
+    AgentEventStream,
     MessageEndEvent,
 )
 from runtime.agent.loop import (
@@ -46,6 +47,7 @@ __all__ = [
     "AgentContext",
     "AgentEndEvent",
     "AgentEvent",
+    "AgentEventStream",
     "AgentListener",
     "AgentLoopConfig",
     "AgentState",

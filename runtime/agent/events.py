@@ -14,7 +14,8 @@ One loop run emits, in order::
 
 Message objects in ``message_start``/``message_update`` are the *live* partial message the
 provider is building (copy it if you keep it); ``message_end`` carries the final message.
-Frozen dataclasses like :mod:`runtime.llm.events` (created per chunk on the hot path).
+Frozen dataclasses like :mod:`runtime.llm.events` (created per chunk on the hot path), carried
+by an :class:`AgentEventStream`, the one generic event stream of both families.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from runtime.llm.event_stream import EventStream
 from runtime.llm.events import AssistantMessageEvent
 from runtime.llm.types import AgentMessage, AssistantMessage, ToolResultMessage
 
@@ -29,6 +31,7 @@ __all__ = [
     "AgentEndEvent",
     "AgentEndReason",
     "AgentEvent",
+    "AgentEventStream",
     "AgentStartEvent",
     "MessageEndEvent",
     "MessageStartEvent",
@@ -146,3 +149,9 @@ AgentEvent: TypeAlias = (
     | ToolExecutionUpdateEvent
     | ToolExecutionEndEvent
 )
+
+
+class AgentEventStream(EventStream[AgentEvent, list[AgentMessage]]):
+    """The events of one agent loop run (:func:`runtime.agent.loop.agent_loop`) in the generic
+    :class:`runtime.llm.event_stream.EventStream`: sent in lockstep, ended by the run itself with
+    the messages it added (the ``agent_end`` event's ``messages``) as the result."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from runtime.agent.config import AgentContext, AgentLoopConfig, resolve
@@ -33,6 +33,7 @@ from runtime.agent.events import (
     AgentEndEvent,
     AgentEndReason,
     AgentEvent,
+    AgentEventStream,
     AgentStartEvent,
     MessageEndEvent,
     MessageStartEvent,
@@ -252,34 +253,24 @@ async def run_agent_loop_continue(
     return await _Run(context, config, emit, signal).run(None)
 
 
-async def _iterate(
-    start: Callable[[Emit], Coroutine[Any, Any, list[AgentMessage]]],
-) -> AsyncIterator[AgentEvent]:
-    """Bridge the callback form to an async iterator in lockstep: ``emit`` returns only when the
-    consumer asks for the next event, so a consumer that reacts to an event (e.g. aborts) sees the
-    loop exactly where that event left it."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[AgentEvent, asyncio.Future[None]] | None] = asyncio.Queue()
+def _iterate(start: Callable[[Emit], Coroutine[Any, Any, list[AgentMessage]]]) -> AgentEventStream:
+    """Bridge the callback form to an :class:`AgentEventStream` in lockstep: ``emit`` returns only
+    when the consumer asks for the next event, so a consumer that reacts to an event (e.g. aborts)
+    sees the loop exactly where that event left it. The run's messages are the stream's result;
+    a bug in a hook (steering/follow-up polling) is raised to the consumer; closing the iteration
+    early cancels the run."""
+    stream = AgentEventStream(cancel_on_close=True)
 
-    async def emit(event: AgentEvent) -> None:
-        taken: asyncio.Future[None] = loop.create_future()
-        queue.put_nowait((event, taken))
-        await taken
+    async def produce() -> None:
+        try:
+            stream.end(await start(stream.send))
+        except BaseException as exc:
+            stream.fail(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
 
-    task = loop.create_task(start(emit))
-    task.add_done_callback(lambda _t: queue.put_nowait(None))
-    try:
-        while (item := await queue.get()) is not None:
-            event, taken = item
-            try:
-                yield event
-            finally:
-                if not taken.done():
-                    taken.set_result(None)
-        await task  # re-raise a bug in a hook (steering/follow-up polling) to the consumer
-    finally:
-        if not task.done():
-            task.cancel()
+    stream.attach(asyncio.get_running_loop().create_task(produce()))
+    return stream
 
 
 def agent_loop(
@@ -287,7 +278,7 @@ def agent_loop(
     context: AgentContext,
     config: AgentLoopConfig,
     signal: AbortSignal | None = None,
-) -> AsyncIterator[AgentEvent]:
+) -> AgentEventStream:
     """Run the agent on new ``prompts`` and yield its events.
 
     Args:
@@ -297,16 +288,18 @@ def agent_loop(
         signal: Abort for the whole run (streams and tools).
 
     Returns:
-        An async iterator of :data:`AgentEvent`; the last event is ``agent_end`` whose
-        ``messages`` are everything the run added. LLM and tool failures are events, not
-        exceptions; only a hook that polls steering/follow-ups can raise out of the iteration.
+        An :class:`AgentEventStream` of :data:`AgentEvent` (the run starts at once; must be called
+        with a running event loop); the last event is ``agent_end`` whose ``messages`` are
+        everything the run added, also the stream's ``result()``. LLM and tool failures are
+        events, not exceptions; only a hook that polls steering/follow-ups can raise out of the
+        iteration. Stopping the iteration early (or ``aclose()``) cancels the run.
     """
     return _iterate(lambda emit: run_agent_loop(prompts, context, config, emit, signal))
 
 
 def agent_loop_continue(
     context: AgentContext, config: AgentLoopConfig, signal: AbortSignal | None = None
-) -> AsyncIterator[AgentEvent]:
+) -> AgentEventStream:
     """Resume from ``context`` without a new prompt (e.g. after tool results or a failed call).
 
     Raises:

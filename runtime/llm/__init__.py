@@ -12,6 +12,7 @@ from runtime.llm.abort import (
 from runtime.llm.builder import (
     MessageBuilder,
 )
+from runtime.llm.event_stream import EventStream
 from runtime.llm.events import (
     AssistantMessageEvent,
     AssistantMessageEventStream,
@@ -76,6 +77,7 @@ __all__ = [
     "Context",
     "Cost",
     "CustomMessage",
+    "EventStream",
     "ImageContent",
     "InputKind",
     "Message",

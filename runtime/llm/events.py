@@ -1,8 +1,9 @@
 """Assistant message events and the async stream that carries them
 (docs/decisions.md#llm-errors-as-events).
 
-A provider's ``stream`` returns an :class:`AssistantMessageEventStream` at once and fills it
-from a background task. Consumers ``async for event in s`` and/or ``await s.result()``.
+A provider's ``stream`` returns an :class:`AssistantMessageEventStream` (the generic
+:class:`runtime.llm.event_stream.EventStream` of this family) at once and fills it from a
+background task. Consumers ``async for event in s`` and/or ``await s.result()``.
 
 Guarantees (tested in ``tests/test_stream.py``):
 
@@ -19,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from runtime.llm.event_stream import EventStream
 from runtime.llm.types import AssistantMessage, ToolCall
 
 __all__ = [
@@ -176,67 +177,30 @@ AssistantMessageEvent: TypeAlias = (
 )
 
 
-class AssistantMessageEventStream:
-    """Single-consumer async stream of :data:`AssistantMessageEvent` with an awaitable result.
+def _terminal(event: AssistantMessageEvent) -> bool:
+    return event.type in ("done", "error")
+
+
+def _final_message(event: AssistantMessageEvent) -> AssistantMessage:
+    if event.type == "done":
+        return event.message
+    if event.type == "error":
+        return event.error
+    raise ValueError(f"{event.type} is not a terminal event")
+
+
+class AssistantMessageEventStream(EventStream[AssistantMessageEvent, AssistantMessage]):
+    """Single-consumer async stream of :data:`AssistantMessageEvent` with an awaitable result
+    (:class:`runtime.llm.event_stream.EventStream`).
 
     Producers call :meth:`push`; the stream ends itself on the first ``done``/``error`` event and
     ignores anything pushed after it. ``await stream.result()`` returns the final
     :class:`AssistantMessage` (from ``done.message`` or ``error.error``) whether or not the events
-    were iterated.
+    were iterated. Must be created with a running event loop.
     """
 
     def __init__(self) -> None:
-        self._buffer: deque[AssistantMessageEvent] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._ended = False
-        self._result: asyncio.Future[AssistantMessage] = asyncio.get_running_loop().create_future()
-        self._task: asyncio.Task[None] | None = None
-
-    def push(self, event: AssistantMessageEvent) -> None:
-        """Append one event; a terminal event ends the stream and sets the result."""
-        if self._ended:
-            return
-        self._buffer.append(event)
-        if event.type == "done":
-            self._finish(event.message)
-        elif event.type == "error":
-            self._finish(event.error)
-        self._wake()
-
-    def _finish(self, message: AssistantMessage) -> None:
-        self._ended = True
-        if not self._result.done():
-            self._result.set_result(message)
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    @property
-    def ended(self) -> bool:
-        """True once a terminal event was pushed."""
-        return self._ended
-
-    def __aiter__(self) -> AsyncIterator[AssistantMessageEvent]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[AssistantMessageEvent]:
-        while True:
-            while self._buffer:
-                event = self._buffer.popleft()
-                yield event
-                if event.type in ("done", "error"):
-                    return
-            if self._ended and not self._buffer:
-                return
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-            self._waiter = None
-
-    async def result(self) -> AssistantMessage:
-        """Wait for the terminal event and return the final message (never raises for provider errors)."""
-        return await asyncio.shield(self._result)
+        super().__init__(_terminal, _final_message)
 
 
 def run_stream(
@@ -269,5 +233,5 @@ def run_stream(
                 reason: Literal["error", "aborted"] = "aborted" if msg.stop_reason == "aborted" else "error"
                 stream.push(ErrorEvent(reason=reason, error=msg))
 
-    stream._task = asyncio.get_running_loop().create_task(runner())
+    stream.attach(asyncio.get_running_loop().create_task(runner()))
     return stream
