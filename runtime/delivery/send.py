@@ -78,7 +78,7 @@ MAX_DOUBLINGS = 1000
 """Doublings of the back-off counted at most: ``2.0 ** 1000`` is still a float, and the wait is
 long at the cap by then; an int ``2 ** n`` past 1023 cannot be multiplied with a float at all
 (``OverflowError``: a reply retried more than ~1,024 times, e.g. through a long run of short
-``Retry-After`` answers, would stop its chat's delivery)."""
+``Retry-After`` answers, stopped its chat's delivery until the next sweep)."""
 
 
 def full_jitter(attempt: int, base_s: float, cap_s: float) -> float:
