@@ -7,6 +7,8 @@ operator's view and retry of replies that did not go out cleanly.
   also=…)``): the reply and the record that the turn handed it over commit together, one write
   transaction as before the outbox. A crash-retried turn that finds its ``im_reply`` record hands
   nothing over again; a second insert of the same ``reply_id`` is a no-op (the id is the key).
+  Its ``created_at`` is placed after the chat's unfinished rows (:func:`next_created_at`), so
+  the chat's order is its hand-over order.
 * :func:`chat_queue` — a chat's unfinished replies in ledger order (``created_at``, then
   ``reply_id``), which a delivery actor sends one after another (docs/decisions.md#delivery-outage).
 * :func:`chats_to_resume` — the chats a delivery actor's sweep wakes: those with ``queued`` rows of
@@ -44,6 +46,7 @@ __all__ = [
     "chats_to_resume",
     "counts",
     "list_replies",
+    "next_created_at",
     "queue_writer",
     "retry",
 ]
@@ -57,6 +60,20 @@ class NotRetryableError(ValueError):
     """:func:`retry` of a reply that is neither ``failed`` nor ``uncertain`` (answered 409)."""
 
 
+def next_created_at(conn: Connection, session_key: str, at_least: int) -> int:
+    """The ``created_at`` of a row joining ``session_key``'s unfinished rows (``queued``,
+    ``pending``): ``at_least`` (Unix ms), or 1 ms after the latest of them when that is not
+    earlier. Run inside the write transaction that writes the row: the chat's order
+    (``created_at``, then ``reply_id``) is then the order the rows were written in, even when two
+    hand-overs share a millisecond or a host's clock is behind the previous one's
+    (docs/decisions.md#delivery-outbox)."""
+    stmt = core_select(func.max(T.c.created_at)).where(
+        T.c.status.in_(_UNFINISHED), T.c.session_key == session_key
+    )
+    latest = conn.execute(stmt).scalar()
+    return at_least if latest is None else max(at_least, int(latest) + 1)
+
+
 def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[[Connection], None]:
     """The insert of ``job``'s ``queued`` row, to run inside the caller's write transaction.
 
@@ -64,8 +81,9 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[
         job: The reply (its ``reply_id`` is the row's key).
         partition: ``crc32(session_key) % runtime.delivery_actors``: the delivery actor whose
             sweep finds the row.
-        created_at: Unix ms; the row's age and its place in the chat's order (the session's
-            single writer makes it strictly increasing per chat).
+        created_at: Unix ms, the hand-over time: the row's age. The row gets it, or 1 ms after
+            the chat's latest unfinished row (:func:`next_created_at`): its place in the chat's
+            order comes after every reply of the chat handed over before it.
 
     Returns:
         ``write(conn)``: inserts the row, or nothing when the ``reply_id`` is already there.
@@ -91,7 +109,9 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[
 
     def write(conn: Connection) -> None:
         insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-        conn.execute(insert(T).on_conflict_do_nothing(index_elements=["reply_id"]), values)
+        at = next_created_at(conn, job.session_key, created_at)
+        row = {**values, "created_at": at}
+        conn.execute(insert(T).on_conflict_do_nothing(index_elements=["reply_id"]), row)
 
     return write
 
@@ -208,8 +228,9 @@ _REQUEUE = (
 
 def retry(db: Database, reply_id: str) -> tuple[Literal["failed", "uncertain"], str, int]:
     """Queue a ``failed`` or ``uncertain`` reply again, an operator's decision
-    (docs/decisions.md#delivery-uncertain): it gets a fresh age (``created_at`` = now, which also
-    puts it after the chat's other unfinished replies). A failed reply goes on from the step that
+    (docs/decisions.md#delivery-uncertain): it gets a fresh age (``created_at`` = now, or 1 ms
+    after the chat's latest unfinished reply if that is later: :func:`next_created_at`), which
+    puts it after the chat's other unfinished replies. A failed reply goes on from the step that
     failed; an uncertain one sends only its uncertain steps again (their rows become ``resend``).
 
     Returns:
@@ -221,7 +242,8 @@ def retry(db: Database, reply_id: str) -> tuple[Literal["failed", "uncertain"], 
     """
     now = now_ms()
     with db.connection(write=True) as conn:
-        row = conn.execute(core_select(T.c.status).where(T.c.reply_id == reply_id)).first()
+        query = core_select(T.c.status, T.c.session_key).where(T.c.reply_id == reply_id)
+        row = conn.execute(query).first()
         if row is None:
             raise LookupError(f"no delivery {reply_id!r}")
         state = str(row.status)
@@ -229,8 +251,9 @@ def retry(db: Database, reply_id: str) -> tuple[Literal["failed", "uncertain"], 
             raise NotRetryableError(
                 f"delivery {reply_id!r} is {state}: only failed or uncertain ones are retried"
             )
+        at = next_created_at(conn, str(row.session_key), now)
         stmt = _REQUEUE.where(T.c.reply_id == reply_id, T.c.status == state)
-        done = conn.execute(stmt.values(created_at=now, updated_at=now)).first()
+        done = conn.execute(stmt.values(created_at=at, updated_at=now)).first()
         if done is None:  # PostgreSQL: a delivery actor changed it since the read above
             raise NotRetryableError(f"delivery {reply_id!r} changed meanwhile; look again")
         if state == "uncertain":

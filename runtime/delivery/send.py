@@ -33,6 +33,7 @@ from runtime.delivery.wire_probe import probing
 from runtime.platforms.base import ApiCall, PlatformCodec, SendResult
 
 __all__ = [
+    "MAX_DOUBLINGS",
     "OnWire",
     "StepOutcome",
     "full_jitter",
@@ -73,10 +74,19 @@ def parse_retry_after(value: str, now_s: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
 
 
+MAX_DOUBLINGS = 1000
+"""Doublings of the back-off counted at most: ``2.0 ** 1000`` is still a float, and the wait is
+long at the cap by then; an int ``2 ** n`` past 1023 cannot be multiplied with a float at all
+(``OverflowError``: a reply retried more than ~1,024 times, e.g. through a long run of short
+``Retry-After`` answers, stopped its chat's delivery until the next sweep)."""
+
+
 def full_jitter(attempt: int, base_s: float, cap_s: float) -> float:
     """A uniformly random wait in ``[0, min(cap_s, base_s · 2^(attempt-1))]`` seconds ("full
-    jitter": retries of many replies spread out instead of arriving together)."""
-    return random.uniform(0.0, min(cap_s, base_s * (2 ** max(0, attempt - 1))))
+    jitter": retries of many replies spread out instead of arriving together;
+    docs/decisions.md#delivery-retries), for any ``attempt`` >= 1."""
+    doublings = min(max(0, attempt - 1), MAX_DOUBLINGS)
+    return random.uniform(0.0, min(cap_s, base_s * 2.0**doublings))
 
 
 OnWire = Callable[[], Awaitable[None]]

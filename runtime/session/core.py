@@ -129,7 +129,6 @@ class SessionCore:
         self.closing = False
         """Set by :meth:`close`: an abort then is not the user's."""
         self._partition = partition_of(session_key, delivery_partitions)
-        self._last_queued_ms = 0
         self.scope = session_key.split(":")[2] if session_key.count(":") >= 3 else "private"
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
@@ -348,14 +347,13 @@ class SessionCore:
     async def _hand_over(self, job: DeliveryJob, records: list[AgentMessage]) -> None:
         """Append ``records`` (the turn's final answer and its ``im_reply`` marker) and ``job``'s
         ``queued`` ledger row in one transaction, then notify delivery without waiting for the
-        platform (docs/decisions.md#delivery-outbox). The row's ``created_at`` (its place in the
-        chat's order) is strictly increasing per session.
+        platform (docs/decisions.md#delivery-outbox). The ledger places the row after the chat's
+        unfinished ones (``runtime.delivery.outbox.next_created_at``): the chat's order.
 
         Raises:
             Whatever the append raises (then neither the records nor the row were written).
         """
-        created = self._last_queued_ms = max(now_ms(), self._last_queued_ms + 1)
-        await self.writer.append(records, also=queue_writer(job, self._partition, created))
+        await self.writer.append(records, also=queue_writer(job, self._partition, now_ms()))
         try:
             await self.deliver(job)
         except Exception:  # the row is durable: the delivery actor's sweep sends it

@@ -49,11 +49,14 @@ def job_for(key_scene: str, text: str, scope: str = "private") -> DeliveryJob:
     )  # fmt: skip
 
 
-def hand_over(db: Database, pool: DeliveryPool, job: DeliveryJob, notify: bool = True) -> None:
-    """What a session host does: the queued row in one transaction, then a notification it does
-    not wait on."""
+def hand_over(
+    db: Database, pool: DeliveryPool, job: DeliveryJob, notify: bool = True, at_ms: int | None = None
+) -> None:
+    """What a session host does: the queued row in one transaction (at ``at_ms``, Unix ms;
+    default now), then a notification it does not wait on."""
+    created = int(time.time() * 1000) if at_ms is None else at_ms
     with db.connection(write=True) as conn:
-        outbox.queue_writer(job, pool.partition(job.session_key), int(time.time() * 1000))(conn)
+        outbox.queue_writer(job, pool.partition(job.session_key), created)(conn)
     if notify:
         pool.notify(job.session_key)
 
@@ -159,6 +162,32 @@ async def test_chat_b_is_not_held_behind_chat_a(env) -> None:
     assert not api.outage_over.is_set() and sent_texts(api, group, "/send_group_msg") == []
     assert status_of(db, a[1].reply_id) == "queued"  # behind a0, which waits out the outage
     api.reset_scripts()  # the platform is back
+    await eventually(lambda: sent_texts(api, group, "/send_group_msg") == ["a0", "a1"], "chat A's replies")
+
+
+async def test_chat_b_in_hand_over_order_when_its_replies_share_a_millisecond(env) -> None:
+    """The CI failure of test_chat_b_is_not_held_behind_chat_a, made deterministic: its hand-overs
+    took < 1 ms, so b0 and b1 could get the same ``created_at``; b1's random reply id then sorted
+    first, b1 went out before b0, and "chat B's replies" never equalled ["b0", "b1"] while chat A
+    was retried (docs/decisions.md#delivery-outbox)."""
+    api, db, pool = env
+    api.reset()
+    group, user = "72101", "72102"
+    a = [job_for(group, f"a{i}", "group") for i in range(2)]
+    b = [job_for(user, f"b{i}") for i in range(2)]
+    assert pool.partition(a[0].session_key) == pool.partition(b[0].session_key)  # one actor, as in CI
+    api.outage("500", 300.0, paths={"/send_group_msg"})
+    b[0] = b[0].model_copy(update={"reply_id": "ffffffff-b0"})  # sorts after b1's id
+    b[1] = b[1].model_copy(update={"reply_id": "00000000-b1"})
+    at = int(time.time() * 1000)
+    for job in (a[0], b[0], a[1], b[1]):  # one millisecond; the actor hears of them once all are in
+        hand_over(db, pool, job, notify=False, at_ms=at)
+    pool.notify(a[0].session_key)
+    pool.notify(b[0].session_key)
+    await eventually(lambda: all(status_of(db, j.reply_id) == "sent" for j in b), "chat B's replies sent")
+    assert sent_texts(api, user) == ["b0", "b1"]
+    assert status_of(db, a[1].reply_id) == "queued" and sent_texts(api, group, "/send_group_msg") == []
+    api.reset_scripts()
     await eventually(lambda: sent_texts(api, group, "/send_group_msg") == ["a0", "a1"], "chat A's replies")
 
 

@@ -103,13 +103,15 @@ def test_retry_after_as_seconds_or_http_date_and_full_jitter() -> None:
     assert parse_retry_after("soon", now) is None
     waits = [full_jitter(n, 0.5, 4.0) for n in (1, 2, 3, 4, 5, 6) for _ in range(200)]
     assert all(0 <= w <= 4.0 for w in waits) and max(waits[:200]) <= 0.5 and max(waits) > 2.0
+    late = [full_jitter(n, 0.5, 4.0) for n in (1_025, 5_000, 10**9) for _ in range(50)]
+    assert all(0 <= w <= 4.0 for w in late) and max(late) > 2.0  # at the cap, however many tries
 
 
 def test_queued_rows_in_chat_order_claimed_in_one_update(db: Database) -> None:
     a1, a2, b1 = text_job("a1", reply_id="A1"), text_job("a2", reply_id="A2"), group_job("b1", "B1")
-    queue(db, a2, 1_000_002)
-    queue(db, b1, 1_000_001, partition=1)
     queue(db, a1, 1_000_001)
+    queue(db, b1, 1_000_001, partition=1)
+    queue(db, a2, 1_000_002)
     queue(db, a1, 1_000_009)  # a replayed insert of the same reply is a no-op
     assert [e.reply_id for e in outbox.chat_queue(db, a1.session_key)] == ["A1", "A2"]
     assert outbox.chats_to_resume(db, 0, "0:x") == [a1.session_key]
@@ -125,6 +127,35 @@ def test_queued_rows_in_chat_order_claimed_in_one_update(db: Database) -> None:
     assert [e.reply_id for e in outbox.chat_queue(db, a1.session_key)] == ["A2"]
     assert outbox.counts(db) == {"queued": 2, "pending": 0, "failed": 0, "uncertain": 0}
     assert ledger.claim_queued(db, "nope", "0:x", 60_000) is None
+
+
+def test_hand_overs_in_one_millisecond_or_behind_the_clock_keep_hand_over_order(db: Database) -> None:
+    """The chat's order is its hand-over order even when two rows get the same millisecond (CI:
+    b1's random reply id sorted before b0's, so b1 went out first) or a later one an earlier
+    time (a host with a clock behind): the ledger places each after the chat's unfinished rows
+    (docs/decisions.md#delivery-outbox). A retried reply goes after them too."""
+    ids = {"b0": "ffff-b0", "b1": "0000-b1", "b2": "8888-b2"}  # b1's id sorts first, b0's last
+    b0, b1, b2 = (text_job(t, reply_id=r) for t, r in ids.items())
+    other = group_job("c0", "0000-c0")
+    queue(db, b0, 7_000)
+    queue(db, b1, 7_000)  # the same millisecond; its reply id sorts first
+    queue(db, other, 7_000)  # another chat: its own order, its own times
+    queue(db, b2, 6_000)  # a clock behind
+
+    def order(session_key: str) -> list[tuple[str, int]]:
+        return [(e.reply_id, e.created_at) for e in outbox.chat_queue(db, session_key)]
+
+    assert order(b0.session_key) == [("ffff-b0", 7_000), ("0000-b1", 7_001), ("8888-b2", 7_002)]
+    assert order(other.session_key) == [("0000-c0", 7_000)]
+    ledger.claim_queued(db, "ffff-b0", "0:x", 60_000)
+    ledger.finish(db, "ffff-b0", "0:x", "failed", "HTTP 500")
+    later = int(time.time() * 1000) + 600_000  # a row handed over by a host whose clock runs ahead
+    b3 = text_job("b3", reply_id="0000-b3")
+    queue(db, b3, later)
+    assert outbox.retry(db, "ffff-b0") == ("failed", b0.session_key, 0)
+    assert order(b0.session_key) == [
+        ("0000-b1", 7_001), ("8888-b2", 7_002), ("0000-b3", later), ("ffff-b0", later + 1),
+    ]  # fmt: skip
 
 
 def test_uncertain_step_then_retry_resends_only_it(db: Database) -> None:
