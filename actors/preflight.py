@@ -294,7 +294,7 @@ def environment_problems(config: Config, environ: Mapping[str, str] | None = Non
         except PythonToolError as exc:
             problems.append(Problem(EXIT_CONFIG, f"ai.python_tools: {exc}"))
     if any(p.script for p in config.ai.providers.values()):
-        from providers.faux_script import faux_scripts
+        from actors.models.faux_script import faux_scripts
         from runtime.session.python_tools import PythonToolError
 
         ensure_repo_root_on_path()

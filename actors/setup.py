@@ -119,7 +119,7 @@ class ConfigSetupFactory:
     """``(session_key) -> SessionSetup`` from ``config``: the model ``ai.default_model`` (the built-in
     offline model when unset), the ``chat_history`` tool bound to the session's scene, the
     business tools (:func:`business_tools`), the ``generate_image`` tool when ``ai.image_model`` is
-    set and the session's bot has a ``media_dir`` (``providers.image_tool``), the ``delegate``
+    set and the session's bot has a ``media_dir`` (``actors.models.image_tool``), the ``delegate``
     sub-agent tool when ``ai.agent.delegate`` is on, the IM preset prompt, ``ai.agent`` output
     schema and queue modes, the structured-output capability cache on the SQL store with the probe
     at first use (``runtime.session.capabilities``), and — for console sessions only — the live-events hook
@@ -156,13 +156,13 @@ class ConfigSetupFactory:
         """
         if self._shared is not None:
             return
-        from providers import register_builtin_providers
+        from actors.models.faux_script import register_configured_providers
         from runtime.memory.chat_history import make_chat_history_tool  # noqa: F401
         from runtime.memory.db import Database
         from runtime.platforms.console_events import console_event_hook  # noqa: F401
         from runtime.session.features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
 
-        register_builtin_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
+        register_configured_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
         if self._capabilities is None:  # one per process, on the shared SQL store
@@ -174,7 +174,7 @@ class ConfigSetupFactory:
         self._output = output_schema(self.config)
         model = self._model()
         if not self.config.ai.default_model:
-            from providers.builtin import builtin_tools
+            from actors.models.builtin import builtin_tools
 
             tools += builtin_tools()  # the offline model's demo tools (clock, echo, count_slowly)
         self._shared = (model, tools)
@@ -200,7 +200,7 @@ class ConfigSetupFactory:
             make_chat_history_tool(self._db, platform=key.platform, bot_id=key.bot_id, scene_id=key.scene_id),
             *shared_tools,
         ]
-        from providers.image_tool import image_tool_for
+        from actors.models.image_tool import image_tool_for
 
         image_tool = image_tool_for(self.config, key.platform, key.bot_id)  # ai.image_model + media_dir
         tools += [image_tool] if image_tool is not None else []
@@ -242,7 +242,7 @@ class ConfigSetupFactory:
             from runtime.config import resolve_model_ref
 
             return resolve_model_ref(ref, self.config)
-        from providers.builtin import builtin_model  # the offline built-in model
+        from actors.models.builtin import builtin_model  # the offline built-in model
 
         return builtin_model()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from actors.chat_cli import main, run_chat
-from providers.builtin import CountArgs, builtin_model, builtin_respond, builtin_tools, set_builtin_responder
+from actors.models.builtin import CountArgs, builtin_model, builtin_respond, builtin_tools, set_builtin_responder
 from providers.faux import faux_assistant_message, faux_tool_call
 from runtime import Agent, Context, ImageContent, TextContent, ToolResultMessage, UserMessage
 from runtime.agent.tools import AgentToolResult

@@ -412,7 +412,7 @@ def test_console_event_hook_only_for_console_sessions(tmp_path: Path) -> None:
 
 
 async def test_finalize_reply_hands_the_outcome_to_on_event() -> None:
-    from providers.builtin import builtin_model
+    from actors.models.builtin import builtin_model
     from runtime.session.turn import SessionSetup, TurnInput
     from runtime.session.turn_agent import TurnControl, finalize_reply
 

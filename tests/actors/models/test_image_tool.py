@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
-from providers.image_tool import GenerateImageArgs, image_tool_for, make_generate_image_tool
+from actors.models.image_tool import GenerateImageArgs, image_tool_for, make_generate_image_tool
 from providers.openai_images import ImageModel
 from runtime.config import Config
 from runtime.llm.types import AgentMessage
