@@ -158,8 +158,8 @@ async def _prompt(agent: Agent, text: str, loop: asyncio.AbstractEventLoop) -> N
 
 
 def _build_agent(args: argparse.Namespace) -> Agent:
-    from actors.models.faux_script import register_configured_providers
     from actors.models.builtin import builtin_model, builtin_tools
+    from actors.models.faux_script import register_configured_providers
     from runtime import config as cfg_mod
 
     config = cfg_mod.load_config(args.config)

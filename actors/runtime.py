@@ -153,7 +153,7 @@ class SessionRuntime:
         Raises:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
             runtime.session.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
-            runtime.session.python_tools.PythonToolError: an ``ai.python_tools`` entry, a pre-tool,
+            runtime.config.entry_points.PythonToolError: an ``ai.python_tools`` entry, a pre-tool,
                 a deferred task or a faux ``ai.providers.<alias>.script`` cannot be loaded.
             runtime.reply.custom_output.OutputSchemaError: a custom ``ai.agent.output_schema``
                 cannot be used.

@@ -40,10 +40,10 @@ def faux_scripts(provider_configs: ProviderConfigs | None) -> dict[str, Any]:
     """Alias → the imported ``script`` function of every ``api: faux`` provider that has one.
 
     Raises:
-        runtime.session.python_tools.PythonToolError: a script cannot be imported or is not
+        runtime.config.entry_points.PythonToolError: a script cannot be imported or is not
             callable (the message starts with the reference).
     """
-    from runtime.session.python_tools import load_callable
+    from runtime.config.entry_points import load_callable
 
     return {
         alias: load_callable(pc.script)
@@ -60,7 +60,7 @@ def register_faux_scripts(provider_configs: ProviderConfigs | None) -> list[str]
         The aliases registered, sorted.
 
     Raises:
-        runtime.session.python_tools.PythonToolError: as :func:`faux_scripts`.
+        runtime.config.entry_points.PythonToolError: as :func:`faux_scripts`.
     """
     scripts = faux_scripts(provider_configs)
     for alias, fn in scripts.items():
@@ -84,7 +84,7 @@ def register_configured_providers(provider_configs: ProviderConfigs | None = Non
         The api ids registered, sorted (as :func:`providers.register_builtin_providers`).
 
     Raises:
-        runtime.session.python_tools.PythonToolError: as :func:`faux_scripts`.
+        runtime.config.entry_points.PythonToolError: as :func:`faux_scripts`.
     """
     apis = register_builtin_providers(provider_configs)
     register_faux_scripts(provider_configs)

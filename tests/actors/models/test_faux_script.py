@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from actors.models.faux_script import register_configured_providers
+from actors.models.faux_script import SCRIPT_CHUNK_SIZE, faux_scripts, register_configured_providers
 from providers.faux import get_faux_provider, unregister_faux_provider
-from actors.models.faux_script import SCRIPT_CHUNK_SIZE, faux_scripts
 from runtime.config import ConfigError, parse_config, resolve_model_ref
+from runtime.config.entry_points import PythonToolError
 from runtime.llm.stream import stream
 from runtime.llm.types import Context, UserMessage
-from runtime.session.python_tools import PythonToolError
 
 SHOUT = "tests.providers.helpers:shout"
 

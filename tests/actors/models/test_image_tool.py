@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
 from actors.models.image_tool import GenerateImageArgs, image_tool_for, make_generate_image_tool
+from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
 from providers.openai_images import ImageModel
 from runtime.config import Config
 from runtime.llm.types import AgentMessage
