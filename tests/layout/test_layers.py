@@ -179,6 +179,8 @@ FORBIDDEN = (
     Forbidden(
         "runtime.config",
         (
+            "runtime.keys",
+            "runtime.metrics",
             "runtime.agent",
             "runtime.reply",
             "runtime.memory",
