@@ -158,12 +158,12 @@ async def _prompt(agent: Agent, text: str, loop: asyncio.AbstractEventLoop) -> N
 
 
 def _build_agent(args: argparse.Namespace) -> Agent:
-    from providers import register_builtin_providers
-    from providers.builtin import builtin_model, builtin_tools
+    from actors.models.builtin import builtin_model, builtin_tools
+    from actors.models.faux_script import register_configured_providers
     from runtime import config as cfg_mod
 
     config = cfg_mod.load_config(args.config)
-    register_builtin_providers(config.ai.providers)
+    register_configured_providers(config.ai.providers)
     agent_cfg = config.ai.agent
     common: dict[str, Any] = {
         "system_prompt": args.system_prompt,

@@ -33,8 +33,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from runtime.delivery import outbox
+from runtime.delivery.tables import LEDGER_STATES
 from runtime.memory.db import Database
-from runtime.memory.delivery_tables import LEDGER_STATES
 
 __all__ = ["DEFAULT_STATES", "MAX_LIMIT", "deliveries_routes"]
 

@@ -129,7 +129,7 @@ def warm_up(repo: Any, factory: Any, loop: asyncio.AbstractEventLoop) -> None:
     try:
         if callable(prepare):
             prepare(database=repo.db)
-        from runtime.memory.sender import strip_forged_prefix
+        from runtime.reply.sender import strip_forged_prefix
 
         strip_forged_prefix("[sender:id=0] warm-up")
         asyncio.run_coroutine_threadsafe(reads(), loop).result(WARM_UP_TIMEOUT_S)

@@ -45,7 +45,7 @@ async def models_payload(config: Any, db: Database | None) -> dict[str, Any]:
 
     models = configured_models(config)
     if not models and not config.ai.default_model:
-        from providers.builtin import builtin_model
+        from actors.models.builtin import builtin_model
 
         row = {**(await model_rows([builtin_model()], CapabilityCache()))[0], "default": True}
         return {"models": [{**row, "tier": "native", "source": "built-in", "note": BUILTIN_NOTE}]}

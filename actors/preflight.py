@@ -285,7 +285,7 @@ def environment_problems(config: Config, environ: Mapping[str, str] | None = Non
     problems += [Problem(EXIT_ENVIRONMENT, d) for d in dirs]
     if not any(d.startswith("ai.tools_dir:") for d in dirs):
         from actors.setup import business_tools
-        from runtime.session.python_tools import PythonToolError
+        from runtime.config.entry_points import PythonToolError
         from runtime.session.tool_md import ToolMdError
 
         ensure_repo_root_on_path()
@@ -296,8 +296,8 @@ def environment_problems(config: Config, environ: Mapping[str, str] | None = Non
         except PythonToolError as exc:
             problems.append(Problem(EXIT_CONFIG, f"ai.python_tools: {exc}"))
     if any(p.script for p in config.ai.providers.values()):
-        from providers.faux_script import faux_scripts
-        from runtime.session.python_tools import PythonToolError
+        from actors.models.faux_script import faux_scripts
+        from runtime.config.entry_points import PythonToolError
 
         ensure_repo_root_on_path()
         try:

@@ -153,13 +153,13 @@ class SessionRuntime:
         Raises:
             actors.cluster.ClusterConfigError: multi-node Ray cluster on SQLite.
             runtime.session.tool_md.ToolMdError: a ``*.tool.md`` in ``ai.tools_dir`` cannot be loaded.
-            runtime.session.python_tools.PythonToolError: an ``ai.python_tools`` entry, a pre-tool,
+            runtime.config.entry_points.PythonToolError: an ``ai.python_tools`` entry, a pre-tool,
                 a deferred task or a faux ``ai.providers.<alias>.script`` cannot be loaded.
             runtime.reply.custom_output.OutputSchemaError: a custom ``ai.agent.output_schema``
                 cannot be used.
         """
         from actors.cluster import ensure_database_fits_cluster
-        from providers.faux_script import faux_scripts
+        from actors.models.faux_script import faux_scripts
         from runtime.memory.connection_budget import warn_if_over_connection_budget
         from runtime.memory.db import Database
 
@@ -391,8 +391,8 @@ async def _probe_on_start(config: Any, db: Any) -> None:
     """``ai.probe_on_start``: probe every configured model's structured-output tier now (each one
     unknown or older than ``ai.capability_ttl_s``) and store it for every process
     (docs/decisions.md#structured-capability-cache). A failed probe is logged, never fatal."""
-    from providers import register_builtin_providers
+    from actors.models.faux_script import register_configured_providers
     from runtime.session.capabilities import capability_cache, probe_configured
 
-    register_builtin_providers(config.ai.providers)  # api_key_env and scripted faux providers
+    register_configured_providers(config.ai.providers)  # api_key_env and scripted faux providers
     await probe_configured(config, capability_cache(config, db))

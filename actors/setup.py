@@ -33,7 +33,7 @@ def agent_code(config: Any) -> tuple[list[Any], dict[str, Any]]:
     start-up (as a bad tool does); each session host calls it again.
 
     Raises:
-        runtime.session.python_tools.PythonToolError: a reference cannot be imported or is not callable.
+        runtime.config.entry_points.PythonToolError: a reference cannot be imported or is not callable.
     """
     from runtime.session.python_tools import load_deferred_tasks, load_pre_tools
 
@@ -60,7 +60,7 @@ def output_schema(config: Any) -> Any:
     if isinstance(value, dict):
         return spec_from_json_schema(value, source="ai.agent.output_schema")
     if ENTRY_POINT_RE.fullmatch(value):  # a pydantic model (or a JSON Schema dict) by import path
-        from runtime.session.python_tools import import_entry_point
+        from runtime.config.entry_points import import_entry_point
 
         try:
             target = import_entry_point(value)
@@ -95,11 +95,12 @@ def business_tools(config: Any) -> list[Any]:
     (``docs/decisions.md#tool-md-hard-fail``); each session host calls it again.
 
     Raises:
-        runtime.session.python_tools.PythonToolError: a bad ``ai.python_tools`` entry, or a
+        runtime.config.entry_points.PythonToolError: a bad ``ai.python_tools`` entry, or a
             ``*.tool.md`` declaring the name of a Python tool.
         runtime.session.tool_md.ToolMdError: a bad ``ai.tools_dir``.
     """
-    from runtime.session.python_tools import PythonToolError, load_python_tools
+    from runtime.config.entry_points import PythonToolError
+    from runtime.session.python_tools import load_python_tools
 
     tools = load_python_tools(config.ai.python_tools)
     if config.ai.tools_dir:  # *.tool.md tools
@@ -119,11 +120,11 @@ class ConfigSetupFactory:
     """``(session_key) -> SessionSetup`` from ``config``: the model ``ai.default_model`` (the built-in
     offline model when unset), the ``chat_history`` tool bound to the session's scene, the
     business tools (:func:`business_tools`), the ``generate_image`` tool when ``ai.image_model`` is
-    set and the session's bot has a ``media_dir`` (``providers.image_tool``), the ``delegate``
+    set and the session's bot has a ``media_dir`` (``actors.models.image_tool``), the ``delegate``
     sub-agent tool when ``ai.agent.delegate`` is on, the IM preset prompt, ``ai.agent`` output
     schema and queue modes, the structured-output capability cache on the SQL store with the probe
     at first use (``runtime.session.capabilities``), and — for console sessions only — the live-events hook
-    (``runtime.platforms.console_events``).
+    (``runtime.session.console_events``).
 
     Args:
         config: ``runtime.config.Config``.
@@ -152,17 +153,17 @@ class ConfigSetupFactory:
         Raises:
             runtime.config.ConfigError: ``ai.default_model`` names an unknown provider.
             runtime.session.tool_md.ToolMdError: a bad ``ai.tools_dir``.
-            runtime.session.python_tools.PythonToolError: a bad ``ai.python_tools`` entry.
+            runtime.config.entry_points.PythonToolError: a bad ``ai.python_tools`` entry.
         """
         if self._shared is not None:
             return
-        from providers import register_builtin_providers
-        from runtime.memory.chat_history import make_chat_history_tool  # noqa: F401
+        from actors.models.faux_script import register_configured_providers
         from runtime.memory.db import Database
-        from runtime.platforms.console_events import console_event_hook  # noqa: F401
+        from runtime.session.chat_history import make_chat_history_tool  # noqa: F401
+        from runtime.session.console_events import console_event_hook  # noqa: F401
         from runtime.session.features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
 
-        register_builtin_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
+        register_configured_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
         if self._capabilities is None:  # one per process, on the shared SQL store
@@ -174,7 +175,7 @@ class ConfigSetupFactory:
         self._output = output_schema(self.config)
         model = self._model()
         if not self.config.ai.default_model:
-            from providers.builtin import builtin_tools
+            from actors.models.builtin import builtin_tools
 
             tools += builtin_tools()  # the offline model's demo tools (clock, echo, count_slowly)
         self._shared = (model, tools)
@@ -187,8 +188,8 @@ class ConfigSetupFactory:
             runtime.config.ConfigError: ``ai.default_model`` names an unknown provider.
         """
         from runtime.keys import parse_session_key
-        from runtime.memory.chat_history import make_chat_history_tool
-        from runtime.platforms.console_events import console_event_hook
+        from runtime.session.chat_history import make_chat_history_tool
+        from runtime.session.console_events import console_event_hook
         from runtime.session.features import AgentFeatures
 
         key = parse_session_key(session_key)
@@ -200,7 +201,7 @@ class ConfigSetupFactory:
             make_chat_history_tool(self._db, platform=key.platform, bot_id=key.bot_id, scene_id=key.scene_id),
             *shared_tools,
         ]
-        from providers.image_tool import image_tool_for
+        from actors.models.image_tool import image_tool_for
 
         image_tool = image_tool_for(self.config, key.platform, key.bot_id)  # ai.image_model + media_dir
         tools += [image_tool] if image_tool is not None else []
@@ -242,7 +243,7 @@ class ConfigSetupFactory:
             from runtime.config import resolve_model_ref
 
             return resolve_model_ref(ref, self.config)
-        from providers.builtin import builtin_model  # the offline built-in model
+        from actors.models.builtin import builtin_model  # the offline built-in model
 
         return builtin_model()
 

@@ -20,8 +20,10 @@ def register_builtin_providers(provider_configs: ProviderConfigs | None = None) 
     """Register the built-in apis in :mod:`runtime.llm.registry` (idempotent; later calls replace).
 
     Registers ``openai-completions``, ``anthropic-messages``, ``google-generative-ai`` (source id
-    ``builtin``) and ``faux`` (source id ``faux``), and a faux handle per ``api: faux`` provider
-    with a ``script`` (:mod:`providers.faux_script`).
+    ``builtin``) and ``faux`` (source id ``faux``). The scripted faux handles of the configuration
+    (``ai.providers.<alias>.script``) are registered above the providers, by
+    :func:`actors.models.faux_script.register_configured_providers`, which calls this function
+    (docs/decisions.md#layout-forbidden-pairs).
 
     Args:
         provider_configs: The configured providers by alias (``Config.ai.providers``); the
@@ -33,12 +35,8 @@ def register_builtin_providers(provider_configs: ProviderConfigs | None = None) 
 
     Returns:
         The api ids registered by this call, sorted.
-
-    Raises:
-        runtime.session.python_tools.PythonToolError: a provider's ``script`` cannot be imported.
     """
     from providers import anthropic_messages, faux, google_generative_ai, openai_completions
-    from providers.faux_script import register_faux_scripts
     from runtime.llm.registry import register_api_provider
 
     for module, stream in (
@@ -53,5 +51,4 @@ def register_builtin_providers(provider_configs: ProviderConfigs | None = None) 
             source_id="builtin",
         )
     faux.register_faux_api()
-    register_faux_scripts(provider_configs)
     return sorted([openai_completions.API, anthropic_messages.API, google_generative_ai.API, faux.FAUX_API])

@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from providers.common import ApiKeyError, ProviderConfigs, join_url, request_secrets, resolve_api_key
 from providers.transport import error_message_from_body, get_http_client, redact
-from runtime.config import Config, get_model
 from runtime.llm.abort import AbortSignal
 from runtime.llm.options import StreamOptions
 from runtime.llm.types import ImageContent, Model, TextContent, Usage
@@ -36,7 +35,6 @@ __all__ = [
     "ImageGenerationResult",
     "ImageModel",
     "generate_images",
-    "get_image_model",
 ]
 
 API = "openai-images"
@@ -99,19 +97,6 @@ class ImageGenerationOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def get_image_model(provider_alias: str, model_id: str, config: Config) -> ImageModel:
-    """Return the image model ``model_id`` of ``config.ai.providers.<provider_alias>``.
-
-    The provider's ``base_url`` and ``headers`` are used; its chat ``api`` does not matter (any
-    OpenAI-compatible endpoint with an Images API works).
-
-    Raises:
-        runtime.config.ConfigError: the alias is not configured in ``config``.
-    """
-    chat = get_model(provider_alias, model_id, config)
-    return ImageModel(id=model_id, provider=provider_alias, base_url=chat.base_url, headers=chat.headers)
-
-
 def _mime(data: bytes, output_format: str | None) -> str:
     kind = filetype.guess(data)
     if kind is not None and kind.mime.startswith("image/"):
@@ -130,7 +115,7 @@ async def generate_images(
     """Generate (or edit) images; never raises for provider or network failures.
 
     Args:
-        model: From :func:`get_image_model`.
+        model: From :func:`actors.models.image_tool.get_image_model`, or built directly.
         prompt_or_inputs: A prompt, or text blocks (joined as the prompt) plus input images
             (→ ``/images/edits``).
         options: See :class:`ImageGenerationOptions`.

@@ -1,6 +1,6 @@
 """The agent: tools and their argument validation, JSON Schema → parameter models, the stateless
 ``agent_loop`` (LLM call → tool batch → next call, with steer and follow_up polling), its config
-and events, the tool executor, tool policy, replay of stored messages, and the stateful
+and events, the tool executor, replay of stored messages, and the stateful
 :class:`Agent` that owns the steer/follow_up queues. Ray-free and platform-free: a live session
 drives the same :class:`Agent` as ``sessionray chat`` (`docs/decisions.md#agent-one-engine`).
 """

@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.agent.agent import QueueMode
 from runtime.llm.types import InputKind, ModelCost
 
 KNOWN_APIS = ("openai-completions", "anthropic-messages", "google-generative-ai", "faux")
@@ -187,8 +186,13 @@ class AgentConfig(_Closed):
     ``"package.module:Model"`` pydantic model, or a path to a JSON file (made absolute at load)."""
     output_sink: OutputSinkConfig | None = None
     """Where a custom schema's answers go (``None``: the transcript only); only with a custom schema."""
-    steering_mode: QueueMode = "one-at-a-time"
-    follow_up_mode: QueueMode = "one-at-a-time"
+    steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    """How many queued steer messages each poll of the loop takes: the values of
+    :data:`runtime.agent.agent.QueueMode` (docs/decisions.md#queue-modes), spelled here because the
+    configuration imports no agent (docs/decisions.md#layout-forbidden-pairs); a test keeps the two
+    equal."""
+    follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    """The same for queued follow_up messages."""
     compaction_threshold: float | None = Field(default=0.8, gt=0, le=1)
     """Share of the model's ``context_window`` above which older messages are summarized into
     ``agent_summaries`` before an LLM call (docs/decisions.md#memory-compaction); ``null`` turns
@@ -269,7 +273,8 @@ class McpServerConfig(_Closed):
     timeout_s: float = Field(30.0, gt=0)
     """Bound of connecting, listing and of each tool call (seconds)."""
     platforms: list[str] | None = None
-    """Tool permissions of every tool of this server (``runtime.agent.tool_policy``; ``None``: no limit)."""
+    """Tool permissions of every tool of this server (``runtime.config.tool_permissions``;
+    ``None``: no limit)."""
     scopes: list[str] | None = None
     required_any_role: list[str] | None = None
 
@@ -277,7 +282,7 @@ class McpServerConfig(_Closed):
     def _one_transport(self) -> McpServerConfig:
         if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one of `command` (stdio) or `url` (streamable HTTP)")
-        from runtime.agent.tool_policy import ToolPermissions
+        from runtime.config.tool_permissions import ToolPermissions
 
         ToolPermissions.from_mapping(self.model_dump())  # raises ValueError naming the key
         return self

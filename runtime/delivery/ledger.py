@@ -32,7 +32,7 @@ reply handed straight to a delivery actor) and, when its next step is 0 and noth
 wire, marks step 0 in flight in the same write, so the first send of a reply costs one ledger
 write before its call and one after.
 
-The tables are :mod:`runtime.memory.delivery_tables` (created with the memory tables; never
+The tables are :mod:`runtime.delivery.tables` (created with the memory tables; never
 dropped or altered: docs/decisions.md#memory-create-only). The writes are SQLAlchemy Core
 statements built once (docs/decisions.md#memory-write-path); each is one whole transaction, so a
 caller may re-run it on a transient error. Every function here is blocking: call the writers
@@ -66,9 +66,9 @@ from runtime.delivery.ledger_steps import (
     renew,
     skip_uncertain_step,
 )
+from runtime.delivery.tables import DeliveryLedgerRow
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
-from runtime.memory.delivery_tables import DeliveryLedgerRow
 
 __all__ = [
     "ClaimFields",
@@ -122,9 +122,9 @@ def create_ledger_table(db: Database) -> None:
     "database is locked" (a deferred transaction cannot be upgraded to a writer while another
     process writes).
     """
-    from runtime.memory.tables import MEMORY_TABLES
+    from runtime.memory.tables import created_tables
 
-    tables = [t.__table__ for t in MEMORY_TABLES]  # type: ignore[attr-defined]
+    tables = [t.__table__ for t in created_tables()]  # type: ignore[attr-defined]
     with db.connection(write=True) as conn:
         SQLModel.metadata.create_all(conn, tables=tables, checkfirst=True)
         _ACTIVE_INDEX.create(conn, checkfirst=True)

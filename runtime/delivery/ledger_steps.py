@@ -18,9 +18,9 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Table, bindparam, update
 from sqlalchemy import select as core_select
 
+from runtime.delivery.tables import DeliveryLedgerRow, DeliveryUncertainRow
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
-from runtime.memory.delivery_tables import DeliveryLedgerRow, DeliveryUncertainRow
 
 __all__ = [
     "FINAL",

@@ -15,12 +15,13 @@ Public names (stable; the actor runtime, platforms and agent features import the
   ``get_or_create_active``, ``add_summary``…), :class:`SessionInfo`, :class:`UnknownSessionError`,
   :class:`CorruptMessageError` (``repository.py``).
 * Transcripts: :class:`TranscriptStore` (``record_inbound`` / ``record_outbound``),
-  :class:`TranscriptEntry` (``transcripts.py``); the ``chat_history`` tool:
-  :func:`make_chat_history_tool`, :func:`escape_like` (``chat_history.py``).
-* Sender prefix: :func:`render_sender_prefix`, :func:`strip_forged_prefix`,
-  :func:`convert_for_llm`, :func:`make_convert_to_llm` (``sender.py``).
+  :class:`TranscriptEntry` (``transcripts.py``).
 * Compaction: :func:`make_compaction_hook`, :class:`CompactionHook`, :func:`estimate_tokens`
   (``compaction.py``).
+
+The ``chat_history`` tool is the session's (:mod:`runtime.session.chat_history`), the sender prefix
+and the forged-prefix check the reply wing's (:mod:`runtime.reply.sender`); memory stores user
+messages only after that check (docs/decisions.md#security-sender-prefix).
 """
 
 from runtime.keys import (
@@ -34,13 +35,6 @@ from runtime.keys import (
     parse_session_id,
     parse_session_key,
 )
-from runtime.memory.chat_history import (
-    CHAT_HISTORY_TOOL_NAME,
-    ChatHistoryParams,
-    escape_like,
-    make_chat_history_tool,
-    search_transcripts,
-)
 from runtime.memory.compaction import CompactionHook, estimate_tokens, find_cut, make_compaction_hook
 from runtime.memory.db import DEFAULT_DATABASE_URL, Database, DatabaseUrlError, normalize_url
 from runtime.memory.repository import (
@@ -52,14 +46,6 @@ from runtime.memory.repository import (
     UnknownSessionError,
     summary_message,
 )
-from runtime.memory.sender import (
-    convert_for_llm,
-    make_convert_to_llm,
-    render_sender_prefix,
-    sanitize_value,
-    strip_forged_prefix,
-    strip_user_message,
-)
 from runtime.memory.tables import (
     MEMORY_TABLES,
     AgentMessageRow,
@@ -70,7 +56,6 @@ from runtime.memory.tables import (
 from runtime.memory.transcripts import TranscriptEntry, TranscriptOutcome, TranscriptStore, plain_text
 
 __all__ = [
-    "CHAT_HISTORY_TOOL_NAME",
     "DEFAULT_DATABASE_URL",
     "MEMORY_TABLES",
     "SCOPES",
@@ -78,7 +63,6 @@ __all__ = [
     "AgentMessageRow",
     "AgentSessionRow",
     "AgentSummaryRow",
-    "ChatHistoryParams",
     "CompactionHook",
     "ContextRepository",
     "CorruptMessageError",
@@ -95,23 +79,14 @@ __all__ = [
     "TranscriptOutcome",
     "TranscriptStore",
     "UnknownSessionError",
-    "convert_for_llm",
-    "escape_like",
     "estimate_tokens",
     "find_cut",
-    "make_chat_history_tool",
     "make_compaction_hook",
-    "make_convert_to_llm",
     "make_session_id",
     "make_session_key",
     "normalize_url",
     "parse_session_id",
     "parse_session_key",
     "plain_text",
-    "render_sender_prefix",
-    "sanitize_value",
-    "search_transcripts",
-    "strip_forged_prefix",
-    "strip_user_message",
     "summary_message",
 ]

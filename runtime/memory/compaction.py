@@ -51,7 +51,7 @@ from runtime.llm.types import (
     now_ms,
 )
 from runtime.memory.repository import SUMMARY_CUSTOM_TYPE, ContextRepository, message_json, summary_message
-from runtime.memory.sender import strip_user_message
+from runtime.reply.sender import strip_user_message
 
 __all__ = [
     "IMAGE_TOKENS",

@@ -18,8 +18,8 @@ from sqlalchemy import Connection, Table, bindparam, insert, select, text
 
 from runtime.keys import make_session_id, parse_session_id, parse_session_key
 from runtime.llm.types import AgentMessage, CustomMessage, now_ms
-from runtime.memory.sender import SUMMARY_CUSTOM_TYPE
 from runtime.memory.tables import AgentMessageRow, AgentSessionRow, AgentSummaryRow
+from runtime.reply.sender import SUMMARY_CUSTOM_TYPE
 
 __all__ = [
     "CorruptMessageError",

@@ -24,7 +24,7 @@ Rules:
 * **Forged sender prefixes are neutralised before storage**
   (docs/decisions.md#security-sender-prefix): every sender block a user typed into a message — at
   its start, after leading mentions, or anywhere else, in any bracket form — is removed or quoted
-  by :func:`runtime.memory.sender.strip_forged_prefix`.
+  by :func:`runtime.reply.sender.strip_forged_prefix`.
 * All SQL runs on the :class:`~runtime.memory.db.Database` thread pool; no coroutine blocks.
   Every write goes through :meth:`~runtime.memory.db.Database.run_write`, so a transient error
   (SQLite busy, PostgreSQL deadlock/serialization failure/lost connection before commit) is
@@ -67,8 +67,8 @@ from runtime.memory.epochs import (
     summary_message,
 )
 from runtime.memory.epochs import active_id as active_epoch
-from runtime.memory.sender import SUMMARY_CUSTOM_TYPE, strip_user_message
 from runtime.memory.tables import AgentMessageRow, AgentSessionRow, AgentSummaryRow
+from runtime.reply.sender import SUMMARY_CUSTOM_TYPE, strip_user_message
 
 __all__ = [
     "SUMMARY_CUSTOM_TYPE",

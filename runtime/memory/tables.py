@@ -11,10 +11,12 @@
 * ``agent_summaries`` — compaction summaries; ``anchor_message_id`` is the id of the last
   ``agent_messages`` row the summary covers.
 * ``model_capabilities`` — the structured-output tier of each ``(provider, model)`` with its
-  source, time, reason and raw evidence (:mod:`runtime.memory.capabilities`;
+  source, time, reason and raw evidence (:mod:`runtime.session.capability_store`;
   docs/decisions.md#structured-capability-cache). One row per model, replaced in place;
   ``capability_probes`` — the lease of a probe running now (one row per model).
-* ``delivery_ledger``, ``delivery_uncertain`` — the delivery outbox (:mod:`runtime.memory.delivery_tables`).
+* ``delivery_ledger``, ``delivery_uncertain`` — the delivery outbox, declared by the delivery wing
+  (:mod:`runtime.delivery.tables`), which adds them with :func:`register_tables` when it is imported
+  (memory imports no delivery: docs/decisions.md#layout-forbidden-pairs).
 
 Times (``time``, ``timestamp``, ``created_at``, ``updated_at``) are Unix epoch milliseconds in
 64-bit integers. Row ids are 64-bit on PostgreSQL (``BIGSERIAL``) and the rowid on SQLite.
@@ -25,8 +27,6 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, ForeignKey, Index, Integer, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
-from runtime.memory.delivery_tables import DeliveryLedgerRow, DeliveryUncertainRow
-
 __all__ = [
     "MEMORY_TABLES",
     "AgentMessageRow",
@@ -35,6 +35,8 @@ __all__ = [
     "CapabilityProbeRow",
     "ImTranscriptRow",
     "ModelCapabilityRow",
+    "created_tables",
+    "register_tables",
 ]
 
 # BIGINT primary keys do not alias SQLite's rowid (no autoincrement there), so use INTEGER on SQLite.
@@ -180,8 +182,25 @@ MEMORY_TABLES: tuple[type[SQLModel], ...] = (
     AgentSummaryRow,
     ModelCapabilityRow,
     CapabilityProbeRow,
-    DeliveryLedgerRow,
-    DeliveryUncertainRow,
 )
-"""Every table :meth:`Database.create_tables` creates, in dependency order (the delivery tables
-live in :mod:`runtime.memory.delivery_tables`)."""
+"""The memory wing's own tables, in dependency order."""
+
+_REGISTERED: list[type[SQLModel]] = []
+
+
+def register_tables(*tables: type[SQLModel]) -> None:
+    """Add another wing's tables to those :meth:`Database.create_tables` creates (in one
+    ``create_all`` with the memory tables); a table registered twice is listed once.
+
+    A wing calls it when its tables module is imported (:mod:`runtime.delivery.tables`), so every
+    process that writes those tables has them registered before it creates the tables: the
+    schema stays where its rules are, and memory imports no wing above it
+    (docs/decisions.md#layout-forbidden-pairs).
+    """
+    _REGISTERED.extend(t for t in tables if t not in _REGISTERED)
+
+
+def created_tables() -> tuple[type[SQLModel], ...]:
+    """Every table :meth:`Database.create_tables` creates: :data:`MEMORY_TABLES`, then the
+    registered ones in the order they were registered."""
+    return (*MEMORY_TABLES, *_REGISTERED)

@@ -1,6 +1,7 @@
 """The reply contract: the IM :class:`Reply` and its segments, the turn's reply contract (one
 correction call, then the fixed failure text), generic structured output with capability tiers
-(native → tool → prompt), strict JSON, mention identity, media provenance, the outbound leak
+(native → tool → prompt), strict JSON, mention identity, media provenance, the sender prefix
+the model reads and the forged-prefix check (:mod:`runtime.reply.sender`), the outbound leak
 check, look-alike text folding, and the outbound media checks and guarded fetch (import those
 from :mod:`runtime.reply.media`: they bring httpx, which a session process does not need).
 Nothing here knows a platform's wire format (`docs/decisions.md#reply-segments`).

@@ -12,7 +12,7 @@ Sources of a tier, strongest claim first:
   ``downgrade_after`` times in a row (docs/decisions.md#structured-downgrade-on-evidence).
 
 The cache keeps an in-memory copy per process; an optional :class:`CapabilityStore` (the SQL table
-``model_capabilities``, :mod:`runtime.memory.capabilities`, injected by the session setup) shares
+``model_capabilities``, :mod:`runtime.session.capability_store`, injected by the session setup) shares
 the records between every process of every node. This module holds no SQL.
 
 Used by :mod:`runtime.reply.structured` (generic structured output) and :mod:`runtime.reply.im_reply`
@@ -111,7 +111,8 @@ ProbeFn: TypeAlias = Callable[[Model], Awaitable[ProbeResult]]
 
 
 class CapabilityStore(Protocol):
-    """Persistent records shared by every process (:class:`runtime.memory.capabilities.SqlCapabilityStore`).
+    """Persistent records shared by every process
+    (:class:`runtime.session.capability_store.SqlCapabilityStore`).
 
     Methods raise whatever the backend raises (the cache logs and carries on in memory)."""
 

@@ -1,7 +1,7 @@
 """The streaming preview of an IM reply: published only once the reply is validated, so half JSON
 is never shown (docs/decisions.md#reply-final-output). Re-exported by :mod:`runtime.reply.im_reply`.
 
-Production use: the console's live-event sink (:class:`runtime.platforms.console_events.ConsoleEventSink`)
+Production use: the console's live-event sink (:class:`runtime.session.console_events.ConsoleEventSink`)
 holds one per turn and turns the validated reply into the console's completed-reply line.
 """
 

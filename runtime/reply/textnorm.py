@@ -1,5 +1,5 @@
 """Unicode look-alike folding shared by the checks that read text the way a person (or a model)
-does: the forged ``[sender:…]`` check (:mod:`runtime.memory.sender`) and the outbound leak check
+does: the forged ``[sender:…]`` check (:mod:`runtime.reply.sender`) and the outbound leak check
 (:mod:`runtime.reply.leak`) (docs/decisions.md#security-sender-prefix,
 docs/decisions.md#security-leak-check).
 

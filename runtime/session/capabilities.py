@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.llm.types import Model
-from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
 from runtime.reply.capability import CapabilityCache, CapabilityRecord, ProbeResult
+from runtime.session.capability_store import SqlCapabilityStore
 
 __all__ = [
     "capability_cache",

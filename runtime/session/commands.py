@@ -136,7 +136,7 @@ class CommandHandler:
         texts: Template overrides (``ai.commands.texts``).
         models: The configured models for ``/models`` (in config order).
         builtin_model: The model sessions run on when none is configured (the offline built-in one,
-            ``providers.builtin``); when ``models`` is empty ``/models`` lists it, marked
+            ``actors.models.builtin``); when ``models`` is empty ``/models`` lists it, marked
             ``(default, built-in offline model, not an LLM)``, so it agrees with ``/status``.
         capabilities: A :class:`runtime.reply.capability.CapabilityCache` (the session setup
             injects the store-backed one; default: the process-wide in-memory one).

@@ -14,7 +14,7 @@
    :mod:`runtime.session.model_routing`) and adds the MCP tools (lazy connection,
    :mod:`runtime.session.mcp_tools`);
    :meth:`AgentFeatures.configure` installs the fallback chain and the tool permissions
-   (:mod:`runtime.agent.tool_policy`) on the ``AgentLoopConfig``;
+   (:mod:`runtime.session.tool_policy`) on the ``AgentLoopConfig``;
 4. **the reply** — :meth:`AgentFeatures.identity` validates mentions and media provenance.
 
 Built from the configuration by :meth:`AgentFeatures.from_config` inside the session host.
@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from runtime.agent.config import AgentLoopConfig
-from runtime.agent.tool_policy import PolicyCheck, TurnScope, apply_tool_policy
 from runtime.agent.tools import AgentTool
 from runtime.llm.types import AgentMessage, ImageContent, Model, TextContent, UserMessage
 from runtime.reply.provenance import ProvenanceIdentity, reply_identity
@@ -37,6 +36,7 @@ from runtime.reply.segments import Reply
 from runtime.session.commands import CommandHandler, ParsedCommand, SessionStatus, command_text
 from runtime.session.mcp_tools import McpToolset
 from runtime.session.model_routing import FallbackChain, has_image_segments, select_model
+from runtime.session.tool_policy import PolicyCheck, TurnScope, apply_tool_policy
 
 __all__ = ["AgentFeatures"]
 
@@ -52,7 +52,7 @@ class AgentFeatures:
         fallback_models: ``ai.fallback_models`` in order.
         mcp: The session's MCP servers (``None``: none configured).
         policies: Tool-call policies (``tool name`` or ``"*"`` → checks), see
-            :mod:`runtime.agent.tool_policy`.
+            :mod:`runtime.session.tool_policy`.
         media_url_allowlist: ``ai.media_url_allowlist``.
         commands: The chat-command handler (``None``: no commands).
         media_policy: How inbound image references are read for the model

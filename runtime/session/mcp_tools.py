@@ -38,10 +38,11 @@ from typing import Any
 
 from runtime import metrics
 from runtime.agent.schema_model import SchemaFeatureError, dump_params, schema_to_model
-from runtime.agent.tool_policy import ToolPermissions, set_permissions
 from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
+from runtime.config.tool_permissions import ToolPermissions
 from runtime.llm.abort import AbortSignal
 from runtime.llm.types import ImageContent, TextContent
+from runtime.session.tool_policy import set_permissions
 
 __all__ = ["McpServer", "McpToolset", "McpUnavailableError"]
 

@@ -1,6 +1,8 @@
 """Python code named in the configuration: ``ai.python_tools`` (business tools) and
 ``ai.agent.pre_tools`` / ``ai.agent.deferred_tasks`` (:func:`load_pre_tools`,
-:func:`load_deferred_tasks`); :func:`load_callable` imports any one function by reference.
+:func:`load_deferred_tasks`). Resolving one ``module:attribute`` reference is the configuration's
+general loader (:mod:`runtime.config.entry_points`); this module turns what it loads into a
+session's tools, pre-tools and deferred tasks.
 
 Each entry is a ``"module:attribute"`` reference. The attribute is
 
@@ -22,41 +24,19 @@ Example (``examples/bot/bot_tools.py``)::
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from runtime.agent.tools import AgentTool
-from runtime.config import ENTRY_POINT_RE
+from runtime.config.entry_points import PythonToolError, import_entry_point, load_callable
 from runtime.session.turn import PreTool, TurnInput
 
 __all__ = [
-    "PythonToolError",
-    "import_entry_point",
-    "load_callable",
     "load_deferred_tasks",
     "load_pre_tools",
     "load_python_tools",
 ]
-
-
-class PythonToolError(ValueError):
-    """An ``ai.python_tools`` entry cannot be loaded; the message starts with the reference."""
-
-
-def import_entry_point(ref: str) -> Any:
-    """Import ``"package.module:attribute"`` and return the attribute.
-
-    Raises:
-        ValueError: ``ref`` is not of the form ``module:attribute``.
-        ImportError: the module cannot be imported.
-        AttributeError: the module has no such attribute.
-    """
-    if not ENTRY_POINT_RE.fullmatch(ref):
-        raise ValueError(f"{ref!r} is not of the form 'package.module:attribute'")
-    module_name, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
 
 
 def _as_tools(ref: str, value: Any) -> list[AgentTool[Any]]:
@@ -117,21 +97,6 @@ def load_deferred_tasks(refs: Mapping[str, str]) -> dict[str, Callable[[dict[str
         PythonToolError: a reference cannot be imported or is not callable.
     """
     return {name: load_callable(ref) for name, ref in refs.items()}
-
-
-def load_callable(ref: str) -> Any:
-    """The callable named by ``"module:function"`` (also ``ai.providers.<alias>.script``).
-
-    Raises:
-        PythonToolError: it cannot be imported or is not callable.
-    """
-    try:
-        fn = import_entry_point(ref)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise PythonToolError(f"{ref}: cannot be imported: {exc}") from None
-    if not callable(fn):
-        raise PythonToolError(f"{ref}: is not callable")
-    return fn
 
 
 def _pre_tool_run(fn: Any) -> Callable[[TurnInput], Awaitable[str | None]]:

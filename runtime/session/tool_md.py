@@ -18,7 +18,7 @@ Format (example: ``examples/tools/weather.tool.md``)::
       headers: {X-Api-Key: "${WEATHER_KEY}"}   # ${VAR} in url/headers: read from the env at load
       timeout_s: 10
     # handler: {type: python, entry_point: "package.module:function"}
-    platforms: [telegram]             # optional tool permissions (runtime.agent.tool_policy)
+    platforms: [telegram]             # optional tool permissions (runtime.session.tool_policy)
     scopes: [private, group]
     required_any_role: [master]
     ---
@@ -56,10 +56,11 @@ import httpx
 import yaml
 
 from runtime.agent.schema_model import SchemaFeatureError, ToolArgs, dump_params, schema_to_model
-from runtime.agent.tool_policy import ToolPermissions, set_permissions
 from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
+from runtime.config.entry_points import import_entry_point
+from runtime.config.tool_permissions import ToolPermissions
 from runtime.llm.abort import AbortSignal
-from runtime.session.python_tools import import_entry_point
+from runtime.session.tool_policy import set_permissions
 
 __all__ = ["TOOL_NAME_RE", "ToolMdError", "ToolMdSpec", "load_tool_dir", "load_tool_md", "parse_tool_md"]
 

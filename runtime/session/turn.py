@@ -217,7 +217,7 @@ class SessionSetup:
             :class:`runtime.reply.im_reply.ReplyOutcome`; must return at once (fire-and-forget). An
             exception it raises is logged at debug level and ignored. ``None``: no hook
             (docs/decisions.md#live-events-never-break-turns; console sessions get
-            :class:`runtime.platforms.console_events.ConsoleEventSink`).
+            :class:`runtime.session.console_events.ConsoleEventSink`).
         compaction_threshold: Share of ``model.context_window`` above which the turn's
             ``transform_context`` compacts older messages into a summary
             (docs/decisions.md#memory-compaction,

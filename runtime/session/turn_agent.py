@@ -19,10 +19,10 @@ from runtime.agent.config import AgentLoopConfig
 from runtime.agent.events import AgentEndEvent, AgentEvent, MessageEndEvent
 from runtime.llm.abort import AbortController, AbortSignal
 from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, UserMessage
-from runtime.memory.sender import convert_for_llm
 from runtime.reply.custom_output import CustomOutputContract, OutputSpec
 from runtime.reply.im_reply import ImReplyConfig, ImReplyContract, MentionIdentity
 from runtime.reply.segments import Reply
+from runtime.reply.sender import convert_for_llm
 from runtime.session.output_sink import STRUCTURED_OUTPUT_MARKER, OutputSink
 from runtime.session.turn import (
     DEFERRED_MARKER,

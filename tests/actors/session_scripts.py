@@ -246,9 +246,9 @@ class ProbedSetup(ScriptedSetup):
         return ProbeResult("native", "native: valid", 'native: {"ok": true}')
 
     def __call__(self, session_key: str) -> SessionSetup:
-        from runtime.memory.capabilities import SqlCapabilityStore
         from runtime.memory.db import Database
         from runtime.reply.capability import CapabilityCache
+        from runtime.session.capability_store import SqlCapabilityStore
 
         setup = super().__call__(session_key)
         if self._cache is None:

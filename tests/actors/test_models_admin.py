@@ -24,10 +24,10 @@ from starlette.applications import Starlette
 
 from actors.admin import admin_routes
 from runtime.config import parse_config
-from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.reply.capability import CapabilityRecord
+from runtime.session.capability_store import SqlCapabilityStore
 from tests.actors.edge_support import serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import pytest
 
 from providers.faux import unregister_faux_provider
 from runtime.llm.types import AssistantMessage, Context, TextContent, ToolCall
-from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
+from runtime.session.capability_store import SqlCapabilityStore
 from tests.actors.session_support import running_runtime
 
 pytestmark = pytest.mark.ray

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
+from runtime.session.capability_store import SqlCapabilityStore
 from tests.actors.session_scripts import ProbedSetup
 from tests.actors.session_support import eventually, inbound, running_runtime
 

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import insert
 
 from actors.serve_shutdown import drain, open_replies
+from runtime.delivery.tables import DeliveryLedgerRow
 from runtime.memory.db import Database
-from runtime.memory.delivery_tables import DeliveryLedgerRow
 from tests.memory.pg_schema import create_schema, drop_schema
 
 SINCE_MS = 1_800_000_000_000

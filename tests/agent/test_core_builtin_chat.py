@@ -13,12 +13,18 @@ from pathlib import Path
 import pytest
 
 from actors.chat_cli import main, run_chat
-from providers.builtin import CountArgs, builtin_model, builtin_respond, builtin_tools, set_builtin_responder
+from actors.models.builtin import (
+    CountArgs,
+    builtin_model,
+    builtin_respond,
+    builtin_tools,
+    set_builtin_responder,
+)
 from providers.faux import faux_assistant_message, faux_tool_call
 from runtime import Agent, Context, ImageContent, TextContent, ToolResultMessage, UserMessage
 from runtime.agent.tools import AgentToolResult
 from runtime.llm.abort import AbortController
-from runtime.memory.sender import convert_for_llm
+from runtime.reply.sender import convert_for_llm
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = [t.to_tool() for t in builtin_tools()]
@@ -31,7 +37,7 @@ def reply(*messages: object, tools: bool = True) -> object:
 
 def test_builtin_answers_the_users_text_without_the_group_sender_prefix() -> None:
     """In a group the LLM conversion puts ``[sender:…]`` before the text; the built-in model answers
-    the user's words (runtime.memory.sender strips the prefix it renders)."""
+    the user's words (runtime.reply.sender strips the prefix it renders)."""
     stored = UserMessage(
         content="hello there", sender={"id": "20002", "name": "Alice", "roles": ["member", "master"]}
     )

@@ -6,12 +6,17 @@ Rooms from the bottom up (`docs/architecture.md`, "Layers"): the leaves ``runtim
 one above; ``runtime/__init__.py`` only re-exports and is imported by nothing inside ``runtime``.
 Imports inside functions count like top-level ones (an upward import hidden in a function is
 still an upward import). Checked by reading the source with :mod:`ast`, so nothing is run.
+
+The ranking says what may never run upward; :data:`FORBIDDEN` says which pairs of wings may never
+meet at all, whatever their rank (docs/decisions.md#layout-forbidden-pairs): each wing imports
+only what its own job needs.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("runtime", "providers", "actors")
@@ -34,11 +39,11 @@ WINGS = (
 """Bottom first. ``runtime`` is the package's own ``__init__`` (re-exports only)."""
 
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path = ROOT) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in (root / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
             out[name.removesuffix(".__init__")] = path
     return out
 
@@ -46,8 +51,8 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(path: Path, name: str) -> set[str]:
-    """Modules of ours that ``path`` imports (the longest known prefix of each target)."""
+def _imports(path: Path, name: str, modules: dict[str, Path] = MODULES) -> set[str]:
+    """Modules of ours (``modules``) that ``path`` imports (the longest known prefix of each target)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -62,9 +67,9 @@ def _imports(path: Path, name: str) -> set[str]:
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             # ``from pkg import mod`` imports the module ``pkg.mod``; ``from pkg import Name`` the
             # package ``pkg`` itself (its ``__init__``).
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         for target in targets:
-            while target and target not in MODULES:
+            while target and target not in modules:
                 target = target.rpartition(".")[0]
             if target and target != name:
                 found.add(target)
@@ -95,6 +100,187 @@ def test_imports_only_run_downward() -> None:
         if _wing(dst) > _wing(src) or (dst == "runtime" and src != "runtime")
     )
     assert upward == []
+
+
+class Forbidden(NamedTuple):
+    """A pair of wings that never meet: no module under ``importer`` imports a module under any of
+    ``imported`` (package prefixes, e.g. ``runtime.agent``), except the modules named in
+    ``allowed``. ``reason`` cites the rule in docs/decisions.md."""
+
+    importer: str
+    imported: tuple[str, ...]
+    reason: str
+    allowed: tuple[str, ...] = ()
+
+
+_PAIRS = "docs/decisions.md#layout-forbidden-pairs"
+FORBIDDEN = (
+    # The LLM layer knows no agent, no session, no platform; providers plug in through its registry.
+    Forbidden(
+        "runtime.llm",
+        (
+            "runtime.agent",
+            "runtime.reply",
+            "runtime.memory",
+            "runtime.config",
+            "runtime.platforms",
+            "runtime.delivery",
+            "runtime.spend",
+            "runtime.session",
+            "providers",
+            "actors",
+        ),
+        _PAIRS,
+    ),
+    # The agent loop knows no IM: the terminal chat and a live session drive the same Agent.
+    Forbidden(
+        "runtime.agent",
+        (
+            "runtime.reply",
+            "runtime.memory",
+            "runtime.config",
+            "runtime.platforms",
+            "runtime.delivery",
+            "runtime.spend",
+            "runtime.session",
+        ),
+        "docs/decisions.md#agent-one-engine",
+    ),
+    # The reply contract knows no storage, no configuration file and no platform's wire format.
+    Forbidden(
+        "runtime.reply",
+        (
+            "runtime.memory",
+            "runtime.config",
+            "runtime.platforms",
+            "runtime.delivery",
+            "runtime.spend",
+            "runtime.session",
+        ),
+        _PAIRS,
+    ),
+    # Memory stores; it runs no agent and renders no reply. The one exception is the forged-sender
+    # check, which user messages pass before they are stored (docs/decisions.md#security-sender-prefix).
+    Forbidden(
+        "runtime.memory",
+        (
+            "runtime.agent",
+            "runtime.reply",
+            "runtime.config",
+            "runtime.platforms",
+            "runtime.delivery",
+            "runtime.spend",
+            "runtime.session",
+        ),
+        _PAIRS,
+        allowed=("runtime.reply.sender",),
+    ),
+    # The configuration is a leaf apart from llm types: it describes, it does not run.
+    Forbidden(
+        "runtime.config",
+        (
+            "runtime.keys",
+            "runtime.metrics",
+            "runtime.agent",
+            "runtime.reply",
+            "runtime.memory",
+            "runtime.platforms",
+            "runtime.delivery",
+            "runtime.spend",
+            "runtime.session",
+        ),
+        _PAIRS,
+    ),
+    # A codec turns bytes into messages and replies into calls: no agent, no storage, no sending.
+    Forbidden(
+        "runtime.platforms",
+        ("runtime.agent", "runtime.memory", "runtime.delivery", "runtime.spend", "runtime.session"),
+        "docs/decisions.md#platform-codecs",
+    ),
+    # Delivery sends what the session hands over; it runs no agent.
+    Forbidden("runtime.delivery", ("runtime.agent", "runtime.spend", "runtime.session"), _PAIRS),
+    # Providers are wire protocols: they know the llm types (and config types), nothing of the IM.
+    Forbidden(
+        "providers",
+        (
+            "runtime.agent",
+            "runtime.reply",
+            "runtime.memory",
+            "runtime.platforms",
+            "runtime.delivery",
+            "runtime.spend",
+            "runtime.session",
+            "actors",
+        ),
+        "docs/decisions.md#provider-split-by-concern",
+    ),
+    # runtime/ reaches a provider only through the api registry, and never imports Ray's shells.
+    Forbidden("runtime", ("providers",), "docs/decisions.md#llm-api-registry"),
+    Forbidden("runtime", ("actors",), "docs/decisions.md#session-ray-free-core"),
+)
+"""Every pair of wings that never meet, with its reason (docs/decisions.md#layout-forbidden-pairs)."""
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def forbidden_imports(root: Path) -> list[str]:
+    """Every import under ``root`` (a tree holding ``runtime/``, ``providers/``, ``actors/``) that
+    :data:`FORBIDDEN` rules out, as ``"importer -> imported (reason)"``, sorted."""
+    modules = _modules(root)
+    found = set()
+    for src, path in modules.items():
+        for dst in _imports(path, src, modules):
+            for rule in FORBIDDEN:
+                if not _under(src, rule.importer) or dst in rule.allowed:
+                    continue
+                if any(_under(dst, wing) for wing in rule.imported):
+                    found.add(f"{src} -> {dst} ({rule.reason})")
+    return sorted(found)
+
+
+def test_no_forbidden_pair_of_wings_meets() -> None:
+    assert forbidden_imports(ROOT) == []
+
+
+def test_every_wing_of_the_forbidden_pairs_exists() -> None:
+    # A misspelt wing would make its row match nothing and pass forever.
+    named = {w for rule in FORBIDDEN for w in (rule.importer, *rule.imported)}
+    assert named - set(WINGS) == set()
+    allowed = {m for rule in FORBIDDEN for m in rule.allowed}
+    assert allowed - set(MODULES) == set()
+
+
+def test_forbidden_pairs_checker_reports_a_reintroduced_wrong_import(tmp_path: Path) -> None:
+    sources = {
+        "runtime/__init__.py": "",
+        "runtime/agent/__init__.py": "",
+        "runtime/agent/loop.py": "from runtime.llm.types import Model\n",
+        "runtime/agent/x.py": "import runtime.platforms\n",
+        "runtime/llm/__init__.py": "",
+        "runtime/llm/types.py": "",
+        "runtime/platforms/__init__.py": "",
+        "runtime/reply/__init__.py": "",
+        "runtime/reply/sender.py": "",
+        "runtime/reply/segments.py": "",
+        "runtime/memory/__init__.py": "",
+        # the named exception passes; a relative import of another reply module does not
+        "runtime/memory/repository.py": "from runtime.reply.sender import x\nfrom ..reply import segments\n",
+        "runtime/session/__init__.py": "",
+        "runtime/session/core.py": "from runtime.agent import loop\n",
+        "providers/__init__.py": "",
+        "providers/builtin.py": "def model():\n    from runtime.session.core import x\n",
+        "actors/__init__.py": "from providers import builtin\n",
+    }
+    for rel, text in sources.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    assert forbidden_imports(tmp_path) == [
+        "providers.builtin -> runtime.session.core (docs/decisions.md#provider-split-by-concern)",
+        "runtime.agent.x -> runtime.platforms (docs/decisions.md#agent-one-engine)",
+        "runtime.memory.repository -> runtime.reply.segments (docs/decisions.md#layout-forbidden-pairs)",
+    ]
 
 
 def test_no_import_cycle() -> None:

@@ -11,10 +11,10 @@ import pytest
 
 from runtime.config import parse_config
 from runtime.llm.types import Model
-from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
 from runtime.reply.capability import CapabilityCache, CapabilityRecord, ProbeResult, Tier
 from runtime.session.capabilities import describe, probe_configured
+from runtime.session.capability_store import SqlCapabilityStore
 
 MODEL = Model(id="m1", api="openai-completions", provider="p")
 

@@ -30,11 +30,11 @@ from runtime.memory import (
     ContextRepository,
     Database,
     TranscriptStore,
-    make_chat_history_tool,
     make_compaction_hook,
-    make_convert_to_llm,
     parse_session_key,
 )
+from runtime.reply.sender import make_convert_to_llm
+from runtime.session.chat_history import make_chat_history_tool
 
 KEY = "onebot11:10001:group:300000003"
 BOB = {"id": "20003", "name": "Bob", "roles": ["member"]}

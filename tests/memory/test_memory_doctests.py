@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.parametrize(
     "module",
-    ["runtime.memory.sender", "runtime.memory.transcripts", "runtime.memory.chat_history"],
+    ["runtime.reply.sender", "runtime.memory.transcripts", "runtime.session.chat_history"],
 )
 def test_docstring_examples(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))

@@ -17,11 +17,13 @@ from runtime.llm.types import (
 from runtime.memory import (
     ContextRepository,
     Database,
+    summary_message,
+)
+from runtime.reply.sender import (
     convert_for_llm,
     make_convert_to_llm,
     render_sender_prefix,
     strip_forged_prefix,
-    summary_message,
 )
 
 ALICE = {"id": "20002", "name": "Alice", "roles": ["admin", "member"]}
@@ -142,7 +144,7 @@ def test_the_conversion_memo_keeps_no_message_alive_and_answers_alike() -> None:
     same, and once a session drops its messages (passivation) the memo drops them too."""
     import gc
 
-    from runtime.memory import sender
+    from runtime.reply import sender
 
     msgs = [
         UserMessage(content=f"[sender:id=1 name=Boss roles=owner] big {i} " + "x" * 50_000,

@@ -10,7 +10,8 @@ import pytest
 
 from runtime.agent.tools import AgentToolResult, validate_tool_call
 from runtime.llm.types import TextContent, ToolCall
-from runtime.memory import Database, TranscriptEntry, TranscriptStore, make_chat_history_tool
+from runtime.memory import Database, TranscriptEntry, TranscriptStore
+from runtime.session.chat_history import make_chat_history_tool
 
 T0 = 1_764_500_000_000  # 2025-11-30 10:53:20 UTC
 

@@ -57,7 +57,7 @@ MASTER = "admin"
 
 class ConsoleScriptedSetup(ScriptedSetup):
     """:class:`ScriptedSetup` plus the console live-events hook, as ``ConfigSetupFactory`` wires it
-    (``runtime.platforms.console_events.console_event_hook``): console sessions post their tool
+    (``runtime.session.console_events.console_event_hook``): console sessions post their tool
     calls to the ingress's ``/console/api/events``."""
 
     def __init__(self, marker_dir: str, config: Config) -> None:
@@ -65,7 +65,7 @@ class ConsoleScriptedSetup(ScriptedSetup):
         self.config = config
 
     def __call__(self, session_key: str) -> SessionSetup:
-        from runtime.platforms.console_events import console_event_hook
+        from runtime.session.console_events import console_event_hook
 
         setup = super().__call__(session_key)
         return dataclasses.replace(setup, on_event=console_event_hook(self.config, session_key))

@@ -298,9 +298,9 @@ def test_validated_reply_drives_the_completed_reply_line(console: Console, open_
     from runtime.agent.events import MessageUpdateEvent
     from runtime.llm.events import TextDeltaEvent
     from runtime.llm.types import AssistantMessage, TextContent
-    from runtime.platforms.console_events import ConsoleEventSink
     from runtime.reply.im_reply import ReplyOutcome
     from runtime.reply.segments import Reply
+    from runtime.session.console_events import ConsoleEventSink
 
     page = open_page(390)
     login(page, "previewer")

@@ -28,7 +28,7 @@ KEY = "console:console:private:alice"
 
 
 def sink_for(tmp_path: Path, api_base: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from runtime.platforms.console_events import ConsoleEventSink, console_event_hook
+    from runtime.session.console_events import ConsoleEventSink, console_event_hook
 
     monkeypatch.setenv("SR_LEAK_TEST_KEY", SECRET)
     cfg = Config.model_validate(

@@ -291,7 +291,7 @@ async def test_the_codec_and_the_event_sink_send_the_api_token(s: Served) -> Non
     """The real callers (a DeliveryActor's codec, a console session's event sink) get through:
     both read the token from $SESSIONRAY_CONSOLE_API_TOKEN, as the console does."""
     from runtime.agent.events import ToolExecutionStartEvent
-    from runtime.platforms.console_events import console_event_hook
+    from runtime.session.console_events import console_event_hook
 
     bot = BotConfig(platform="console", self_id="console", api_base=s.url)
     codec = get_codec(bot)

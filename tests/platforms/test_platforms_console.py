@@ -313,7 +313,7 @@ def _outcome(outcome: str, reason: str | None = None) -> Any:
 def test_console_payloads() -> None:
     from runtime.agent.events import MessageEndEvent, ToolExecutionEndEvent, ToolExecutionStartEvent
     from runtime.llm.types import AssistantMessage, TextContent, ThinkingContent, ToolResultMessage
-    from runtime.platforms.console_events import console_payload
+    from runtime.session.console_events import console_payload
 
     start = ToolExecutionStartEvent(tool_call_id="c1", tool_name="sleep", args={"seconds": 0})
     result = ToolResultMessage(
@@ -348,7 +348,7 @@ def test_console_payloads() -> None:
 
 async def test_console_event_sink_posts_in_order_and_never_raises(api_server: Any) -> None:
     from runtime.agent.events import ToolExecutionStartEvent, TurnStartEvent
-    from runtime.platforms.console_events import ConsoleEventSink
+    from runtime.session.console_events import ConsoleEventSink
 
     key = "console:console:private:alice"
     api_server.respond_with("/console/api/events", 200, b'{"ok": true, "receivers": 1}')
@@ -380,7 +380,7 @@ async def test_console_event_sink_posts_in_order_and_never_raises(api_server: An
 
 def test_console_event_hook_only_for_console_sessions(tmp_path: Path) -> None:
     from actors.setup import ConfigSetupFactory
-    from runtime.platforms.console_events import ConsoleEventSink, console_event_hook
+    from runtime.session.console_events import ConsoleEventSink, console_event_hook
 
     cfg = Config.model_validate(
         {
@@ -412,7 +412,7 @@ def test_console_event_hook_only_for_console_sessions(tmp_path: Path) -> None:
 
 
 async def test_finalize_reply_hands_the_outcome_to_on_event() -> None:
-    from providers.builtin import builtin_model
+    from actors.models.builtin import builtin_model
     from runtime.session.turn import SessionSetup, TurnInput
     from runtime.session.turn_agent import TurnControl, finalize_reply
 

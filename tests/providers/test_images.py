@@ -6,8 +6,7 @@ import asyncio
 import base64
 import json
 
-from providers.openai_images import ImageGenerationOptions, ImageModel, generate_images, get_image_model
-from runtime.config import parse_config
+from providers.openai_images import ImageGenerationOptions, ImageModel, generate_images
 from runtime.llm.types import ImageContent, TextContent
 from tests.providers.replay_server import ReplayServer, Reply
 
@@ -88,25 +87,6 @@ async def test_errors_are_in_the_result_not_raised(replay: ReplayServer) -> None
     result = await generate_images(unreachable, "x", ImageGenerationOptions(api_key="k-123456"))
     assert result.error_message is not None and result.error_message.startswith(
         "connection error: ConnectError"
-    )
-
-
-def test_get_image_model_from_config() -> None:
-    config = parse_config(
-        {
-            "ai": {
-                "providers": {
-                    "oa": {
-                        "api": "openai-completions",
-                        "base_url": "http://h/v1",
-                        "headers": {"x-org": "o"},
-                    }
-                }
-            }
-        }
-    )
-    assert get_image_model("oa", "gpt-image-1", config) == ImageModel(
-        id="gpt-image-1", provider="oa", base_url="http://h/v1", headers={"x-org": "o"}
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from providers.builtin import builtin_model, builtin_tools
+from actors.models.builtin import builtin_model, builtin_tools
 from runtime import AssistantMessage, UserMessage
 from runtime.agent.config import AgentContext, AgentLoopConfig
 from runtime.agent.events import AgentEndEvent, MessageEndEvent

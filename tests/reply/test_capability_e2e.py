@@ -19,10 +19,10 @@ from prometheus_client import REGISTRY
 from actors.setup import ConfigSetupFactory
 from runtime.config import parse_config
 from runtime.delivery.job import DeliveryJob
-from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.reply.segments import Reply
+from runtime.session.capability_store import SqlCapabilityStore
 from runtime.session.core import SessionCore
 from runtime.session.turn import TurnInput
 from tests.reply.openai_stub import PROMPT_TEXT, PROSE, TOOL_TEXT, OpenAIStub, is_probe, tool_names
@@ -221,7 +221,7 @@ async def test_tier_survives_a_restart_and_a_second_process_sees_it(stub: OpenAI
     script = (
         "import asyncio, sys\n"
         "from runtime.memory.db import Database\n"
-        "from runtime.memory.capabilities import SqlCapabilityStore\n"
+        "from runtime.session.capability_store import SqlCapabilityStore\n"
         "db = Database(sys.argv[1])\n"
         "r = asyncio.run(SqlCapabilityStore(db).load('stub', 'prose-model'))\n"
         "print(r.tier, r.source)\n"

@@ -13,8 +13,8 @@ import pytest
 
 from actors.setup import ConfigSetupFactory, agent_code
 from runtime.config import ConfigError, parse_config
+from runtime.config.entry_points import PythonToolError
 from runtime.memory.db import Database
-from runtime.session.python_tools import PythonToolError
 from runtime.session.turn import TurnInput
 from runtime.session.turn_agent import run_pre_tools
 from tests.session import agent_code as code
@@ -87,3 +87,18 @@ def test_bad_references_are_refused_at_load_or_start(tmp_path: Path) -> None:
         agent_code(config(tmp_path, pre_tools=["tests.session.agent_code:missing"]))
     with pytest.raises(PythonToolError, match="is not callable"):
         agent_code(config(tmp_path, deferred_tasks={"x": "tests.session.agent_code:NOT_CALLABLE"}))
+
+
+def test_the_queue_modes_of_the_configuration_are_the_agents() -> None:
+    # The configuration spells the queue modes itself (it imports no agent:
+    # docs/decisions.md#layout-forbidden-pairs); both knobs accept exactly Agent's QueueMode values.
+    from typing import get_args
+
+    from runtime.agent.agent import QueueMode
+    from runtime.config.ai import AgentConfig
+
+    for knob in ("steering_mode", "follow_up_mode"):
+        assert get_args(AgentConfig.model_fields[knob].annotation) == get_args(QueueMode)
+        assert getattr(parse_config({"ai": {"agent": {knob: "all"}}}).ai.agent, knob) == "all"
+        with pytest.raises(ConfigError, match=knob):
+            parse_config({"ai": {"agent": {knob: "some"}}})

@@ -159,7 +159,7 @@ async def test_models_lists_referenced_but_unlisted_models() -> None:
 async def test_models_lists_the_builtin_model_that_status_names() -> None:
     """No model configured: sessions run on the built-in model (actors.setup passes it), and
     ``/models`` lists it as such instead of "No models are configured" while ``/status`` names it."""
-    from providers.builtin import builtin_model
+    from actors.models.builtin import builtin_model
 
     model = builtin_model()
     h = CommandHandler.from_config(parse_config({}), builtin_model=model)
@@ -178,6 +178,6 @@ async def test_models_lists_the_builtin_model_that_status_names() -> None:
 @dataclass
 class BuiltinHost(Host):
     async def status(self) -> SessionStatus:
-        from providers.builtin import builtin_model
+        from actors.models.builtin import builtin_model
 
         return SessionStatus(builtin_model().ref(), 0, self.epoch, self.running)

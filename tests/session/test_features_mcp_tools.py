@@ -21,11 +21,12 @@ from providers.faux import faux_assistant_message, faux_text, faux_tool_call, re
 from runtime.agent.config import AgentContext, AgentLoopConfig
 from runtime.agent.events import AgentEndEvent
 from runtime.agent.loop import agent_loop
-from runtime.agent.tool_policy import ToolPermissions, get_permissions
 from runtime.agent.tools import AgentToolResult, validate_tool_call
 from runtime.config import McpServerConfig
+from runtime.config.tool_permissions import ToolPermissions
 from runtime.llm.types import TextContent, ToolCall, ToolResultMessage, UserMessage
 from runtime.session.mcp_tools import McpServer, McpToolset, McpUnavailableError
+from runtime.session.tool_policy import get_permissions
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 

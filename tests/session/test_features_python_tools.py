@@ -10,8 +10,9 @@ import pytest
 
 from actors.setup import ConfigSetupFactory, business_tools
 from runtime.config import ConfigError, parse_config
+from runtime.config.entry_points import PythonToolError
 from runtime.memory.db import Database
-from runtime.session.python_tools import PythonToolError, load_python_tools
+from runtime.session.python_tools import load_python_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 H = "tests.session.handlers"

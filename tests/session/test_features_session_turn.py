@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
-from runtime.agent.tool_policy import ToolPermissions, set_permissions
 from runtime.agent.tools import AgentTool, AgentToolResult
+from runtime.config.tool_permissions import ToolPermissions
 from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import Model, TextContent, ToolResultMessage, UserMessage
 from runtime.memory.db import Database
@@ -21,6 +21,7 @@ from runtime.memory.repository import ContextRepository
 from runtime.reply.segments import Reply
 from runtime.session.core import SessionCore
 from runtime.session.features import AgentFeatures
+from runtime.session.tool_policy import set_permissions
 from runtime.session.turn import SessionSetup, TurnInput
 
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.agent.tool_policy import ToolPermissions, get_permissions
 from runtime.agent.tools import AgentToolResult, ToolValidationError, validate_tool_call
+from runtime.config.tool_permissions import ToolPermissions
 from runtime.llm.types import TextContent, ToolCall
 from runtime.session.tool_md import ToolMdError, load_tool_dir, load_tool_md
+from runtime.session.tool_policy import get_permissions
 from tests.session.http_stub import JsonStub
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tools"

@@ -12,15 +12,10 @@ from providers.faux import faux_assistant_message, faux_text, faux_tool_call, re
 from runtime.agent.config import AgentContext, AgentLoopConfig, BeforeToolCallContext
 from runtime.agent.events import AgentEndEvent
 from runtime.agent.loop import agent_loop
-from runtime.agent.tool_policy import (
-    ToolPermissions,
-    TurnScope,
-    apply_tool_policy,
-    filter_tools,
-    set_permissions,
-)
 from runtime.agent.tools import AgentTool, AgentToolResult
+from runtime.config.tool_permissions import ToolPermissions
 from runtime.llm.types import TextContent, ToolResultMessage, UserMessage
+from runtime.session.tool_policy import TurnScope, apply_tool_policy, filter_tools, set_permissions
 
 
 class PathArgs(BaseModel):

@@ -13,10 +13,15 @@ from typing import Any
 
 import pytest
 
+from actors.models.image_tool import (
+    GenerateImageArgs,
+    get_image_model,
+    image_tool_for,
+    make_generate_image_tool,
+)
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
-from providers.image_tool import GenerateImageArgs, image_tool_for, make_generate_image_tool
 from providers.openai_images import ImageModel
-from runtime.config import Config
+from runtime.config import Config, parse_config
 from runtime.llm.types import AgentMessage
 from runtime.reply.capability import CapabilityCache
 from runtime.reply.media import MediaPolicy, check_reply_media
@@ -182,3 +187,22 @@ def test_offered_only_with_an_image_model_and_a_media_dir(tmp_path: Path) -> Non
         assert "generate_image" not in {t.name for t in factory("onebot11:10001:private:20002").tools}
     finally:
         factory._db.dispose()
+
+
+def test_get_image_model_from_config() -> None:
+    config = parse_config(
+        {
+            "ai": {
+                "providers": {
+                    "oa": {
+                        "api": "openai-completions",
+                        "base_url": "http://h/v1",
+                        "headers": {"x-org": "o"},
+                    }
+                }
+            }
+        }
+    )
+    assert get_image_model("oa", "gpt-image-1", config) == ImageModel(
+        id="gpt-image-1", provider="oa", base_url="http://h/v1", headers={"x-org": "o"}
+    )

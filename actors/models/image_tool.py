@@ -31,12 +31,14 @@ from pydantic import BaseModel, Field
 from providers.common import ProviderConfigs
 from providers.openai_images import ImageGenerationOptions, ImageModel, generate_images
 from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
+from runtime.config import Config, get_model
 from runtime.llm.abort import AbortSignal
 
 __all__ = [
     "GENERATED_SUBDIR",
     "GENERATE_IMAGE",
     "GenerateImageArgs",
+    "get_image_model",
     "image_tool_for",
     "make_generate_image_tool",
 ]
@@ -147,8 +149,19 @@ def image_tool_for(config: Any, platform: str, bot_id: str) -> AgentTool[Generat
     bot = next((b for b in config.bots if str(b.platform) == platform and str(b.self_id) == bot_id), None)
     if bot is None or not bot.media_dir:
         return None
-    from providers.openai_images import get_image_model
-
     alias, _, model_id = ref.partition("/")
     model = get_image_model(alias, model_id, config)
     return make_generate_image_tool(model, bot.media_dir, provider_configs=config.ai.providers)
+
+
+def get_image_model(provider_alias: str, model_id: str, config: Config) -> ImageModel:
+    """Return the image model ``model_id`` of ``config.ai.providers.<provider_alias>``.
+
+    The provider's ``base_url`` and ``headers`` are used; its chat ``api`` does not matter (any
+    OpenAI-compatible endpoint with an Images API works).
+
+    Raises:
+        runtime.config.ConfigError: the alias is not configured in ``config``.
+    """
+    chat = get_model(provider_alias, model_id, config)
+    return ImageModel(id=model_id, provider=provider_alias, base_url=chat.base_url, headers=chat.headers)

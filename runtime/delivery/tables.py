@@ -2,11 +2,14 @@
 (docs/decisions.md#delivery-ledger, docs/decisions.md#delivery-outbox,
 docs/decisions.md#delivery-uncertain).
 
-They live with the memory tables (listed in :data:`runtime.memory.tables.MEMORY_TABLES`), so every
-process that creates the tables at start (``Database.create_tables``: the runtime, the ingress, a
-session host, the admin API) has them: a session host writes a reply's ``queued`` row in the same
-transaction as the turn's ``im_reply`` record. What the columns mean, and every rule of who writes
-them, is in :mod:`runtime.delivery.ledger` and :mod:`runtime.delivery.outbox`.
+Importing this module registers them with the memory tables
+(:func:`runtime.memory.tables.register_tables`), so every process that creates the tables at start
+(``Database.create_tables``: the runtime, the ingress, a session host, the admin API) and writes a
+ledger row (all of them import this module through :mod:`runtime.delivery.outbox` or
+:mod:`runtime.delivery.ledger`) creates them in the same ``create_all``: a session host writes a
+reply's ``queued`` row in the same transaction as the turn's ``im_reply`` record. What the
+columns mean, and every rule of who writes them, is in :mod:`runtime.delivery.ledger` and
+:mod:`runtime.delivery.outbox`.
 
 Times are Unix epoch milliseconds in 64-bit integers, as in the memory tables.
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 from sqlalchemy import BigInteger, Column, Index, Integer, Text
 from sqlmodel import Field, SQLModel
+
+from runtime.memory.tables import register_tables
 
 __all__ = ["LEDGER_STATES", "DeliveryLedgerRow", "DeliveryUncertainRow"]
 
@@ -72,3 +77,6 @@ class DeliveryUncertainRow(SQLModel, table=True):
     """The delivery actor that recorded it."""
     created_at: int = Field(sa_column=Column(BigInteger, nullable=False))
     updated_at: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+register_tables(DeliveryLedgerRow, DeliveryUncertainRow)

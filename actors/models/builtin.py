@@ -10,7 +10,7 @@ looks only at the last message of the context:
    ``"Tool <name> failed: <text>"`` for error results).
 3. Last message is from the user, with text ``T`` (text blocks joined; images counted; the sender
    prefix ``[sender:id=… name=… roles=…]`` that group scenes put before the text for the model is
-   removed by :func:`runtime.memory.sender.strip_forged_prefix`, so the answer is about the user's
+   removed by :func:`runtime.reply.sender.strip_forged_prefix`, so the answer is about the user's
    words only):
 
    * ``T`` contains ``count`` and ``slow`` (any case: "count to 10 slowly") and the
@@ -104,7 +104,7 @@ GREETING = (
 
 def _user_text(message: UserMessage) -> tuple[str, int]:
     """The user's own text (the group sender prefix removed) and the number of images."""
-    from runtime.memory.sender import strip_forged_prefix
+    from runtime.reply.sender import strip_forged_prefix
 
     if isinstance(message.content, str):
         return strip_forged_prefix(message.content), 0

@@ -14,20 +14,23 @@ a scripted model. Example::
           script: mypackage.replies:answer     # (context, options) -> AssistantMessage
           models: [{id: chat, structured_tier: native}]
 
-:func:`providers.register_builtin_providers` registers these handles whenever it is given the
+:func:`register_configured_providers` registers the built-in apis and these handles from the
 configured providers (each session host does, in :meth:`actors.setup.ConfigSetupFactory.prepare`).
+It lives above ``providers/`` because it loads code named in the configuration
+(docs/decisions.md#layout-forbidden-pairs).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from providers import register_builtin_providers
 from providers.faux import register_faux_provider
 
 if TYPE_CHECKING:
     from providers.common import ProviderConfigs
 
-__all__ = ["SCRIPT_CHUNK_SIZE", "faux_scripts", "register_faux_scripts"]
+__all__ = ["SCRIPT_CHUNK_SIZE", "faux_scripts", "register_configured_providers", "register_faux_scripts"]
 
 SCRIPT_CHUNK_SIZE = 64
 """Characters per streamed chunk of a scripted reply."""
@@ -37,10 +40,10 @@ def faux_scripts(provider_configs: ProviderConfigs | None) -> dict[str, Any]:
     """Alias → the imported ``script`` function of every ``api: faux`` provider that has one.
 
     Raises:
-        runtime.session.python_tools.PythonToolError: a script cannot be imported or is not
+        runtime.config.entry_points.PythonToolError: a script cannot be imported or is not
             callable (the message starts with the reference).
     """
-    from runtime.session.python_tools import load_callable
+    from runtime.config.entry_points import load_callable
 
     return {
         alias: load_callable(pc.script)
@@ -57,7 +60,7 @@ def register_faux_scripts(provider_configs: ProviderConfigs | None) -> list[str]
         The aliases registered, sorted.
 
     Raises:
-        runtime.session.python_tools.PythonToolError: as :func:`faux_scripts`.
+        runtime.config.entry_points.PythonToolError: as :func:`faux_scripts`.
     """
     scripts = faux_scripts(provider_configs)
     for alias, fn in scripts.items():
@@ -70,3 +73,19 @@ def register_faux_scripts(provider_configs: ProviderConfigs | None) -> list[str]
             max_recorded_calls=0,
         )
     return sorted(scripts)
+
+
+def register_configured_providers(provider_configs: ProviderConfigs | None = None) -> list[str]:
+    """Register the built-in apis with the configured providers
+    (:func:`providers.register_builtin_providers`), then one faux handle per scripted provider
+    (:func:`register_faux_scripts`); what an entry point calls once.
+
+    Returns:
+        The api ids registered, sorted (as :func:`providers.register_builtin_providers`).
+
+    Raises:
+        runtime.config.entry_points.PythonToolError: as :func:`faux_scripts`.
+    """
+    apis = register_builtin_providers(provider_configs)
+    register_faux_scripts(provider_configs)
+    return apis

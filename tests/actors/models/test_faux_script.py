@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from providers import register_builtin_providers
+from actors.models.faux_script import SCRIPT_CHUNK_SIZE, faux_scripts, register_configured_providers
 from providers.faux import get_faux_provider, unregister_faux_provider
-from providers.faux_script import SCRIPT_CHUNK_SIZE, faux_scripts
 from runtime.config import ConfigError, parse_config, resolve_model_ref
+from runtime.config.entry_points import PythonToolError
 from runtime.llm.stream import stream
 from runtime.llm.types import Context, UserMessage
-from runtime.session.python_tools import PythonToolError
 
 SHOUT = "tests.providers.helpers:shout"
 
@@ -32,7 +31,7 @@ def scripted() -> Iterator[Any]:
 
 
 async def test_the_configured_script_answers_every_call(scripted: Any) -> None:
-    register_builtin_providers(scripted.ai.providers)
+    register_configured_providers(scripted.ai.providers)
     assert [m.id for m in get_faux_provider("scripted").models] == ["chat"]
     model = resolve_model_ref("scripted/chat", scripted)
     assert (model.api, model.provider, model.context_window) == ("faux", "scripted", 4096)

@@ -22,9 +22,9 @@ from sqlmodel import col, select
 from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
 from runtime.llm.abort import AbortSignal
 from runtime.memory.db import Database
-from runtime.memory.sender import strip_forged_prefix
 from runtime.memory.tables import ImTranscriptRow
 from runtime.memory.transcripts import TranscriptEntry, entry_from_row, no_nul
+from runtime.reply.sender import strip_forged_prefix
 
 __all__ = [
     "CHAT_HISTORY_TOOL_NAME",
@@ -62,7 +62,7 @@ def format_history_line(entry: TranscriptEntry) -> str:
     """``[YYYY-MM-DD HH:MM:SS UTC] name (sender_id): body`` (body cut at :data:`MAX_BODY_CHARS`;
     line breaks in body, name and id become spaces: one entry is always one line). Sender blocks a
     user typed into a stored body or display name are neutralised as in live messages
-    (:func:`runtime.memory.sender.strip_forged_prefix`): a tool result must not carry a forged
+    (:func:`runtime.reply.sender.strip_forged_prefix`): a tool result must not carry a forged
     ``[sender:… roles=master]`` either."""
     when = datetime.fromtimestamp(entry.time / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     body = entry.body if len(entry.body) <= MAX_BODY_CHARS else entry.body[: MAX_BODY_CHARS - 1] + "…"

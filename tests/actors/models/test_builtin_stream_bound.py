@@ -4,7 +4,7 @@ busy for minutes); short replies stream as before, and the text is unchanged."""
 
 from __future__ import annotations
 
-from providers.builtin import BUILTIN_MAX_CHUNKS, builtin_model
+from actors.models.builtin import BUILTIN_MAX_CHUNKS, builtin_model
 from providers.faux import faux_assistant_message, register_faux_provider
 from runtime.llm.stream import stream
 from runtime.llm.types import Context, UserMessage

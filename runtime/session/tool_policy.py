@@ -1,7 +1,8 @@
 """Tool permissions for IM turns: who may use a tool where, enforced in ``before_tool_call``
 (docs/decisions.md#tool-permissions).
 
-A tool may declare *who may use it where* with a :class:`ToolPermissions` attached to it by
+A tool may declare *who may use it where* with a
+:class:`~runtime.config.tool_permissions.ToolPermissions` attached to it by
 :func:`set_permissions` (an extra attribute on the tool object, so :class:`~runtime.agent.tools.AgentTool`'s
 fields are unchanged and any tool — built-in, ``*.tool.md``, MCP — can carry one):
 
@@ -41,16 +42,15 @@ from runtime.agent.config import (
     resolve,
 )
 from runtime.agent.tools import AgentTool
+from runtime.config.tool_permissions import ToolPermissions
 from runtime.llm.abort import AbortSignal
 from runtime.llm.events import AssistantMessageEventStream
 from runtime.llm.options import StreamOptions
 from runtime.llm.types import Context, Model
 
 __all__ = [
-    "SCOPES",
     "PolicyCheck",
     "ToolGuard",
-    "ToolPermissions",
     "TurnScope",
     "apply_tool_policy",
     "filter_tools",
@@ -59,69 +59,7 @@ __all__ = [
     "set_permissions",
 ]
 
-log = logging.getLogger("runtime.agent.tool_policy")
-
-SCOPES = ("private", "group", "channel")
-"""Scene types a tool may be limited to (the session key's scope)."""
-
-
-@dataclass(frozen=True)
-class ToolPermissions:
-    """Where and for whom a tool exists (docs/decisions.md#tool-permissions).
-
-    Attributes:
-        platforms: Allowed platform ids; ``None`` = every platform.
-        scopes: Allowed scene types (subset of :data:`SCOPES`); ``None`` = every scope.
-        required_any_role: The sender needs one of these roles; ``None`` = anyone.
-
-    Raises:
-        ValueError: a scope outside :data:`SCOPES`, or an empty list (write ``None`` / omit the key
-            for "no restriction"; an empty list would silently hide the tool everywhere).
-    """
-
-    platforms: frozenset[str] | None = None
-    scopes: frozenset[str] | None = None
-    required_any_role: frozenset[str] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("platforms", "scopes", "required_any_role"):
-            value = getattr(self, name)
-            if value is not None and not value:
-                raise ValueError(f"{name}: an empty list allows nobody; omit the key for no restriction")
-        if self.scopes is not None:
-            bad = sorted(self.scopes - set(SCOPES))
-            if bad:
-                raise ValueError(f"scopes: unknown scope(s) {bad}; allowed: {list(SCOPES)}")
-
-    @classmethod
-    def from_mapping(cls, data: dict[str, Any]) -> ToolPermissions:
-        """Build from the frontmatter / config keys ``platforms``, ``scopes``, ``required_any_role``
-        (each a list of strings or absent).
-
-        Raises:
-            ValueError: a value is not a list of strings, or see the class.
-        """
-
-        def opt(key: str) -> frozenset[str] | None:
-            value = data.get(key)
-            if value is None:
-                return None
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"{key}: expected a list of strings, got {value!r}")
-            return frozenset(value)
-
-        return cls(opt("platforms"), opt("scopes"), opt("required_any_role"))
-
-    def denies(self, scope: TurnScope) -> str | None:
-        """Return why ``scope`` may not use the tool (``platform``, ``scope`` or ``role``), or
-        ``None`` when it may."""
-        if self.platforms is not None and scope.platform not in self.platforms:
-            return "platform"
-        if self.scopes is not None and scope.scope not in self.scopes:
-            return "scope"
-        if self.required_any_role is not None and not (self.required_any_role & scope.roles):
-            return "role"
-        return None
+log = logging.getLogger("runtime.session.tool_policy")
 
 
 @dataclass(frozen=True)
@@ -177,7 +115,7 @@ def filter_tools(tools: Iterable[AgentTool[Any]], scope: TurnScope) -> list[Agen
     out = []
     for tool in tools:
         perms = get_permissions(tool)
-        if perms is None or perms.denies(scope) is None:
+        if perms is None or perms.denies(scope.platform, scope.scope, scope.roles) is None:
             out.append(tool)
     return out
 
@@ -237,7 +175,8 @@ class ToolGuard:
         if tool is None:
             return None  # unknown tools are answered by the loop ("not found")
         perms = get_permissions(tool)
-        why = perms.denies(self.scope) if perms is not None else None
+        scope = self.scope
+        why = perms.denies(scope.platform, scope.scope, scope.roles) if perms is not None else None
         if perms is None or why is None:
             return None
         if why == "role":
