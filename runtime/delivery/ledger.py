@@ -122,9 +122,9 @@ def create_ledger_table(db: Database) -> None:
     "database is locked" (a deferred transaction cannot be upgraded to a writer while another
     process writes).
     """
-    from runtime.memory.tables import MEMORY_TABLES
+    from runtime.memory.tables import created_tables
 
-    tables = [t.__table__ for t in MEMORY_TABLES]  # type: ignore[attr-defined]
+    tables = [t.__table__ for t in created_tables()]  # type: ignore[attr-defined]
     with db.connection(write=True) as conn:
         SQLModel.metadata.create_all(conn, tables=tables, checkfirst=True)
         _ACTIVE_INDEX.create(conn, checkfirst=True)

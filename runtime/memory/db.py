@@ -190,15 +190,16 @@ class Database:
         return self.dialect == "sqlite"
 
     def create_tables(self) -> None:
-        """Create the memory tables that do not exist yet; never drop or alter
+        """Create the memory tables (and those registered by upper wings,
+        :func:`runtime.memory.tables.register_tables`) that do not exist yet; never drop or alter
         (docs/decisions.md#memory-create-only).
 
         Raises:
             sqlalchemy.exc.OperationalError: the database is unreachable.
         """
-        from runtime.memory.tables import MEMORY_TABLES
+        from runtime.memory.tables import created_tables
 
-        tables = [SQLModel.metadata.tables[str(t.__tablename__)] for t in MEMORY_TABLES]
+        tables = [SQLModel.metadata.tables[str(t.__tablename__)] for t in created_tables()]
         SQLModel.metadata.create_all(self.engine, tables=tables, checkfirst=True)
 
     @contextmanager

@@ -35,6 +35,8 @@ __all__ = [
     "CapabilityProbeRow",
     "ImTranscriptRow",
     "ModelCapabilityRow",
+    "created_tables",
+    "register_tables",
 ]
 
 # BIGINT primary keys do not alias SQLite's rowid (no autoincrement there), so use INTEGER on SQLite.
@@ -185,3 +187,21 @@ MEMORY_TABLES: tuple[type[SQLModel], ...] = (
 )
 """Every table :meth:`Database.create_tables` creates, in dependency order (the delivery tables
 live in :mod:`runtime.memory.delivery_tables`)."""
+
+
+_REGISTERED: list[type[SQLModel]] = []
+
+
+def register_tables(*tables: type[SQLModel]) -> None:
+    """Have :meth:`Database.create_tables` also create ``tables`` (idempotent; order kept). For the
+    tables of a wing above ``runtime.memory`` (the usage ledger of :mod:`runtime.spend.ledger`),
+    which registers them when it is imported, so this wing never imports one above it
+    (docs/decisions.md#spend-ledger)."""
+    for t in tables:
+        if t not in _REGISTERED:
+            _REGISTERED.append(t)
+
+
+def created_tables() -> tuple[type[SQLModel], ...]:
+    """:data:`MEMORY_TABLES` then the registered tables: what start-up creates."""
+    return (*MEMORY_TABLES, *_REGISTERED)

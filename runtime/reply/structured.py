@@ -49,6 +49,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime import metrics
 from runtime.llm.abort import AbortController, AbortSignal
+from runtime.llm.attribution import attributed
 from runtime.llm.events import AssistantMessageEventStream
 from runtime.llm.options import StreamOptions
 from runtime.llm.stream import stream as default_stream
@@ -404,14 +405,15 @@ async def run_structured(
         ):
             continue
         # exactly one retry carrying the validation error (docs/decisions.md#structured-one-retry)
-        retry = await bounded_call(
-            model,
-            _retry_context(ctx, tier, raw, error or "invalid"),
-            opts,
-            timeout=retry_timeout,
-            sleep=sleep,
-            stream_fn=stream_fn,
-        )
+        with attributed(reason="correction"):  # docs/decisions.md#spend-ledger
+            retry = await bounded_call(
+                model,
+                _retry_context(ctx, tier, raw, error or "invalid"),
+                opts,
+                timeout=retry_timeout,
+                sleep=sleep,
+                stream_fn=stream_fn,
+            )
         out.calls += 1
         if retry.stop_reason == "aborted":
             return fallback(retry.text(), "aborted")
