@@ -2,11 +2,13 @@
 entry point (docs/decisions.md#spend-ledger, docs/decisions.md#llm-single-entry).
 
 :func:`runtime.llm.stream.stream` / ``stream_simple`` hand the provider's event stream to
-:func:`observed`, which forwards every event and, just before the terminal ``done`` / ``error``
-event (success, error or abort alike), calls :func:`report_usage` once with a :class:`CallUsage`:
+:func:`observed`, a view that passes every event through unchanged (no extra task: a consumer sees
+each event as early as before) and, once the provider ended the call (success, error or abort
+alike), calls :func:`report_usage` once with a :class:`CallUsage`:
 the model's ``provider/id``, whatever usage the provider reported, its cost in USD and the
-:func:`~runtime.llm.attribution.current_attribution` of the caller. So the consumer sees the end of
-a call only after every observer has finished with it — the usage ledger's row is committed before
+:func:`~runtime.llm.attribution.current_attribution` of the caller. The terminal ``done`` /
+``error`` event and ``result()`` are held until then, so the consumer sees the end of a call only
+after every observer has finished with it — the usage ledger's row is committed before
 the turn can go on (docs/decisions.md#spend-quotas: a quota then holds exactly).
 
 :func:`report_usage` also counts ``sessionray_llm_tokens_total{api,kind,model}`` and
@@ -19,14 +21,15 @@ goes on (a model call never fails because its accounting did).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from runtime import metrics
 from runtime.llm.attribution import CallAttribution, current_attribution
-from runtime.llm.events import AssistantMessageEventStream, run_stream
+from runtime.llm.events import AssistantMessageEvent, AssistantMessageEventStream
 from runtime.llm.types import AssistantMessage, Cost, Model, ModelCost, Usage, now_ms
 
 __all__ = [
@@ -133,21 +136,53 @@ def _call_of(model: Model, message: AssistantMessage) -> CallUsage:
     )
 
 
-def observed(model: Model, inner: AssistantMessageEventStream) -> AssistantMessageEventStream:
-    """A stream that forwards ``inner``'s events and reports the call's usage
-    (:func:`report_usage`) once, before forwarding its terminal event. Must be called with a
-    running event loop (as :func:`runtime.llm.stream.stream` is)."""
-    attribution = current_attribution()  # the caller's, also if the forwarding task outlives it
+_PENDING: set[asyncio.Future[AssistantMessage]] = set()
 
-    async def forward(out: AssistantMessageEventStream) -> None:
-        async for event in inner:
+
+class _Observed(AssistantMessageEventStream):
+    """``inner``'s events as they are (same objects, no extra task between producer and consumer),
+    with the terminal event and :meth:`result` held until the call's usage was reported."""
+
+    def __init__(self, model: Model, inner: AssistantMessageEventStream) -> None:
+        super().__init__()
+        self._inner = inner
+        self._model = model
+        # a task copies the caller's context: the report carries the caller's attribution
+        self._reported = asyncio.ensure_future(self._report())
+        _PENDING.add(self._reported)  # held until done, even if nobody reads the stream
+        self._reported.add_done_callback(_PENDING.discard)
+
+    async def _report(self) -> AssistantMessage:
+        final = await self._inner.result()
+        await report_usage(_call_of(self._model, final))
+        return final
+
+    def push(self, event: AssistantMessageEvent) -> None:
+        """Producers push into the provider's own stream, never into this view."""
+        raise TypeError("an observed stream is read-only")
+
+    @property
+    def ended(self) -> bool:
+        """True once the terminal event arrived and the usage was reported."""
+        return self._inner.ended and self._reported.done()
+
+    def __aiter__(self) -> AsyncIterator[AssistantMessageEvent]:
+        return self._forward()
+
+    async def _forward(self) -> AsyncIterator[AssistantMessageEvent]:
+        async for event in self._inner:
             if event.type == "done" or event.type == "error":
-                final = event.message if event.type == "done" else event.error
-                call = dataclasses.replace(_call_of(model, final), attribution=attribution)
-                await report_usage(call)
-            out.push(event)
+                await asyncio.shield(self._reported)
+            yield event
 
-    def crashed(exc: BaseException) -> AssistantMessage:
-        return AssistantMessage.error_for(model, f"usage forwarding failed: {type(exc).__name__}: {exc}")
+    async def result(self) -> AssistantMessage:
+        """The final message, once its usage was reported (never raises for provider errors)."""
+        return await asyncio.shield(self._reported)
 
-    return run_stream(forward, crashed)
+
+def observed(model: Model, inner: AssistantMessageEventStream) -> AssistantMessageEventStream:
+    """A view of ``inner`` that reports the call's usage (:func:`report_usage`) once, when it ends,
+    before its terminal event or :meth:`~AssistantMessageEventStream.result` are seen — whether or
+    not anyone reads it. Must be called with a running event loop (as
+    :func:`runtime.llm.stream.stream` is)."""
+    return _Observed(model, inner)
