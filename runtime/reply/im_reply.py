@@ -66,7 +66,6 @@ from typing import Any, Literal, TypeAlias
 from pydantic import BaseModel
 
 from runtime.llm.abort import AbortSignal
-from runtime.llm.attribution import attributed
 from runtime.llm.events import AssistantMessageEventStream, DoneEvent, run_stream
 from runtime.llm.options import StreamOptions
 from runtime.llm.stream import stream as default_stream
@@ -431,15 +430,15 @@ class ImReplyContract:
         """Seed 000: at most one format-correction call, then the fixed failure message."""
         ctx, opts = self._correction_request(tier, raw, error)
         opts.signal = signal
-        with attributed(reason="correction"):  # docs/decisions.md#spend-ledger
-            msg = await bounded_call(
-                self.model,
-                ctx,
-                opts,
-                timeout=self.config.correction_timeout_s,
-                sleep=self.config.sleep,
-                stream_fn=self.base_stream_fn,
-            )
+        msg = await bounded_call(
+            self.model,
+            ctx,
+            opts,
+            timeout=self.config.correction_timeout_s,
+            sleep=self.config.sleep,
+            stream_fn=self.base_stream_fn,
+            reason="correction",  # docs/decisions.md#spend-ledger
+        )
         calls += 1
         if msg.stop_reason == "aborted" or (signal is not None and signal.aborted):
             record_outcome(

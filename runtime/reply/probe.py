@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from runtime.llm.attribution import attributed
 from runtime.llm.options import StreamOptions
 from runtime.llm.types import Context, Model, UserMessage
 from runtime.reply.capability import CAPABILITIES, TIERS, CapabilityCache, ProbeResult, Tier
@@ -45,8 +44,7 @@ async def probe_tier(
     evidence: list[str] = []
     for tier in TIERS[:-1]:
         c, o = prepare_request(ctx, options, tier, schema, "probe")
-        with attributed(reason="probe"):  # docs/decisions.md#spend-ledger
-            msg = await bounded_call(model, c, o, timeout=PROBE_TIMEOUT_S, stream_fn=stream_fn)
+        msg = await bounded_call(model, c, o, timeout=PROBE_TIMEOUT_S, stream_fn=stream_fn, reason="probe")
         raw, problem = extract_raw(msg, tier, "probe")
         if msg.stop_reason == "error":
             notes.append(f"{tier}: provider error: {msg.error_message}")

@@ -39,6 +39,7 @@ The building blocks (:func:`prepare_request`, :func:`extract_raw`, :func:`valida
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -49,7 +50,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime import metrics
 from runtime.llm.abort import AbortController, AbortSignal
-from runtime.llm.attribution import attributed
+from runtime.llm.attribution import CallReason, attributed
 from runtime.llm.events import AssistantMessageEventStream
 from runtime.llm.options import StreamOptions
 from runtime.llm.stream import stream as default_stream
@@ -212,8 +213,10 @@ async def bounded_call(
     timeout: float | None = None,
     sleep: SleepFn = asyncio.sleep,
     stream_fn: StreamFn | None = None,
+    reason: CallReason | None = None,
 ) -> AssistantMessage:
-    """Run one LLM call, bounded by ``timeout`` seconds and the caller's ``options.signal``.
+    """Run one LLM call, bounded by ``timeout`` seconds and the caller's ``options.signal``;
+    ``reason`` narrows the call's attribution (docs/decisions.md#spend-ledger; ``None``: kept).
 
     Returns the final message. On timeout or cancellation the call is aborted (its own
     signal fires) and a message with ``stop_reason`` ``error`` (``error_message="timeout after
@@ -223,7 +226,8 @@ async def bounded_call(
     own = AbortController()
     opts = replace(options, signal=AbortSignal.any(options.signal, own.signal))
     fn = stream_fn or default_stream
-    result = asyncio.ensure_future(fn(model, context, opts).result())
+    with attributed(reason=reason) if reason else contextlib.nullcontext():  # the task copies it
+        result = asyncio.ensure_future(fn(model, context, opts).result())
     waiters: dict[asyncio.Future[Any], str] = {result: "done"}
     if timeout is not None:
         waiters[asyncio.ensure_future(sleep(timeout))] = "timeout"
@@ -405,15 +409,15 @@ async def run_structured(
         ):
             continue
         # exactly one retry carrying the validation error (docs/decisions.md#structured-one-retry)
-        with attributed(reason="correction"):  # docs/decisions.md#spend-ledger
-            retry = await bounded_call(
-                model,
-                _retry_context(ctx, tier, raw, error or "invalid"),
-                opts,
-                timeout=retry_timeout,
-                sleep=sleep,
-                stream_fn=stream_fn,
-            )
+        retry = await bounded_call(
+            model,
+            _retry_context(ctx, tier, raw, error or "invalid"),
+            opts,
+            timeout=retry_timeout,
+            sleep=sleep,
+            stream_fn=stream_fn,
+            reason="correction",
+        )
         out.calls += 1
         if retry.stop_reason == "aborted":
             return fallback(retry.text(), "aborted")

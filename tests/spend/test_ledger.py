@@ -4,6 +4,8 @@ row is committed before the caller sees the call end (SQLite and PostgreSQL, fau
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -155,3 +157,14 @@ async def test_an_observer_that_fails_never_breaks_the_call(
     assert (msg.stop_reason, msg.text()) == ("stop", "fine")
     assert len(await rows(db)) == 1
     assert "observer down" in caplog.text
+
+
+def test_importing_the_session_wing_registers_the_ledger_table() -> None:
+    """A process that runs sessions creates ``llm_usage`` with the memory tables at start-up."""
+    code = (
+        "import runtime.session\n"
+        "from runtime.memory.tables import created_tables\n"
+        "print(sorted(str(t.__tablename__) for t in created_tables()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "'llm_usage'" in out.stdout
