@@ -222,3 +222,32 @@ async def test_usage_command_shows_what_is_left(db: Database) -> None:
     ]
     assert lines[4].startswith("- this bot, this month: 120 tokens and $0.0000; left $5.0000 (resets ")
     assert fx.call_count == 1  # /usage never reaches the model
+
+
+async def test_a_user_quota_spans_chats_and_database_handles(db: Database) -> None:
+    """Two sessions of one user in two chats, each on its own Database handle of the same SQL (as
+    two session hosts would be): the quota sums both, so the third turn is refused wherever it runs."""
+    other = Database(str(db.url.render_as_string(hide_password=False)))
+    try:
+        fx = register_faux_provider(default_response=reply("sure"), provider="spend-s7")
+        quotas = [{"scope": "user", "window": "day", "tokens": 240}]
+        cores = []
+        for key, handle in (("onebot11:10001:group:1", db), ("onebot11:10001:group:2", other)):
+            setup = SessionSetup(model=fx.get_model(), features=quota_features(quotas=quotas))
+            sent = Sent()
+            core = await SessionCore.open(key, ContextRepository(handle), setup, sent, max_concurrent_turns=1)
+            cores.append((core, sent, key))
+
+        def in_chat(i: int, seq: int) -> TurnInput:
+            key = cores[i][2]
+            return turn(seq, "hi").model_copy(update={"session_key": key, "scene_id": key.rsplit(":", 1)[1]})
+
+        assert (await cores[0][0].submit(in_chat(0, 1))).outcome == "ok"
+        assert (await cores[1][0].submit(in_chat(1, 1))).outcome == "ok"
+        assert (await cores[0][0].submit(in_chat(0, 2))).outcome == "ok"
+        assert fx.call_count == 2
+        assert (
+            cores[0][1].texts()[-1].startswith("You have used up the user quota for this day (240 tokens).")
+        )
+    finally:
+        other.dispose()
