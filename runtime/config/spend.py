@@ -77,6 +77,19 @@ class SpendConfig(_Closed):
             raise ValueError(f"unknown time zone {v!r} (an IANA name such as UTC or Asia/Shanghai)") from None
         return v
 
+    @field_validator("exceeded_text")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v:
+            try:
+                v.format(scope="user", window="day", used="1 tokens", limit="1 tokens", reset="now")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"cannot fill the template ({type(exc).__name__}: {exc}); its fields are "
+                    "{scope}, {window}, {used}, {limit}, {reset} (write {{ and }} for braces)"
+                ) from None
+        return v
+
     @model_validator(mode="after")
     def _no_twins(self) -> SpendConfig:
         seen: set[tuple[str, str, str | None]] = set()

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from runtime import metrics
-from runtime.config.spend import DEFAULT_EXCEEDED_TEXT, QuotaScope, QuotaWindow
+from runtime.config.spend import QuotaScope, QuotaWindow
 from runtime.llm.attribution import CallAttribution
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
@@ -103,10 +103,7 @@ class SessionSpend:
             "limit": amount_text(st.limit.tokens, st.limit.usd),
             "reset": f"{reset:%Y-%m-%d %H:%M} {self.quotas.config.timezone}",
         }
-        try:
-            return Reply.of_text(template.format(**fields))
-        except (KeyError, IndexError, ValueError):  # a template with an unknown field: the built-in one
-            return Reply.of_text(DEFAULT_EXCEEDED_TEXT.format(**fields))
+        return Reply.of_text(template.format(**fields))  # its fields were checked at config load
 
     async def usage(self, owner: CallAttribution, scopes: Sequence[QuotaScope]) -> list[QuotaStatus]:
         """For ``/usage``: each limit on ``owner`` in ``scopes`` with its use so far; a scope

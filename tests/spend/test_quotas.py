@@ -85,6 +85,10 @@ def test_overrides_replace_the_default_of_their_window_only() -> None:
         ({"quotas": [{"scope": "user"}]}, "a quota needs `tokens` and/or `usd`"),
         ({"quotas": [{"scope": "team", "tokens": 1}]}, "spend.quotas.0.scope"),
         (
+            {"exceeded_text": "over {quota}"},
+            "spend.exceeded_text: cannot fill the template (KeyError: 'quota')",
+        ),
+        (
             {"quotas": [{"scope": "chat", "tokens": 1}, {"scope": "chat", "tokens": 2}]},
             "spend.quotas: two `chat` quotas for the same window `day`",
         ),

@@ -251,3 +251,21 @@ async def test_a_user_quota_spans_chats_and_database_handles(db: Database) -> No
         )
     finally:
         other.dispose()
+
+
+async def test_a_fallback_counts_each_model_called_once(db: Database) -> None:
+    main = register_faux_provider(
+        [faux_assistant_message([], "error", error_message="HTTP 503: upstream down")], provider="spend-s8"
+    )
+    backup = register_faux_provider([reply("from the backup")], provider="spend-s9")
+    features = AgentFeatures(fallback_models=[backup.get_model()])
+    core, sent = await open_core(db, SessionSetup(model=main.get_model(), features=features))
+    assert (await core.submit(turn(1, "hi"))).outcome == "ok"
+    assert sent.texts() == ["from the backup"]
+
+    def models() -> list[tuple[str, str, int]]:
+        c = USAGE_TABLE.c
+        with db.connection() as conn:
+            return [tuple(r) for r in conn.execute(select(c.model, c.reason, c.input_tokens).order_by(c.id))]
+
+    assert await db.run(models) == [("spend-s8/faux-model", "turn", 0), ("spend-s9/faux-model", "turn", 100)]
