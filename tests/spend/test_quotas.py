@@ -153,3 +153,13 @@ async def test_usd_chat_bot_and_global_scopes(db: Database) -> None:
     assert await q.check(db, owner(), at_ms=now) is None  # nothing in this hour
     st = await q.check(db, owner(), at_ms=ms(2026, 12, 5, 2, 30))
     assert st is not None and st.limit.scope == "global"
+
+
+def test_session_features_read_the_spend_section() -> None:
+    from runtime.session.features import AgentFeatures
+
+    config = parse_config({"spend": {"timezone": "Asia/Shanghai", "quotas": [{"scope": "bot", "usd": 3}]}})
+    q = AgentFeatures.from_config(config).quotas
+    assert q is not None and q.tz == SH
+    assert q.limits(owner()) == [Limit("bot", "10001", "day", None, 3.0)]
+    assert AgentFeatures.from_config(parse_config({})).quotas.enabled is False  # type: ignore[union-attr]
