@@ -4,8 +4,8 @@ writer, steer / follow_up / abort), the typed control request that reaches it
 turn records that make crash recovery possible, the agent part of a turn, chat commands, model
 routing (vision, fallback chain), the extra tools a session offers (deferred tasks,
 sub-agents, MCP servers, ``*.tool.md`` files), and what a turn spends (the owner of its LLM calls,
-the usage ledger, the quota check before it starts: :mod:`runtime.session.spend`). ``actors/`` hosts these cores; they never import
-Ray (`docs/decisions.md#session-ray-free-core`).
+the usage ledger, the quota check before it starts: :mod:`runtime.session.spend`). ``actors/``
+hosts these cores; they never import Ray (`docs/decisions.md#session-ray-free-core`).
 """
 
 from runtime.session.control import (

@@ -34,12 +34,15 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
+from zoneinfo import ZoneInfo
 
 from runtime import metrics
 from runtime.config.spend import QuotaScope
 from runtime.llm.types import Model
 from runtime.reply.segments import Reply
+from runtime.session.spend import amount_text
 from runtime.spend.quotas import QuotaStatus
 
 __all__ = [
@@ -293,11 +296,6 @@ class CommandHandler:
     async def _usage(self, host: CommandHost, master: bool) -> str:
         """``/usage``: one line per window and scope (the sender's; a master's also the chat's and
         the bot's): what was used and, under a quota, what is left and when it resets."""
-        from datetime import datetime
-        from zoneinfo import ZoneInfo
-
-        from runtime.session.spend import amount_text
-
         statuses, zone = await host.usage(("user", "chat", "bot") if master else ("user",))
         lines = [self._text("spend_header", zone=zone)]
         for st in statuses:
