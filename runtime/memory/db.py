@@ -164,6 +164,8 @@ class Database:
         self.url = normalize_url(url)
         self.dialect = self.url.get_backend_name()
         self.write_retry_s = float(write_retry_s)
+        self.closed = False
+        """Set by :meth:`dispose`: no SQL may run on this database any more."""
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionray-sql")
         self._writer: WriterLock | None = None
@@ -315,6 +317,7 @@ class Database:
 
     def dispose(self) -> None:
         """Close pooled connections and stop the thread pool (idempotent)."""
+        self.closed = True
         self._executor.shutdown(wait=True)
         self.engine.dispose()
 

@@ -117,7 +117,7 @@ def write_usage(db: Database, rows: list[dict[str, Any]]) -> None:
 
 class UsageLedger:
     """The usage observer that writes each call's row into ``db`` (held weakly: once the database
-    is gone the observer records nothing). Never raises: a failed write is logged and counted in
+    is gone or disposed the observer records nothing). Never raises: a failed write is logged and counted in
     ``sessionray_usage_ledger_failures_total``."""
 
     def __init__(self, db: Database) -> None:
@@ -130,7 +130,7 @@ class UsageLedger:
 
     async def __call__(self, call: CallUsage) -> None:
         db = self._db()
-        if db is None:
+        if db is None or db.closed:  # the process is shutting its database down
             return
         rows = [ledger_row(call)]
         try:
