@@ -16,6 +16,7 @@ from pydantic_core import from_json
 from runtime.config import ProviderConfig
 from runtime.llm.options import StreamOptions
 from runtime.llm.types import NO_TEXT, AssistantMessage, ImageContent, Model, Usage, UserMessage
+from runtime.llm.usage import priced
 
 __all__ = [
     "DEFAULT_KEY_ENV",
@@ -169,13 +170,9 @@ def finalize_usage(model: Model, usage: Usage) -> None:
 
 
 def apply_cost(model: Model, usage: Usage) -> None:
-    """Set ``usage.cost`` in USD from ``model.cost`` (USD per million tokens)."""
-    c, m = usage.cost, model.cost
-    c.input = usage.input * m.input / 1e6
-    c.output = usage.output * m.output / 1e6
-    c.cache_read = usage.cache_read * m.cache_read / 1e6
-    c.cache_write = usage.cache_write * m.cache_write / 1e6
-    c.total = c.input + c.output + c.cache_read + c.cache_write
+    """Set ``usage.cost`` in USD from ``model.cost`` (USD per million tokens;
+    :func:`runtime.llm.usage.priced`)."""
+    usage.cost = priced(model.cost, usage)
 
 
 def mint_tool_call_id(name: str) -> str:

@@ -26,8 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from providers.common import ApiKeyError, ProviderConfigs, join_url, request_secrets, resolve_api_key
 from providers.transport import error_message_from_body, get_http_client, redact
 from runtime.llm.abort import AbortSignal
+from runtime.llm.attribution import attributed, current_attribution
 from runtime.llm.options import StreamOptions
-from runtime.llm.types import ImageContent, Model, TextContent, Usage
+from runtime.llm.types import ImageContent, Model, ModelCost, TextContent, Usage, now_ms
+from runtime.llm.usage import CallUsage, priced, report_usage
 
 __all__ = [
     "API",
@@ -52,6 +54,8 @@ class ImageModel(BaseModel):
     api: str = API
     base_url: str = ""
     headers: dict[str, str] = Field(default_factory=dict)
+    cost: ModelCost = Field(default_factory=ModelCost)
+    """USD per million tokens (the ``models[].cost`` of the same id under the provider)."""
 
 
 class ImageGenerationResult(BaseModel):
@@ -124,8 +128,35 @@ async def generate_images(
             API key is looked up (:func:`providers.common.resolve_api_key`); ``None``: none.
 
     Returns:
-        The images with MIME types sniffed from their bytes, usage in tokens, or ``error_message``.
+        The images with MIME types sniffed from their bytes, usage in tokens (``usage.cost`` in
+        USD from ``model.cost``), or ``error_message``. Every call's usage is reported to the
+        usage ledger with the reason ``image`` (:func:`runtime.llm.usage.report_usage`;
+        docs/decisions.md#spend-ledger).
     """
+    result = await _generate(model, prompt_or_inputs, options, client, provider_configs)
+    result.usage.cost = priced(model.cost, result.usage)
+    with attributed(reason="image"):
+        call = CallUsage(
+            model=f"{model.provider}/{model.id}" if model.provider else model.id,
+            api=API,
+            usage=result.usage,
+            cost_usd=result.usage.cost.total,
+            stop_reason="error" if result.error_message is not None else "stop",
+            attribution=current_attribution(),
+            ts_ms=now_ms(),
+        )
+    await report_usage(call)
+    return result
+
+
+async def _generate(
+    model: ImageModel,
+    prompt_or_inputs: str | list[TextContent | ImageContent],
+    options: ImageGenerationOptions | None,
+    client: httpx.AsyncClient | None,
+    provider_configs: ProviderConfigs | None,
+) -> ImageGenerationResult:
+    """The body of :func:`generate_images` (the one HTTP call, its errors in the result)."""
     opts = options or ImageGenerationOptions()
     result = ImageGenerationResult(model=model.id, provider=model.provider)
     prompt, images = _split_inputs(prompt_or_inputs)

@@ -30,7 +30,7 @@ Rules (docs/decisions.md#llm-transport):
   ``stream: true``) goes to the parser's optional ``on_body`` as one document; a body labelled
   JSON that starts like an event stream (``data:``) is decoded as one.
 * **Metrics**: every finished call counts ``sessionray_llm_requests_total{api,outcome}``,
-  ``sessionray_llm_tokens_total{api,kind}`` and ``sessionray_llm_errors_total{api,reason}``.
+  ``sessionray_llm_errors_total{api,reason}`` (tokens: :mod:`runtime.llm.usage`).
 * **API keys** never appear in logs or error texts: :func:`redact` removes them from every
   message this module produces.
 """
@@ -60,7 +60,7 @@ from runtime.llm.builder import MessageBuilder
 from runtime.llm.events import AssistantMessageEventStream, run_stream
 from runtime.llm.options import SimpleStreamOptions, StreamOptions
 from runtime.llm.types import Model
-from runtime.metrics import LLM_ERRORS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
+from runtime.metrics import LLM_ERRORS, LLM_REQUESTS, LLM_RETRIES
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -442,19 +442,11 @@ def error_reason(error_message: str | None, stop_reason: str) -> str:
 
 
 def record_call_metrics(api: str, builder: MessageBuilder) -> None:
-    """Count one finished call: requests by outcome, tokens by kind, errors by :func:`error_reason`."""
+    """Count one finished call: requests by outcome, errors by :func:`error_reason` (tokens and
+    cost are counted for every api at the single entry point: :mod:`runtime.llm.usage`)."""
     msg = builder.message
     failed = msg.stop_reason in ("error", "aborted")
     LLM_REQUESTS.inc(api=api, outcome=msg.stop_reason if failed else "ok")
-    u = msg.usage
-    for kind, n in (
-        ("input", u.input),
-        ("output", u.output),
-        ("cache_read", u.cache_read),
-        ("cache_write", u.cache_write),
-    ):
-        if n:
-            LLM_TOKENS.inc(n, api=api, kind=kind)
     if failed:
         LLM_ERRORS.inc(api=api, reason=error_reason(msg.error_message, msg.stop_reason))
 

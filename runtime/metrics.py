@@ -253,8 +253,19 @@ TOOL_CALLS = Counter(
 LLM_REQUESTS = Counter("sessionray_llm_requests_total", "LLM calls by api and outcome.", ("api", "outcome"))
 LLM_TOKENS = Counter(
     "sessionray_llm_tokens_total",
-    "Tokens by api and kind (input, output, cache_read, cache_write).",
-    ("api", "kind"),
+    "Tokens by api, kind (input, output, cache_read, cache_write) and model (provider/id as configured).",
+    ("api", "kind", "model"),
+)
+LLM_COST = Counter(
+    "sessionray_llm_cost_usd_total", "USD spent on LLM calls (models[].cost prices), by model.", ("model",)
+)
+QUOTA_EXCEEDED = Counter(
+    "sessionray_quota_exceeded_total",
+    "Turns refused before they started because a quota was used up, by scope (user, chat, bot, global).",
+    ("scope",),
+)
+USAGE_LEDGER_FAILURES = Counter(
+    "sessionray_usage_ledger_failures_total", "LLM calls whose usage row could not be written."
 )
 LLM_ERRORS = Counter("sessionray_llm_errors_total", "LLM errors by api and reason.", ("api", "reason"))
 LLM_RETRIES = Counter("sessionray_llm_retries_total", "LLM transport retries before first content.", ("api",))

@@ -164,4 +164,6 @@ def get_image_model(provider_alias: str, model_id: str, config: Config) -> Image
         runtime.config.ConfigError: the alias is not configured in ``config``.
     """
     chat = get_model(provider_alias, model_id, config)
-    return ImageModel(id=model_id, provider=provider_alias, base_url=chat.base_url, headers=chat.headers)
+    return ImageModel(
+        id=model_id, provider=provider_alias, base_url=chat.base_url, headers=chat.headers, cost=chat.cost
+    )

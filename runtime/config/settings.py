@@ -51,6 +51,7 @@ from runtime.config.sections import (
     ServerConfig,
     default_bots,
 )
+from runtime.config.spend import SpendConfig
 from runtime.llm.types import Model
 
 __all__ = [
@@ -98,6 +99,7 @@ class Config(_Closed):
     server: ServerConfig = Field(default_factory=ServerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    spend: SpendConfig = Field(default_factory=SpendConfig)
 
     @model_validator(mode="after")
     def _console_api_base(self) -> Config:

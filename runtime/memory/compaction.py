@@ -35,6 +35,7 @@ from typing import Any
 
 from runtime import metrics
 from runtime.llm.abort import AbortSignal
+from runtime.llm.attribution import attributed
 from runtime.llm.options import SimpleStreamOptions
 from runtime.llm.stream import complete_simple
 from runtime.llm.types import (
@@ -316,7 +317,8 @@ class CompactionHook:
         opts = SimpleStreamOptions(signal=signal, max_tokens=self.summary_max_tokens)
         reason: str
         try:
-            result = await complete_simple(self.summary_model, ctx, opts)
+            with attributed(reason="compaction"):  # docs/decisions.md#spend-ledger
+                result = await complete_simple(self.summary_model, ctx, opts)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
         else:

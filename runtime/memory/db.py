@@ -164,6 +164,8 @@ class Database:
         self.url = normalize_url(url)
         self.dialect = self.url.get_backend_name()
         self.write_retry_s = float(write_retry_s)
+        self.closed = False
+        """Set by :meth:`dispose`: no SQL may run on this database any more."""
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionray-sql")
         self._writer: WriterLock | None = None
@@ -191,8 +193,8 @@ class Database:
 
     def create_tables(self) -> None:
         """Create the memory tables, and those other wings registered
-        (:func:`runtime.memory.tables.created_tables`: the delivery tables), that do not exist yet,
-        in one ``create_all``; never drop or alter (docs/decisions.md#memory-create-only).
+        (:func:`runtime.memory.tables.created_tables`: the delivery tables, the usage ledger), that
+        do not exist yet, in one ``create_all``; never drop or alter (docs/decisions.md#memory-create-only).
 
         Raises:
             sqlalchemy.exc.OperationalError: the database is unreachable.
@@ -315,6 +317,7 @@ class Database:
 
     def dispose(self) -> None:
         """Close pooled connections and stop the thread pool (idempotent)."""
+        self.closed = True
         self._executor.shutdown(wait=True)
         self.engine.dispose()
 

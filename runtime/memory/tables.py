@@ -192,9 +192,10 @@ def register_tables(*tables: type[SQLModel]) -> None:
     """Add another wing's tables to those :meth:`Database.create_tables` creates (in one
     ``create_all`` with the memory tables); a table registered twice is listed once.
 
-    A wing calls it when its tables module is imported (:mod:`runtime.delivery.tables`), so every
-    process that writes those tables has them registered before it creates the tables: the
-    schema stays where its rules are, and memory imports no wing above it
+    A wing calls it when its tables module is imported (:mod:`runtime.delivery.tables`,
+    :mod:`runtime.spend.ledger`), so every process that writes those tables has them registered
+    before it creates the tables: the schema stays where its rules are, and memory imports no
+    wing above it
     (docs/decisions.md#layout-forbidden-pairs).
     """
     _REGISTERED.extend(t for t in tables if t not in _REGISTERED)

@@ -437,6 +437,7 @@ class ImReplyContract:
             timeout=self.config.correction_timeout_s,
             sleep=self.config.sleep,
             stream_fn=self.base_stream_fn,
+            reason="correction",  # docs/decisions.md#spend-ledger
         )
         calls += 1
         if msg.stop_reason == "aborted" or (signal is not None and signal.aborted):

@@ -44,7 +44,7 @@ async def probe_tier(
     evidence: list[str] = []
     for tier in TIERS[:-1]:
         c, o = prepare_request(ctx, options, tier, schema, "probe")
-        msg = await bounded_call(model, c, o, timeout=PROBE_TIMEOUT_S, stream_fn=stream_fn)
+        msg = await bounded_call(model, c, o, timeout=PROBE_TIMEOUT_S, stream_fn=stream_fn, reason="probe")
         raw, problem = extract_raw(msg, tier, "probe")
         if msg.stop_reason == "error":
             notes.append(f"{tier}: provider error: {msg.error_message}")

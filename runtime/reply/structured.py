@@ -39,6 +39,7 @@ The building blocks (:func:`prepare_request`, :func:`extract_raw`, :func:`valida
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -49,6 +50,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime import metrics
 from runtime.llm.abort import AbortController, AbortSignal
+from runtime.llm.attribution import CallReason, attributed
 from runtime.llm.events import AssistantMessageEventStream
 from runtime.llm.options import StreamOptions
 from runtime.llm.stream import stream as default_stream
@@ -211,8 +213,10 @@ async def bounded_call(
     timeout: float | None = None,
     sleep: SleepFn = asyncio.sleep,
     stream_fn: StreamFn | None = None,
+    reason: CallReason | None = None,
 ) -> AssistantMessage:
-    """Run one LLM call, bounded by ``timeout`` seconds and the caller's ``options.signal``.
+    """Run one LLM call, bounded by ``timeout`` seconds and the caller's ``options.signal``;
+    ``reason`` narrows the call's attribution (docs/decisions.md#spend-ledger; ``None``: kept).
 
     Returns the final message. On timeout or cancellation the call is aborted (its own
     signal fires) and a message with ``stop_reason`` ``error`` (``error_message="timeout after
@@ -222,7 +226,8 @@ async def bounded_call(
     own = AbortController()
     opts = replace(options, signal=AbortSignal.any(options.signal, own.signal))
     fn = stream_fn or default_stream
-    result = asyncio.ensure_future(fn(model, context, opts).result())
+    with attributed(reason=reason) if reason else contextlib.nullcontext():  # the task copies it
+        result = asyncio.ensure_future(fn(model, context, opts).result())
     waiters: dict[asyncio.Future[Any], str] = {result: "done"}
     if timeout is not None:
         waiters[asyncio.ensure_future(sleep(timeout))] = "timeout"
@@ -414,6 +419,7 @@ class _StructuredRun(Generic[T]):
             timeout=self.retry_timeout,
             sleep=self.sleep,
             stream_fn=self.stream_fn,
+            reason="correction",
         )
         self.out.calls += 1
         if retry.stop_reason == "aborted":

@@ -3,9 +3,11 @@ writer, steer / follow_up / abort), the typed control request that reaches it
 (:class:`ControlRequest`, dispatched once by :func:`runtime.session.control.run_control`), the
 turn records that make crash recovery possible, the agent part of a turn, chat commands, model
 routing (vision, fallback chain), the IM tool policy (platforms, scopes, roles), the SQL store of
-the capability cache, the console's live events, and the tools a session offers (``chat_history``,
-Python tools, deferred tasks, sub-agents, MCP servers, ``*.tool.md`` files). ``actors/`` hosts
-these cores; they never import Ray (`docs/decisions.md#session-ray-free-core`).
+the capability cache, the console's live events, the tools a session offers (``chat_history``,
+Python tools, deferred tasks, sub-agents, MCP servers, ``*.tool.md`` files), and what a turn
+spends (the owner of its LLM calls, the usage ledger, the quota check before it starts:
+:mod:`runtime.session.spend`). ``actors/`` hosts these cores; they never import Ray
+(`docs/decisions.md#session-ray-free-core`).
 """
 
 from runtime.session.control import (

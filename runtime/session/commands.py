@@ -15,6 +15,8 @@ follow leading mentions of the bot — ``@bot /new`` — see :func:`command_text
   source (``probe``/``config``/``downgrade``) and age, read from the capability store
   (docs/decisions.md#structured-capability-cache);
 * ``/status`` — the session's model, message count, epoch and whether a turn is running;
+* ``/usage`` — what the sender used in the current quota windows and what is left of each quota
+  (``spend.quotas``); a master also sees the chat's and the bot's (docs/decisions.md#spend-quotas);
 * ``/steer <text>``, ``/followup <text>`` — masters only (docs/decisions.md#steer-masters-only);
   others get a refusal;
 * ``/help`` — the commands the sender may use here, by the names they type, one line each
@@ -32,11 +34,16 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
+from zoneinfo import ZoneInfo
 
 from runtime import metrics
+from runtime.config.spend import QuotaScope
 from runtime.llm.types import Model
 from runtime.reply.segments import Reply
+from runtime.session.spend import amount_text
+from runtime.spend.quotas import QuotaStatus
 
 __all__ = [
     "COMMANDS",
@@ -50,7 +57,7 @@ __all__ = [
     "command_text",
 ]
 
-COMMANDS = ("new", "clear", "models", "status", "steer", "followup", "help")
+COMMANDS = ("new", "clear", "models", "status", "usage", "steer", "followup", "help")
 """Canonical command names."""
 
 MASTER_ONLY_IN_GROUPS = frozenset({"new", "clear"})
@@ -85,6 +92,14 @@ DEFAULT_TEXTS: dict[str, str] = {
     "help_steer": "steer the running turn: /{name} <text>",
     "help_followup": "queue a follow-up message: /{name} <text>",
     "help_help": "this list",
+    "help_usage": "show what you used and what is left of your quotas",
+    "spend_header": "Usage (windows in {zone} time):",
+    "spend_line": "- {who}, this {window}: {used}{left}",
+    "spend_left": "; left {amount} (resets {reset})",
+    "spend_who_user": "you",
+    "spend_who_chat": "this chat",
+    "spend_who_bot": "this bot",
+    "spend_who_global": "everyone",
 }
 """Reply templates (``str.format`` fields as used above)."""
 
@@ -125,6 +140,10 @@ class CommandHost(Protocol):
 
     def follow_up(self, text: str, sender_id: str) -> str:
         """Queue a follow-up; ``queued`` or ``started``."""
+        ...
+
+    def usage(self, scopes: Sequence[QuotaScope]) -> Awaitable[tuple[list[QuotaStatus], str]]:
+        """The command sender's quota statuses in ``scopes`` and the quotas' time zone name."""
         ...
 
 
@@ -237,6 +256,8 @@ class CommandHandler:
             text = self._text("new", epoch=await host.archive())
         elif cmd.command == "models":
             text = await self._models()
+        elif cmd.command == "usage":
+            text = await self._usage(host, "master" in roles)
         elif cmd.command == "status":
             st = await host.status()
             running = self._text("yes" if st.running_turns else "no")
@@ -270,6 +291,23 @@ class CommandHandler:
             if self.may_use(command, master=master, scene_type=scene_type):
                 about = self._text(f"help_{command}", name=typed[command], new=typed["new"])
                 lines.append(self._text("help_line", name=typed[command], text=about))
+        return "\n".join(lines)
+
+    async def _usage(self, host: CommandHost, master: bool) -> str:
+        """``/usage``: one line per window and scope (the sender's; a master's also the chat's and
+        the bot's): what was used and, under a quota, what is left and when it resets."""
+        statuses, zone = await host.usage(("user", "chat", "bot") if master else ("user",))
+        lines = [self._text("spend_header", zone=zone)]
+        for st in statuses:
+            lim, use = st.limit, st.use
+            left = ""
+            if lim.tokens is not None or lim.usd is not None:
+                reset = datetime.fromtimestamp(use.reset_ms / 1000, ZoneInfo(zone))
+                amount = amount_text(st.tokens_left, st.usd_left)
+                left = self._text("spend_left", amount=amount, reset=f"{reset:%Y-%m-%d %H:%M}")
+            who = self._text(f"spend_who_{lim.scope}")
+            used = amount_text(use.tokens, use.usd)
+            lines.append(self._text("spend_line", who=who, window=lim.window, used=used, left=left))
         return "\n".join(lines)
 
     async def _models(self) -> str:

@@ -38,6 +38,7 @@ from typing import Any, Literal
 from runtime import metrics
 from runtime.delivery.job import DeliveryJob, partition_of
 from runtime.delivery.outbox import queue_writer
+from runtime.llm.attribution import attributed
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
@@ -46,6 +47,7 @@ from runtime.llm.types import (
     now_ms,
 )
 from runtime.reply.segments import Reply
+from runtime.session.spend import SessionSpend, turn_owner
 from runtime.session.turn import (
     INBOUND_MARKER,
     REPLY_MARKER,
@@ -146,6 +148,7 @@ class SessionCore:
         self.turns_done = 0
         self.loaded_messages = len(writer)
         self.last_activity = time.monotonic()
+        self.spend = SessionSpend.of(repo, setup.features)  # ledger + quotas (docs/decisions.md#spend-quotas)
 
     @classmethod
     async def open(
@@ -234,7 +237,8 @@ class SessionCore:
         self._last_handoff = mine
         t0 = time.perf_counter()
         try:
-            result = await self._turn(turn, ctl, prev, mine)
+            with attributed(turn_owner(turn, self.session_id)):  # docs/decisions.md#spend-ledger
+                result = await self._turn(turn, ctl, prev, mine)
         except Exception as exc:
             result = TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="error", error=repr(exc))
             await self._record_held(ctl)
@@ -290,6 +294,8 @@ class SessionCore:
             # a chat command is answered before (and never shown to) the agent
             # (docs/decisions.md#chat-commands)
             reply = await features.run_command(command, turn, self, ctl)
+        elif (refused := await self.spend.refusal(turn_owner(turn, self.session_id))) is not None:
+            reply = refused  # over a quota: answered like a command, the agent never runs
         else:
             pre = await run_pre_tools(self.setup.pre_tools, turn)
             records: list[AgentMessage] = [inbound_marker(turn, self.session_id)]

@@ -30,13 +30,16 @@ from typing import Any, cast
 
 from runtime.agent.config import AgentLoopConfig
 from runtime.agent.tools import AgentTool
+from runtime.config.spend import QuotaScope
 from runtime.llm.types import AgentMessage, ImageContent, Model, TextContent, UserMessage
 from runtime.reply.provenance import ProvenanceIdentity, reply_identity
 from runtime.reply.segments import Reply
 from runtime.session.commands import CommandHandler, ParsedCommand, SessionStatus, command_text
 from runtime.session.mcp_tools import McpToolset
 from runtime.session.model_routing import FallbackChain, has_image_segments, select_model
+from runtime.session.spend import turn_owner
 from runtime.session.tool_policy import PolicyCheck, TurnScope, apply_tool_policy
+from runtime.spend.quotas import Quotas, QuotaStatus
 
 __all__ = ["AgentFeatures"]
 
@@ -57,6 +60,8 @@ class AgentFeatures:
         commands: The chat-command handler (``None``: no commands).
         media_policy: How inbound image references are read for the model
             (:class:`runtime.reply.media.MediaPolicy`; default: public URLs and base64 only).
+        quotas: ``spend.quotas`` checked before each turn (:class:`runtime.spend.quotas.Quotas`;
+            ``None``: none; docs/decisions.md#spend-quotas).
     """
 
     vision_model: Model | None = None
@@ -66,11 +71,12 @@ class AgentFeatures:
     media_url_allowlist: list[str] = field(default_factory=list)
     commands: CommandHandler | None = None
     media_policy: Any = None
+    quotas: Quotas | None = None
 
     @classmethod
     def from_config(cls, config: Any, *, builtin_model: Model | None = None) -> AgentFeatures:
         """Build from a :class:`runtime.config.Config` (``ai.vision_model``, ``fallback_models``,
-        ``mcp_servers``, ``media_url_allowlist``, ``commands``); ``builtin_model``: the model the
+        ``mcp_servers``, ``media_url_allowlist``, ``commands``; ``spend``); ``builtin_model``: the model the
         sessions run on when none is configured (``/models`` lists it: ``CommandHandler``).
 
         Raises:
@@ -86,6 +92,7 @@ class AgentFeatures:
             mcp=McpToolset(ai.mcp_servers) if ai.mcp_servers else None,
             media_url_allowlist=list(ai.media_url_allowlist),
             commands=CommandHandler.from_config(config, builtin_model=builtin_model),
+            quotas=Quotas(config.spend),
         )
 
     # ------------------------------------------------------------------ 1. commands
@@ -102,7 +109,7 @@ class AgentFeatures:
         command's own turn, which steer/follow-up and ``/status`` leave out. The turn's scene
         decides who may run ``/new`` (masters only in groups and channels)."""
         assert self.commands is not None
-        host = _CoreHost(core, ctl)
+        host = _CoreHost(core, ctl, turn)
         return await self.commands.handle(cmd, turn.sender, host, scene_type=turn.scene_type)
 
     # ------------------------------------------------------------------ 2. user message
@@ -181,8 +188,8 @@ class AgentFeatures:
 class _CoreHost:
     """:class:`runtime.session.commands.CommandHost` over a live ``SessionCore``."""
 
-    def __init__(self, core: Any, ctl: Any) -> None:
-        self.core, self.ctl = core, ctl
+    def __init__(self, core: Any, ctl: Any, turn: Any) -> None:
+        self.core, self.ctl, self.turn = core, ctl, turn
 
     async def archive(self) -> int:
         session_id: str = await self.core.archive()
@@ -193,6 +200,12 @@ class _CoreHost:
         model = (info.model if info is not None else "") or self.core.setup.model.ref()
         running = max(0, int(self.core.status()["active_turns"]) - 1)  # not the command's own turn
         return SessionStatus(model, len(self.core.writer), _epoch(self.core.session_id), running)
+
+    async def usage(self, scopes: Sequence[QuotaScope]) -> tuple[list[QuotaStatus], str]:
+        spend = self.core.spend
+        owner = turn_owner(self.turn, self.core.session_id)
+        zone = spend.quotas.config.timezone if spend.quotas is not None else "UTC"
+        return await spend.usage(owner, scopes), zone
 
     def steer(self, text: str, sender_id: str) -> str:
         self.ctl.closed = True  # the command's own turn never receives the steering

@@ -26,6 +26,7 @@ from runtime.agent.tools import AgentTool, AgentToolResult, ToolUpdateFn
 from runtime.delivery.job import DeliveryJob
 from runtime.keys import parse_session_key
 from runtime.llm.abort import AbortSignal
+from runtime.llm.attribution import attributed
 from runtime.llm.types import AssistantMessage, CustomMessage, Model, UserMessage
 from runtime.reply.segments import Reply
 from runtime.session.turn import DEFERRED_MARKER
@@ -129,7 +130,8 @@ def make_subagent_tool(
     async def execute(
         call_id: str, params: DelegateArgs, signal: AbortSignal | None, on_update: ToolUpdateFn
     ) -> AgentToolResult:
-        text = await run_subagent(model, tools, params.task, system_prompt=system_prompt, signal=signal)
+        with attributed(reason="sub-agent"):  # docs/decisions.md#spend-ledger
+            text = await run_subagent(model, tools, params.task, system_prompt=system_prompt, signal=signal)
         return AgentToolResult.text(text)
 
     return AgentTool(DELEGATE, "Hand a self-contained sub-task to a helper agent.", DelegateArgs, execute)

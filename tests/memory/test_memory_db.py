@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, text
 
+import runtime.spend  # noqa: F401  (registers llm_usage, created with the memory tables: docs/decisions.md#spend-ledger)
 from runtime.memory import DEFAULT_DATABASE_URL, Database, DatabaseUrlError, normalize_url
 
 
@@ -32,6 +33,7 @@ def test_default_url_creates_directory_with_wal_and_busy_timeout(
             "delivery_ledger",  # with the memory tables since issue #16 (docs/decisions.md#delivery-outbox)
             "delivery_uncertain",
             "im_transcripts",
+            "llm_usage",  # the usage ledger of the spend wing (docs/decisions.md#spend-ledger)
             "model_capabilities",
         ]
     finally:
@@ -116,6 +118,11 @@ def test_table_shapes(db: Database) -> None:
             "updated_at",
         ],
         "delivery_uncertain": ["reply_id", "step", "state", "owner", "created_at", "updated_at"],
+        "llm_usage": [
+            "id", "ts", "bot_id", "session_key", "user_id", "model", "api", "session_id", "turn_id",
+            "reason", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+            "cost_usd", "master",
+        ],
     }  # fmt: skip
     assert ("status", "session_key", "created_at") in {
         tuple(i["column_names"]) for i in insp.get_indexes("delivery_ledger")

@@ -246,8 +246,8 @@ async def test_calls_are_counted_in_metrics(
             value("sessionray_llm_requests_total", api=OPENAI, outcome="ok"),
             value("sessionray_llm_requests_total", api=OPENAI, outcome="error"),
             value("sessionray_llm_retries_total", api=OPENAI),
-            value("sessionray_llm_tokens_total", api=OPENAI, kind="input"),
-            value("sessionray_llm_tokens_total", api=OPENAI, kind="output"),
+            value("sessionray_llm_tokens_total", api=OPENAI, kind="input", model="p/m1"),
+            value("sessionray_llm_tokens_total", api=OPENAI, kind="output", model="p/m1"),
             value("sessionray_llm_errors_total", api=OPENAI, reason="http_4xx"),
         ] == [1.0, 1.0, 1.0, 14.0, 30.0, 1.0]
     finally:

@@ -77,7 +77,7 @@ def test_bad_command_config_is_refused() -> None:
         CommandHandler({"restart": "r"})
     assert str(err.value) == (
         "ai.commands.names: unknown command(s) ['restart']; known: "
-        "['new', 'clear', 'models', 'status', 'steer', 'followup', 'help']"
+        "['new', 'clear', 'models', 'status', 'usage', 'steer', 'followup', 'help']"
     )
     with pytest.raises(ValueError) as err:
         CommandHandler({"new": "status"})

@@ -22,6 +22,7 @@ LINES = {
     "clear": "/clear — the same as /new",
     "models": "/models — list the configured models",
     "status": "/status — show this conversation's model, size and state",
+    "usage": "/usage — show what you used and what is left of your quotas",
     "steer": "/steer — steer the running turn: /steer <text>",
     "followup": "/followup — queue a follow-up message: /followup <text>",
     "help": "/help — this list",
@@ -31,11 +32,11 @@ LINES = {
 @pytest.mark.parametrize(
     ("roles", "scene_type", "shown"),
     [
-        (["master"], "group", ["new", "clear", "models", "status", "steer", "followup", "help"]),
-        (["master"], "private", ["new", "clear", "models", "status", "steer", "followup", "help"]),
-        (["member"], "private", ["new", "clear", "models", "status", "help"]),
-        (["admin"], "group", ["models", "status", "help"]),
-        ([], "channel", ["models", "status", "help"]),
+        (["master"], "group", ["new", "clear", "models", "status", "usage", "steer", "followup", "help"]),
+        (["master"], "private", ["new", "clear", "models", "status", "usage", "steer", "followup", "help"]),
+        (["member"], "private", ["new", "clear", "models", "status", "usage", "help"]),
+        (["admin"], "group", ["models", "status", "usage", "help"]),
+        ([], "channel", ["models", "status", "usage", "help"]),
     ],
 )
 async def test_help_lists_what_the_sender_may_use(
@@ -59,6 +60,7 @@ async def test_help_uses_the_configured_names_and_texts() -> None:
         "/clear — the same as /reset",
         "/models — Modelle",
         "/status — show this conversation's model, size and state",
+        "/usage — show what you used and what is left of your quotas",
         "/hilfe — this list",
     ]
 

@@ -1,0 +1,121 @@
+"""Usage reports from the ledger: who spent what, grouped by user, chat, bot or model
+(docs/decisions.md#spend-ledger). The CLI (``sessionray usage``) and the admin route
+(``GET /admin/usage``) print these rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from datetime import UTC, date, datetime
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+
+from runtime.llm.types import now_ms
+from runtime.memory.db import Database
+from runtime.spend.ledger import USAGE_TABLE
+
+__all__ = ["ReportBy", "UsageRow", "parse_since", "usage_report"]
+
+ReportBy = Literal["user", "chat", "bot", "model"]
+"""What a report groups by (``user``: the sender id; ``chat``: the session key)."""
+
+_COLUMN = {"user": "user_id", "chat": "session_key", "bot": "bot_id", "model": "model"}
+_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One group of a report: its ``key``, the number of LLM ``calls``, tokens by kind, USD."""
+
+    key: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost_usd: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as JSON-able fields (``sessionray usage --json``)."""
+        return dataclasses.asdict(self)
+
+
+def parse_since(text: str, *, now: int | None = None) -> int:
+    """The Unix ms that ``text`` names: a span back from ``now`` (ms; default the clock) —
+    ``30m``, ``24h``, ``7d``, ``2w``, ``90s`` — or an ISO date / date-time (``2026-12-01``,
+    ``2026-12-01T08:00``, ``2026-12-01T08:00+08:00``; without an offset it is UTC).
+
+    Raises:
+        ValueError: anything else, with the accepted forms in the message.
+    """
+    s = text.strip()
+    m = re.fullmatch(r"(\d+)\s*([smhdw])", s)
+    if m is not None:
+        return (now_ms() if now is None else now) - int(m.group(1)) * _UNITS_MS[m.group(2)]
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", s):
+            d = date.fromisoformat(s)
+            t = datetime(d.year, d.month, d.day, tzinfo=UTC)
+        else:
+            t = datetime.fromisoformat(s)
+            t = t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+    except ValueError:
+        raise ValueError(
+            f"cannot read the time {text!r}: use a span back from now (30m, 24h, 7d, 2w) or an ISO "
+            "date / date-time (2026-12-01, 2026-12-01T08:00+08:00; UTC without an offset)"
+        ) from None
+    return int(t.timestamp() * 1000)
+
+
+async def usage_report(
+    db: Database,
+    by: ReportBy,
+    since_ms: int,
+    until_ms: int | None = None,
+    *,
+    chat: str | None = None,
+    user: str | None = None,
+    bot: str | None = None,
+    model: str | None = None,
+    limit: int | None = None,
+) -> list[UsageRow]:
+    """The ledger's calls in ``[since_ms, until_ms)`` (Unix ms; ``None``: up to now and later)
+    grouped by ``by``, most expensive first (then most tokens, then key), optionally only those of
+    one ``chat`` (session key), ``user``, ``bot`` or ``model``, at most ``limit`` rows. SQL runs on
+    ``db``'s thread pool.
+
+    Raises:
+        ValueError: an unknown ``by`` or ``limit`` < 1.
+        sqlalchemy.exc.SQLAlchemyError: the database failed.
+    """
+    if by not in _COLUMN:
+        raise ValueError(f"cannot group usage by {by!r}: use one of {', '.join(_COLUMN)}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be ≥ 1, got {limit}")
+    c = USAGE_TABLE.c
+    key = c[_COLUMN[by]]
+    sums = [
+        func.sum(c[n]) for n in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+    ]
+    cost = func.sum(c.cost_usd)
+    q = select(key, func.count(), *sums, cost).where(c.ts >= since_ms)
+    if until_ms is not None:
+        q = q.where(c.ts < until_ms)
+    for column, value in (("session_key", chat), ("user_id", user), ("bot_id", bot), ("model", model)):
+        if value is not None:
+            q = q.where(c[column] == value)
+    q = q.group_by(key).order_by(cost.desc(), (sums[0] + sums[1] + sums[2] + sums[3]).desc(), key)
+    if limit is not None:
+        q = q.limit(limit)
+
+    def run() -> list[UsageRow]:
+        with db.connection() as conn:
+            rows = conn.execute(q).all()
+        return [
+            UsageRow(str(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6]))
+            for r in rows
+        ]
+
+    return await db.run(run)
