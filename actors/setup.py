@@ -226,6 +226,7 @@ class ConfigSetupFactory:
             features=features,
             on_event=console_event_hook(self.config, session_key),  # console live events
             compaction_threshold=agent.compaction_threshold,
+            context_budget=self.config.ai.context_budget(),  # docs/decisions.md#agent-context-budget
             max_iterations=agent.max_iterations,
             pre_tools=list(self._code[0]),
             deferred_tasks=dict(self._code[1]),

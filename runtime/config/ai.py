@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.agent.agent import QueueMode
+from runtime.agent.context_budget import DEFAULT_BUDGET_TOKENS, BudgetPolicy
 from runtime.llm.types import InputKind, ModelCost
 
 KNOWN_APIS = ("openai-completions", "anthropic-messages", "google-generative-ai", "faux")
@@ -82,6 +83,9 @@ class ModelConfig(_Closed):
     structured_tier: Literal["native", "tool", "prompt"] | None = None
     """Pins the structured-output tier (no probe, no downgrade;
     docs/decisions.md#structured-capability-cache); ``None``: probed at first use."""
+    context_budget_tokens: int | None = Field(None, ge=1)
+    """Overrides ``ai.agent.context_budget_tokens`` for this model when set (``null`` set
+    explicitly: no budget for this model; docs/decisions.md#agent-context-budget)."""
 
 
 class ProviderConfig(_Closed):
@@ -193,6 +197,11 @@ class AgentConfig(_Closed):
     """Share of the model's ``context_window`` above which older messages are summarized into
     ``agent_summaries`` before an LLM call (docs/decisions.md#memory-compaction); ``null`` turns
     compaction off."""
+    context_budget_tokens: int | None = Field(default=DEFAULT_BUDGET_TOKENS, ge=1)
+    """Estimated tokens (calibrated by the provider's reported usage) one LLM call of a turn may
+    send: system prompt, tools, compaction summary and the current turn always, then as much recent
+    history as fits, newest first (docs/decisions.md#agent-context-budget); ``null``: no budget.
+    A model's ``context_budget_tokens`` overrides it."""
     delegate: bool = False
     """Offer the ``delegate`` tool: a sub-agent on the session's model, with the business tools
     (``python_tools``, ``tools_dir``) and without the IM preset
@@ -328,6 +337,17 @@ class AiConfig(_Closed):
     downgrade_after: int = Field(default=2, ge=1)
     """Consecutive off-schema answers at a tier that move a model to the next tier
     (docs/decisions.md#structured-downgrade-on-evidence)."""
+
+    def context_budget(self) -> BudgetPolicy:
+        """The per-turn context budgets: ``agent.context_budget_tokens``, overridden per
+        ``alias/model_id`` by each model entry that sets ``context_budget_tokens`` (even to ``null``)."""
+        per_model = {
+            f"{alias}/{m.id}": m.context_budget_tokens
+            for alias, provider in self.providers.items()
+            for m in provider.models
+            if "context_budget_tokens" in m.model_fields_set
+        }
+        return BudgetPolicy(self.agent.context_budget_tokens, per_model)
 
     @field_validator("python_tools")
     @classmethod
