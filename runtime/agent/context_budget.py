@@ -21,12 +21,15 @@ Tokens are the estimate of :mod:`runtime.llm.tokens` applied to what the model i
 message through the agent's ``convert_to_llm``: a host marker that is never sent costs nothing),
 multiplied by the model's calibration factor (:class:`TokenCalibration`: the bounded ratio of the
 provider's reported input tokens to the estimate of the request, learned from every response).
+What is added after this step (a structured-reply contract's instructions and schema) is given as
+``overhead`` and counted as fixed; the request actually sent is estimated again at the innermost
+``stream_fn`` (:meth:`ContextBudget.wrap_stream`) for the metric and the calibration.
 
 When the fixed part (system prompt, tools, pinned, current turn) alone exceeds the budget, it is
 sent anyway with no history, logged once per model and counted in
-``sessionray_llm_context_over_budget_total``. Every call observes
-``sessionray_llm_context_tokens`` and counts left-out history in
-``sessionray_llm_history_left_out_total``.
+``sessionray_llm_context_over_budget_total``. Every request observes
+``sessionray_llm_context_tokens`` (calibrated estimate of what was sent) and every call counts
+left-out history in ``sessionray_llm_history_left_out_total``.
 """
 
 from __future__ import annotations
@@ -41,11 +44,26 @@ from typing import Any
 
 from runtime import metrics
 from runtime.agent.agent import Agent
+from runtime.agent.config import StreamFnT
 from runtime.agent.events import AgentEvent, MessageEndEvent
 from runtime.agent.replay import default_convert_to_llm
 from runtime.llm.abort import AbortSignal
-from runtime.llm.tokens import estimate_text_tokens, estimate_tokens, estimate_tools_tokens
-from runtime.llm.types import AgentMessage, AssistantMessage, Model, ToolResultMessage, UserMessage
+from runtime.llm.events import AssistantMessageEventStream
+from runtime.llm.options import StreamOptions
+from runtime.llm.tokens import (
+    estimate_request_tokens,
+    estimate_text_tokens,
+    estimate_tokens,
+    estimate_tools_tokens,
+)
+from runtime.llm.types import (
+    AgentMessage,
+    AssistantMessage,
+    Context,
+    Model,
+    ToolResultMessage,
+    UserMessage,
+)
 
 __all__ = [
     "CALIBRATION",
@@ -242,6 +260,9 @@ class ContextBudget:
             (or no answer): the last user message present at the first call, followed by
             identity afterwards (it is the same object on every call of the run).
         calibration: Default :data:`CALIBRATION`.
+        overhead: ``(model) -> tokens`` added to the request after this step (a structured-reply
+            contract's instructions, output tool or output schema), counted as fixed; the request
+            actually sent is measured again by :meth:`wrap_stream` (metric, calibration).
     """
 
     def __init__(
@@ -252,8 +273,10 @@ class ContextBudget:
         pinned: Callable[[AgentMessage], bool] = lambda m: False,
         turn_start: Callable[[Sequence[AgentMessage]], int | None] | None = None,
         calibration: TokenCalibration | None = None,
+        overhead: Callable[[Model], int] | None = None,
     ) -> None:
         self.agent = agent
+        self.overhead = overhead
         self.policy = policy
         self.pinned = pinned
         self.turn_start = turn_start
@@ -261,8 +284,9 @@ class ContextBudget:
         self._first: AgentMessage | None = None
         self._costs: dict[int, tuple[AgentMessage, int]] = {}
         self.last: Window | None = None
-        """The window of the latest call (inspection; its raw estimate awaits the response)."""
-        self._awaiting: int | None = None
+        """The window of the latest call (inspection)."""
+        self._awaiting: tuple[str, int] | None = None
+        """(model ref, raw estimate) of the request last sent, until its response calibrates."""
 
     def _current_start(self, messages: Sequence[AgentMessage]) -> int:
         if self.turn_start is not None:
@@ -306,6 +330,7 @@ class ContextBudget:
         fixed = estimate_text_tokens(state.system_prompt) + estimate_tools_tokens(
             [t.to_tool() for t in state.tools]
         )
+        fixed += self.overhead(state.model) if self.overhead is not None else 0
         factor = self.calibration.factor(ref)
         window = select_window(
             messages,
@@ -316,8 +341,7 @@ class ContextBudget:
             pinned=self.pinned,
             factor=factor,
         )
-        self.last, self._awaiting = window, window.estimated_tokens
-        metrics.LLM_CONTEXT_TOKENS.observe(window.estimated_tokens * factor, model=ref)
+        self.last = window
         if window.left_out:
             metrics.LLM_HISTORY_LEFT_OUT.inc(window.left_out, model=ref)
         if window.over_budget:
@@ -333,18 +357,33 @@ class ContextBudget:
                 )
         return window.messages
 
+    def wrap_stream(self, inner: StreamFnT) -> StreamFnT:
+        """The innermost ``stream_fn``: estimates each request exactly as the provider gets it
+        (after the reply contract and a fallback's model choice), observes
+        ``sessionray_llm_context_tokens`` (calibrated) and keeps the raw estimate for
+        :meth:`on_event`; then calls ``inner``."""
+
+        def measured(
+            model: Model, context: Context, options: StreamOptions | None
+        ) -> AssistantMessageEventStream:
+            ref = model.ref()
+            raw = estimate_request_tokens(context, options.output_schema if options is not None else None)
+            self._awaiting = (ref, raw)
+            metrics.LLM_CONTEXT_TOKENS.observe(raw * self.calibration.factor(ref), model=ref)
+            return inner(model, context, options)
+
+        return measured
+
     def on_event(self, event: AgentEvent, signal: AbortSignal | None = None) -> None:
-        """Agent listener: a response's reported input tokens calibrate its model's estimate."""
+        """Agent listener: a response's reported input tokens (input + cache read + cache write)
+        calibrate the estimate of the model that was called."""
         if not isinstance(event, MessageEndEvent) or not isinstance(event.message, AssistantMessage):
             return
-        estimated, self._awaiting = self._awaiting, None
-        m = event.message
-        u = m.usage
+        sent, self._awaiting = self._awaiting, None
+        u = event.message.usage
         reported = u.input + u.cache_read + u.cache_write
-        if estimated is not None and reported > 0:
-            self.calibration.observe(
-                f"{m.provider}/{m.model}" if m.provider else m.model, estimated, reported
-            )
+        if sent is not None and reported > 0:
+            self.calibration.observe(sent[0], sent[1], reported)
 
 
 def chain_transforms(*hooks: Transform | None) -> Transform | None:
@@ -371,10 +410,16 @@ def install_context_budget(
     pinned: Callable[[AgentMessage], bool] = lambda m: False,
     turn_start: Callable[[Sequence[AgentMessage]], int | None] | None = None,
     calibration: TokenCalibration | None = None,
+    overhead: Callable[[Model], int] | None = None,
 ) -> ContextBudget:
-    """Make ``agent``'s ``transform_context`` = ``before`` (e.g. compaction) then the budget, and
-    subscribe the budget to the agent's responses (calibration). Returns the budget step."""
-    budget = ContextBudget(agent, policy, pinned=pinned, turn_start=turn_start, calibration=calibration)
+    """Make ``agent``'s ``transform_context`` = ``before`` (e.g. compaction) then the budget, wrap
+    ``agent.stream_fn`` (the innermost one) with :meth:`ContextBudget.wrap_stream` and subscribe
+    the budget to the agent's responses (calibration). Keywords as :class:`ContextBudget`.
+    Returns the budget step."""
+    budget = ContextBudget(
+        agent, policy, pinned=pinned, turn_start=turn_start, calibration=calibration, overhead=overhead
+    )
     agent.transform_context = chain_transforms(before, budget)
+    agent.stream_fn = budget.wrap_stream(agent.stream_fn)
     agent.subscribe(budget.on_event)
     return budget

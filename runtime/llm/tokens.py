@@ -11,7 +11,7 @@ per-turn context budget alike:
 * per message: + 4 (role and framing), + 80 characters for a group sender's prefix when the
   message is not yet rendered (``convert_to_llm`` puts the real prefix into the text);
 * a tool call: its name and its JSON arguments as text; a tool (definition): its name,
-  description and JSON Schema as text.
+  description and JSON Schema as text; a structured-output schema: its JSON as text.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
+    Context,
     TextContent,
     ThinkingContent,
     Tool,
@@ -30,7 +32,13 @@ from runtime.llm.types import (
     UserMessage,
 )
 
-__all__ = ["IMAGE_TOKENS", "estimate_text_tokens", "estimate_tokens", "estimate_tools_tokens"]
+__all__ = [
+    "IMAGE_TOKENS",
+    "estimate_request_tokens",
+    "estimate_text_tokens",
+    "estimate_tokens",
+    "estimate_tools_tokens",
+]
 
 IMAGE_TOKENS = 1200
 """Estimated tokens of one image block."""
@@ -97,4 +105,15 @@ def estimate_tools_tokens(tools: Sequence[Tool]) -> int:
     for t in tools:
         schema = json.dumps(t.parameters, ensure_ascii=False, separators=(",", ":"), default=repr)
         total += estimate_text_tokens(t.name + t.description + schema) + 4
+    return total
+
+
+def estimate_request_tokens(context: Context, output_schema: dict[str, Any] | None = None) -> int:
+    """Tokens of one request as a provider receives it: system prompt + tools + messages (already
+    rendered by ``convert_to_llm``) + the structured-output JSON Schema when one is sent
+    (``StreamOptions.output_schema``)."""
+    total = estimate_text_tokens(context.system_prompt or "") + estimate_tools_tokens(context.tools or [])
+    total += estimate_tokens(context.messages, rendered=True)
+    if output_schema is not None:
+        total += estimate_text_tokens(json.dumps(output_schema, ensure_ascii=False, separators=(",", ":")))
     return total

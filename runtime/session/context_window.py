@@ -10,14 +10,35 @@ be written.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from runtime.agent.agent import Agent
 from runtime.agent.context_budget import install_context_budget
+from runtime.llm.tokens import estimate_request_tokens
+from runtime.llm.types import Context, Model
 from runtime.memory.compaction import is_summary, make_compaction_hook
 from runtime.session.turn import INBOUND_MARKER, SessionSetup, TurnInput, find_marker
+from runtime.session.turn_agent import reply_contract
 
-__all__ = ["install_context_hooks"]
+__all__ = ["install_context_hooks", "reply_overhead"]
+
+
+def reply_overhead(setup: SessionSetup) -> Callable[[Model], int]:
+    """``(model) -> tokens`` the turn's reply contract adds to every request of ``model`` (its
+    instructions in the system prompt and, by tier, the output schema, the output tool or the
+    schema instructions; docs/decisions.md#reply-segments), remembered per model for the turn."""
+    known: dict[str, int] = {}
+
+    def overhead(model: Model) -> int:
+        ref = model.ref()
+        if ref not in known:
+            ctx, opts = reply_contract(dataclasses.replace(setup, model=model)).prepare(Context(), None)
+            known[ref] = estimate_request_tokens(ctx, opts.output_schema)
+        return known[ref]
+
+    return overhead
 
 
 def install_context_hooks(
@@ -27,7 +48,7 @@ def install_context_hooks(
     ``setup.compaction_threshold`` is set) then the context budget (when ``setup.context_budget``
     is set). The current turn starts at its ``im_inbound`` record (the inbound message, its
     pre-tool results and everything the loop adds are never cut); the compaction summary is
-    pinned."""
+    pinned; the reply contract's additions count as fixed (:func:`reply_overhead`)."""
     compaction = None
     if setup.compaction_threshold is not None:
         compaction = make_compaction_hook(repo, session_id, setup.model, threshold=setup.compaction_threshold)
@@ -40,4 +61,5 @@ def install_context_hooks(
         before=compaction,
         pinned=is_summary,
         turn_start=lambda messages: find_marker(messages, INBOUND_MARKER, turn.message_id),
+        overhead=reply_overhead(setup),
     )

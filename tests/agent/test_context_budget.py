@@ -21,7 +21,7 @@ from runtime.agent.context_budget import (
     install_context_budget,
     select_window,
 )
-from runtime.llm.tokens import estimate_text_tokens, estimate_tokens, estimate_tools_tokens
+from runtime.llm.tokens import estimate_request_tokens
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
@@ -205,11 +205,7 @@ def long_chat(n: int) -> list[AgentMessage]:
 
 def sent_tokens(ctx: Context) -> int:
     """The estimate of what the model was sent (system prompt, tools, rendered messages)."""
-    return (
-        estimate_text_tokens(ctx.system_prompt or "")
-        + estimate_tools_tokens(ctx.tools or [])
-        + estimate_tokens(ctx.messages, rendered=True)
-    )
+    return estimate_request_tokens(ctx)
 
 
 def first_number(ctx: Context) -> int:
