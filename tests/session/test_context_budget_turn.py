@@ -19,6 +19,7 @@ from providers.faux import (
     FauxProviderHandle,
     faux_assistant_message,
     faux_text,
+    faux_tool_call,
     register_faux_provider,
 )
 from runtime.agent.context_budget import CALIBRATION, BudgetPolicy
@@ -37,9 +38,11 @@ from runtime.llm.types import (
     Usage,
     UserMessage,
 )
+from runtime.memory.chat_history import make_chat_history_tool
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.memory.sender import SUMMARY_INTRO, convert_for_llm
+from runtime.memory.transcripts import TranscriptStore
 from runtime.session.core import SessionCore
 from runtime.session.turn import SessionSetup, TurnInput
 
@@ -224,6 +227,44 @@ async def test_reported_usage_shrinks_the_next_window(chat: Any, faux: FauxProvi
     cut = next(i for i, m in enumerate(now_stored) if str(getattr(m, "content", "")).endswith("] second?"))
     now_stored = now_stored[:cut]
     assert len(history_of(second.context, now_stored)) < len(history_of(first.context, stored))
+
+
+async def test_a_left_out_message_is_still_found_by_chat_history(
+    tmp_path: Path, faux: FauxProviderHandle
+) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'history.db'}")
+    db.create_tables()
+    repo = ContextRepository(db)
+    old = UserMessage(content="the coupon code is XYZ-42", sender={"id": "7", "name": "Dan", "roles": []})
+    await TranscriptStore(db).record_inbound(
+        message_id="old-1",
+        platform="onebot11",
+        bot_id="10001",
+        scene_id="300",
+        scene_type="group",
+        sender_id="7",
+        sender_name="Dan",
+        text="the coupon code is XYZ-42",
+        time_ms=1_700_000_000_000,
+    )
+    sid = await repo.get_or_create_active(KEY)
+    await repo.append_messages(sid, [old, *group_chat(400)])
+    faux.set_responses(
+        [
+            faux_assistant_message(faux_tool_call("chat_history", {"query": "coupon"}, id="h1")),
+            reply("XYZ-42"),
+        ]
+    )
+    tool = make_chat_history_tool(db, platform="onebot11", bot_id="10001", scene_id="300")
+    setup = SessionSetup(model=faux.get_model("main"), tools=[tool], context_budget=BudgetPolicy(3000))
+    await run(repo, setup, "what was the coupon code?")
+    first, second = faux.calls
+    assert "XYZ-42" not in json.dumps(first.context.model_dump())  # left out of the window
+    found = second.context.messages[-1]
+    assert (
+        isinstance(found, ToolResultMessage) and "Dan (7): the coupon code is XYZ-42" in found.content[0].text
+    )  # type: ignore[union-attr]
+    db.dispose()
 
 
 def test_config_keys_build_the_policy() -> None:
