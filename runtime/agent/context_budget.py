@@ -38,13 +38,13 @@ import inspect
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import metrics
 from runtime.agent.agent import Agent
-from runtime.agent.config import StreamFnT
+from runtime.agent.config import StreamFnT, resolve
 from runtime.agent.events import AgentEvent, MessageEndEvent
 from runtime.agent.replay import default_convert_to_llm
 from runtime.llm.abort import AbortSignal
@@ -79,6 +79,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_UNIT_START = (UserMessage, AssistantMessage)
 
 DEFAULT_BUDGET_TOKENS = 8000
 """``ai.agent.context_budget_tokens`` when unset, in (calibrated, estimated) tokens."""
@@ -164,7 +166,7 @@ class Window:
         messages: The messages to send (pinned, kept history, current turn; original order).
         estimated_tokens: Raw (uncalibrated) estimate of the whole request: fixed tokens +
             the costs of ``messages``.
-        left_out: History messages left out that the model would have seen (cost > 0).
+        left_out: User, assistant and tool-result messages of the history left out.
         over_budget: The fixed part alone exceeded the budget (no history was sent).
     """
 
@@ -174,27 +176,23 @@ class Window:
     over_budget: bool = False
 
 
-def _units(messages: Sequence[AgentMessage]) -> list[list[int]]:
-    """Indices grouped into units (see the module docstring): a unit starts at a user or assistant
-    message, or at a custom message while no tool call is waiting for its result."""
-    units: list[list[int]] = []
-    waiting: set[str] = set()
-    for i, m in enumerate(messages):
-        if isinstance(m, UserMessage | AssistantMessage):
-            waiting = {c.id for c in m.tool_calls()} if isinstance(m, AssistantMessage) else set()
-            units.append([i])
-        elif units and (isinstance(m, ToolResultMessage) or waiting):
-            if isinstance(m, ToolResultMessage):
-                waiting.discard(m.tool_call_id)
-            units[-1].append(i)
-        else:
-            units.append([i])  # an orphan tool result first, or a custom message between units
-    return units
+def _units_newest_first(messages: Sequence[AgentMessage], history: list[int]) -> Iterator[list[int]]:
+    """The history's units, newest first, each in context order (see the module docstring): a
+    unit starts at a user or assistant message (or at the history's first message) and carries
+    the tool results and host custom messages after it. Lazy: a long context is walked only as far
+    as the window reaches."""
+    unit: list[int] = []
+    for pos in range(len(history) - 1, -1, -1):
+        unit.append(history[pos])
+        if pos == 0 or isinstance(messages[history[pos]], _UNIT_START):
+            unit.reverse()
+            yield unit
+            unit = []
 
 
 def select_window(
     messages: Sequence[AgentMessage],
-    costs: Sequence[int],
+    costs: Sequence[int] | Callable[[int], int],
     *,
     budget_tokens: int | None,
     fixed_tokens: int,
@@ -206,43 +204,54 @@ def select_window(
 
     Args:
         messages: The context after compaction.
-        costs: Estimated tokens of each message as sent (0: never sent), same length.
+        costs: Estimated tokens of each message as sent (0: never sent): a sequence of the same
+            length, or ``(index) -> tokens``, asked only for the messages the choice needs (the
+            pinned ones, the current turn, and history back to the first unit that does not fit).
         budget_tokens: The budget in calibrated tokens, or ``None`` (everything is kept).
         fixed_tokens: System prompt + tools, in raw estimated tokens.
         current_start: Index where the current turn starts (clamped to ``[0, len]``).
         pinned: Messages before the turn kept regardless (the compaction summary).
         factor: Calibration factor: ``factor × raw estimate ≤ budget_tokens``.
 
+    ``left_out`` counts the user, assistant and tool-result messages left out (host custom records
+    are not counted).
+
     Raises:
-        ValueError: ``costs`` and ``messages`` differ in length.
+        ValueError: a ``costs`` sequence whose length differs from ``messages``.
     """
-    if len(costs) != len(messages):
-        raise ValueError(f"{len(costs)} costs for {len(messages)} messages")
-    start = max(0, min(current_start, len(messages)))
+    if not callable(costs):
+        if len(costs) != len(messages):
+            raise ValueError(f"{len(costs)} costs for {len(messages)} messages")
+        cost_of: Callable[[int], int] = costs.__getitem__
+    else:
+        cost_of = costs
+    n = len(messages)
+    start = max(0, min(current_start, n))
     head = [i for i in range(start) if pinned(messages[i])]
     history = [i for i in range(start) if not pinned(messages[i])]
-    base = fixed_tokens + sum(costs[i] for i in head) + sum(costs[start:])
+    base = fixed_tokens + sum(cost_of(i) for i in head) + sum(cost_of(i) for i in range(start, n))
     if budget_tokens is None:
-        return Window(list(messages), base + sum(costs[i] for i in history))
+        return Window(list(messages), base + sum(cost_of(i) for i in history))
     limit = math.floor(budget_tokens / factor)
-    units = [[history[j] for j in unit] for unit in _units([messages[i] for i in history])]
     taken: list[list[int]] = []
     used = base
-    for unit in reversed(units):
-        cost = sum(costs[i] for i in unit)
+    for unit in _units_newest_first(messages, history):
+        cost = sum(cost_of(i) for i in unit)
         if used + cost > limit:
             break
         used += cost
         taken.append(unit)
     while taken and not head and not isinstance(messages[taken[-1][0]], UserMessage):
-        used -= sum(costs[i] for i in taken.pop())  # open the history with a user message
+        used -= sum(cost_of(i) for i in taken.pop())  # open the history with a user message
     keep = set(head).union(*taken) if taken else set(head)
     out = [m for i, m in enumerate(messages) if i in keep or i >= start]
-    left_out = sum(1 for i in history if i not in keep and costs[i] > 0)
+    sent_kinds = UserMessage | AssistantMessage | ToolResultMessage
+    left_out = sum(1 for i in history if i not in keep and isinstance(messages[i], sent_kinds))
     return Window(out, used, left_out, base > limit)
 
 
 _warned: set[str] = set()
+"""Models whose over-budget warning was logged (once per process)."""
 
 
 class ContextBudget:
@@ -303,16 +312,32 @@ class ContextBudget:
         self._first = messages[users[-1]]
         return users[-1]
 
-    async def _cost(self, m: AgentMessage) -> int:
-        hit = self._costs.get(id(m))
-        if hit is not None and hit[0] is m:
-            return hit[1]
+    async def _cost_function(self, messages: list[AgentMessage]) -> Callable[[int], int]:
+        """``(index) -> tokens`` of ``messages[index]`` as ``convert_to_llm`` renders it, cached
+        per message object for the turn. A sync converter is asked lazily (only the messages the
+        choice needs: a long context costs what the window costs); an async one up front."""
         convert = self.agent.convert_to_llm or default_convert_to_llm
-        sent = convert([m])
-        if inspect.isawaitable(sent):
-            sent = await sent
-        cost = estimate_tokens(sent, rendered=True)
-        self._costs[id(m)] = (m, cost)
+        costs = self._costs
+
+        def measured(m: AgentMessage, sent: Any) -> int:
+            cost = estimate_tokens(sent, rendered=True)
+            costs[id(m)] = (m, cost)
+            return cost
+
+        def cached(m: AgentMessage) -> int | None:
+            hit = costs.get(id(m))
+            return hit[1] if hit is not None and hit[0] is m else None
+
+        if inspect.iscoroutinefunction(convert) or inspect.iscoroutinefunction(type(convert).__call__):
+            for m in messages:
+                if cached(m) is None:
+                    measured(m, await resolve(convert([m])))
+
+        def cost(i: int) -> int:
+            m = messages[i]
+            hit = cached(m)
+            return hit if hit is not None else measured(m, convert([m]))
+
         return cost
 
     async def __call__(
@@ -334,7 +359,7 @@ class ContextBudget:
         factor = self.calibration.factor(ref)
         window = select_window(
             messages,
-            [await self._cost(m) for m in messages],
+            await self._cost_function(messages),
             budget_tokens=self.policy.tokens_for(state.model),
             fixed_tokens=fixed,
             current_start=self._current_start(messages),

@@ -146,6 +146,19 @@ def test_null_budget_keeps_everything_and_calibration_scales_the_limit() -> None
         select_window(msgs, costs[:2], budget_tokens=50, fixed_tokens=0, current_start=4)
 
 
+def test_a_cost_function_is_asked_only_as_far_as_the_window_reaches() -> None:
+    msgs: list[AgentMessage] = [user(f"u{i}") if i % 2 == 0 else said(f"a{i}") for i in range(1000)]
+    asked: list[int] = []
+
+    def cost(i: int) -> int:
+        asked.append(i)
+        return 10
+
+    w = select_window(msgs, cost, budget_tokens=100, fixed_tokens=0, current_start=998)
+    assert w.messages == msgs[990:]
+    assert min(asked) >= 980 and len(asked) < 30  # the 980 older messages were never measured
+
+
 # ------------------------------------------------------------------ policy, calibration, chain
 
 
@@ -272,3 +285,15 @@ async def test_over_budget_sends_the_current_message_alone_and_logs_once(
     assert metric("sessionray_llm_context_over_budget_total", model="budgetfaux/big") == 2
     assert metric("sessionray_llm_history_left_out_total", model="budgetfaux/big") == 40
     assert len([r for r in caplog.records if "budgetfaux/big" in r.getMessage()]) == 1
+
+
+async def test_an_async_converter_is_measured_too(faux: FauxProviderHandle) -> None:
+    async def convert(messages: list[AgentMessage]) -> list[Any]:
+        return [m for m in messages if not isinstance(m, CustomMessage)]
+
+    faux.set_responses([faux_assistant_message("ok")])
+    agent = Agent(model=faux.get_model("m"), messages=long_chat(200), convert_to_llm=convert)
+    budget = install_context_budget(agent, BudgetPolicy(1000), calibration=TokenCalibration())
+    await agent.prompt("q")
+    assert sent_tokens(faux.calls[0].context) <= 1000 < sent_tokens(faux.calls[0].context) + 40
+    assert budget.last is not None and budget.last.left_out > 150
