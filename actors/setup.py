@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from runtime.session.context_window import budget_policy
 from runtime.session.turn import ABORT_TEXT, SessionSetup
 
 __all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory", "business_tools", "output_schema", "output_sink"]
@@ -227,6 +228,7 @@ class ConfigSetupFactory:
             features=features,
             on_event=console_event_hook(self.config, session_key),  # console live events
             compaction_threshold=agent.compaction_threshold,
+            context_budget=budget_policy(self.config.ai),  # docs/decisions.md#agent-context-budget
             max_iterations=agent.max_iterations,
             pre_tools=list(self._code[0]),
             deferred_tasks=dict(self._code[1]),

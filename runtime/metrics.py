@@ -269,6 +269,25 @@ USAGE_LEDGER_FAILURES = Counter(
 )
 LLM_ERRORS = Counter("sessionray_llm_errors_total", "LLM errors by api and reason.", ("api", "reason"))
 LLM_RETRIES = Counter("sessionray_llm_retries_total", "LLM transport retries before first content.", ("api",))
+LLM_CONTEXT_TOKENS = Histogram(
+    "sessionray_llm_context_tokens",
+    "Estimated input tokens of each agent LLM call (system prompt, tools, summary, history window, "
+    "current turn; the calibrated estimate of docs/decisions.md#agent-context-budget), by model "
+    "(provider/id from the configuration).",
+    ("model",),
+    buckets=(250, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000),
+)
+LLM_HISTORY_LEFT_OUT = Counter(
+    "sessionray_llm_history_left_out_total",
+    "History messages left out of agent LLM calls by the context budget (they stay in SQL), by model.",
+    ("model",),
+)
+LLM_CONTEXT_OVER_BUDGET = Counter(
+    "sessionray_llm_context_over_budget_total",
+    "Agent LLM calls whose system prompt, tools, summary and current turn alone exceeded the context "
+    "budget (sent anyway, with no history), by model.",
+    ("model",),
+)
 # Structured replies (every outcome counted: docs/decisions.md#structured-every-outcome-counted)
 STRUCTURED_REPLIES = Counter(
     "sessionray_structured_replies_total",

@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from runtime.llm.types import InputKind, ModelCost
 
+DEFAULT_CONTEXT_BUDGET_TOKENS = 8000
+"""``ai.agent.context_budget_tokens`` when unset (equal to
+:data:`runtime.agent.context_budget.DEFAULT_BUDGET_TOKENS`; a test keeps them equal)."""
+
 KNOWN_APIS = ("openai-completions", "anthropic-messages", "google-generative-ai", "faux")
 """The built-in ``api`` ids (``providers.register_builtin_providers`` registers them)."""
 
@@ -81,6 +85,9 @@ class ModelConfig(_Closed):
     structured_tier: Literal["native", "tool", "prompt"] | None = None
     """Pins the structured-output tier (no probe, no downgrade;
     docs/decisions.md#structured-capability-cache); ``None``: probed at first use."""
+    context_budget_tokens: int | None = Field(None, ge=1)
+    """Overrides ``ai.agent.context_budget_tokens`` for this model when set (``null`` set
+    explicitly: no budget for this model; docs/decisions.md#agent-context-budget)."""
 
 
 class ProviderConfig(_Closed):
@@ -197,6 +204,11 @@ class AgentConfig(_Closed):
     """Share of the model's ``context_window`` above which older messages are summarized into
     ``agent_summaries`` before an LLM call (docs/decisions.md#memory-compaction); ``null`` turns
     compaction off."""
+    context_budget_tokens: int | None = Field(default=DEFAULT_CONTEXT_BUDGET_TOKENS, ge=1)
+    """Estimated tokens (calibrated by the provider's reported usage) one LLM call of a turn may
+    send: system prompt, tools, compaction summary and the current turn always, then as much recent
+    history as fits, newest first (docs/decisions.md#agent-context-budget); ``null``: no budget.
+    A model's ``context_budget_tokens`` overrides it."""
     delegate: bool = False
     """Offer the ``delegate`` tool: a sub-agent on the session's model, with the business tools
     (``python_tools``, ``tools_dir``) and without the IM preset

@@ -1,8 +1,9 @@
 """Context compaction as an agent-loop ``transform_context`` hook
 (docs/decisions.md#memory-compaction).
 
-Before each LLM call the hook estimates the context's tokens (:func:`estimate_tokens`: about four
-characters per token, 1,200 per image). Above ``threshold`` × ``model.context_window`` it
+Before each LLM call the hook estimates the context's tokens (:func:`estimate_tokens`, the one
+estimate of :mod:`runtime.llm.tokens`: about four characters per token, 1,200 per image). Above
+``threshold`` × ``model.context_window`` it
 
 1. picks a cut so that the kept tail holds about ``keep_recent_tokens`` and **never separates a
    tool call from its result** (:func:`find_cut`: the tail never starts with a tool result and no
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +38,7 @@ from runtime.llm.abort import AbortSignal
 from runtime.llm.attribution import attributed
 from runtime.llm.options import SimpleStreamOptions
 from runtime.llm.stream import complete_simple
+from runtime.llm.tokens import IMAGE_TOKENS, estimate_tokens
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
@@ -45,7 +46,6 @@ from runtime.llm.types import (
     CustomMessage,
     Model,
     TextContent,
-    ThinkingContent,
     ToolCall,
     ToolResultMessage,
     UserMessage,
@@ -60,14 +60,12 @@ __all__ = [
     "CompactionHook",
     "estimate_tokens",
     "find_cut",
+    "is_summary",
     "make_compaction_hook",
     "render_for_summary",
 ]
 
 log = logging.getLogger(__name__)
-
-IMAGE_TOKENS = 1200
-"""Estimated tokens of one image block."""
 
 SUMMARY_SYSTEM_PROMPT = (
     "You maintain the memory of a chat assistant. Summarize the conversation you are given so the "
@@ -79,56 +77,15 @@ SUMMARY_SYSTEM_PROMPT = (
 """System prompt of the summarization call."""
 
 
-def _message_chars(m: AgentMessage) -> tuple[int, int]:
-    """(characters, images) of one message."""
-    chars = images = 0
-    if isinstance(m, UserMessage):
-        if isinstance(m.content, str):
-            chars += len(m.content)
-        else:
-            for b in m.content:
-                if isinstance(b, TextContent):
-                    chars += len(b.text)
-                else:
-                    images += 1
-        if m.sender:
-            chars += 80  # the rendered [sender:…] prefix
-    elif isinstance(m, AssistantMessage):
-        for c in m.content:
-            if isinstance(c, TextContent):
-                chars += len(c.text)
-            elif isinstance(c, ThinkingContent):
-                chars += len(c.thinking)
-            else:
-                chars += len(c.name) + len(json.dumps(c.arguments, ensure_ascii=False, default=repr))
-    elif isinstance(m, ToolResultMessage):
-        for r in m.content:
-            if isinstance(r, TextContent):
-                chars += len(r.text)
-            else:
-                images += 1
-    else:
-        chars += len(json.dumps(m.data, ensure_ascii=False, default=repr))
-    return chars, images
-
-
-def estimate_tokens(messages: Sequence[AgentMessage]) -> int:
-    """Rough token count: ⌈characters / 4⌉ + :data:`IMAGE_TOKENS` per image, + 4 per message."""
-    total = 0
-    for m in messages:
-        chars, images = _message_chars(m)
-        total += math.ceil(chars / 4) + images * IMAGE_TOKENS + 4
-    return total
-
-
-def _is_summary(m: AgentMessage) -> bool:
+def is_summary(m: AgentMessage) -> bool:
+    """Whether ``m`` is the compaction summary record (pinned by the context budget)."""
     return isinstance(m, CustomMessage) and m.custom_type == SUMMARY_CUSTOM_TYPE
 
 
 def _valid_cut(messages: Sequence[AgentMessage], k: int) -> bool:
     if k <= 0 or k >= len(messages) or isinstance(messages[k], ToolResultMessage):
         return False
-    if not any(not _is_summary(m) for m in messages[:k]):
+    if not any(not is_summary(m) for m in messages[:k]):
         return False
     open_calls = {c.id for m in messages[:k] if isinstance(m, AssistantMessage) for c in m.tool_calls()}
     return not any(isinstance(m, ToolResultMessage) and m.tool_call_id in open_calls for m in messages[k:])
@@ -161,7 +118,7 @@ def render_for_summary(messages: Sequence[AgentMessage]) -> str:
     """The transcript text given to the summarizer, one labelled entry per message."""
     lines: list[str] = []
     for m in messages:
-        if _is_summary(m):
+        if is_summary(m):
             lines.append(f"[earlier summary]\n{m.data.get('summary', '')}")  # type: ignore[union-attr]
         elif isinstance(m, UserMessage):
             who = "user"
@@ -334,11 +291,11 @@ class CompactionHook:
         """Row id of the last summarized message, when every summarized message is a stored row
         (in order, right after the previous summary's anchor); else ``None``."""
         previous: int | None = None
-        if head and isinstance(head[0], CustomMessage) and _is_summary(head[0]):
+        if head and isinstance(head[0], CustomMessage) and is_summary(head[0]):
             previous = head[0].data.get("anchor_message_id")
             if previous is None:
                 return None  # the earlier summary itself was never stored
-        msgs = [m for m in head if not _is_summary(m)]
+        msgs = [m for m in head if not is_summary(m)]
         stored = await self.repo.load_stored(self.session_id, after_id=previous)
         if len(stored) < len(msgs):
             return None

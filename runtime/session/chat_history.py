@@ -142,7 +142,8 @@ def make_chat_history_tool(db: Database, *, platform: str, bot_id: str, scene_id
     return AgentTool(
         name=CHAT_HISTORY_TOOL_NAME,
         description=(
-            "Search this chat's earlier messages (all participants and the bot) for a keyword. "
+            "Search this chat's earlier messages (all participants and the bot) for a keyword, "
+            "including those too old to be shown to you in this conversation. "
             "Returns matching lines with time (UTC), sender name and id, oldest first."
         ),
         parameters=ChatHistoryParams,

@@ -47,6 +47,7 @@ from runtime.llm.types import (
     now_ms,
 )
 from runtime.reply.segments import Reply
+from runtime.session.context_window import install_context_hooks
 from runtime.session.spend import SessionSpend, turn_owner
 from runtime.session.turn import (
     INBOUND_MARKER,
@@ -225,13 +226,8 @@ class SessionCore:
         self, turn: TurnInput, fut: asyncio.Future[TurnResult] | None, *, release: bool
     ) -> None:
         ctl = TurnControl(turn, self.setup.steering_mode, self.setup.follow_up_mode)
-        # compaction as transform_context (docs/decisions.md#memory-compaction)
-        if self.setup.compaction_threshold is not None:
-            from runtime.memory.compaction import make_compaction_hook
-
-            ctl.agent.transform_context = make_compaction_hook(
-                self.repo, self.session_id, self.setup.model, threshold=self.setup.compaction_threshold
-            )
+        # compaction, then the history window (docs/decisions.md#agent-context-budget)
+        install_context_hooks(ctl.agent, self.setup, self.repo, self.session_id, turn)
         self._active.append(ctl)
         prev, mine = self._last_handoff, asyncio.get_running_loop().create_future()
         self._last_handoff = mine

@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeAlias
 from pydantic import BaseModel, Field
 
 from runtime.agent.agent import QueueMode
+from runtime.agent.context_budget import BudgetPolicy
 from runtime.agent.tools import AgentTool
 from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import (
@@ -222,6 +223,9 @@ class SessionSetup:
             ``transform_context`` compacts older messages into a summary
             (docs/decisions.md#memory-compaction,
             :func:`runtime.memory.compaction.make_compaction_hook`); ``None``: no compaction.
+        context_budget: The per-turn history window in tokens, after compaction
+            (docs/decisions.md#agent-context-budget, :mod:`runtime.agent.context_budget`);
+            ``None``: every message of the context is sent.
         capabilities: The structured-output capability cache of the turns' reply contract and of
             ``/models`` (``None``: the process-wide in-memory one, no probe;
             docs/decisions.md#structured-capability-cache). The config setup injects one on the
@@ -245,6 +249,7 @@ class SessionSetup:
     features: Any = None
     on_event: Callable[[Any], None] | None = None
     compaction_threshold: float | None = None
+    context_budget: BudgetPolicy | None = None
     capabilities: CapabilityCache | None = None
     probe: ProbeFn | None = None
 
