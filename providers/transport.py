@@ -22,6 +22,11 @@ Rules (docs/decisions.md#llm-transport):
   ``StreamOptions.max_retries`` times, and **only
   before the first content event** (no delta and no opened block yet); afterwards a failure is
   an ``error`` event, never a replay of half an answer.
+* **Provider limits.** When the process has a provider gate governing the model's alias
+  (:func:`runtime.llm.limits.provider_gate`), each attempt runs inside a lease: asked before the
+  POST with an estimate of ⌈body bytes / 4⌉ tokens, given back with the reported usage, or with a
+  429 and its wait (then the retry waits in the gate, not here). No lease within ``max_wait_s``
+  ends the stream with ``provider busy: …`` (docs/decisions.md#spend-provider-limits).
 * **Errors carry the provider's own message**: ``HTTP 429: Rate limit reached for ...``.
 * **Bad bodies.** An event of the wrong JSON shape ends the stream with ``malformed event from
   the provider: …`` and keeps the content received before it; a 200 body without any SSE event
@@ -48,7 +53,7 @@ import math
 import random
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,8 +61,10 @@ import httpx
 
 from providers.common import ProviderConfigs, crash_handler, resolve_api_key
 from providers.sse import SSEDecoder
+from runtime.llm.attribution import current_attribution
 from runtime.llm.builder import MessageBuilder
 from runtime.llm.events import AssistantMessageEventStream, run_stream
+from runtime.llm.limits import BUSY_PREFIX, ProviderBusyError, ProviderGate, provider_gate
 from runtime.llm.options import SimpleStreamOptions, StreamOptions
 from runtime.llm.types import Model
 from runtime.metrics import LLM_ERRORS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
@@ -241,10 +248,11 @@ def _may_retry(builder: MessageBuilder) -> bool:
 
 
 class _Retry(Exception):
-    def __init__(self, message: str, headers: httpx.Headers | None = None) -> None:
+    def __init__(self, message: str, headers: httpx.Headers | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers
+        self.status = status
 
 
 async def _replay(raw: bytes) -> AsyncIterator[bytes]:
@@ -280,45 +288,10 @@ async def _attempt(
             if resp.status_code >= 400:
                 msg = error_message_from_body(resp.status_code, await resp.aread())
                 if resp.status_code in RETRYABLE_STATUS:
-                    raise _Retry(msg, resp.headers)
+                    raise _Retry(msg, resp.headers, resp.status_code)
                 fail(msg)
                 return
-            chunks = resp.aiter_bytes()
-            if resp.headers.get("content-type", "").startswith("application/json"):
-                # a server that ignored ``stream: true`` (or a non-streaming endpoint): one JSON body
-                raw = await resp.aread()
-                if not raw.lstrip().startswith((b"data:", b"event:", b":")):
-                    body = raw.decode("utf-8", "replace")
-                    on_body = getattr(parser, "on_body", None)
-                    if on_body is None:
-                        fail(f"expected an event stream, got a JSON body: {body[:200]}")
-                    else:
-                        on_body(body)
-                    return
-                chunks = _replay(raw)  # an event stream mislabelled as JSON: decode it as one
-            decoder = SSEDecoder()
-            ended = builder.stream
-            head = b""  # the body's first bytes, quoted when it holds no event at all
-            events = 0
-            async for chunk in chunks:
-                if len(head) < 200:
-                    head += chunk[: 200 - len(head)]
-                for ev, data in decoder.feed(chunk):
-                    events += 1
-                    parser.on_event(ev, data)
-                    if ended.ended:
-                        return
-            for ev, data in decoder.flush():
-                events += 1
-                parser.on_event(ev, data)
-                if ended.ended:
-                    return
-            kind = resp.headers.get("content-type") or "no content type"
-            if not events and head.strip() and not kind.startswith("text/event-stream"):
-                # e.g. a proxy's HTML login page with status 200: say what came instead of events
-                fail(f"expected an event stream, got {kind}: {head.decode('utf-8', 'replace').strip()}")
-                return
-            parser.on_end()
+            await _read_body(resp, parser, builder, fail)
     except ValueError as exc:  # malformed JSON in an event (the parsers' only ValueError)
         fail(f"malformed event from the provider: {exc}")
     except (AttributeError, KeyError, IndexError, TypeError) as exc:
@@ -337,6 +310,83 @@ async def _attempt(
         if _may_retry(builder):
             raise _Retry(f"connection error: {type(exc).__name__}: {exc}") from None
         fail(f"connection error while streaming: {type(exc).__name__}: {exc}")
+
+
+async def _read_body(
+    resp: httpx.Response, parser: SseParser, builder: MessageBuilder, fail: Callable[[str], None]
+) -> None:
+    """Feed a 2xx answer to ``parser``: an event stream, or one JSON document (``on_body``)."""
+    chunks = resp.aiter_bytes()
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        # a server that ignored ``stream: true`` (or a non-streaming endpoint): one JSON body
+        raw = await resp.aread()
+        if not raw.lstrip().startswith((b"data:", b"event:", b":")):
+            body = raw.decode("utf-8", "replace")
+            on_body = getattr(parser, "on_body", None)
+            if on_body is None:
+                fail(f"expected an event stream, got a JSON body: {body[:200]}")
+            else:
+                on_body(body)
+            return
+        chunks = _replay(raw)  # an event stream mislabelled as JSON: decode it as one
+    decoder = SSEDecoder()
+    ended = builder.stream
+    head = b""  # the body's first bytes, quoted when it holds no event at all
+    events = 0
+    async for chunk in chunks:
+        if len(head) < 200:
+            head += chunk[: 200 - len(head)]
+        for ev, data in decoder.feed(chunk):
+            events += 1
+            parser.on_event(ev, data)
+            if ended.ended:
+                return
+    for ev, data in decoder.flush():
+        events += 1
+        parser.on_event(ev, data)
+        if ended.ended:
+            return
+    kind = resp.headers.get("content-type") or "no content type"
+    if not events and head.strip() and not kind.startswith("text/event-stream"):
+        # e.g. a proxy's HTML login page with status 200: say what came instead of events
+        fail(f"expected an event stream, got {kind}: {head.decode('utf-8', 'replace').strip()}")
+        return
+    parser.on_end()
+
+
+async def _gated_attempt(
+    gate: ProviderGate | None,
+    attempt: int,
+    run: Callable[[], Awaitable[None]],
+    builder: MessageBuilder,
+    est_tokens: int,
+) -> None:
+    """Run one attempt inside a lease of ``gate`` (none: just run it); the lease goes back with
+    the reported usage, or with the 429 and its wait, so the gate slows every caller
+    (docs/decisions.md#spend-provider-limits). A 429 without ``Retry-After`` reports the backoff
+    delay as its wait: the gated retry waits in the gate, never hammers.
+
+    Raises:
+        _Retry: as :func:`_attempt`.
+        ProviderBusyError: no lease within the alias's ``max_wait_s``.
+    """
+    if gate is None:
+        await run()
+        return
+    lease = await gate.acquire(builder.message.provider, current_attribution(), est_tokens)
+    status: int | None = None
+    wait_s: float | None = None
+    try:
+        await run()
+        status = 200 if builder.message.stop_reason not in ("error", "aborted") else None
+    except _Retry as r:
+        status = r.status
+        if status == 429:
+            wait_s = retry_delay_s(attempt, r.headers)
+        raise
+    finally:
+        used = builder.message.usage.total_tokens
+        await asyncio.shield(gate.release(lease, used or None, status, wait_s))
 
 
 async def run_sse_request(
@@ -365,18 +415,30 @@ async def run_sse_request(
     total = options.timeout if options.timeout is not None else DEFAULT_TIMEOUT_S
     timeout = httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))
     signal = options.signal
+    gate = provider_gate(builder.message.provider)
+    est_tokens = math.ceil(len(content) / 4)  # the ~4 bytes a token rule of estimate_tokens
 
     async def attempts() -> None:
         attempt = 0
         while True:
             try:
-                await _attempt(client, request, content, timeout, make_parser(), builder)
+                await _gated_attempt(
+                    gate,
+                    attempt,
+                    lambda: _attempt(client, request, content, timeout, make_parser(), builder),
+                    builder,
+                    est_tokens,
+                )
+                return
+            except ProviderBusyError as exc:
+                builder.fail(str(exc))
                 return
             except _Retry as r:
                 if attempt >= options.max_retries:
                     builder.fail(redact(r.message, request.secrets))
                     return
-                delay = retry_delay_s(attempt, r.headers)
+                gated_429 = gate is not None and r.status == 429  # the gate holds the wait
+                delay = 0.0 if gated_429 else retry_delay_s(attempt, r.headers)
                 attempt += 1
                 LLM_RETRIES.inc(api=api)
                 log.info(
@@ -386,7 +448,8 @@ async def run_sse_request(
                     delay,
                     redact(r.message, request.secrets),
                 )
-                await _sleep(delay)
+                if not gated_429:
+                    await _sleep(delay)
 
     task = asyncio.ensure_future(attempts())
     waiters: set[asyncio.Future[Any]] = {task}
@@ -419,8 +482,8 @@ async def run_sse_request(
 def error_reason(error_message: str | None, stop_reason: str) -> str:
     """Bounded label for ``sessionray_llm_errors_total``: ``aborted``, ``http_4xx``, ``http_429``,
     ``http_5xx``, ``timeout``, ``connection``, ``malformed`` (bad events, a body that is no event
-    stream) or ``provider`` (in-stream errors, refusals, safety stops). Redirects count as
-    ``http_4xx``."""
+    stream), ``busy`` (no provider lease within ``max_wait_s``) or ``provider`` (in-stream errors,
+    refusals, safety stops). Redirects count as ``http_4xx``."""
     if stop_reason == "aborted":
         return "aborted"
     text = error_message or ""
@@ -431,6 +494,7 @@ def error_reason(error_message: str | None, stop_reason: str) -> str:
     if text.startswith("HTTP "):
         return "http_5xx"
     for prefix, reason in (
+        (BUSY_PREFIX, "busy"),
         ("timeout", "timeout"),
         ("connection", "connection"),
         ("malformed", "malformed"),

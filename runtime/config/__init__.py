@@ -4,6 +4,7 @@ here and nowhere else; :func:`load_config` names the file and the dotted key of 
 (`docs/decisions.md#config-closed-model`).
 """
 
+from runtime.config.ai import ProviderLimits
 from runtime.config.settings import (
     DEFAULT_CONFIG_FILE,
     DRIVER_TO_API,
@@ -53,6 +54,7 @@ __all__ = [
     "ModelConfig",
     "OutputSinkConfig",
     "ProviderConfig",
+    "ProviderLimits",
     "RateLimitConfig",
     "RuntimeConfig",
     "ServerConfig",
