@@ -117,7 +117,7 @@ def test_the_head_is_not_passed_by_smaller_requests() -> None:
     b.enqueue("c", False, 10)  # would fit, but waits behind b
     assert b.grant_ready() == []
     clock.now += 21
-    assert [g.ticket for g in b.grant_ready()][0] == big
+    assert next(g.ticket for g in b.grant_ready()) == big
 
 
 def test_a_429_halves_the_rates_honours_retry_after_and_recovers_gradually() -> None:
