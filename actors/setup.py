@@ -163,6 +163,9 @@ class ConfigSetupFactory:
         from runtime.session.features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
 
         register_builtin_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
+        from actors.limits import install_provider_gate
+
+        install_provider_gate(self.config.ai.providers)  # docs/decisions.md#spend-provider-limits
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
         if self._capabilities is None:  # one per process, on the shared SQL store

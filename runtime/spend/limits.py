@@ -134,6 +134,21 @@ class LeaseBook:
         self.extra_tokens = 0.0
         """Running average of reported minus estimated tokens per request (≥ 0)."""
 
+    def reconfigure(self, limits: ProviderLimits) -> None:
+        """Take new limits (a restarted serve with an edited config); waiters and leases stay, the
+        buckets keep what they hold up to their new size."""
+        if limits == self.limits:
+            return
+        now = self.clock()
+        self.limits = limits
+        for name, limit in (("_rpm", limits.rpm), ("_tpm", limits.tpm)):
+            old: _Bucket | None = getattr(self, name)
+            new = _Bucket.per_minute(limit, now) if limit else None
+            if new is not None and old is not None:
+                old.refill(now, self.factor(now))
+                new.level = min(old.level, new.capacity)
+            setattr(self, name, new)
+
     # ------------------------------------------------------------------ state
     def factor(self, now: float) -> float:
         """The share of the configured limits in force at ``now`` (1: no recent 429)."""
