@@ -233,6 +233,7 @@ class ConfigSetupFactory:
             pre_tools=list(self._code[0]),
             deferred_tasks=dict(self._code[1]),
             **({"failure_text": agent.failure_text} if agent.failure_text else {}),
+            **({"busy_text": agent.busy_text} if agent.busy_text else {}),
             abort_text=ABORT_TEXT if agent.abort_text is None else (agent.abort_text or None),
             capabilities=self._capabilities,  # docs/decisions.md#structured-capability-cache
             # the built-in offline model answers every tier: nothing to probe

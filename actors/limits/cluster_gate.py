@@ -82,8 +82,8 @@ class ClusterProviderGate:
             actor = self._actor(alias)
             ref = actor.acquire.remote(request_id, a.session_key, a.master, est_tokens)
             lease_id, tokens, waited = await asyncio.wait_for(ref, timeout)
-        except ProviderBusyError:
-            raise
+        except ProviderBusyError:  # arrives wrapped in Ray's task error: raise it plain
+            raise ProviderBusyError(alias, self._limits[alias].max_wait_s) from None
         except asyncio.CancelledError:
             if actor is not None:
                 actor.abandon.remote(request_id)
