@@ -9,12 +9,14 @@ loopback stand-in (tests/spend/openai_standin.py), with and without a
   transport's retry waits in the gate instead of sleeping on its own;
 * a call waiting longer than ``max_wait_s`` ends as ``provider busy: …`` (errors reason ``busy``,
   a refusal counted);
-* an ungated alias is called without a lease.
+* an ungated alias is called without a lease;
+* a caller that gives up leaves the queue, or gives back the lease it was granted meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,11 +25,11 @@ import pytest
 import providers.transport as transport
 from providers.openai_completions import stream_openai_completions
 from runtime import metrics
-from runtime.config import ProviderConfig
+from runtime.config import ProviderConfig, ProviderLimits
 from runtime.llm.attribution import attributed
 from runtime.llm.limits import is_busy_error, provider_gate, set_provider_gate
 from runtime.llm.types import AssistantMessage, Context, Model, UserMessage
-from runtime.spend.granter import LocalProviderGate
+from runtime.spend.granter import AsyncGranter, LocalProviderGate
 from tests.spend.openai_standin import OpenAIStandin
 
 ALIAS = "standin"
@@ -147,3 +149,22 @@ async def test_an_alias_without_limits_is_not_gated() -> None:
         assert provider_gate(ALIAS) is None
         (answer,) = await burst(standin, cfg, 1)
     assert answer.stop_reason == "stop"
+
+
+async def test_a_cancelled_wait_leaves_the_queue_and_a_grant_it_missed_is_given_back() -> None:
+    granter = AsyncGranter(ALIAS, ProviderLimits(concurrency=1))
+    first = await granter.acquire("a", False, 1)
+    waiting = asyncio.ensure_future(granter.acquire("b", False, 1))
+    await asyncio.sleep(0)  # let it queue
+    assert granter.book.depth() == 1
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    assert granter.book.depth() == 0
+    late = asyncio.ensure_future(granter.acquire("c", False, 1))
+    await asyncio.sleep(0)
+    granter.release(first.lease_id, 1, 200, None)  # grants "c" ...
+    late.cancel()  # ... whose caller gives up before it resumed
+    with contextlib.suppress(asyncio.CancelledError):
+        await late
+    assert (granter.book.depth(), granter.book.in_flight()) == (0, 0)
