@@ -322,6 +322,43 @@ async def _gated_attempt(
         await asyncio.shield(gate.release(lease, used or None, status, wait_s))
 
 
+async def _attempts(
+    api: str,
+    request: HttpRequest,
+    content: bytes,
+    options: StreamOptions,
+    builder: MessageBuilder,
+    run_attempt: Callable[[], Awaitable[None]],
+) -> None:
+    """The retry loop: ``run_attempt`` (one POST with a fresh parser), up to ``options.max_retries``
+    more times after a :class:`_Retry`, each in a lease of the process's provider gate when it
+    governs the model's alias (a gated 429 waits in the gate, not here); ends ``builder.stream``
+    when the retries ran out or no lease came."""
+    gate = provider_gate(builder.message.provider)
+    est_tokens = math.ceil(len(content) / 4)  # the ~4 bytes a token rule of estimate_tokens
+    attempt = 0
+    while True:
+        try:
+            await _gated_attempt(gate, attempt, run_attempt, builder, est_tokens)
+            return
+        except ProviderBusyError as exc:
+            builder.fail(str(exc))
+            return
+        except _Retry as r:
+            if attempt >= options.max_retries:
+                builder.fail(redact(r.message, request.secrets))
+                return
+            gated_429 = gate is not None and r.status == 429  # the gate holds the wait
+            delay = 0.0 if gated_429 else retry_delay_s(attempt, r.headers)
+            attempt += 1
+            LLM_RETRIES.inc(api=api)
+            log.info(
+                "%s: retry %d in %.2f s after: %s", api, attempt, delay, redact(r.message, request.secrets)
+            )
+            if not gated_429:
+                await _sleep(delay)
+
+
 async def run_sse_request(
     api: str,
     request: HttpRequest,
@@ -348,43 +385,8 @@ async def run_sse_request(
     total = options.timeout if options.timeout is not None else DEFAULT_TIMEOUT_S
     timeout = httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))
     signal = options.signal
-    gate = provider_gate(builder.message.provider)
-    est_tokens = math.ceil(len(content) / 4)  # the ~4 bytes a token rule of estimate_tokens
-
-    async def attempts() -> None:
-        attempt = 0
-        while True:
-            try:
-                await _gated_attempt(
-                    gate,
-                    attempt,
-                    lambda: _attempt(client, request, content, timeout, make_parser(), builder),
-                    builder,
-                    est_tokens,
-                )
-                return
-            except ProviderBusyError as exc:
-                builder.fail(str(exc))
-                return
-            except _Retry as r:
-                if attempt >= options.max_retries:
-                    builder.fail(redact(r.message, request.secrets))
-                    return
-                gated_429 = gate is not None and r.status == 429  # the gate holds the wait
-                delay = 0.0 if gated_429 else retry_delay_s(attempt, r.headers)
-                attempt += 1
-                LLM_RETRIES.inc(api=api)
-                log.info(
-                    "%s: retry %d in %.2f s after: %s",
-                    api,
-                    attempt,
-                    delay,
-                    redact(r.message, request.secrets),
-                )
-                if not gated_429:
-                    await _sleep(delay)
-
-    task = asyncio.ensure_future(attempts())
+    run_attempt = lambda: _attempt(client, request, content, timeout, make_parser(), builder)  # noqa: E731
+    task = asyncio.ensure_future(_attempts(api, request, content, options, builder, run_attempt))
     waiters: set[asyncio.Future[Any]] = {task}
     abort_wait: asyncio.Future[None] | None = None
     if signal is not None:
