@@ -36,6 +36,7 @@ def limits_actor_name(alias: str) -> str:
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
 class ProviderLimitsActor:
     """Grants the leases of ``alias``; methods mirror :class:`~runtime.spend.granter.AsyncGranter`.
+    Every method is a coroutine, so all of them run on the actor's one event loop.
 
     Args:
         alias: The provider alias.
@@ -50,7 +51,7 @@ class ProviderLimitsActor:
         self._calls: dict[str, asyncio.Task[Any]] = {}
         self._abandoned: collections.OrderedDict[str, None] = collections.OrderedDict()
 
-    def configure(self, limits: dict[str, Any]) -> None:
+    async def configure(self, limits: dict[str, Any]) -> None:
         """Take the limits of the caller's configuration (the last serve started wins)."""
         self.granter.book.reconfigure(ProviderLimits.model_validate(limits))
 
@@ -73,7 +74,7 @@ class ProviderLimitsActor:
             self._calls.pop(request_id, None)
         return grant.lease_id, grant.tokens, grant.waited_s
 
-    def abandon(self, request_id: str, lease_id: str | None = None) -> None:
+    async def abandon(self, request_id: str, lease_id: str | None = None) -> None:
         """The caller of ``request_id`` gave up (its turn was aborted, it fell back to its own
         granter): drop its wait, or give back ``lease_id`` when it was granted after all."""
         task = self._calls.pop(request_id, None)
@@ -86,13 +87,13 @@ class ProviderLimitsActor:
         if lease_id is not None:
             self.granter.release(lease_id, None, None, None)
 
-    def release(
+    async def release(
         self, lease_id: str, used_tokens: int | None, status: int | None, retry_after_s: float | None
     ) -> None:
         """End a lease (see :meth:`runtime.spend.limits.LeaseBook.release`)."""
         self.granter.release(lease_id, used_tokens, status, retry_after_s)
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         """``{"depth", "in_flight", "factor"}``: waiters, leases out, share of the limits in force."""
         book = self.granter.book
         return {"depth": book.depth(), "in_flight": book.in_flight(), "factor": book.factor(book.clock())}
