@@ -3,7 +3,8 @@ loopback stand-in (tests/spend/openai_standin.py), with and without a
 :class:`~runtime.spend.granter.LocalProviderGate` (docs/decisions.md#spend-provider-limits):
 
 * without a gate, a burst over the stand-in's concurrency is refused (429) some of the time;
-  with the stand-in's limits as the gate's limits, never, and every call is answered;
+  with the stand-in's limits as the gate's limits, never, and every call is answered (each wait
+  observed, the queue empty after);
 * the tokens the gate reserved are corrected by the usage the stand-in reported;
 * with wrong (too generous) limits, a 429 reaches the gate: it slows the alias down, and the
   transport's retry waits in the gate instead of sleeping on its own;
@@ -63,9 +64,13 @@ async def burst(standin: OpenAIStandin, cfg: dict[str, ProviderConfig], n: int) 
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-def counter(metric: Any, **labels: str) -> float:
-    value = metrics.get_backend().registry.get_sample_value(metric.name, labels)  # type: ignore[attr-defined]
+def sample(name: str, **labels: str) -> float:
+    value = metrics.get_backend().registry.get_sample_value(name, labels)  # type: ignore[attr-defined]
     return float(value or 0.0)
+
+
+def counter(metric: Any, **labels: str) -> float:
+    return sample(metric.name, **labels)
 
 
 async def test_without_a_gate_a_burst_is_refused_with_the_standins_limits_as_gate_never() -> None:
@@ -76,8 +81,11 @@ async def test_without_a_gate_a_burst_is_refused_with_the_standins_limits_as_gat
     with OpenAIStandin(concurrency=2, rpm=30, stream_s=0.05, reply="hello there") as standin:
         cfg = configs(standin, {"concurrency": 2, "rpm": 30})
         set_provider_gate(LocalProviderGate(cfg))
+        waits_before = sample("sessionray_provider_lease_wait_seconds_count", alias=ALIAS)
         answers = await burst(standin, cfg, 30)
         stats = standin.stats()
+    assert sample("sessionray_provider_lease_wait_seconds_count", alias=ALIAS) - waits_before == 30
+    assert sample("sessionray_provider_queue_depth", alias=ALIAS) == 0
     assert [a.stop_reason for a in answers] == ["stop"] * 30
     assert [a.text() for a in answers] == ["hello there"] * 30
     assert (stats.requests, stats.refused, stats.served) == (30, 0, 30)
