@@ -6,7 +6,7 @@
 * a call that gives up (its turn was aborted) leaves the queue;
 * when the actor dies, a call does not hang: it is granted by the process's own granter (a
   ``local:`` lease, with a log line), and after the fallback period the actor is resolved by name
-  again (a new one is created);
+  again (a new one is created); an actor that hangs is given up after ``max_wait_s`` + the grace;
 * a restarted serve's limits reach an actor left by an earlier one.
 """
 
@@ -109,3 +109,29 @@ async def test_a_later_serves_limits_reach_the_running_actor(alias: str) -> None
     assert (await actor_of(alias).status.remote())["in_flight"] == 2
     await new.release(a, 1, 200, None)
     await new.release(b, 1, 200, None)
+
+
+@ray.remote(num_cpus=0)
+class _HungGranter:
+    """Stands in for a granter actor that accepts calls and never answers them."""
+
+    async def configure(self, limits: dict[str, object]) -> None:
+        return None
+
+    async def acquire(self, *args: object) -> None:
+        await asyncio.Event().wait()
+
+    async def abandon(self, *args: object) -> None:
+        return None
+
+
+async def test_a_hung_actor_times_out_into_the_local_granter(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hung = _HungGranter.options(name=limits_actor_name(alias), namespace=NAMESPACE).remote()  # type: ignore[attr-defined]
+    await hung.configure.remote({})
+    monkeypatch.setattr(cluster_gate, "ACTOR_GRACE_S", 0.5)
+    gate = ClusterProviderGate(providers(alias, concurrency=1, max_wait_s=0.5))
+    lease = await asyncio.wait_for(gate.acquire(alias, None, 1), 60)  # bounded: never hangs
+    assert lease.lease_id.startswith(cluster_gate.LOCAL_PREFIX)
+    await gate.release(lease, 1, 200, None)
