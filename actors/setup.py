@@ -165,6 +165,9 @@ class ConfigSetupFactory:
         from runtime.session.features import AgentFeatures  # noqa: F401  (warm the imports of __call__)
 
         register_configured_providers(self.config.ai.providers)  # API keys: ai.providers.*.api_key_env
+        from actors.limits import install_provider_gate
+
+        install_provider_gate(self.config.ai.providers)  # docs/decisions.md#spend-provider-limits
         if self._db is None:
             self._db = database if database is not None else Database(self.config.database.url, threads=1)
         if self._capabilities is None:  # one per process, on the shared SQL store
@@ -233,6 +236,7 @@ class ConfigSetupFactory:
             pre_tools=list(self._code[0]),
             deferred_tasks=dict(self._code[1]),
             **({"failure_text": agent.failure_text} if agent.failure_text else {}),
+            **({"busy_text": agent.busy_text} if agent.busy_text else {}),
             abort_text=ABORT_TEXT if agent.abort_text is None else (agent.abort_text or None),
             capabilities=self._capabilities,  # docs/decisions.md#structured-capability-cache
             # the built-in offline model answers every tier: nothing to probe

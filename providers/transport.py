@@ -22,6 +22,11 @@ Rules (docs/decisions.md#llm-transport):
   ``StreamOptions.max_retries`` times, and **only
   before the first content event** (no delta and no opened block yet); afterwards a failure is
   an ``error`` event, never a replay of half an answer.
+* **Provider limits.** When the process has a provider gate governing the model's alias
+  (:func:`runtime.llm.limits.provider_gate`), each attempt runs inside a lease: asked before the
+  POST with an estimate of ⌈body bytes / 4⌉ tokens, given back with the reported usage, or with a
+  429 and its wait (then the retry waits in the gate, not here). No lease within ``max_wait_s``
+  ends the stream with ``provider busy: …`` (docs/decisions.md#spend-provider-limits).
 * **Errors carry the provider's own message**: ``HTTP 429: Rate limit reached for ...``.
 * **Bad bodies.** An event of the wrong JSON shape ends the stream with ``malformed event from
   the provider: …`` and keeps the content received before it; a 200 body without any SSE event
@@ -40,31 +45,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
-import email.utils
 import json
 import logging
 import math
-import random
-import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
 from providers.common import ProviderConfigs, crash_handler, resolve_api_key
+from providers.failures import (
+    BACKOFF_BASE_S,
+    MAX_RETRY_DELAY_S,
+    RETRYABLE_STATUS,
+    error_message_from_body,
+    error_reason,
+    retry_delay_s,
+)
 from providers.sse import SSEDecoder
+from runtime.llm.attribution import current_attribution
 from runtime.llm.builder import MessageBuilder
 from runtime.llm.events import AssistantMessageEventStream, run_stream
+from runtime.llm.limits import ProviderBusyError, ProviderGate, provider_gate
 from runtime.llm.options import SimpleStreamOptions, StreamOptions
 from runtime.llm.types import Model
 from runtime.metrics import LLM_ERRORS, LLM_REQUESTS, LLM_RETRIES
 
 __all__ = [
+    "BACKOFF_BASE_S",
     "CONNECT_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
+    "MAX_RETRY_DELAY_S",
+    "RETRYABLE_STATUS",
     "HttpRequest",
     "ProviderStreamError",
     "SSEDecoder",
@@ -85,12 +99,6 @@ DEFAULT_TIMEOUT_S = 600.0
 """Whole-call timeout when ``StreamOptions.timeout`` is ``None`` (seconds)."""
 CONNECT_TIMEOUT_S = 10.0
 """Upper bound on establishing the TCP/TLS connection (seconds)."""
-MAX_RETRY_DELAY_S = 60.0
-"""Longest single wait between retries, even if ``Retry-After`` asks for more (seconds)."""
-BACKOFF_BASE_S = 0.5
-"""First backoff delay; doubles per attempt, with up to 25 % jitter (seconds)."""
-RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-
 _sleep = asyncio.sleep  # tests replace this to observe retry delays without waiting
 
 
@@ -143,74 +151,6 @@ def redact(text: str, secrets: list[str]) -> str:
     return text
 
 
-def error_message_from_body(status: int, body: bytes) -> str:
-    """Build ``HTTP <status>: <provider message>`` from an error response body.
-
-    Understands OpenAI/Gemini ``{"error": {"message": ...}}`` and Anthropic
-    ``{"type": "error", "error": {"type": ..., "message": ...}}``; otherwise quotes the first
-    500 characters of the body.
-    """
-    text = body.decode("utf-8", "replace").strip()
-    message = text[:500]
-    try:
-        payload = json.loads(text)
-    except ValueError:
-        payload = None
-    if isinstance(payload, list) and payload and isinstance(payload[0], dict):
-        payload = payload[0]  # Gemini sometimes wraps the error in a list
-    if isinstance(payload, dict):
-        err = payload.get("error", payload)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            kind = err.get("type") or err.get("status")
-            message = f"{kind}: {err['message']}" if isinstance(kind, str) and kind else err["message"]
-        elif isinstance(err, str):
-            message = err
-    return f"HTTP {status}: {message}" if message else f"HTTP {status}"
-
-
-def retry_delay_s(attempt: int, headers: httpx.Headers | None = None) -> float:
-    """Seconds to wait before retry number ``attempt + 1``.
-
-    ``retry-after-ms`` (ms) or ``Retry-After`` (seconds or an HTTP date) win when present;
-    otherwise ``BACKOFF_BASE_S * 2**attempt`` plus up to 25 % jitter. Capped at
-    :data:`MAX_RETRY_DELAY_S`.
-    """
-    if headers is not None:
-        asked = _header_delay_s(headers)
-        if asked is not None:
-            return min(max(asked, 0.0), MAX_RETRY_DELAY_S)
-    delay = BACKOFF_BASE_S * (2**attempt)
-    return min(delay * (1.0 + random.random() * 0.25), MAX_RETRY_DELAY_S)
-
-
-def _header_delay_s(headers: httpx.Headers) -> float | None:
-    """The server's requested delay in seconds, or ``None`` when absent or unreadable.
-
-    Garbage, ``nan`` and dates without a zone are ignored rather than trusted (a header must
-    never crash the call or make it sleep for an undefined time); ``inf`` is capped by the caller.
-    """
-    ms = headers.get("retry-after-ms", "").strip()
-    if ms:
-        with contextlib.suppress(ValueError):
-            value = float(ms)
-            if not math.isnan(value):
-                return value / 1000.0
-    ra = headers.get("retry-after", "").strip()
-    if not ra:
-        return None
-    try:
-        value = float(ra)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(ra)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:  # RFC 9110 dates are GMT; treat a zone-less one as UTC
-            when = when.replace(tzinfo=datetime.UTC)
-        return when.timestamp() - time.time()
-    return None if math.isnan(value) else value
-
-
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
     weakref.WeakKeyDictionary()
 )
@@ -241,10 +181,11 @@ def _may_retry(builder: MessageBuilder) -> bool:
 
 
 class _Retry(Exception):
-    def __init__(self, message: str, headers: httpx.Headers | None = None) -> None:
+    def __init__(self, message: str, headers: httpx.Headers | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers
+        self.status = status
 
 
 async def _replay(raw: bytes) -> AsyncIterator[bytes]:
@@ -280,45 +221,10 @@ async def _attempt(
             if resp.status_code >= 400:
                 msg = error_message_from_body(resp.status_code, await resp.aread())
                 if resp.status_code in RETRYABLE_STATUS:
-                    raise _Retry(msg, resp.headers)
+                    raise _Retry(msg, resp.headers, resp.status_code)
                 fail(msg)
                 return
-            chunks = resp.aiter_bytes()
-            if resp.headers.get("content-type", "").startswith("application/json"):
-                # a server that ignored ``stream: true`` (or a non-streaming endpoint): one JSON body
-                raw = await resp.aread()
-                if not raw.lstrip().startswith((b"data:", b"event:", b":")):
-                    body = raw.decode("utf-8", "replace")
-                    on_body = getattr(parser, "on_body", None)
-                    if on_body is None:
-                        fail(f"expected an event stream, got a JSON body: {body[:200]}")
-                    else:
-                        on_body(body)
-                    return
-                chunks = _replay(raw)  # an event stream mislabelled as JSON: decode it as one
-            decoder = SSEDecoder()
-            ended = builder.stream
-            head = b""  # the body's first bytes, quoted when it holds no event at all
-            events = 0
-            async for chunk in chunks:
-                if len(head) < 200:
-                    head += chunk[: 200 - len(head)]
-                for ev, data in decoder.feed(chunk):
-                    events += 1
-                    parser.on_event(ev, data)
-                    if ended.ended:
-                        return
-            for ev, data in decoder.flush():
-                events += 1
-                parser.on_event(ev, data)
-                if ended.ended:
-                    return
-            kind = resp.headers.get("content-type") or "no content type"
-            if not events and head.strip() and not kind.startswith("text/event-stream"):
-                # e.g. a proxy's HTML login page with status 200: say what came instead of events
-                fail(f"expected an event stream, got {kind}: {head.decode('utf-8', 'replace').strip()}")
-                return
-            parser.on_end()
+            await _read_body(resp, parser, builder, fail)
     except ValueError as exc:  # malformed JSON in an event (the parsers' only ValueError)
         fail(f"malformed event from the provider: {exc}")
     except (AttributeError, KeyError, IndexError, TypeError) as exc:
@@ -337,6 +243,120 @@ async def _attempt(
         if _may_retry(builder):
             raise _Retry(f"connection error: {type(exc).__name__}: {exc}") from None
         fail(f"connection error while streaming: {type(exc).__name__}: {exc}")
+
+
+async def _read_body(
+    resp: httpx.Response, parser: SseParser, builder: MessageBuilder, fail: Callable[[str], None]
+) -> None:
+    """Feed a 2xx answer to ``parser``: an event stream, or one JSON document (``on_body``)."""
+    chunks = resp.aiter_bytes()
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        # a server that ignored ``stream: true`` (or a non-streaming endpoint): one JSON body
+        raw = await resp.aread()
+        if not raw.lstrip().startswith((b"data:", b"event:", b":")):
+            body = raw.decode("utf-8", "replace")
+            on_body = getattr(parser, "on_body", None)
+            if on_body is None:
+                fail(f"expected an event stream, got a JSON body: {body[:200]}")
+            else:
+                on_body(body)
+            return
+        chunks = _replay(raw)  # an event stream mislabelled as JSON: decode it as one
+    decoder = SSEDecoder()
+    ended = builder.stream
+    head = b""  # the body's first bytes, quoted when it holds no event at all
+    events = 0
+    async for chunk in chunks:
+        if len(head) < 200:
+            head += chunk[: 200 - len(head)]
+        for ev, data in decoder.feed(chunk):
+            events += 1
+            parser.on_event(ev, data)
+            if ended.ended:
+                return
+    for ev, data in decoder.flush():
+        events += 1
+        parser.on_event(ev, data)
+        if ended.ended:
+            return
+    kind = resp.headers.get("content-type") or "no content type"
+    if not events and head.strip() and not kind.startswith("text/event-stream"):
+        # e.g. a proxy's HTML login page with status 200: say what came instead of events
+        fail(f"expected an event stream, got {kind}: {head.decode('utf-8', 'replace').strip()}")
+        return
+    parser.on_end()
+
+
+async def _gated_attempt(
+    gate: ProviderGate | None,
+    attempt: int,
+    run: Callable[[], Awaitable[None]],
+    builder: MessageBuilder,
+    est_tokens: int,
+) -> None:
+    """Run one attempt inside a lease of ``gate`` (none: just run it); the lease goes back with
+    the reported usage, or with the 429 and its wait, so the gate slows every caller
+    (docs/decisions.md#spend-provider-limits). A 429 without ``Retry-After`` reports the backoff
+    delay as its wait: the gated retry waits in the gate, never hammers.
+
+    Raises:
+        _Retry: as :func:`_attempt`.
+        ProviderBusyError: no lease within the alias's ``max_wait_s``.
+    """
+    if gate is None:
+        await run()
+        return
+    lease = await gate.acquire(builder.message.provider, current_attribution(), est_tokens)
+    status: int | None = None
+    wait_s: float | None = None
+    try:
+        await run()
+        status = 200 if builder.message.stop_reason not in ("error", "aborted") else None
+    except _Retry as r:
+        status = r.status
+        if status == 429:
+            wait_s = retry_delay_s(attempt, r.headers)
+        raise
+    finally:
+        used = builder.message.usage.total_tokens
+        await asyncio.shield(gate.release(lease, used or None, status, wait_s))
+
+
+async def _attempts(
+    api: str,
+    request: HttpRequest,
+    content: bytes,
+    options: StreamOptions,
+    builder: MessageBuilder,
+    run_attempt: Callable[[], Awaitable[None]],
+) -> None:
+    """The retry loop: ``run_attempt`` (one POST with a fresh parser), up to ``options.max_retries``
+    more times after a :class:`_Retry`, each in a lease of the process's provider gate when it
+    governs the model's alias (a gated 429 waits in the gate, not here); ends ``builder.stream``
+    when the retries ran out or no lease came."""
+    gate = provider_gate(builder.message.provider)
+    est_tokens = math.ceil(len(content) / 4)  # the ~4 bytes a token rule of estimate_tokens
+    attempt = 0
+    while True:
+        try:
+            await _gated_attempt(gate, attempt, run_attempt, builder, est_tokens)
+            return
+        except ProviderBusyError as exc:
+            builder.fail(str(exc))
+            return
+        except _Retry as r:
+            if attempt >= options.max_retries:
+                builder.fail(redact(r.message, request.secrets))
+                return
+            gated_429 = gate is not None and r.status == 429  # the gate holds the wait
+            delay = 0.0 if gated_429 else retry_delay_s(attempt, r.headers)
+            attempt += 1
+            LLM_RETRIES.inc(api=api)
+            log.info(
+                "%s: retry %d in %.2f s after: %s", api, attempt, delay, redact(r.message, request.secrets)
+            )
+            if not gated_429:
+                await _sleep(delay)
 
 
 async def run_sse_request(
@@ -365,30 +385,8 @@ async def run_sse_request(
     total = options.timeout if options.timeout is not None else DEFAULT_TIMEOUT_S
     timeout = httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))
     signal = options.signal
-
-    async def attempts() -> None:
-        attempt = 0
-        while True:
-            try:
-                await _attempt(client, request, content, timeout, make_parser(), builder)
-                return
-            except _Retry as r:
-                if attempt >= options.max_retries:
-                    builder.fail(redact(r.message, request.secrets))
-                    return
-                delay = retry_delay_s(attempt, r.headers)
-                attempt += 1
-                LLM_RETRIES.inc(api=api)
-                log.info(
-                    "%s: retry %d in %.2f s after: %s",
-                    api,
-                    attempt,
-                    delay,
-                    redact(r.message, request.secrets),
-                )
-                await _sleep(delay)
-
-    task = asyncio.ensure_future(attempts())
+    run_attempt = lambda: _attempt(client, request, content, timeout, make_parser(), builder)  # noqa: E731
+    task = asyncio.ensure_future(_attempts(api, request, content, options, builder, run_attempt))
     waiters: set[asyncio.Future[Any]] = {task}
     abort_wait: asyncio.Future[None] | None = None
     if signal is not None:
@@ -414,31 +412,6 @@ async def run_sse_request(
             task.cancel()
     if builder.stream.ended:
         record_call_metrics(api, builder)
-
-
-def error_reason(error_message: str | None, stop_reason: str) -> str:
-    """Bounded label for ``sessionray_llm_errors_total``: ``aborted``, ``http_4xx``, ``http_429``,
-    ``http_5xx``, ``timeout``, ``connection``, ``malformed`` (bad events, a body that is no event
-    stream) or ``provider`` (in-stream errors, refusals, safety stops). Redirects count as
-    ``http_4xx``."""
-    if stop_reason == "aborted":
-        return "aborted"
-    text = error_message or ""
-    if text.startswith("HTTP 429"):
-        return "http_429"
-    if text.startswith(("HTTP 4", "HTTP 3")):  # a redirect is a client-side configuration error too
-        return "http_4xx"
-    if text.startswith("HTTP "):
-        return "http_5xx"
-    for prefix, reason in (
-        ("timeout", "timeout"),
-        ("connection", "connection"),
-        ("malformed", "malformed"),
-        ("expected", "malformed"),
-    ):
-        if text.startswith(prefix):
-            return reason
-    return "provider"
 
 
 def record_call_metrics(api: str, builder: MessageBuilder) -> None:

@@ -411,3 +411,23 @@ TELEGRAM_POLL_CONFLICT = Gauge(
     "poller or a webhook is set for its token), else 0; by the configured bot id.",
     ("bot_id",),
 )
+# Provider limits shared by the cluster (docs/decisions.md#spend-provider-limits); alias is a
+# configured provider alias (a bounded set)
+PROVIDER_LEASE_WAIT = Histogram(
+    "sessionray_provider_lease_wait_seconds",
+    "Seconds an LLM call waited for its provider lease, by provider alias.",
+    ("alias",),
+)
+PROVIDER_QUEUE_DEPTH = Gauge(
+    "sessionray_provider_queue_depth",
+    "LLM calls waiting for a provider lease, by provider alias.",
+    ("alias",),
+)
+PROVIDER_429S = Counter(
+    "sessionray_provider_429_total", "HTTP 429 answers reported to the provider gate, by alias.", ("alias",)
+)
+PROVIDER_REFUSALS = Counter(
+    "sessionray_provider_refusals_total",
+    "LLM calls refused after waiting max_wait_s for a provider lease (the turn got the busy reply).",
+    ("alias",),
+)

@@ -90,6 +90,28 @@ class ModelConfig(_Closed):
     explicitly: no budget for this model; docs/decisions.md#agent-context-budget)."""
 
 
+class ProviderLimits(_Closed):
+    """``ai.providers.<alias>.limits``: what the provider's API key allows, granted for the whole
+    cluster (docs/decisions.md#spend-provider-limits). Every key is optional; an unset one is not
+    limited. Enforced by :mod:`runtime.spend.limits` (leases) through the gate of
+    :mod:`runtime.llm.limits`."""
+
+    concurrency: int | None = Field(None, ge=1)
+    """Requests in flight at once, across every host."""
+    rpm: int | None = Field(None, ge=1)
+    """Requests per minute (a token bucket of this size refilled at ``rpm / 60`` per second)."""
+    tpm: int | None = Field(None, ge=1)
+    """Tokens per minute, input + output (estimated before a request, corrected by the usage the
+    provider reports after it)."""
+    max_wait_s: float = Field(60.0, gt=0)
+    """Seconds a call may wait for its lease; longer and it is refused (the turn gets the busy
+    reply, ``ai.agent.busy_text``)."""
+
+    def limited(self) -> bool:
+        """Whether any of ``concurrency`` / ``rpm`` / ``tpm`` is set (otherwise nothing is gated)."""
+        return any(v is not None for v in (self.concurrency, self.rpm, self.tpm))
+
+
 class ProviderConfig(_Closed):
     """``ai.providers.<alias>``: one endpoint speaking one wire protocol (``api``)."""
 
@@ -104,6 +126,9 @@ class ProviderConfig(_Closed):
     headers: dict[str, str] = Field(default_factory=dict)
     """Extra HTTP headers on every request."""
     models: list[ModelConfig] = Field(default_factory=list)
+    limits: ProviderLimits | None = None
+    """Provider limits shared by the cluster (docs/decisions.md#spend-provider-limits); ``None``:
+    no gate, each call only retries its own 429s."""
     script: str | None = None
     """``api: faux`` only: ``"package.module:function"`` answering every call to this provider's
     models — ``function(context, options)`` returns an ``AssistantMessage`` (sync or async); it is
@@ -219,6 +244,10 @@ class AgentConfig(_Closed):
     failure_text: str | None = Field(None, min_length=1)
     """The fixed message sent when a turn cannot produce a valid reply
     (docs/decisions.md#reply-fixed-failure); ``null``: the built-in English text."""
+    busy_text: str | None = Field(None, min_length=1)
+    """The polite reply sent when a turn's model call waited longer than its provider's
+    ``limits.max_wait_s`` (docs/decisions.md#spend-provider-limits); ``null``: the built-in
+    English text."""
     abort_text: str | None = None
     """The fixed notice a chat gets when a master aborts its turn (nothing of the cut-off answer
     is sent; docs/decisions.md#agent-abort-valid-context); ``null``: the built-in English text,

@@ -50,6 +50,7 @@ from runtime.session.output_sink import OutputSink
 
 __all__ = [
     "ABORT_TEXT",
+    "BUSY_TEXT",
     "DEFERRED_MARKER",
     "INBOUND_MARKER",
     "INTERRUPTED_TEXT",
@@ -68,6 +69,9 @@ __all__ = [
 
 ABORT_TEXT = "(Stopped: this answer was cancelled.)"
 """The built-in notice a chat gets for a turn a master aborted."""
+BUSY_TEXT = "Sorry, I'm getting a lot of questions right now. Please ask again in a minute."
+"""The built-in reply of a turn whose model call waited past its provider's ``max_wait_s``
+(docs/decisions.md#spend-provider-limits)."""
 INBOUND_MARKER = "im_inbound"
 """``CustomMessage.custom_type`` recorded with each inbound turn (before the user message)."""
 REPLY_MARKER = "im_reply"
@@ -207,6 +211,8 @@ class SessionSetup:
         max_iterations: LLM-call budget per turn (``None`` = the loop's default).
         failure_text: The host's fixed failure message sent when a turn errors
             (docs/decisions.md#reply-fixed-failure).
+        busy_text: The polite reply sent when the turn's model call got no provider lease within
+            ``max_wait_s`` (config ``ai.agent.busy_text``; docs/decisions.md#spend-provider-limits).
         abort_text: The host's fixed notice sent when a master aborts a turn (``None``: nothing
             is sent; docs/decisions.md#agent-abort-valid-context).
         deferred_tasks: Named work the model may hand off with the ``run_deferred_task`` tool:
@@ -244,6 +250,7 @@ class SessionSetup:
     pre_tools: list[PreTool] = field(default_factory=list)
     max_iterations: int | None = None
     failure_text: str = "Sorry, something went wrong while answering. Please try again."
+    busy_text: str = BUSY_TEXT
     abort_text: str | None = ABORT_TEXT
     deferred_tasks: dict[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
     features: Any = None

@@ -18,6 +18,7 @@ from runtime.agent.agent import Agent, QueueMode
 from runtime.agent.config import AgentLoopConfig
 from runtime.agent.events import AgentEndEvent, AgentEvent, MessageEndEvent
 from runtime.llm.abort import AbortController, AbortSignal
+from runtime.llm.limits import is_busy_error
 from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, UserMessage
 from runtime.reply.custom_output import CustomOutputContract, OutputSpec
 from runtime.reply.im_reply import ImReplyConfig, ImReplyContract, MentionIdentity
@@ -37,6 +38,7 @@ __all__ = [
     "RecordFn",
     "TurnControl",
     "abort_notice",
+    "busy_reply",
     "control_message",
     "convert_for_session",
     "deliver_output",
@@ -237,6 +239,9 @@ async def finalize_reply(
     With a custom ``output_schema`` the reply is always empty: a validated answer goes to
     ``setup.output_sink`` (``record`` appends its transcript record), a failed one nowhere
     (docs/decisions.md#structured-custom-schema)."""
+    busy = busy_reply(setup, final)
+    if busy is not None:  # the provider's limits were taken for max_wait_s
+        return busy
     contract = contract or reply_contract(setup)
     identity = (
         setup.features.identity(sender_id, messages)  # + media provenance
@@ -373,6 +378,16 @@ async def run_agent(
         scope=scope,
         record=record,
     )
+
+
+def busy_reply(setup: SessionSetup, final: AssistantMessage | None) -> Reply | None:
+    """The polite busy reply (``setup.busy_text``) when the turn's last model call was refused by
+    the provider gate after ``max_wait_s`` (docs/decisions.md#spend-provider-limits; the refusal
+    is counted by ``sessionray_provider_refusals_total``), else ``None``. A custom output schema's
+    answers go to a sink, never the chat: ``None`` then too."""
+    if final is None or final.stop_reason != "error" or isinstance(setup.output_schema, OutputSpec):
+        return None
+    return Reply.of_text(setup.busy_text) if is_busy_error(final.error_message) else None
 
 
 def abort_notice(setup: SessionSetup) -> Reply | None:

@@ -23,7 +23,6 @@ LONG_FUNCTIONS = {
     ("serve.py", "serve"),
     ("ingress.py", "handle_event"),
     ("core.py", "_turn"),
-    ("transport.py", "_attempt"),
 }
 """Functions over :data:`FUNCTION_LINES` lines being cut now, as (file name, function name): the
 file's name without its folder, so that a module moved to another package keeps its entry."""
