@@ -15,7 +15,8 @@ a scripted model. Example::
           models: [{id: chat, structured_tier: native}]
 
 :func:`providers.register_builtin_providers` registers these handles whenever it is given the
-configured providers (each session host does, in :meth:`actors.setup.ConfigSetupFactory.prepare`).
+configured providers (each session host does, in
+:meth:`actors.placement.hosts.setup.ConfigSetupFactory.prepare`).
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from actors.admin import admin_routes
-from actors.admission import KeyOrder
-from actors.router import RouterActor
-from actors.router_admin import archive_active_epoch
-from actors.runtime_submit import SubmitPath
+from actors.http.admin import admin_routes
+from actors.placement.admission import KeyOrder
+from actors.placement.router import RouterActor
+from actors.placement.router_control import archive_active_epoch
+from actors.placement.submit import SubmitPath
 from runtime.keys import SessionKeyError, parse_session_key
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
@@ -102,7 +102,7 @@ class LocalShard:
 async def local_router(h: Harness, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalShard]:
     """A router shard living in this process, bound to the module's host supervisor; its idle
     sessions are passivated at the end."""
-    monkeypatch.setattr("actors.ray_metrics.install_ray_metrics", lambda: None)
+    monkeypatch.setattr("actors.raylife.metrics.install_ray_metrics", lambda: None)
     router = RouterActor.__ray_metadata__.modified_class(  # type: ignore[attr-defined]
         h.config, 0, 1, h.rt.hosts_name, "local-shard"
     )
@@ -177,7 +177,7 @@ async def test_a_message_arriving_during_the_stored_archive_activates_on_the_new
             await gate.wait()
             return await archive_active_epoch(repo, session_key)
 
-        monkeypatch.setattr("actors.router_admin.archive_active_epoch", held)
+        monkeypatch.setattr("actors.placement.router_control.archive_active_epoch", held)
         archive = asyncio.ensure_future(router.archive_stored(key))
         await entered.wait()
         message = asyncio.ensure_future(shard.submit(inbound(user, "echo m2")))

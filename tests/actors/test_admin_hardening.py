@@ -21,10 +21,10 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from actors import admin as admin_module
-from actors.admin import admin_routes
-from actors.router_admin import archive_active_epoch
-from actors.runtime import SessionInfo, UnknownSessionError
+from actors.http import admin as admin_module
+from actors.http.admin import admin_routes
+from actors.placement.router_control import archive_active_epoch
+from actors.placement.runtime import SessionInfo, UnknownSessionError
 from runtime.keys import SessionKeyError, parse_session_key
 from runtime.llm.types import UserMessage
 from runtime.memory.db import Database
@@ -251,7 +251,7 @@ def test_malformed_keys_answer_400_on_every_session_route(served: Served, key: s
 
 
 class OpenCounter:
-    """Wraps ``actors.admin._open_repository``: records, per call, whether it ran on an event loop."""
+    """Wraps ``actors.http.admin._open_repository``: records, per call, whether it ran on an event loop."""
 
     def __init__(self, real: Any) -> None:
         self.real = real

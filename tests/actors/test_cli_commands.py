@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import COMMANDS
+from actors.cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "sessionray"

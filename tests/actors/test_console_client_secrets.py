@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.console_client import _safe_for_secrets
+from actors.cli.console_client import _safe_for_secrets
 
 
 @pytest.mark.parametrize(

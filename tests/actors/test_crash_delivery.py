@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.delivery import DeliveryResult
+from actors.delivery.pool import DeliveryResult
 from runtime.delivery import ledger as ledger
 from runtime.memory.db import Database
 from tests.actors.edge_support import HoldingApiServer, delivery_pool, private_call, text_job

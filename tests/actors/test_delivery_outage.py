@@ -20,9 +20,9 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from actors.admin import admin_routes
-from actors.control_cli import deliveries_main
-from actors.delivery import DeliveryPool
+from actors.cli.control import deliveries_main
+from actors.delivery.pool import DeliveryPool
+from actors.http.admin import admin_routes
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.delivery import ledger, outbox
 from runtime.delivery.job import DeliveryJob
@@ -253,7 +253,7 @@ async def test_kill_9_mid_send_is_uncertain_visible_and_resent_only_when_retried
 
 
 async def test_the_turn_ends_before_the_platform_answers(fixtures_dir: Path, tmp_path: Path) -> None:
-    from actors.runtime import SessionRuntime
+    from actors.placement.runtime import SessionRuntime
     from tests.actors.session_scripts import ScriptedSetup
     from tests.actors.session_support import inbound, key_of
 

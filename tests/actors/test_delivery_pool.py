@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from actors.delivery import DeliveryResult, partition_of
+from actors.delivery.pool import DeliveryResult, partition_of
 from runtime.delivery import ledger as ledger
 from runtime.memory.db import Database
 from runtime.memory.tables import ImTranscriptRow

@@ -22,8 +22,8 @@ import pytest
 import ray
 from sqlalchemy import update
 
-from actors.ingress import build_app
-from actors.router import shard_of
+from actors.inbound.ingress import build_app
+from actors.placement.router import shard_of
 from runtime.memory.db import Database
 from runtime.memory.inbox import InboxRow, InboxStore, get_row
 from runtime.platforms.base import InboundMessage, Sender

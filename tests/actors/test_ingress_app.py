@@ -268,7 +268,7 @@ async def test_cli_control_commands_against_the_running_ingress(h: IngressHarnes
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "actors.cli", *args, "--url", h.url, "--token-env", TOKEN_ENV],
+            [sys.executable, "-m", "actors.cli.main", *args, "--url", h.url, "--token-env", TOKEN_ENV],
             capture_output=True,
             text=True,
             env=env,
@@ -317,7 +317,8 @@ async def test_cli_control_commands_against_the_running_ingress(h: IngressHarnes
     malformed = await asyncio.to_thread(cli, "abort", "no-such-key")
     assert malformed.returncode == 1 and "HTTP 400: malformed session key 'no-such-key'" in malformed.stderr
     no_token = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "sessions", "--url", h.url, "--token-env", "EDGE_UNSET_TOKEN"],
+        [sys.executable, "-m", "actors.cli.main", "sessions", "--url", h.url,
+         "--token-env", "EDGE_UNSET_TOKEN"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -25,8 +25,8 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from actors.ingress import DECODE_IN_THREAD_BYTES, build_app
-from actors.runtime import SubmitResult
+from actors.inbound.ingress import DECODE_IN_THREAD_BYTES, build_app
+from actors.placement.runtime import SubmitResult
 from runtime.config import BotConfig, Config, ConfigError, DatabaseConfig, ServerConfig, parse_config
 from runtime.platforms.base import InboundMessage, PlatformCodec, RenderTarget, Sender
 from runtime.platforms.console import API_TOKEN_ENV, API_TOKEN_HEADER, ConsoleCodec, console_api_token
@@ -561,7 +561,7 @@ def test_ingress_process_holds_one_bounded_database(
     """The ingress's Database has no pool overflow (at most DEFAULT_SQL_THREADS connections, as
     deploy/README.md says), and the admin's stored-session view reads through it instead of
     opening a second one; a delivery actor's Database is bounded the same way."""
-    from actors import admin
+    from actors.http import admin
     from runtime.delivery.core import DeliverySender, DeliverySettings
     from runtime.memory.db import DEFAULT_SQL_THREADS
 

@@ -20,8 +20,8 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from actors.ingress import build_app
-from actors.runtime import SubmitResult
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SubmitResult
 from runtime.config import BotConfig, Config, DatabaseConfig, RateLimitConfig, ServerConfig
 from runtime.delivery.core import DeliverySender, DeliverySettings
 from runtime.platforms.base import InboundMessage

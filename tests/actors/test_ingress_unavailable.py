@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from actors.ingress import build_app
-from actors.runtime import SubmitResult
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SubmitResult
 from runtime.config import BotConfig, Config, DatabaseConfig
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from actors.init_cli import config_template
+from actors.cli.init_config import config_template
 from runtime.config import KNOWN_APIS, load_config, parse_config
 from runtime.config.requirements import env_references, missing_env
 

@@ -1,4 +1,4 @@
-"""Per-key ordering (actors/admission.py ``KeyOrder``), driven directly on one event loop: tickets
+"""Per-key ordering (actors/placement/admission.py ``KeyOrder``), driven directly on one event loop: tickets
 of one key pass in arrival order while other keys pass freely, and a ticket cancelled while it
 waits keeps the order of the others (docs/decisions.md#session-ordered-inbox). Each ingress
 process's ``SubmitPath`` and each router shard own one; end to end it is checked in
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.admission import KeyOrder
+from actors.placement.admission import KeyOrder
 
 
 async def spin() -> None:

@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
-from actors.admin import admin_routes
+from actors.http.admin import admin_routes
 from runtime.config import parse_config
 from runtime.memory.capabilities import SqlCapabilityStore
 from runtime.memory.db import Database
@@ -111,7 +111,7 @@ def test_sessionray_models_prints_the_table(server: tuple[str, Database]) -> Non
     url, db = server
     seed(db)
     env = {**os.environ, TOKEN_ENV: TOKEN}
-    base = [sys.executable, "-m", "actors.cli", "models", "--url", url, "--token-env", TOKEN_ENV]
+    base = [sys.executable, "-m", "actors.cli.main", "models", "--url", url, "--token-env", TOKEN_ENV]
     out = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
@@ -137,7 +137,7 @@ def test_sessionray_models_on_the_defaults_lists_the_builtin_model(
     cfg = parse_config({"database": {"url": url}})
     app = Starlette(routes=admin_routes(StubRuntime(cfg), TOKEN_ENV, repository=ContextRepository(db)))
     with serve_in_thread(app) as base:
-        cmd = [sys.executable, "-m", "actors.cli", "models", "--url", base, "--token-env", TOKEN_ENV]
+        cmd = [sys.executable, "-m", "actors.cli.main", "models", "--url", base, "--token-env", TOKEN_ENV]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
         raw = subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     db.dispose()

@@ -19,7 +19,9 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from actors.preflight import (
+from actors.serve.banner import admin_token_for_run, banner, quiet_ray_auth
+from actors.serve.main import IngressServer
+from actors.serve.preflight import (
     EXIT_CONFIG,
     EXIT_DATABASE,
     EXIT_ENVIRONMENT,
@@ -33,8 +35,6 @@ from actors.preflight import (
     port_problem,
     run_checks,
 )
-from actors.serve import IngressServer
-from actors.serve_banner import admin_token_for_run, banner, quiet_ray_auth
 from runtime.config import parse_config
 from runtime.config.requirements import EnvRef, directory_problems, env_references, missing_env
 
@@ -421,8 +421,8 @@ def test_banner_names_the_console_master_token() -> None:
 
 
 def test_serve_replica_names_every_missing_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The Ray Serve replica (``actors/serve_app.py``) runs the environment checks before it starts."""
-    from actors.serve_app import SessionrayIngress
+    """The Ray Serve replica (``actors/serve/app.py``) runs the environment checks before it starts."""
+    from actors.serve.app import SessionrayIngress
 
     replica_class = SessionrayIngress.func_or_class.__bases__[0]  # ours, under Serve's ASGI wrapper
     config_file = tmp_path / "sessionray.yaml"

@@ -1,4 +1,4 @@
-"""``ai.probe_on_start`` through :meth:`actors.runtime.SessionRuntime.start` on real local Ray
+"""``ai.probe_on_start`` through :meth:`actors.placement.runtime.SessionRuntime.start` on real local Ray
 (docs/decisions.md#structured-capability-cache): the configured models are probed before the hosts
 start — here a scripted faux provider named by ``ai.providers.<alias>.script``
 (docs/decisions.md#faux-script-from-config) — and each probed tier is one ``model_capabilities``

@@ -1,4 +1,4 @@
-"""The work-around for Ray's concurrency-group loop start-up race (actors/ray_compat.py)."""
+"""The work-around for Ray's concurrency-group loop start-up race (actors/raylife/compat.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import ray
 
-from actors.ray_compat import guarded_loop_factory, install_group_loop_fix
+from actors.raylife.compat import guarded_loop_factory, install_group_loop_fix
 
 
 def _start_groups_like_ray(factory: Any, groups: int) -> tuple[list[Any], list[BaseException]]:
@@ -96,10 +96,10 @@ def _hook_installed(actor_self: Any) -> bool:
 
 @pytest.mark.usefixtures("ray_session")
 async def test_a_session_host_worker_runs_with_the_fix(tmp_path: Path) -> None:
-    """Ray imports actors.host in the worker before it builds the group loops, so the guard is in
-    place there; a fresh host answers in both groups (what the supervisor checks before it counts
+    """Ray imports actors.placement.hosts.host in the worker before it builds the group loops, so the guard
+    is in place there; a fresh host answers in both groups (what the supervisor checks before it counts
     a host as ready), from the same process."""
-    from actors.host import SessionHost
+    from actors.placement.hosts.host import SessionHost
     from runtime.config import Config, DatabaseConfig
     from tests.actors.session_scripts import ScriptedSetup
 

@@ -1,4 +1,4 @@
-"""Joining a crashed driver's local Ray (actors/ray_head.py) and its keeper (actors/ray_keeper.py),
+"""Joining a crashed driver's local Ray (actors/raylife/head.py) and its keeper (actors/raylife/keeper.py),
 docs/decisions.md#ops-ray-outlives-driver, on real processes that stand in for an instance's
 (a listening socket for its GCS, a process holding a file in its session directory), without Ray:
 only a dead driver's instance with the same fingerprint, a running raylet and an answering GCS is
@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.ray_head import find_adoptable, instance_fingerprint, plan_local_ray
-from actors.ray_keeper import keep
-from actors.stale_ray import LocalRayRun, write_record
+from actors.raylife.head import find_adoptable, instance_fingerprint, plan_local_ray
+from actors.raylife.keeper import keep
+from actors.raylife.stale import LocalRayRun, write_record
 from runtime.config import Config
 from tests.actors.test_stale_ray import alive, dead_driver, holding, procs, spawn, started, wait_until
 

@@ -1,4 +1,4 @@
-"""Ray's authentication token for the local Ray (actors/ray_token.py,
+"""Ray's authentication token for the local Ray (actors/raylife/auth_token.py,
 docs/decisions.md#ops-ray-token-first-start): created on the first start in an empty HOME as
 ``ray.init()`` would (64 hex digits, owner-only), never overwritten, and a clear one-line error
 when it can neither be found nor created. The real ``ray start`` accepting it is
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.ray_token import RayTokenError, ensure_local_token
-from actors.serve_banner import quiet_ray_auth
+from actors.raylife.auth_token import RayTokenError, ensure_local_token
+from actors.serve.banner import quiet_ray_auth
 
 
 def test_an_empty_home_gets_a_token_file_once(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_a_token_write_that_fails_leaves_no_token_file(
     def full(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("actors.ray_token.os.fsync", full)
+    monkeypatch.setattr("actors.raylife.auth_token.os.fsync", full)
     with pytest.raises(RayTokenError, match=r"cannot be created \(No space left on device\)"):
         ensure_local_token({"HOME": str(tmp_path), "RAY_AUTH_MODE": "token"})
     assert list((tmp_path / ".ray").iterdir()) == []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.runtime import SessionRuntime
+from actors.placement.runtime import SessionRuntime
 from tests.actors.session_support import Harness, eventually, inbound, key_of, running_runtime
 
 pytestmark = pytest.mark.ray

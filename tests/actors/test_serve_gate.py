@@ -1,4 +1,4 @@
-"""The HTTP port before the session runtime is up (actors/serve_gate.py,
+"""The HTTP port before the session runtime is up (actors/serve/gate.py,
 docs/decisions.md#ops-early-accept): the runtime stand-in refuses every runtime call with
 ``RuntimeNotReady`` until a runtime is attached, then forwards; the startup gate answers
 ``/healthz``, the admin API and the console's runtime routes with 503 while starting, over real
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from actors.serve_gate import RETRY_AFTER_S, RuntimeGate, RuntimeNotReady, StartupGate, needs_runtime
+from actors.serve.gate import RETRY_AFTER_S, RuntimeGate, RuntimeNotReady, StartupGate, needs_runtime
 
 
 class FakeRuntime:

@@ -89,7 +89,7 @@ def cleanup(root: Path) -> None:
     pids = ray_pids_of(str(root / "rt"))
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if "actors.ray_keeper" in " ".join(proc.cmdline()) and str(root) in " ".join(proc.cmdline()):
+            if "actors.raylife.keeper" in " ".join(proc.cmdline()) and str(root) in " ".join(proc.cmdline()):
                 pids.append(proc.pid)
     for pid in pids:
         with contextlib.suppress(OSError):
@@ -187,10 +187,10 @@ def test_a_ray_call_before_serves_own_ray_init_fails_loudly(tmp_path: Path) -> N
     # bug like the dialer's) raises instead of starting a second local Ray that races it
     script = (
         "import sys\n"
-        "from actors.serve import main\n"
+        "from actors.serve.main import main\n"
         "code = main(['--config', sys.argv[1]])\n"  # a missing file: exits before Ray (2)
         "import ray\n"
-        "from actors.onebot_link import get_link\n"
+        "from actors.delivery.onebot_link import get_link\n"
         "try:\n"
         "    get_link('1')\n"
         "except ray.exceptions.RaySystemError as exc:\n"

@@ -164,7 +164,7 @@ def wait_ready(serve: Proc) -> None:
 
 
 def wait_ray_up(serve: Proc, root: Path) -> tuple[Path, str]:
-    """Until ``serve``'s local Ray runs: its record (``actors.stale_ray``) names the session
+    """Until ``serve``'s local Ray runs: its record (``actors.raylife.stale``) names the session
     directory. Returns the record file and the session directory."""
     record = root / "rt" / "ray" / f"sessionray-serve-{serve.popen.pid}.json"
 
@@ -399,7 +399,7 @@ def test_sigterm_lets_the_turn_in_flight_deliver_then_exits_0_and_the_next_serve
         for proc in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
                 line = " ".join(proc.cmdline())
-                if "actors.ray_keeper" in line and str(root) in line and proc.status() != "zombie":
+                if "actors.raylife.keeper" in line and str(root) in line and proc.status() != "zombie":
                     found.append(proc.pid)
         return found
 

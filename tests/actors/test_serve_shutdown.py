@@ -1,4 +1,4 @@
-"""The waits of a stopping ``sessionray serve`` (actors/serve_shutdown.py,
+"""The waits of a stopping ``sessionray serve`` (actors/serve/shutdown.py,
 docs/decisions.md#ops-graceful-shutdown) on a real database, without Ray: the replies of this run
 still open in the delivery ledger are counted (queued and pending ones, the ones with a call on the
 wire), older rows and final ones are not; the drain waits until the turns in flight end and the
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from actors.serve_shutdown import drain, open_replies
+from actors.serve.shutdown import drain, open_replies
 from runtime.memory.db import Database
 from runtime.memory.delivery_tables import DeliveryLedgerRow
 from tests.memory.pg_schema import create_schema, drop_schema

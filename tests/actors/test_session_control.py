@@ -1,7 +1,7 @@
 """The typed control request (`docs/decisions.md#typed-control-request`): a ``ControlRequest`` is
 checked where it is made, :func:`run_control` carries each kind out on a real ``SessionCore``
 (SQLite, the scripted model) and answers a ``ControlReply``, and each refusal has one HTTP status
-(``actors.admin.ERROR_STATUS``). Routing through the router shard and the session host on Ray is
+(``actors.http.admin.ERROR_STATUS``). Routing through the router shard and the session host on Ray is
 covered by test_session_runtime.py, test_host_churn.py and test_admin_archive_stored.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from actors.admin import error_status
+from actors.http.admin import error_status
 from runtime.delivery.job import DeliveryJob
 from runtime.keys import SessionKeyError
 from runtime.memory.db import Database

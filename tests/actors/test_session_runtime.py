@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.runtime import NotMasterError, SessionRuntime, UnknownSessionError
+from actors.placement.runtime import NotMasterError, SessionRuntime, UnknownSessionError
 from tests.actors.session_support import (
     MASTER,
     MODES,

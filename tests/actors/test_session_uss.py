@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.host_support import process_uss_mib
+from actors.placement.hosts.support import process_uss_mib
 
 
 def test_uss_of_this_process_is_measured_and_an_unknown_pid_reads_zero() -> None:

@@ -1,4 +1,4 @@
-"""The stale-Ray clean-up (actors/stale_ray.py, docs/decisions.md#ops-stale-ray) on real processes
+"""The stale-Ray clean-up (actors/raylife/stale.py, docs/decisions.md#ops-stale-ray) on real processes
 that stand in for a crashed driver's leftovers, without Ray: exactly the dead driver's processes
 are stopped — a recorded pid with the same start time, a Ray process with a file open in its
 session directory or naming it, and their children — and nothing else: not a process of another
@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.port_holders import describe_process, port_holders_text
-from actors.stale_ray import LocalRayRun, clear_stale_ray, record_local_ray, run_file, stop_instance
+from actors.raylife.port_holders import describe_process, port_holders_text
+from actors.raylife.stale import LocalRayRun, clear_stale_ray, record_local_ray, run_file, stop_instance
 
 LISTEN = "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()\ntime.sleep(120)\n"
 """A process that listens on a free loopback port."""

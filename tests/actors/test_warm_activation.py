@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from actors.host import SessionHost
-from actors.host_support import WARM_UP_SESSION_KEY
-from actors.setup import ConfigSetupFactory
+from actors.placement.hosts.host import SessionHost
+from actors.placement.hosts.setup import ConfigSetupFactory
+from actors.placement.hosts.support import WARM_UP_SESSION_KEY
 from runtime.config import Config, DatabaseConfig
 from runtime.llm.types import AssistantMessage, TextContent, UserMessage
 from runtime.memory.db import Database
@@ -128,9 +128,11 @@ def test_config_setup_factory_builds_the_session_independent_part_once(tmp_path:
 
 def test_host_modules_do_not_import_what_a_host_never_needs() -> None:
     code = (
-        "import sys, actors.host, runtime.session.core, actors.ray_metrics, runtime.metrics\n"
-        "heavy = ['prometheus_client', 'starlette', 'uvicorn', 'mcp', 'httpx', 'actors.ingress',\n"
-        "         'actors.router', 'actors.hosts', 'actors.runtime']\n"
+        "import sys, actors.placement.hosts.host, runtime.session.core, actors.raylife.metrics,"
+        " runtime.metrics\n"
+        "heavy = ['prometheus_client', 'starlette', 'uvicorn', 'mcp', 'httpx',\n"
+        "         'actors.inbound.ingress', 'actors.placement.router',\n"
+        "         'actors.placement.hosts.supervisor', 'actors.placement.runtime']\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
         "from runtime.metrics import PrometheusBackend\n"
         "import prometheus_client\n"
@@ -143,7 +145,7 @@ def test_host_modules_do_not_import_what_a_host_never_needs() -> None:
 def test_a_host_process_imports_httpx_without_its_cli() -> None:
     code = (
         "import sys\n"
-        "from actors.host_support import skip_httpx_cli\n"
+        "from actors.placement.hosts.support import skip_httpx_cli\n"
         "skip_httpx_cli()\n"
         "import httpx, providers.transport\n"
         "print(sorted(m for m in ('click', 'pygments', 'rich') if m in sys.modules))\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.chat_cli import main, run_chat
+from actors.cli.chat import main, run_chat
 from providers.builtin import CountArgs, builtin_model, builtin_respond, builtin_tools, set_builtin_responder
 from providers.faux import faux_assistant_message, faux_tool_call
 from runtime import Agent, Context, ImageContent, TextContent, ToolResultMessage, UserMessage
@@ -220,7 +220,7 @@ async def test_run_chat_in_process() -> None:
 def _chat(stdin: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "actors.chat_cli", *args],
+        [sys.executable, "-m", "actors.cli.chat", *args],
         input=stdin,
         text=True,
         capture_output=True,

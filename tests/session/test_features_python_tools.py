@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.setup import ConfigSetupFactory, business_tools
+from actors.placement.hosts.setup import ConfigSetupFactory, business_tools
 from runtime.config import ConfigError, parse_config
 from runtime.memory.db import Database
 from runtime.session.python_tools import PythonToolError, load_python_tools
