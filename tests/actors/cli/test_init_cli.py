@@ -17,7 +17,7 @@ from runtime.config import KNOWN_APIS, load_config, parse_config
 from runtime.config.requirements import env_references, missing_env
 
 SCRIPT = Path(sys.executable).parent / "sessionray"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def init(cwd: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -38,7 +38,7 @@ from runtime.config import parse_config
 from tests.deploy.harness import SESSIONRAY, Proc, free_port, wait_for
 from tests.platform_api_server import PlatformApiServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BOT = "1000000001"  # self_id of the recorded OneBot v11 events
 SECRET_ENV, SECRET = "SR_KNOBS_ONEBOT_SECRET", "knobs-onebot-secret"
 SCRIPT = "tests.actors.serve_knobs_script"

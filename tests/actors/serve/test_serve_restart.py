@@ -91,7 +91,7 @@ class Restarted:
 def event(message_id: int, text: str) -> dict[str, Any]:
     """A private OneBot v11 message to the bot (the recorded event with another id and text)."""
     base = json.loads(
-        (Path(__file__).parents[1] / "fixtures/onebot11/event_private_message_array.json").read_text()
+        (Path(__file__).parents[2] / "fixtures/onebot11/event_private_message_array.json").read_text()
     )
     return base | {
         "message_id": message_id,
@@ -146,7 +146,7 @@ def ray_pids_of(session_dir: str) -> list[int]:
 
 def start_serve(name: str, root: Path, config: Path, metrics_port: int) -> Proc:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SESSIONRAY_"))}
-    env |= {"PYTHONPATH": str(Path(__file__).parents[2]), "RAY_TMPDIR": str(root / "rt")}
+    env |= {"PYTHONPATH": str(Path(__file__).parents[3]), "RAY_TMPDIR": str(root / "rt")}
     argv = [SESSIONRAY, "serve", "--config", str(config), "--metrics-export-port", str(metrics_port)]
     return Proc(name, argv, env, root / f"{name}.log", cwd=root, stop_signal=signal.SIGINT)
 

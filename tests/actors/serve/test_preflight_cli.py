@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 SCRIPT = Path(sys.executable).parent / "sessionray"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ import pytest
 
 from actors.cli.main import COMMANDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(sys.executable).parent / "sessionray"
 
 EXPECTED = {

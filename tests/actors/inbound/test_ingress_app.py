@@ -35,7 +35,7 @@ from tests.actors.edge_support import (
 
 pytestmark = pytest.mark.ray
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 OK_MID = "1936658337"
 """``data.message_id`` of tests/fixtures/onebot11/api_response_ok_napcat.json."""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 READY_TIMEOUT_S = 480  # a cold local Ray on a loaded 2-core machine
 

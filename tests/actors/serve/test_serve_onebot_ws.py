@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from tests.actors.onebot_impl import Impl
-from tests.actors.test_serve_restart import ray_pids_of, stored, wait_ready
+from tests.actors.serve.test_serve_restart import ray_pids_of, stored, wait_ready
 from tests.deploy.harness import SESSIONRAY, Proc, free_port, wait_for
 
 TOKEN_ENV = "ONEBOT_WS_SERVE_TEST_TOKEN"
@@ -111,7 +111,7 @@ def started(fixtures_dir: Path) -> Iterator[Started]:
     impls[FORWARD_UP].say("up one", "up two")
     impls[FORWARD_DOWN].say("down one", "down two")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SESSIONRAY_"))}
-    env |= {"PYTHONPATH": str(Path(__file__).parents[2]), "RAY_TMPDIR": str(root / "rt"), TOKEN_ENV: TOKEN}
+    env |= {"PYTHONPATH": str(Path(__file__).parents[3]), "RAY_TMPDIR": str(root / "rt"), TOKEN_ENV: TOKEN}
     argv = [SESSIONRAY, "serve", "--config", str(root / "sessionray.yaml"),
             "--metrics-export-port", str(metrics_port)]  # fmt: skip
     serve = Proc("serve", argv, env, root / "serve.log", cwd=root)
@@ -197,7 +197,7 @@ def test_a_ray_call_before_serves_own_ray_init_fails_loudly(tmp_path: Path) -> N
         "    print(code, 'refused:', exc, ray.is_initialized())\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SESSIONRAY_"))}
-    env |= {"PYTHONPATH": str(Path(__file__).parents[2]), "RAY_TMPDIR": str(tmp_path / "rt")}
+    env |= {"PYTHONPATH": str(Path(__file__).parents[3]), "RAY_TMPDIR": str(tmp_path / "rt")}
     out = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "missing.yaml")],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,

@@ -23,7 +23,7 @@ from actors.raylife.head import find_adoptable, instance_fingerprint, plan_local
 from actors.raylife.keeper import keep
 from actors.raylife.stale import LocalRayRun, write_record
 from runtime.config import Config
-from tests.actors.test_stale_ray import alive, dead_driver, holding, procs, spawn, started, wait_until
+from tests.actors.raylife.test_stale_ray import alive, dead_driver, holding, procs, spawn, started, wait_until
 
 __all__ = ["procs"]  # the fixture, shared with the stale-Ray tests
 

@@ -23,7 +23,7 @@ from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from tests.actors.session_scripts import ScriptedSetup
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 KEY_A = "onebot11:10001:private:42"
 KEY_B = "onebot11:10001:group:777"
 

@@ -38,7 +38,7 @@ from actors.serve.preflight import (
 from runtime.config import parse_config
 from runtime.config.requirements import EnvRef, directory_problems, env_references, missing_env
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from runtime.memory.repository import ContextRepository
 from runtime.reply.capability import CapabilityRecord
 from tests.actors.edge_support import serve_in_thread
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKEN_ENV, TOKEN = "MODELS_ADMIN_TEST_TOKEN", "models-secret"
 
 

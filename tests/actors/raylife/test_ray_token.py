@@ -2,7 +2,7 @@
 docs/decisions.md#ops-ray-token-first-start): created on the first start in an empty HOME as
 ``ray.init()`` would (64 hex digits, owner-only), never overwritten, and a clear one-line error
 when it can neither be found nor created. The real ``ray start`` accepting it is
-tests/actors/test_serve_first_run.py."""
+tests/actors/serve/test_serve_first_run.py."""
 
 from __future__ import annotations
 

@@ -28,9 +28,9 @@ from runtime.reply.segments import Reply
 from runtime.session.core import SessionCore
 from tests.actors.edge_support import BOT_ID, HoldingApiServer, onebot_bot, text_job
 from tests.actors.session_scripts import ScriptedSetup
-from tests.actors.test_session_core import KEY, turn
 from tests.memory.pg_schema import create_schema, drop_schema
 from tests.platform_api_server import PlatformApiServer
+from tests.session.test_session_core import KEY, turn
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
