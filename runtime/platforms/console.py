@@ -157,7 +157,7 @@ def _secret_matches(got: str | bytes | None, expected: str | None) -> bool:
 
 def api_token_matches(got: str | bytes | None) -> bool:
     """The one check of an ``X-Console-Api-Token`` value (``actors/http/console.py``'s internal
-    endpoints and ``actors/ingress_guard.trusted_internal_call``): True when ``got`` equals
+    endpoints and ``actors.inbound.guard.trusted_internal_call``): True when ``got`` equals
     ``$SESSIONRAY_CONSOLE_API_TOKEN`` as it is now (read per call, so both places always agree),
     compared in constant time. False when ``got`` is missing or the variable is unset.
 
