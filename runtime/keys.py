@@ -11,7 +11,7 @@ Rules for the parts: none may be empty or contain ``#``, whitespace or control c
 Epochs are decimal without a sign or leading zeros.
 
 :func:`key_hash` is the stable hash of a key (CRC-32 of its UTF-8 bytes, the same in every
-process): router shards split keys by it (``actors.router.shard_of``), and the durable inbox keeps
+process): router shards split keys by it (``actors.placement.router.shard_of``), and the durable inbox keeps
 it per row so a shard can select its own keys in SQL (``runtime.memory.inbox``).
 """
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from actors.stale_ray import ray_temp_root
+from actors.raylife.stale import ray_temp_root
 
 ROOT = Path(__file__).resolve().parents[1]
 BOT = "console"

@@ -44,7 +44,7 @@ class ProviderLimitsActor:
     """
 
     def __init__(self, alias: str, limits: dict[str, Any]) -> None:
-        from actors.ray_metrics import install_ray_metrics
+        from actors.raylife.metrics import install_ray_metrics
 
         install_ray_metrics()
         self.granter = AsyncGranter(alias, ProviderLimits.model_validate(limits))

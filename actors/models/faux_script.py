@@ -15,7 +15,8 @@ a scripted model. Example::
           models: [{id: chat, structured_tier: native}]
 
 :func:`register_configured_providers` registers the built-in apis and these handles from the
-configured providers (each session host does, in :meth:`actors.setup.ConfigSetupFactory.prepare`).
+configured providers (each session host does, in
+:meth:`actors.placement.hosts.setup.ConfigSetupFactory.prepare`).
 It lives above ``providers/`` because it loads code named in the configuration
 (docs/decisions.md#layout-forbidden-pairs).
 """

@@ -3,8 +3,8 @@ an OpenAI-compatible Images API) whose result a reply can attach
 (docs/decisions.md#llm-image-generation, docs/decisions.md#reply-media-provenance).
 
 Offered to a session when ``ai.image_model`` is set and the session's bot has a ``media_dir``
-(``actors/setup.py`` wires it). Each generated image is written under the bot's media directory as
-``generated/<sha256 of the bytes>.<ext>`` (content-addressed: the same image is one file) and the
+(``actors/placement/hosts/setup.py`` wires it). Each generated image is written under the bot's media
+directory as ``generated/<sha256 of the bytes>.<ext>`` (content-addressed: the same image is one file) and the
 tool result names it as a ``path`` reference, in the text and in ``details``::
 
     details = {"images": [{"type": "image", "media": {"kind": "path", "value": "generated/3f…9a.png"},

@@ -1,5 +1,5 @@
 """What a loaded configuration needs from the machine it starts on: environment variables and
-directories (the pure half of the start-up pre-flight, ``actors.preflight``).
+directories (the pure half of the start-up pre-flight, ``actors.serve.preflight``).
 
 A configuration names secrets by environment-variable *name* (``bots[].access_token_env``,
 ``bots[].secret_env``, ``bots[].token_env``, ``ai.providers.<alias>.api_key_env``). Each one that

@@ -74,7 +74,7 @@ class BotConfig(_Closed):
     mode: Literal["webhook", "polling"] = "webhook"
     """Telegram: how updates arrive — ``webhook`` (Telegram POSTs to ``/webhooks/telegram/{id}``;
     needs public HTTPS) or ``polling`` (one ``getUpdates`` long-poll loop per bot across the
-    cluster: :mod:`actors.telegram_poll`). Only Telegram bots may poll."""
+    cluster: :mod:`actors.inbound.telegram_poll`). Only Telegram bots may poll."""
     poll_timeout_s: int = Field(30, ge=0, le=300, strict=True)
     """Telegram polling: the ``timeout`` of each ``getUpdates`` long poll, in seconds (0: short
     polling, for tests only)."""

@@ -13,7 +13,7 @@ docs/decisions.md#delivery-uncertain).
   old (:func:`runtime.delivery.send.retry_step`), renewing the lease meanwhile; then ``failed``.
   A call cut off on the wire is ``uncertain``: recorded, not resent, the next steps go on.
 
-:mod:`actors.delivery` wraps it in the ``DeliveryActor``. The settings and result models live in
+:mod:`actors.delivery.pool` wraps it in the ``DeliveryActor``. The settings and result models live in
 :mod:`runtime.delivery.settings` and are re-exported here. Nothing here imports Ray.
 """
 
@@ -130,7 +130,7 @@ class DeliverySender:
         partition: Index of the delivery actor (``crc32(session_key) % M``).
         owner: ``"{partition}:{incarnation}"``, the ledger owner id.
         socket_sender: How calls of bots with ``transport: ws-reverse | ws-forward`` are sent
-            (``actors.onebot_link.LinkSender``); None: over HTTP like every other bot.
+            (``actors.delivery.onebot_link.LinkSender``); None: over HTTP like every other bot.
     """
 
     def __init__(

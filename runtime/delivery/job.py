@@ -5,7 +5,7 @@ The session core builds it (``runtime.session.core``), the delivery actor sends 
 (:class:`runtime.delivery.core.DeliverySender`). It lives apart from the sender so the session
 wing imports only this (pydantic, the reply model, the scene type) and not the sender's HTTP
 client and SQL ledger: a session host process keeps ``httpx`` out until a provider needs it
-(``actors.host_support.skip_httpx_cli``).
+(``actors.placement.hosts.support.skip_httpx_cli``).
 """
 
 from __future__ import annotations

@@ -18,14 +18,14 @@ holds one connection. Session hosts, delivery actors and the ingress open theirs
 outside those threads (``create_tables`` at start-up takes one of the same connections). A host
 closes its connections after its warm-up and whenever its last live session is passivated, so an
 empty host holds none. The ingress process holds one Database: the admin API's view of stored
-sessions reads through it (``actors/ingress.py`` → ``actors/admin.py``). At start
+sessions reads through it (``actors/inbound/ingress.py`` → ``actors/http/admin.py``). At start
 ``SessionRuntime.start`` opens one more connection for a moment (``create_tables`` and this check)
 and closes it. The host supervisor opens no SQL connection; a router shard opens one only for the
 moment it archives a passivated session (admin ``archive``; one at a time per shard), and its
 inbox recovery loop one more (one SQL thread, no overflow) for each pass, kept only while the
-shard's keys have open inbox rows (``actors/recovery.py``) — at most two per shard, not counted
+shard's keys have open inbox rows (``actors/placement/recovery.py``) — at most two per shard, not counted
 below. :func:`connection_budget` is the arithmetic (pure), :func:`budget_warning` the text, and
-:func:`warn_if_over_connection_budget` the start-up check ``actors/runtime.py`` runs once with the
+:func:`warn_if_over_connection_budget` the start-up check ``actors/placement/runtime.py`` runs once with the
 configured PostgreSQL URL (a WARNING, never an error: the worst case is rare, and the operator
 decides).
 """
@@ -53,7 +53,7 @@ log = logging.getLogger("sessionray.sql")
 
 HOST_SQL_THREADS = 4
 """SQL threads (and pooled connections, no overflow) of one session host's database, shared by
-all its sessions (``actors/host_support.py`` opens it with this). A session's appends are
+all its sessions (``actors/placement/hosts/support.py`` opens it with this). A session's appends are
 serialized by its writer, so four threads let four sessions' SQL run at once; on SQLite the file
 lock serializes writes anyway, on PostgreSQL each thread is one server connection per host."""
 DEFAULT_PROCESS_CONNECTIONS = DEFAULT_SQL_THREADS

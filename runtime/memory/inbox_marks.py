@@ -1,6 +1,6 @@
 """Batched state marks of the durable inbox (docs/decisions.md#inbox-durable).
 
-Whoever submits messages to session hosts (the ingress's ``actors.runtime_submit.SubmitPath``, a
+Whoever submits messages to session hosts (the ingress's ``actors.placement.submit.SubmitPath``, a
 router shard's recovery loop) marks each row ``routed`` when a host accepted its message and
 ``handled`` when its ``TurnResult`` came back. Writing each mark at once would add a SQL write per
 message to the answer path; :class:`InboxMarks` collects them and writes every :data:`FLUSH_S`

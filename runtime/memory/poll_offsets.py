@@ -1,7 +1,7 @@
 """The committed offset of each polled update stream: ``inbound_poll_offsets``, one row per
 ``(platform, bot_id)`` (docs/decisions.md#platform-telegram-polling).
 
-A poller (``actors/telegram_poll.py``) stores each update through the ingress's steps first and
+A poller (``actors/inbound/telegram_poll.py``) stores each update through the ingress's steps first and
 only then saves ``next_offset`` = that update's id + 1 here, so a poller that dies between the two
 reads the update again on restart (the transcript row and the session host's dedup make the second
 pass a no-op) and never skips one. The row is replaced in place (``INSERT … ON CONFLICT DO

@@ -339,7 +339,7 @@ class JsonInputError(ValueError):
 
 def decode_json(raw: bytes, *, what: str = "JSON body", replace_lone_surrogates: bool = False) -> Any:
     """Decode UTF-8 JSON bytes — the one JSON decoder for input from outside (webhooks through
-    :func:`load_event`, the admin and console APIs through ``actors.http_input.loads_json``).
+    :func:`load_event`, the admin and console APIs through ``actors.http.input_checks.loads_json``).
 
     Args:
         raw: The body (UTF-8, a BOM allowed; raw surrogate bytes decode as lone surrogates, as

@@ -18,7 +18,7 @@ Inbound: the browser POSTs JSON to the ingress webhook ``/webhooks/console/{bot_
   in constant time by :func:`master_token_matches` (docs/decisions.md#security-console-master-proof).
 
 Outbound: the console "platform API" is an endpoint on the ingress itself
-(``POST {api_base}/console/api/deliver``, served by ``actors/console.py``) that DeliveryActors
+(``POST {api_base}/console/api/deliver``, served by ``actors/http/console.py``) that DeliveryActors
 call like any platform API. The body carries the canonical segments — the browser renders all 13
 types, so nothing is degraded — except that ``path`` media are inlined as ``base64`` (a browser
 cannot read the server's media directory)::
@@ -156,8 +156,8 @@ def _secret_matches(got: str | bytes | None, expected: str | None) -> bool:
 
 
 def api_token_matches(got: str | bytes | None) -> bool:
-    """The one check of an ``X-Console-Api-Token`` value (``actors/console.py``'s internal
-    endpoints and ``actors/ingress_guard.trusted_internal_call``): True when ``got`` equals
+    """The one check of an ``X-Console-Api-Token`` value (``actors/http/console.py``'s internal
+    endpoints and ``actors.inbound.guard.trusted_internal_call``): True when ``got`` equals
     ``$SESSIONRAY_CONSOLE_API_TOKEN`` as it is now (read per call, so both places always agree),
     compared in constant time. False when ``got`` is missing or the variable is unset.
 
@@ -195,8 +195,8 @@ def master_name_unproven(
 def require_console_api_token(config: Any) -> str | None:
     """``$SESSIONRAY_CONSOLE_API_TOKEN`` when ``config`` has a ``console`` bot (None without one).
 
-    Outside ``sessionray serve`` — Ray Serve replicas (``actors/serve_app.py``), an ingress built
-    with ``actors.ingress.build_app`` in a process of your own — nothing generates the token, and
+    Outside ``sessionray serve`` — Ray Serve replicas (``actors/serve/app.py``), an ingress built
+    with ``actors.inbound.ingress.build_app`` in a process of your own — nothing generates the token, and
     a token made up by one process would never reach the others: the ingress, its delivery actors
     and the console sessions must all read the same value (``sessionray serve`` generates one
     before it starts Ray and hands it to its workers). So a missing variable stops the start.

@@ -12,8 +12,8 @@ An API call is the HTTP :class:`~runtime.platforms.base.ApiCall` the codec rende
 its answer is read by the codec's own ``parse_send_result`` (a WS answer has the HTTP body's
 shape), so both transports send and read the same way.
 
-Nothing here opens a socket or imports Ray: ``actors.onebot_ws`` holds the sockets and
-``actors.onebot_link`` is the rendezvous between delivery actors and the socket.
+Nothing here opens a socket or imports Ray: ``actors.inbound.onebot_ws`` holds the sockets and
+``actors.delivery.onebot_link`` is the rendezvous between delivery actors and the socket.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 (docs/decisions.md#live-events-never-break-turns).
 
 A session whose platform is ``console`` gets a :class:`ConsoleEventSink` as its ``on_event``
-(built by :func:`console_event_hook`; ``actors/setup.py`` wires it). The turn path calls it with
-every agent-loop event and with the turn's :class:`runtime.reply.im_reply.ReplyOutcome`; the sink keeps
+(built by :func:`console_event_hook`; ``actors/placement/hosts/setup.py`` wires it). The turn path calls it
+with every agent-loop event and with the turn's :class:`runtime.reply.im_reply.ReplyOutcome`; the sink keeps
 only what the console shows (:func:`console_payload`) and POSTs it to the console bot's
 ``{api_base}/console/api/events`` (the call of :func:`runtime.platforms.console.agent_event_call`),
 which fans it out to the browsers of the session's scene.

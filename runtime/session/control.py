@@ -2,7 +2,7 @@
 
 A master's ``steer`` / ``follow_up`` and an admin's ``abort`` / ``archive`` travel as one
 :class:`ControlRequest` from where they enter (the admin API, the web console,
-``actors.runtime.SessionRuntime``) through the session's router shard to its session host, which
+``actors.placement.runtime.SessionRuntime``) through the session's router shard to its session host, which
 hands it to :func:`run_control`: the one place that dispatches on :class:`ControlKind` to the
 :class:`~runtime.session.core.SessionCore` methods. The answer is a :class:`ControlReply`.
 
@@ -12,7 +12,7 @@ from a user who is not a master of the bot, docs/decisions.md#steer-masters-only
 ``steer`` / ``follow_up`` without text or sender) and its subclass :class:`MalformedKeyError` (a
 key that is not ``platform:bot_id:scope:scene_id``: a usage error, not an unknown session). They share the
 base :class:`ControlError`; the admin API maps them to HTTP status codes in one table
-(``actors.admin.ERROR_STATUS``). Nothing here imports Ray.
+(``actors.http.admin.ERROR_STATUS``). Nothing here imports Ray.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Ray-free heart of a live session: ordered inbox, overlapping turns, single writer, control.
 
-``actors.host.SessionHost`` hosts one :class:`SessionCore` per live session (many per process); the
-core runs on one event loop and never imports Ray, so it is unit-testable on its own.
+``actors.placement.hosts.host.SessionHost`` hosts one :class:`SessionCore` per live session (many per
+process); the core runs on one event loop and never imports Ray, so it is unit-testable on its own.
 
 Rules:
 

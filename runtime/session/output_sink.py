@@ -2,7 +2,7 @@
 ``ai.agent.output_sink``; docs/decisions.md#structured-custom-schema).
 
 The configured schema becomes a :class:`~runtime.reply.custom_output.OutputSpec` in
-:func:`actors.setup.output_schema` (start-up hard fail on a bad one);
+:func:`actors.placement.hosts.setup.output_schema` (start-up hard fail on a bad one);
 :class:`OutputSink` delivers one validated answer: an HTTP ``POST`` of the answer's JSON to
 ``url`` and/or a ``structured_output`` record in the session's transcript (``agent_messages``,
 through the session's single writer; never shown to the model).

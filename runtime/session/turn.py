@@ -3,7 +3,7 @@
 A turn is: record the inbound message → agent loop with the session's tools (sender prefix when
 converting for the LLM) → validated :class:`~runtime.reply.segments.Reply` → hand it to delivery →
 record that it was handed. Everything here is plain asyncio so it is unit-testable without Ray;
-``actors/host.py`` hosts many :class:`~runtime.session.core.SessionCore` s built from
+``actors/placement/hosts/host.py`` hosts many :class:`~runtime.session.core.SessionCore` s built from
 these pieces.
 
 Records a turn leaves in ``agent_messages`` (all through the session's single writer,

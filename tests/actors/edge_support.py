@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from actors.delivery import DeliveryJob, DeliveryPool, DeliverySettings
+from actors.delivery.pool import DeliveryJob, DeliveryPool, DeliverySettings
 from runtime.reply.segments import Reply
 from tests.platform_api_server import PlatformApiServer
 
@@ -150,8 +150,8 @@ def running_ingress(tmp_path: Path, fixtures_dir: Path, **knobs: Any) -> Iterato
     import asyncio
     import os
 
-    from actors.ingress import build_app
-    from actors.runtime import SessionRuntime
+    from actors.inbound.ingress import build_app
+    from actors.placement.runtime import SessionRuntime
     from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig, ServerConfig
     from tests.actors.session_scripts import ScriptedSetup
 

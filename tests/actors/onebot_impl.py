@@ -1,5 +1,5 @@
 """A OneBot v11 implementation stand-in over WebSocket, as NapCat behaves, for the tests of a real
-``sessionray serve`` process (tests/actors/test_serve_onebot_ws.py).
+``sessionray serve`` process (tests/actors/serve/test_serve_onebot_ws.py).
 
 One :class:`Impl` per bot, each in its own thread and event loop:
 

@@ -1,4 +1,4 @@
-"""What the configuration of ``tests/actors/test_serve_agent_knobs.py`` names: the scripted model
+"""What the configuration of ``tests/actors/serve/test_serve_agent_knobs.py`` names: the scripted model
 (``ai.providers.knobs.script``), a business tool (``ai.python_tools``) and a pre-tool
 (``ai.agent.pre_tools``). Imported by the ``sessionray serve`` process and its session hosts.
 

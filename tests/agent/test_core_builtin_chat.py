@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.chat_cli import main, run_chat
+from actors.cli.chat import main, run_chat
 from actors.models.builtin import (
     CountArgs,
     builtin_model,
@@ -226,7 +226,7 @@ async def test_run_chat_in_process() -> None:
 def _chat(stdin: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "actors.chat_cli", *args],
+        [sys.executable, "-m", "actors.cli.chat", *args],
         input=stdin,
         text=True,
         capture_output=True,

@@ -494,7 +494,7 @@ def test_chat_entry_point_runs_on_uvloop(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     import uvloop
 
-    import actors.chat_cli as chat_cli
+    import actors.cli.chat as chat_cli
 
     seen: list[type] = []
     real = chat_cli.run_chat

@@ -162,8 +162,8 @@ def run() -> dict[str, Any]:
     """Run the benchmark; returns the ``hosts`` section of build/bench/results.json."""
     import ray
 
-    from actors.hosts import host_capacity
-    from actors.ingress import build_app
+    from actors.inbound.ingress import build_app
+    from actors.placement.hosts.supervisor import host_capacity
     from runtime.config import RuntimeConfig
     from tests.actors.edge_support import serve_in_thread
     from tests.bench.load_client import LoadProcess

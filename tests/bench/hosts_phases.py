@@ -37,11 +37,11 @@ def session_key(user: int) -> str:
 
 @contextlib.contextmanager
 def runtime(tmp: Path, name: str, api_base: str, **knobs: Any) -> Iterator[Any]:
-    """A started :class:`actors.runtime.SessionRuntime` on its own SQLite file ``<tmp>/<name>.db``
+    """A started :class:`actors.placement.runtime.SessionRuntime` on its own SQLite file ``<tmp>/<name>.db``
     with the scripted model (tests/actors/session_scripts.py), the bench bot pointing at
     ``api_base`` and ``runtime`` config ``knobs`` (``idle_ttl_s`` 3600 unless given); its own
     delivery pool. Yields once the ``min_hosts`` hosts answer and none is starting; stopped after."""
-    from actors.runtime import SessionRuntime
+    from actors.placement.runtime import SessionRuntime
     from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
     from tests.actors.edge_support import BOT_ID
     from tests.actors.session_scripts import ScriptedSetup

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from actors.host_support import process_uss_mib
+from actors.placement.hosts.support import process_uss_mib
 
 __all__ = ["ROLE_OF_CLASS", "Roles", "cpu_ms_per_msg", "cpu_ticks", "memory_mib", "ray_roles", "rss_mib"]
 

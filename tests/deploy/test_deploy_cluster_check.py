@@ -1,4 +1,4 @@
-"""actors/cluster.py: SQLite is refused on a multi-node Ray cluster
+"""actors/raylife/cluster.py: SQLite is refused on a multi-node Ray cluster
 (docs/decisions.md#memory-postgres-multinode).
 The refusal on a real two-node cluster is in test_deploy_two_node.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.cluster import ClusterConfigError, check_database_for_nodes, ensure_database_fits_cluster
+from actors.raylife.cluster import ClusterConfigError, check_database_for_nodes, ensure_database_fits_cluster
 
 HINT = "set database.url to postgresql+psycopg://USER:PASSWORD@HOST:5432/DBNAME " \
     "(every node must reach the same database; a SQLite file lives on one machine)"

@@ -43,11 +43,11 @@ def test_rayservice_serve_config_is_valid_for_ray_serve() -> None:
     assert head == ("ray.io/v1", "RayService", "sessionray")
     serve = ServeDeploySchema.model_validate(yaml.safe_load(svc["spec"]["serveConfigV2"]))
     [app] = serve.applications
-    assert (app.name, app.route_prefix, app.import_path) == ("sessionray", "/", "actors.serve_app:app")
+    assert (app.name, app.route_prefix, app.import_path) == ("sessionray", "/", "actors.serve.app:app")
     assert app.runtime_env == {"env_vars": {"SESSIONRAY_CONFIG": "/etc/sessionray/sessionray.yaml"}}
     assert serve.http_options.port == 8000
-    # The deployment override names the deployment that actors/serve_app.py declares.
-    from actors.serve_app import app as bound_app
+    # The deployment override names the deployment that actors/serve/app.py declares.
+    from actors.serve.app import app as bound_app
 
     assert [d.name for d in app.deployments] == [bound_app._bound_deployment.name] == ["sessionray-ingress"]
 

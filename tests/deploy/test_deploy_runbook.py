@@ -81,5 +81,5 @@ def test_operations_page_points_to_the_runbook() -> None:
 def test_tree_paths_in_runbook_are_real() -> None:
     pattern = r"`((?:deploy|tests/deploy|actors)/[\w./-]+\.(?:py|yaml|yml|json))`"
     paths = re.findall(pattern, RUNBOOK.read_text())
-    assert "actors/cluster.py" in paths
+    assert "actors/raylife/cluster.py" in paths
     assert [p for p in paths if not (ROOT / p).is_file()] == []

@@ -4,8 +4,8 @@ The example (``examples/bot/sessionray.yaml``) names real providers. The test ke
 it and adds two ``api: faux`` providers (:data:`FAUX_PROVIDERS`), made ``ai.default_model`` and
 ``ai.vision_model``. A faux model answers only where a handle is registered under its provider
 name, and session actors build their setup in their own process; so :class:`ExampleFauxSetup` is
-the real :class:`actors.setup.ConfigSetupFactory` whose ``prepare`` (run in each session actor)
-first registers the two scripted handles. Everything else — tools, MCP, delegate, commands,
+the real :class:`actors.placement.hosts.setup.ConfigSetupFactory` whose ``prepare`` (run in each session
+actor) first registers the two scripted handles. Everything else — tools, MCP, delegate, commands,
 vision routing, the IM preset — comes from the configuration as in ``sessionray serve``.
 
 The scripts fake only the model's judgement; each reply is a pure function of the context sent:
@@ -32,7 +32,7 @@ import re
 import uuid
 from typing import Any
 
-from actors.setup import ConfigSetupFactory
+from actors.placement.hosts.setup import ConfigSetupFactory
 from runtime.llm.types import (
     AssistantMessage,
     Context,

@@ -35,10 +35,10 @@ import pytest
 import uvicorn
 import yaml
 
-from actors.delivery import DeliveryPool, DeliverySettings
-from actors.ingress import build_app
-from actors.runtime import SessionRuntime
-from actors.serve import with_ingress_address
+from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SessionRuntime
+from actors.serve.main import with_ingress_address
 from runtime.config import Config, parse_config
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository

@@ -34,9 +34,20 @@ WINGS = (
     "runtime.session",
     "runtime",
     "providers",
+    "actors.raylife",
+    "actors.limits",
+    "actors.models",
+    "actors.delivery",
+    "actors.placement.hosts",
+    "actors.placement",
+    "actors.http",
+    "actors.inbound",
+    "actors.serve",
+    "actors.cli",
     "actors",
 )
-"""Bottom first. ``runtime`` is the package's own ``__init__`` (re-exports only)."""
+"""Bottom first. ``runtime`` is the package's own ``__init__`` (re-exports only); ``actors`` its
+package's ``__init__`` (the wings of ``actors`` are listed in ``docs/architecture.md``, "Layers")."""
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:

@@ -20,7 +20,7 @@ FUNCTION_LINES = 80
 LONG_FUNCTIONS = {
     ("console.py", "console_routes"),
     ("admin.py", "admin_routes"),
-    ("serve.py", "serve"),
+    ("main.py", "serve"),
     ("ingress.py", "handle_event"),
     ("core.py", "_turn"),
 }

@@ -156,7 +156,7 @@ def probe_answer(context: Any, options: Any = None) -> Any:
 async def test_start_up_probe_reaches_the_configured_providers(db: Database) -> None:
     """``ai.probe_on_start`` registers the configured providers (their keys, scripted faux models)
     before probing: a scripted model is probed and its tier stored."""
-    from actors.runtime import _probe_on_start
+    from actors.placement.runtime import _probe_on_start
 
     cfg = parse_config(
         {

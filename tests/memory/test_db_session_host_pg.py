@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from actors.host import SessionHost
+from actors.placement.hosts.host import SessionHost
 from runtime.config import Config, DatabaseConfig
 from runtime.memory.connection_budget import HOST_SQL_THREADS
 from tests.actors.session_scripts import ScriptedSetup

@@ -1,4 +1,4 @@
-"""The web console served for browser tests: the ingress app (``actors.ingress.build_app``, console
+"""The web console served for browser tests: the ingress app (``actors.inbound.ingress.build_app``, console
 routes mounted as ``sessionray serve`` mounts them) on loopback with a real SQLite store, and a
 stand-in runtime that answers every message ``re: <text>`` through the real Ray-free delivery core
 (:class:`runtime.delivery.core.DeliverySender`: console codec → ``/console/api/deliver`` →
@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from actors.ingress import build_app
-from actors.runtime import SessionInfo, SubmitResult
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SessionInfo, SubmitResult
 from runtime.config import BotConfig, Config, DatabaseConfig
 from runtime.delivery.core import DeliveryJob, DeliverySender, DeliverySettings
 from runtime.memory.db import Database

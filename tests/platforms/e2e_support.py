@@ -26,9 +26,9 @@ from typing import Any
 
 import uvicorn
 
-from actors.delivery import DeliveryPool, DeliverySettings
-from actors.ingress import build_app
-from actors.runtime import SessionRuntime
+from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SessionRuntime
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore

@@ -1,6 +1,6 @@
 """The stack of the Telegram long-polling tests: a real local Ray runtime (router, session hosts
 with the scripted faux model whose ``sleep`` tool waits for a gate file), a delivery actor, the
-:class:`~actors.telegram_poll.TelegramPoller` of one ``mode: polling`` bot, the ingress app under
+:class:`~actors.inbound.telegram_poll.TelegramPoller` of one ``mode: polling`` bot, the ingress app under
 uvicorn on 127.0.0.1 (``/healthz``), and the Bot API stand-in
 (:mod:`tests.telegram_updates_server`) serving ``getUpdates`` and ``sendMessage``."""
 
@@ -19,11 +19,11 @@ from typing import Any
 
 import uvicorn
 
-from actors.delivery import DeliveryPool, DeliverySettings
-from actors.ingress import build_app
-from actors.runtime import SessionRuntime
-from actors.telegram_poll import start_pollers, stop_pollers
-from actors.telegram_poll_status import poller_name
+from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.inbound.ingress import build_app
+from actors.inbound.telegram_poll import start_pollers, stop_pollers
+from actors.inbound.telegram_poll_status import poller_name
+from actors.placement.runtime import SessionRuntime
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.memory.db import Database
 from runtime.memory.poll_offsets import PollOffsetStore

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from actors.console import ConsoleHub, console_routes
-from actors.console_history import HISTORY_LIMIT
+from actors.http.console import ConsoleHub, console_routes
+from actors.http.console_history import HISTORY_LIMIT
 from runtime.config import Config
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore

@@ -4,7 +4,7 @@ docs/decisions.md#security-console-master-proof), console sessions only in the l
 deliver / events behind ``X-Console-Api-Token``, bad input answered 400/413 (never a 500), names
 matched in full, and no link to a non-http(s) URL in the browser.
 
-Real HTTP over loopback: the ingress app (``actors.ingress.build_app``, so the console routes are
+Real HTTP over loopback: the ingress app (``actors.inbound.ingress.build_app``, so the console routes are
 mounted as ``sessionray serve`` mounts them) in a uvicorn thread, a real SQLite transcript store,
 real codecs. The runtime is a stand-in recording what reached it (the router's own rules are tested
 on Ray elsewhere)."""
@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from actors.ingress import build_app
-from actors.runtime import SessionInfo, SubmitResult
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SessionInfo, SubmitResult
 from runtime.config import BotConfig, Config, DatabaseConfig, ServerConfig
 from runtime.platforms.base import InboundMessage, MalformedEvent, RenderTarget, get_codec
 from runtime.platforms.common import MAX_EVENT_TIME_MS, epoch_ms
@@ -517,7 +517,7 @@ def test_console_routes_refuse_to_start_without_the_api_token(monkeypatch: pytes
     """Review S3 #7: outside ``sessionray serve`` (which sets the variable before it builds the
     app) a console without the shared token fails at start, naming the variable, and makes up no
     token of its own; without a console bot nothing is needed."""
-    from actors.console import console_routes
+    from actors.http.console import console_routes
 
     monkeypatch.delenv(API_TOKEN_ENV, raising=False)
     with pytest.raises(ValueError) as err:
@@ -532,8 +532,8 @@ def test_console_routes_refuse_to_start_without_the_api_token(monkeypatch: pytes
 def test_serve_replica_refuses_to_start_without_the_api_token(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The Ray Serve replica (``actors/serve_app.py``) checks before it starts anything."""
-    from actors.serve_app import SessionrayIngress
+    """The Ray Serve replica (``actors/serve/app.py``) checks before it starts anything."""
+    from actors.serve.app import SessionrayIngress
 
     replica_class = SessionrayIngress.func_or_class.__bases__[0]  # ours, under Serve's ASGI wrapper
     assert replica_class.__qualname__ == "SessionrayIngress"

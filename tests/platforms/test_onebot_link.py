@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import ray
 
-from actors.onebot_link import LinkSender, get_link
+from actors.delivery.onebot_link import LinkSender, get_link
 from runtime.platforms.base import ApiCall
 from runtime.platforms.onebot11 import OneBot11Codec
 

@@ -27,8 +27,8 @@ from prometheus_client import REGISTRY
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from actors.ingress import build_app
-from actors.runtime import SubmitResult
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SubmitResult
 from runtime.config import BotConfig, Config, DatabaseConfig, ServerConfig
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore

@@ -1,5 +1,5 @@
 """OneBot WebSockets while ``sessionray serve`` starts (docs/decisions.md#ops-early-accept): the
-ingress is built over the runtime stand-in (:class:`actors.serve_gate.RuntimeGate`) and served by
+ingress is built over the runtime stand-in (:class:`actors.serve.gate.RuntimeGate`) and served by
 uvicorn on loopback in this loop, lifespan on — as serve does before Ray is up.
 
 * a reverse socket accepted before the runtime is up has its events stored (``queued``), and no
@@ -24,11 +24,11 @@ import ray
 import uvicorn
 import websockets
 
-from actors import onebot_ws
-from actors.ingress import build_app
-from actors.onebot_link import link_name
-from actors.runtime import SubmitResult
-from actors.serve_gate import RuntimeGate
+from actors.delivery.onebot_link import link_name
+from actors.inbound import onebot_ws
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SubmitResult
+from actors.serve.gate import RuntimeGate
 from tests.actors.session_support import eventually
 from tests.platforms.e2e_support import free_port
 from tests.platforms.ws_support import FORWARD_BOT, REVERSE_BOT, TOKEN, event, ok_answer, ws_config

@@ -379,7 +379,7 @@ async def test_console_event_sink_posts_in_order_and_never_raises(api_server: An
 
 
 def test_console_event_hook_only_for_console_sessions(tmp_path: Path) -> None:
-    from actors.setup import ConfigSetupFactory
+    from actors.placement.hosts.setup import ConfigSetupFactory
     from runtime.session.console_events import ConsoleEventSink, console_event_hook
 
     cfg = Config.model_validate(

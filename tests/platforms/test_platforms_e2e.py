@@ -495,9 +495,9 @@ async def test_console_session_posts_live_tool_events(stack: Stack) -> None:
 
 
 async def test_terminal_chat_is_a_client_of_the_console_platform(stack: Stack) -> None:
-    """`sessionray chat --url …` (actors.console_client): a line goes through the ingress and the
+    """`sessionray chat --url …` (actors.cli.console_client): a line goes through the ingress and the
     runtime like a browser message, and the reply comes back on the console event stream."""
-    from actors.console_client import build_parser, run_console_chat
+    from actors.cli.console_client import build_parser, run_console_chat
 
     out: list[str] = []
     replied = asyncio.Event()
@@ -523,9 +523,9 @@ async def test_terminal_chat_piped_input_waits_for_replies_and_answers_help_itse
     """Piped input (every line available at once, then end of input): ``/help`` is answered by the
     client (not sent: no ``re: /help``), each message's reply is printed before the next line is
     read and before the chat ends, and the agent's tool events print as the standalone chat
-    prints them (actors.chat_cli.tool_call_line / tool_result_line)."""
-    from actors.chat_cli import tool_call_line, tool_result_line
-    from actors.console_client import HELP, run_console_chat
+    prints them (actors.cli.chat.tool_call_line / tool_result_line)."""
+    from actors.cli.chat import tool_call_line, tool_result_line
+    from actors.cli.console_client import HELP, run_console_chat
 
     out: list[str] = []
 
@@ -548,7 +548,7 @@ async def test_terminal_chat_piped_input_waits_for_replies_and_answers_help_itse
 async def test_terminal_chat_bad_input_gets_a_clear_error(stack: Stack) -> None:
     """A name that cannot form a session key stops before any request; a control answer that is not
     JSON is shown, not raised."""
-    from actors.console_client import run_console_chat
+    from actors.cli.console_client import run_console_chat
 
     out: list[str] = []
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from actors.telegram_poll import _failure
-from actors.telegram_poll_status import polling_bots
+from actors.inbound.telegram_poll import _failure
+from actors.inbound.telegram_poll_status import polling_bots
 from runtime.config import BotConfig, Config
 
 

@@ -24,10 +24,10 @@ from typing import Any
 import ray
 import uvicorn
 
-from actors.delivery import DeliveryPool, DeliverySettings
-from actors.ingress import build_app
-from actors.onebot_link import link_name
-from actors.runtime import SessionRuntime
+from actors.delivery.onebot_link import link_name
+from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.inbound.ingress import build_app
+from actors.placement.runtime import SessionRuntime
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.memory.db import Database
 from runtime.memory.transcripts import TranscriptStore

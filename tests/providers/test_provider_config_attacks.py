@@ -186,7 +186,7 @@ def test_provider_alias_with_a_slash_is_refused(tmp_path: Path, no_config: None)
 async def test_session_setup_hands_its_configured_keys_to_the_providers(
     replay: ReplayServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_config: None
 ) -> None:
-    from actors.setup import ConfigSetupFactory
+    from actors.placement.hosts.setup import ConfigSetupFactory
     from runtime.config import parse_config
     from runtime.memory.db import Database
 

@@ -1,5 +1,5 @@
 """The capability probe and the downgrade on evidence through the real path: the config session
-setup (``actors.setup.ConfigSetupFactory``), a Ray-free ``SessionCore`` on SQLite, the
+setup (``actors.placement.hosts.setup.ConfigSetupFactory``), a Ray-free ``SessionCore`` on SQLite, the
 openai-completions provider talking HTTP to a loopback stub that answers 200 with prose under
 ``response_format`` (docs/decisions.md#structured-capability-cache,
 docs/decisions.md#structured-downgrade-on-evidence)."""
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from actors.setup import ConfigSetupFactory
+from actors.placement.hosts.setup import ConfigSetupFactory
 from runtime.config import parse_config
 from runtime.delivery.job import DeliveryJob
 from runtime.memory.db import Database

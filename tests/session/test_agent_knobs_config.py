@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from actors.setup import ConfigSetupFactory, agent_code
+from actors.placement.hosts.setup import ConfigSetupFactory, agent_code
 from runtime.config import ConfigError, parse_config
 from runtime.config.entry_points import PythonToolError
 from runtime.memory.db import Database

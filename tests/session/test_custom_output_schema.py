@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from actors.setup import ConfigSetupFactory, output_schema
+from actors.placement.hosts.setup import ConfigSetupFactory, output_schema
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
 from runtime.config import ConfigError, parse_config
 from runtime.delivery.job import DeliveryJob
@@ -243,7 +243,7 @@ def test_output_schema_forms_and_refusals(tmp_path: Path) -> None:
     open_map = {"type": "object", "properties": {"a": {"type": "object"}}, "required": ["a"]}
     with pytest.raises(OutputSchemaError, match="/properties/a: an object needs properties"):
         output_schema(config(tmp_path, output_schema=open_map))
-    from actors.preflight import EXIT_CONFIG, environment_problems  # `sessionray check` / serve
+    from actors.serve.preflight import EXIT_CONFIG, environment_problems  # `sessionray check` / serve
 
     [problem] = environment_problems(
         config(tmp_path, output_schema="tests.session.output_types:OpenDecision")

@@ -157,7 +157,7 @@ async def test_models_lists_referenced_but_unlisted_models() -> None:
 
 
 async def test_models_lists_the_builtin_model_that_status_names() -> None:
-    """No model configured: sessions run on the built-in model (actors.setup passes it), and
+    """No model configured: sessions run on the built-in model (actors.placement.hosts.setup passes it), and
     ``/models`` lists it as such instead of "No models are configured" while ``/status`` names it."""
     from actors.models.builtin import builtin_model
 

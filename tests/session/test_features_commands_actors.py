@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from actors.runtime import SessionRuntime
+from actors.placement.runtime import SessionRuntime
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
 from runtime.platforms.base import InboundMessage, Sender
 from tests.actors.edge_support import BOT_ID, delivery_pool

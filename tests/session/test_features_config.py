@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.setup import ConfigSetupFactory
+from actors.placement.hosts.setup import ConfigSetupFactory
 from runtime.config import ConfigError, McpServerConfig, parse_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tools"

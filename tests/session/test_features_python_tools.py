@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.setup import ConfigSetupFactory, business_tools
+from actors.placement.hosts.setup import ConfigSetupFactory, business_tools
 from runtime.config import ConfigError, parse_config
 from runtime.config.entry_points import PythonToolError
 from runtime.memory.db import Database

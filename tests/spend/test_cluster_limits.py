@@ -9,9 +9,9 @@ OpenAI-compatible stand-in (docs/decisions.md#spend-provider-limits):
 * with a short ``max_wait_s`` and a slow model, a turn that waited too long gets the polite busy
   reply (``ai.agent.busy_text``), the others the answer, and still nothing is refused.
 
-The config goes through the real :class:`actors.setup.ConfigSetupFactory`, so the gate is the one
-the session host installs itself (``actors.limits.install_provider_gate``). Each test uses its own
-provider alias, so its granter actor is its own; it is killed at the end.
+The config goes through the real :class:`actors.placement.hosts.setup.ConfigSetupFactory`, so the
+gate is the one the session host installs itself (``actors.limits.install_provider_gate``). Each
+test uses its own provider alias, so its granter actor is its own; it is killed at the end.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import ray
 
 from actors.limits import limits_actor_name
 from actors.limits.granter_actor import NAMESPACE
-from actors.setup import ConfigSetupFactory
+from actors.placement.hosts.setup import ConfigSetupFactory
 from runtime.config import Config, DatabaseConfig
 from runtime.session.turn import BUSY_TEXT
 from tests.actors.session_support import Harness, eventually, inbound, running_runtime, submit_until_accepted

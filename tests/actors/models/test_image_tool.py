@@ -178,7 +178,7 @@ def test_offered_only_with_an_image_model_and_a_media_dir(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="image_model"):
         config(image_model="nope/gpt-image-1")
 
-    from actors.setup import ConfigSetupFactory
+    from actors.placement.hosts.setup import ConfigSetupFactory
 
     factory = ConfigSetupFactory(with_model)
     try:

@@ -1,0 +1,254 @@
+"""The delivery pool: M ``DeliveryActor``s that send validated replies to the platforms
+(docs/decisions.md#delivery-partitioned).
+
+How a reply gets here (docs/decisions.md#delivery-outbox): a session's turn records it in the
+ledger as ``queued`` (in the transaction of its ``im_reply`` record) and calls
+:meth:`DeliveryPool.notify` without waiting — a fire-and-forget ``notify`` to the chat's actor,
+which drains that chat's unfinished ledger rows in order. A notification lost with a dead actor
+costs nothing: every incarnation sweeps its partition's ``queued``/``pending`` rows when it starts
+(and every ``delivery.sweep_s``). :meth:`DeliveryPool.deliver` still sends a job and awaits the
+result (ingress notices, tests).
+
+Flow of one reply (``runtime.delivery.core.DeliverySender``)::
+
+    ledger claim (reply_id)          ── final already → outcome "duplicate", nothing sent
+    media check (runtime.reply.media)      ── unusable attachments (the bot's own media_dir confines
+                                        ``path`` media) and non-http(s) share links become a
+                                        short notice text
+    codec.render(reply, target)      ── N ApiCalls, in order
+    for each step: ledger in_flight → HTTP call (a OneBot bot on a WebSocket: through its
+                   ``OneBotLink`` actor, actors.delivery.onebot_link) → codec.parse_send_result → ledger done
+                   429/5xx/connect error: retried with exponential backoff + full jitter, or
+                   exactly the platform's Retry-After, until the reply is delivery.max_age_s old
+                   (then "failed"); written but unanswered: "uncertain", not resent
+    ledger sent/failed/uncertain → outbound transcript (after the platform confirmed)
+
+Why M actors picked by a stable hash: one chat's replies always go through the same actor, so
+they leave in order; ``zlib.crc32`` is stable across processes (Python's ``hash()`` of a str is
+salted per process, so two ingress replicas would disagree; docs/decisions.md#delivery-partitioned).
+Inside an actor each chat has its own chain, so one chat waiting out an outage holds back only
+its own later replies (docs/decisions.md#delivery-outage).
+
+Crash safety (docs/decisions.md#delivery-ledger): delivery actors run with ``max_restarts=-1`` and
+``max_task_retries=0`` (a send is not idempotent by accident). The ledger holds each job, so the
+restarted incarnation of a dead actor resumes its partition's unfinished replies at start-up, and
+any actor resumes one whose lease expired; a step that was on the wire when its owner died is
+recorded ``uncertain`` and not sent again (docs/decisions.md#delivery-uncertain). A caller whose
+``deliver`` call failed because the actor died may call again: the ledger turns it into a no-op or
+a resume, never a second send.
+
+Actors are named ``sessionray-delivery-{i}`` in namespace ``sessionray`` (detached, so a Ray
+Serve ingress replica finds them by name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from actors.raylife.self_kick import kick_self
+from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySender, DeliverySettings, partition_of
+
+__all__ = [
+    "NAMESPACE",
+    "DeliveryActor",
+    "DeliveryJob",
+    "DeliveryPool",
+    "DeliveryResult",
+    "DeliverySettings",
+    "delivery_actor_name",
+    "partition_of",
+]
+
+log = logging.getLogger("sessionray.delivery")
+
+NAMESPACE = "sessionray"
+"""Ray namespace of every named sessionray actor (actor interfaces, contract 4)."""
+
+
+def delivery_actor_name(index: int, prefix: str = "sessionray-delivery") -> str:
+    """``sessionray-delivery-{index}`` (actor interfaces, contract 4)."""
+    return f"{prefix}-{index}"
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)
+class DeliveryActor:
+    """One member of the delivery pool (async Ray actor; see module docstring).
+
+    Args:
+        index: This actor's partition (``0 <= index < size``).
+        settings: :class:`DeliverySettings`.
+        sweep_s: Period of the sweep for unfinished replies nobody woke it for, in seconds (0:
+            only once, at start-up); None: ``settings.sweep_s``.
+    """
+
+    def __init__(self, index: int, settings: DeliverySettings, sweep_s: float | None = None) -> None:
+        from actors.delivery.onebot_link import LinkSender
+        from actors.raylife.metrics import install_ray_metrics
+
+        install_ray_metrics()
+        logging.basicConfig(level=logging.INFO)
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per platform call is noise
+        self.index = index
+        self.owner = f"{index}:{uuid.uuid4().hex[:12]}"
+        # Bots on a OneBot WebSocket are reached through their link actor (actors.delivery.onebot_link).
+        self.sender = DeliverySender(settings, index, self.owner, socket_sender=LinkSender())
+        self.sweep_s = settings.sweep_s if sweep_s is None else sweep_s
+        self._tasks: list[asyncio.Task[Any]] = []
+        # Start the sweep as soon as this incarnation runs (a restarted actor resumes the replies
+        # its dead predecessor left, and the queued ones it was never told about, at once).
+        kick_self("ready", f"delivery actor {self.owner} (its sweep)")
+
+    async def _start(self) -> None:
+        if not self._tasks:
+            self._tasks.append(asyncio.create_task(self._sweep_loop()))
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            try:
+                await self.sender.sweep()
+            except Exception:
+                log.exception("delivery sweep failed")
+            if self.sweep_s <= 0:
+                return
+            await asyncio.sleep(self.sweep_s)
+
+    async def deliver(self, job: DeliveryJob) -> DeliveryResult:
+        """Send ``job`` (idempotent per ``job.reply_id``); see :class:`DeliveryResult`."""
+        await self._start()
+        return await self.sender.deliver(job)
+
+    async def notify(self, session_key: str) -> None:
+        """A reply of ``session_key`` was queued in the ledger: send the chat's unfinished replies
+        in order (returns at once; callers do not wait for it)."""
+        await self._start()
+        self.sender.wake(session_key)
+
+    async def sweep(self) -> int:
+        """Wake every chat of this partition with unfinished replies now; returns how many."""
+        await self._start()
+        return await self.sender.sweep()
+
+    async def ready(self) -> str:
+        """Start the recovery sweep and return this incarnation's owner id (``"{index}:{hex}"``)."""
+        await self._start()
+        return self.owner
+
+    async def pid(self) -> int:
+        """This actor's OS process id (tests kill it with SIGKILL)."""
+        import os
+
+        return os.getpid()
+
+
+class DeliveryPool:
+    """Handles of the M named DeliveryActors; ``pick(session_key)`` chooses by stable hash.
+
+    Create once with :meth:`create` (the runtime start), or attach from another process (a Ray
+    Serve replica) with :meth:`lookup`.
+    """
+
+    def __init__(self, handles: Sequence[Any], prefix: str = "sessionray-delivery") -> None:
+        if not handles:
+            raise ValueError("a delivery pool needs at least one actor")
+        self.handles = list(handles)
+        self.prefix = prefix
+
+    @property
+    def size(self) -> int:
+        """M, the number of delivery actors."""
+        return len(self.handles)
+
+    @classmethod
+    def create(
+        cls,
+        settings: DeliverySettings,
+        size: int,
+        *,
+        prefix: str = "sessionray-delivery",
+        sweep_s: float | None = None,
+    ) -> DeliveryPool:
+        """Create (or attach to existing) ``size`` detached named actors in namespace ``sessionray``.
+
+        Call :meth:`ready` to wait until they run. Raises ``ValueError`` for ``size`` < 1.
+        """
+        if size < 1:
+            raise ValueError(f"runtime.delivery_actors must be >= 1, got {size}")
+        handles = [
+            DeliveryActor.options(  # type: ignore[attr-defined]
+                name=delivery_actor_name(i, prefix),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+            ).remote(i, settings, sweep_s)
+            for i in range(size)
+        ]
+        return cls(handles, prefix)
+
+    @classmethod
+    def lookup(cls, size: int, *, prefix: str = "sessionray-delivery") -> DeliveryPool:
+        """Attach to the running named actors. Raises ``ValueError`` when one is missing."""
+        names = [delivery_actor_name(i, prefix) for i in range(size)]
+        return cls([ray.get_actor(name, namespace=NAMESPACE) for name in names], prefix)
+
+    async def ready(self) -> list[str]:
+        """Wait until every actor runs; returns their owner ids."""
+        return list(await asyncio.gather(*[h.ready.remote() for h in self.handles]))
+
+    def pick(self, session_key: str) -> Any:
+        """The actor handle for ``session_key``: ``handles[crc32(session_key) % M]``."""
+        return self.handles[partition_of(session_key, self.size)]
+
+    def partition(self, session_key: str) -> int:
+        """``crc32(session_key) % M``: the ledger ``partition`` of the chat's replies."""
+        return partition_of(session_key, self.size)
+
+    def notify(self, session_key: str) -> None:
+        """Tell the chat's actor that a reply of ``session_key`` was queued in the ledger, without
+        waiting (fire and forget: a lost notification is made good by the actor's sweep)."""
+        try:
+            self.pick(session_key).notify.remote(session_key)
+        except Exception as exc:  # e.g. the actor is being restarted: its start-up sweep finds it
+            log.warning("delivery notification for %s not sent (%r); the sweep finds it", session_key, exc)
+
+    async def deliver(self, job: DeliveryJob, *, restart_wait_s: float = 60.0) -> DeliveryResult:
+        """``pick(job.session_key).deliver(job)``; if the actor died mid-call, call again until its
+        restarted incarnation answers (it resumes from the ledger, so nothing is sent twice).
+
+        Args:
+            restart_wait_s: How long to keep calling a dead/restarting actor, in seconds
+                (a restart takes ≈ 1.4 s idle, much longer on a loaded machine).
+
+        Raises:
+            ray.exceptions.RayActorError: the actor did not come back within ``restart_wait_s``.
+        """
+        handle = self.pick(job.session_key)
+        deadline = time.monotonic() + restart_wait_s
+        delay = 0.25
+        while True:
+            try:
+                result: DeliveryResult = await handle.deliver.remote(job)
+                return result
+            except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "delivery actor for %s unavailable (%s); calling its restart",
+                    job.session_key,
+                    type(exc).__name__,
+                )
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    def stop(self) -> None:
+        """Kill every delivery actor (no restart)."""
+        for h in self.handles:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(h, no_restart=True)
