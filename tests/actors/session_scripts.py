@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +41,8 @@ from pydantic import BaseModel
 from runtime.llm.types import AssistantMessage, Context, TextContent, ToolCall, ToolResultMessage, UserMessage
 from runtime.session.turn import SessionSetup
 
+SENDER_PREFIX = re.compile(r"^\[sender:[^\]]*\] ")
+"""The sender prefix a group's user messages get when converted for the model."""
 GATE_LIMIT_S = 120.0
 """A gated tool gives up waiting after this many seconds (a test that failed never opens it)."""
 
@@ -94,7 +97,7 @@ def scripted_reply(context: Context) -> AssistantMessage:
         after = [_text(m) for m in msgs[last_asst + 1 :] if isinstance(m, UserMessage)]
         result = "; ".join(_text(r) for r in results)
         return answer(f"tool: {result}; then: {after}")
-    text = _text(msgs[users[-1]]) if users else ""
+    text = SENDER_PREFIX.sub("", _text(msgs[users[-1]]), count=1) if users else ""  # a group's prefix
     if text.startswith("slow "):
         return call("sleep", {"seconds": float(text[5:])})
     if text.startswith("defer square "):
@@ -116,6 +119,8 @@ class ScriptedSetup:
         marker_dir: Directory where the ``sleep`` tool records each start.
         steering_mode / follow_up_mode: Queue modes of the session.
         think_s: Seconds the model "thinks" before each reply.
+        coalesce: The sessions' hot-chat coalescing (``runtime.config.ai.CoalesceConfig``;
+            ``None``: off, docs/decisions.md#session-hot-chat-coalescing).
     """
 
     def __init__(
@@ -125,8 +130,10 @@ class ScriptedSetup:
         steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time",
         follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time",
         think_s: float = 0.0,
+        coalesce: Any = None,
     ) -> None:
         self.marker_dir = marker_dir
+        self.coalesce = coalesce
         self.steering_mode = steering_mode
         self.follow_up_mode = follow_up_mode
         self.think_s = think_s
@@ -214,6 +221,7 @@ class ScriptedSetup:
             system_prompt="You are a test bot.",
             steering_mode=self.steering_mode,
             follow_up_mode=self.follow_up_mode,
+            coalesce=self.coalesce,
         )
 
 

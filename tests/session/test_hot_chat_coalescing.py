@@ -327,3 +327,26 @@ async def test_history_never_lands_between_a_tool_call_and_its_result(repo: Any)
     assert [m.role for m in stored] == ["assistant", "toolResult", "user"]
     await exchanges.append_between([UserMessage(content="now")])  # nothing open: written at once
     assert [m.role for m in writer.snapshot()][-1] == "user" and len(writer) == 4
+
+
+def test_the_config_turns_coalescing_on_for_groups_and_fits_the_queue_to_the_mailbox(tmp_path: Path) -> None:
+    from actors.setup import ConfigSetupFactory
+    from runtime.config import ConfigError, parse_config
+
+    def setup_of(agent: dict[str, Any], runtime: dict[str, Any] | None = None) -> Any:
+        url = f"sqlite:///{tmp_path / 'cfg.db'}"
+        cfg = parse_config({"ai": {"agent": agent}, "runtime": runtime or {}, "database": {"url": url}})
+        Database(url).create_tables()
+        return ConfigSetupFactory(cfg)(GROUP)
+
+    default = setup_of({}).coalesce
+    assert (default.groups, default.private, default.max_batch, default.max_queue) == (True, False, 8, 7)
+    assert (
+        default.enabled_for("group") and default.enabled_for("channel") and not default.enabled_for("private")
+    )
+    # the host's mailbox (16 by default) counts the running batch: 8 running + 7 waiting fit, 20 would not
+    assert setup_of({"coalesce": {"max_queue": 20}}).coalesce.max_queue == 7
+    assert setup_of({"coalesce": {"max_queue": 20}}, {"mailbox_size": 64}).coalesce.max_queue == 20
+    assert setup_of({"coalesce": {"max_batch": 4}}, {"mailbox_size": 2}).coalesce.max_queue == 1
+    with pytest.raises(ConfigError, match="max_batch"):
+        parse_config({"ai": {"agent": {"coalesce": {"max_batch": 0}}}})
