@@ -11,9 +11,10 @@ interleaving gets the same answer for the same context):
   reply ``tool: <result>; then: <user texts that arrived after the tool call, e.g. steering>``;
 * last user text ``defer square N`` → call ``run_deferred_task`` (task ``square``, ``{"x": N}``);
 * last user text ``delegate T`` → call the ``delegate`` sub-agent tool with task ``T``;
-* last user text ``block G`` / ``ablock G`` → call the gated tool ``block`` (a *plain, blocking*
-  function: ``time.sleep`` in a loop) / ``ablock`` (a coroutine: ``asyncio.sleep`` in a loop) for
-  gate ``G``; either returns ``released G`` once the test opened the gate;
+* last user text ``block G`` / ``ablock G`` (in a group: after the sender prefix) → call the
+  gated tool ``block`` (a *plain, blocking* function: ``time.sleep`` in a loop) / ``ablock`` (a
+  coroutine: ``asyncio.sleep`` in a loop) for gate ``G``; either returns ``released G`` once the
+  test opened the gate;
 * anything else ``T``         → reply ``re: T``.
 
 Replies are segments JSON (docs/decisions.md#reply-segments) only when the IM reply contract asked
@@ -97,15 +98,16 @@ def scripted_reply(context: Context) -> AssistantMessage:
         after = [_text(m) for m in msgs[last_asst + 1 :] if isinstance(m, UserMessage)]
         result = "; ".join(_text(r) for r in results)
         return answer(f"tool: {result}; then: {after}")
-    text = SENDER_PREFIX.sub("", _text(msgs[users[-1]]), count=1) if users else ""  # a group's prefix
+    text = _text(msgs[users[-1]]) if users else ""
     if text.startswith("slow "):
         return call("sleep", {"seconds": float(text[5:])})
     if text.startswith("defer square "):
         return call("run_deferred_task", {"task": "square", "args": {"x": float(text[13:])}})
     if text.startswith("delegate "):
         return call("delegate", {"task": text[9:]})
-    if text.startswith(("block ", "ablock ")):
-        name, gate = text.split(" ", 1)
+    bare = SENDER_PREFIX.sub("", text, count=1)  # a group's sender prefix
+    if bare.startswith(("block ", "ablock ")):
+        name, gate = bare.split(" ", 1)
         return call(name, {"gate": gate})
     if text.startswith("echo "):
         return answer(text[5:])

@@ -2,9 +2,10 @@
 
 :class:`Topology` writes a configuration (one OneBot v11 bot with ``trigger: always`` per
 platform API given — ``10001``, ``10002``, … —, each sending to its own; no model in ``ai:``, so
-the built-in model answers with zero think time, and group mentions are not coalesced; SQLite under ``<dir>/data``; ``runtime:`` knobs
-as given), picks an HTTP port and a Ray metrics export port once (a restarted serve uses the
-same ones, so the load keeps its URL) and runs ``sessionray serve`` with:
+the built-in model answers with zero think time, and group mentions are not coalesced; SQLite
+under ``<dir>/data``; ``runtime:`` knobs as given), picks an HTTP port and a Ray metrics export
+port once (a restarted serve uses the same ones, so the load keeps its URL) and runs
+``sessionray serve`` with:
 
 * the working directory ``<dir>`` and ``RAY_TMPDIR=<dir>/ray`` — a serve restarted after a
   kill -9 of the driver meets the old instance's leftovers as an operator's would;
