@@ -164,7 +164,8 @@ class TurnResult(BaseModel):
     ``{"segments": []}``), ``already_done`` (a retried entry whose reply had been handed before the
     crash), ``aborted``, ``error``, ``busy`` (the chat's queue was full: the message was recorded as
     history and answered only by the rate-limited busy notice;
-    docs/decisions.md#session-hot-chat-coalescing).
+    docs/decisions.md#session-hot-chat-coalescing). Each member of a coalesced batch gets the batch
+    turn's result with its own ``seq`` and ``message_id`` and the batch's ``reply_id``.
     """
 
     seq: int
