@@ -333,10 +333,11 @@ class SessionCore:
         if command is not None:
             return await features.run_command(command, lead, self, ctl), self.writer.snapshot()
         pre = await run_pre_tools(self.setup.pre_tools, ctl.turn)
-        records: list[AgentMessage] = []
+        first: list[AgentMessage] = [pre] if pre is not None else []
+        records = list(first) if answering.is_batch else []  # a batch's user messages stay last
         for i, t in enumerate(turns):
             marker = answering.inbound_marker(t, i, self.session_id)
-            records += [marker, pre] if i == 0 and pre is not None else [marker]
+            records += [marker, *first] if i == 0 and not answering.is_batch else [marker]
             records.append(
                 await features.user_message(t, self.setup.model) if features is not None else t.user_message()
             )

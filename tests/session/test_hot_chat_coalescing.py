@@ -350,3 +350,33 @@ def test_the_config_turns_coalescing_on_for_groups_and_fits_the_queue_to_the_mai
     assert setup_of({"coalesce": {"max_batch": 4}}, {"mailbox_size": 2}).coalesce.max_queue == 1
     with pytest.raises(ConfigError, match="max_batch"):
         parse_config({"ai": {"agent": {"coalesce": {"max_batch": 0}}}})
+
+
+async def test_a_batch_sees_its_pre_tool_context_before_its_messages(repo: Any) -> None:
+    from runtime.session.turn import PreTool
+
+    async def weather(t: TurnInput) -> str:
+        return f"sunny for {t.message_id}"
+
+    model, rec = GatedModel({1}), Recorder()
+    handle = register_faux_provider(provider="co-pre", default_response=model)
+    setup = SessionSetup(
+        model=handle.get_model(), coalesce=CoalesceConfig(), pre_tools=[PreTool("weather", weather)]
+    )
+    core = await SessionCore.open(GROUP, repo, setup, rec, max_concurrent_turns=4)
+    first = asyncio.ensure_future(core.submit(turn(GROUP, 1, "a", "q1")))
+    await asyncio.wait_for(model.started_event(1).wait(), 10)
+    rest = [asyncio.ensure_future(core.submit(turn(GROUP, s, f"u{s}", f"q{s}"))) for s in (2, 3)]
+    await until(lambda: core.status()["queued"] == 2)
+    model.gate(1).set()
+    await asyncio.wait_for(asyncio.gather(first, *rest), 20)
+    prompt, asked, _ = model.calls[1]
+    # the pre-tool context (run once, for the batch's first message) precedes the batch's messages,
+    # so "the last 2 user messages" of the note are the batch
+    assert asked == [
+        ("", "Context gathered before this turn:\n[weather] sunny for m2"),
+        ("u2", "q2"),
+        ("u3", "q3"),
+    ]
+    assert "the last 2 user messages are one batch" in prompt
+    assert rec.jobs[1].reply.mentions() == ["u2", "u3"]
