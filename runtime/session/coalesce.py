@@ -15,7 +15,9 @@ answers up to ``max_batch`` of them at once (:class:`Answering`). What this modu
 * the note that tells the model it answers several people (:func:`batch_note`);
 * the turn input the agent's policies see for a batch (:func:`policy_turn`: the rights every
   asker has, the media of every message);
-* when a chat gets the busy notice again (:class:`BusyNotices`).
+* which entries may join a batch (:func:`batchable`: not a chat command, not a resumed retry);
+* what a message over the bounded queue gets (:func:`answer_overflow`: recorded as history, the
+  busy notice at most once per ``busy_notice_interval_s``: :class:`BusyNotices`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class Answering:
 
     @property
     def is_batch(self) -> bool:
+        """Whether this turn answers more than one message."""
         return bool(self.askers)
 
     def inbound_marker(self, turn: TurnInput, index: int, session_id: str) -> CustomMessage:
