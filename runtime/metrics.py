@@ -243,6 +243,19 @@ TURNS = Counter(
 TURN_LATENCY = Histogram(
     "sessionray_turn_latency_seconds", "Inbound accepted to reply handed to delivery.", ("platform",)
 )
+COALESCED_BATCH = Histogram(
+    "sessionray_coalesced_batch_size",
+    "Messages one turn of a coalescing chat answered (1: a message alone; "
+    "docs/decisions.md#session-hot-chat-coalescing).",
+    ("platform",),
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+)
+BUSY_NOTICES = Counter(
+    "sessionray_busy_notices_total",
+    "Messages over a coalescing chat's queue, by outcome (sent: the busy notice went out; "
+    "suppressed: the chat had one within busy_notice_interval_s).",
+    ("platform", "outcome"),
+)
 CONTROL = Counter(
     "sessionray_control_total", "steer / follow_up / abort requests by outcome.", ("kind", "outcome")
 )

@@ -209,6 +209,47 @@ class OutputSinkConfig(_Closed):
         return self
 
 
+class CoalesceConfig(_Closed):
+    """``ai.agent.coalesce``: a hot chat's mentions are answered in batches
+    (``runtime.session.coalesce``; docs/decisions.md#session-hot-chat-coalescing).
+
+    Where it is on, the chat runs one turn at a time; the triggered messages that arrive while it
+    runs wait (at most ``max_queue``) and the next turn answers up to ``max_batch`` of them at
+    once. A message beyond ``max_queue`` is recorded as history and answered only by the busy
+    notice (at most one per ``busy_notice_interval_s`` per chat).
+    """
+
+    groups: bool = True
+    """Coalesce in group and channel chats."""
+    private: bool = False
+    """Coalesce in private chats."""
+    max_batch: int = Field(8, ge=1, le=64)
+    """Most messages one turn answers."""
+    max_queue: int = Field(7, ge=1)
+    """Messages that may wait for the next turn; one more gets the busy notice. The session
+    host's ``runtime.mailbox_size`` counts the running batch too, so the bound in force is
+    ``min(max_queue, runtime.mailbox_size - max_batch - 1)`` (at least 1)."""
+    busy_notice: str = Field(
+        "Too many questions at once; I could not take yours. Please ask again in a minute.", min_length=1
+    )
+    """The short reply a chat gets when its queue is full."""
+    busy_notice_interval_s: float = Field(30.0, ge=0)
+    """At most one busy notice per chat in this many seconds; the overflowed messages in between
+    are recorded and get no notice of their own."""
+
+    def enabled_for(self, scope: str) -> bool:
+        """Whether a chat of session-key scope ``scope`` (``private``, ``group``, ``channel``)
+        coalesces."""
+        return self.private if scope == "private" else self.groups
+
+    def within_mailbox(self, mailbox_size: int) -> CoalesceConfig:
+        """This config with ``max_queue`` capped to ``mailbox_size - max_batch - 1`` (at least
+        1): a message over the queue then reaches the session and gets the busy notice, instead of
+        the host's ``busy`` (docs/decisions.md#session-backpressure)."""
+        cap = max(1, min(self.max_queue, mailbox_size - self.max_batch - 1))
+        return self if cap == self.max_queue else self.model_copy(update={"max_queue": cap})
+
+
 class AgentConfig(_Closed):
     """``ai.agent``: structured-reply and queue modes."""
 
@@ -260,6 +301,8 @@ class AgentConfig(_Closed):
     """Task name → ``"module:function"`` the model may hand off with ``run_deferred_task``; the
     function takes the task's arguments (a dict) and returns text, runs as a Ray task, and its
     result is sent as a separate message (docs/decisions.md#session-extra-tools)."""
+    coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig)
+    """Hot-chat coalescing (docs/decisions.md#session-hot-chat-coalescing); on for groups."""
 
     @field_validator("output_schema")
     @classmethod

@@ -1,7 +1,8 @@
 """The Ray-free heart of a live session: ordered inbox, overlapping turns, single writer, control.
 
-``actors.placement.hosts.host.SessionHost`` hosts one :class:`SessionCore` per live session (many per
-process); the core runs on one event loop and never imports Ray, so it is unit-testable on its own.
+``actors.placement.hosts.host.SessionHost`` hosts one :class:`SessionCore` per live session (many
+per process); the core runs on one event loop and never imports Ray, so it is unit-testable on its
+own.
 
 Rules:
 
@@ -12,6 +13,10 @@ Rules:
 * **Overlapping turns.** Up to ``max_concurrent_turns`` turns of the session run at once
   (docs/decisions.md#session-concurrent-turns). Each sees the context as it was when it started.
   Every append goes through the session's :class:`~runtime.session.turn.SessionWriter`.
+* **Hot chats answer in batches.** Where ``setup.coalesce`` is on for the chat's scope, one turn
+  runs at a time; the entries that wait meanwhile (at most ``max_queue``) are answered together by
+  the next turn (up to ``max_batch``), and one more gets the rate-limited busy notice instead
+  (:mod:`runtime.session.coalesce`; docs/decisions.md#session-hot-chat-coalescing).
 * **Replies keep chat order.** Turn *k* hands its reply to delivery only after turn *k-1* handed
   its own (or ended): the user sees answers in the order they asked
   (docs/decisions.md#session-reply-order).
@@ -36,18 +41,24 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from runtime import metrics
-from runtime.delivery.job import DeliveryJob, partition_of
-from runtime.delivery.outbox import queue_writer
 from runtime.llm.attribution import attributed
 from runtime.llm.types import (
     AgentMessage,
-    AssistantMessage,
-    ToolResultMessage,
     UserMessage,
-    now_ms,
 )
 from runtime.reply.segments import Reply
+from runtime.session.coalesce import (
+    Answering,
+    BusyNotices,
+    answer_overflow,
+    answering_of_resumed,
+    batchable,
+    coalescing_for,
+    policy_turn,
+)
 from runtime.session.context_window import install_context_hooks
+from runtime.session.exchanges import Exchanges
+from runtime.session.handover import HandOver
 from runtime.session.spend import SessionSpend, turn_owner
 from runtime.session.turn import (
     INBOUND_MARKER,
@@ -57,20 +68,18 @@ from runtime.session.turn import (
     SessionWriter,
     TurnInput,
     TurnResult,
-    close_orphan_tool_calls,
     control_turn,
     find_marker,
-    inbound_marker,
-    reply_marker,
 )
 from runtime.session.turn_agent import (
     TurnControl,
     abort_notice,
     control_message,
-    finalize_reply,
+    resume_turn,
     run_agent,
     run_pre_tools,
 )
+from runtime.session.turn_queue import TurnQueue
 from runtime.session.turn_tools import SpawnFn, deferred_result, make_deferred_task_tool, spawn_in_thread
 
 __all__ = ["ControlOutcome", "SessionCore"]
@@ -131,21 +140,25 @@ class SessionCore:
         self.deliver = deliver
         self.closing = False
         """Set by :meth:`close`: an abort then is not the user's."""
-        self._partition = partition_of(session_key, delivery_partitions)
+        self._hand_over = HandOver(
+            session_key, lambda: self.writer, lambda: self.deliver, delivery_partitions
+        )
         self.scope = session_key.split(":")[2] if session_key.count(":") >= 3 else "private"
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
         if setup.deferred_tasks:
             tool = make_deferred_task_tool(setup.deferred_tasks, self._start_deferred)
             self.setup = dataclasses.replace(setup, tools=[*setup.tools, tool])
-        self._next_seq = next_seq
-        self._inbox: dict[int, tuple[TurnInput, asyncio.Future[TurnResult]]] = {}
-        self._slots = asyncio.Semaphore(max_concurrent_turns)
+        self._queue = TurnQueue(next_seq)
+        self._coalesce = coalescing_for(setup.coalesce, self.scope)
+        # a coalescing chat runs one turn at a time (docs/decisions.md#session-hot-chat-coalescing)
+        self._slots = asyncio.Semaphore(1 if self._coalesce is not None else max_concurrent_turns)
+        self._busy = BusyNotices(self._coalesce) if self._coalesce is not None else None
+        self._exchanges = Exchanges(lambda: self.writer)
         self._consumer: asyncio.Task[None] | None = None
         self._active: list[TurnControl] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_handoff: asyncio.Future[None] | None = None
-        self._inflight: dict[int, TurnControl] = {}
         self.turns_done = 0
         self.loaded_messages = len(writer)
         self.last_activity = time.monotonic()
@@ -189,30 +202,48 @@ class SessionCore:
     # ------------------------------------------------------------------ inbox
 
     async def submit(self, turn: TurnInput) -> TurnResult:
-        """Queue an inbound entry and wait until its turn ended (reply handed to delivery).
+        """Queue an inbound entry and wait until its turn ended (reply handed to delivery). In a
+        coalescing chat an entry over the queue is answered at once (outcome ``busy``:
+        :func:`runtime.session.coalesce.answer_overflow`), and an entry that joined a batch gets
+        the batch turn's result (its own ``seq`` and ``message_id``, the batch's ``reply_id``).
 
         Raises:
             ValueError: ``turn.seq`` was already started or is already queued (the router never
                 sends one twice to the same activation).
         """
-        if turn.seq < self._next_seq or turn.seq in self._inbox:
-            raise ValueError(
-                f"seq {turn.seq} of {self.session_key} was already submitted (next {self._next_seq})"
-            )
-        fut: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
-        self._inbox[turn.seq] = (turn, fut)
+        self._queue.check(turn, self.session_key)
         self.last_activity = time.monotonic()
-        if self._consumer is None or self._consumer.done():
-            self._consumer = asyncio.create_task(self._consume())
+        if (
+            self._busy is not None
+            and len(self._queue) >= self._busy.config.max_queue
+            and self._batchable(turn)
+        ):
+            self._queue.skip(turn.seq)  # over the queue: recorded, the busy notice (rate-limited)
+            self._kick()
+            append = self._exchanges.append_between
+            return await answer_overflow(turn, self.session_id, self._busy, self._hand_over, append)
+        fut: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        self._queue.put((turn, fut))
+        self._kick()
         return await fut
 
+    def _kick(self) -> None:
+        if self._consumer is None or self._consumer.done():
+            self._consumer = asyncio.create_task(self._consume())
+
     async def _consume(self) -> None:
-        # The single consumer: starts turns in seq order, at most max_concurrent_turns at once.
-        while self._next_seq in self._inbox:
+        # The single consumer: starts turns in seq order, at most max_concurrent_turns at once —
+        # one at a time where the chat coalesces, each taking what waited as one batch.
+        while self._queue.ready():
             await self._slots.acquire()
-            turn, fut = self._inbox.pop(self._next_seq)
-            self._next_seq += 1
-            self._spawn(self._execute(turn, fut, release=True))
+            batch = self._queue.take(self._coalesce.max_batch if self._coalesce else 1, self._batchable)
+            turns = [t for t, _ in batch]
+            self._spawn(self._execute(turns, [f for _, f in batch], release=True))
+
+    def _batchable(self, turn: TurnInput) -> bool:
+        """An inbound message that is neither a chat command (answered before the agent,
+        docs/decisions.md#chat-commands) nor the retry of a recorded turn (it resumes alone)."""
+        return batchable(turn, self.setup.features, self.writer.snapshot)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -223,24 +254,29 @@ class SessionCore:
     # ------------------------------------------------------------------ turns
 
     async def _execute(
-        self, turn: TurnInput, fut: asyncio.Future[TurnResult] | None, *, release: bool
+        self,
+        turns: list[TurnInput],
+        futs: Sequence[asyncio.Future[TurnResult] | None],
+        *,
+        release: bool,
     ) -> None:
-        ctl = TurnControl(turn, self.setup.steering_mode, self.setup.follow_up_mode)
+        lead = turns[0]
+        ctl = TurnControl(policy_turn(turns), self.setup.steering_mode, self.setup.follow_up_mode)
         # compaction, then the history window (docs/decisions.md#agent-context-budget)
-        install_context_hooks(ctl.agent, self.setup, self.repo, self.session_id, turn)
+        install_context_hooks(ctl.agent, self.setup, self.repo, self.session_id, lead)
         self._active.append(ctl)
         prev, mine = self._last_handoff, asyncio.get_running_loop().create_future()
         self._last_handoff = mine
         t0 = time.perf_counter()
         try:
-            with attributed(turn_owner(turn, self.session_id)):  # docs/decisions.md#spend-ledger
-                result = await self._turn(turn, ctl, prev, mine)
+            with attributed(turn_owner(lead, self.session_id)):  # docs/decisions.md#spend-ledger
+                result = await self._turn(turns, ctl, prev, mine)
         except Exception as exc:
-            result = TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="error", error=repr(exc))
+            result = TurnResult(seq=lead.seq, message_id=lead.message_id, outcome="error", error=repr(exc))
             await self._record_held(ctl)
         finally:
             self._active.remove(ctl)
-            self._inflight = {k: v for k, v in self._inflight.items() if v is not ctl}
+            await self._exchanges.end(ctl)
             if not mine.done():
                 mine.set_result(None)
             if release:
@@ -250,61 +286,78 @@ class SessionCore:
                 self._start_control_turn(kind, msg)
         result.latency_ms = (time.perf_counter() - t0) * 1000
         self.turns_done += 1
-        metrics.TURNS.inc(platform=turn.platform, outcome=result.outcome)
-        metrics.TURN_LATENCY.observe(result.latency_ms / 1000, platform=turn.platform)
-        if fut is not None and not fut.done():
-            fut.set_result(result)
+        metrics.TURNS.inc(platform=lead.platform, outcome=result.outcome)
+        metrics.TURN_LATENCY.observe(result.latency_ms / 1000, platform=lead.platform)
+        if self._coalesce is not None and lead.kind == "inbound":
+            metrics.COALESCED_BATCH.observe(len(turns), platform=lead.platform)
+        for t, fut in zip(turns, futs, strict=True):
+            if fut is not None and not fut.done():
+                fut.set_result(result.model_copy(update={"seq": t.seq, "message_id": t.message_id}))
 
     async def _turn(
         self,
-        turn: TurnInput,
+        turns: list[TurnInput],
         ctl: TurnControl,
         prev: asyncio.Future[None] | None,
         mine: asyncio.Future[None] | None = None,
     ) -> TurnResult:
-        reply_id = turn.reply_id(self.session_id)
-        done = TurnResult(seq=turn.seq, message_id=turn.message_id, outcome="already_done", reply_id=reply_id)
+        """Run one turn over ``turns`` (one entry, or a coalesced batch) and hand its reply over.
+        A retried entry whose inbound marker is recorded resumes its turn (a batch member: the
+        whole batch, under the batch's reply id; docs/decisions.md#session-crash-recovery)."""
+        lead = turns[0]
         messages = self.writer.snapshot()
-        start = find_marker(messages, INBOUND_MARKER, turn.message_id) if turn.attempt > 0 else None
-        reply: Reply | None = None
-        features = self.setup.features  # runtime.session.features
-        command = features.command(turn) if features is not None and start is None else None
-        if start is not None:
-            # Crash retry (docs/decisions.md#session-crash-recovery): the entry was recorded before
-            # the crash.
-            if find_marker(messages, REPLY_MARKER, turn.message_id) is not None:
-                return done
-            messages = await self.writer.append(close_orphan_tool_calls(messages))
-            final = messages[-1]
-            if isinstance(final, AssistantMessage):  # the answer was produced; only the handoff is missing
-                sender = turn.sender.get("id")
-                reply = await finalize_reply(
-                    self.setup,
-                    final,
-                    messages,
-                    str(sender) if sender else None,
-                    ctl,
-                    record=self.writer.append,
-                )
-        elif command is not None:
-            # a chat command is answered before (and never shown to) the agent
-            # (docs/decisions.md#chat-commands)
-            reply = await features.run_command(command, turn, self, ctl)
-        elif (refused := await self.spend.refusal(turn_owner(turn, self.session_id))) is not None:
-            reply = refused  # over a quota: answered like a command, the agent never runs
+        resumed = lead.attempt > 0 and find_marker(messages, INBOUND_MARKER, lead.message_id) is not None
+        if not resumed:
+            answering = Answering.of(turns, self.session_id)
+            reply, messages = await self._begin(turns, answering, ctl)
         else:
-            pre = await run_pre_tools(self.setup.pre_tools, turn)
-            records: list[AgentMessage] = [inbound_marker(turn, self.session_id)]
-            records += [pre] if pre is not None else []
-            records.append(
-                await features.user_message(turn, self.setup.model)
-                if features is not None
-                else turn.user_message()
-            )
-            messages = await self.writer.append(records)
+            answering = answering_of_resumed(messages, lead, self.session_id)
+            if find_marker(messages, REPLY_MARKER, lead.message_id) is not None:
+                return answering.result(lead, "already_done")
+            if answering.is_batch:  # the askers' roles are not recorded: no one's rights
+                ctl.turn = ctl.turn.model_copy(update={"sender": {**ctl.turn.sender, "roles": []}})
+            reply, messages = await resume_turn(self.setup, ctl, messages, self.writer.append)
         if reply is None:
-            visible = [m for m in messages if self._inflight.get(id(m), ctl) is ctl]
-            reply = await self._run_agent(self.setup, visible, self.scope, ctl, self._recorder(ctl))
+            visible = self._exchanges.visible(messages, ctl)
+            setup = answering.setup_for(self.setup)  # a batch: the model is told so
+            reply = await self._run_agent(setup, visible, self.scope, ctl, self._exchanges.recorder(ctl))
+        return await self._finish(lead, answering, reply, ctl, prev, mine)
+
+    async def _begin(
+        self, turns: list[TurnInput], answering: Answering, ctl: TurnControl
+    ) -> tuple[Reply | None, list[AgentMessage]]:
+        """A new turn: answer a chat command before (and never shown to) the agent
+        (docs/decisions.md#chat-commands), or record each message's ``im_inbound`` marker and
+        user message before the first LLM call. Returns ``(reply or None, context)``."""
+        lead, features = turns[0], self.setup.features
+        command = features.command(lead) if features is not None and len(turns) == 1 else None
+        if command is not None:
+            return await features.run_command(command, lead, self, ctl), self.writer.snapshot()
+        if (refused := await self.spend.refusal(turn_owner(lead, self.session_id))) is not None:
+            return refused, self.writer.snapshot()  # over a quota: the agent never runs
+        pre = await run_pre_tools(self.setup.pre_tools, ctl.turn)
+        first: list[AgentMessage] = [pre] if pre is not None else []
+        records = list(first) if answering.is_batch else []  # a batch's user messages stay last
+        for i, t in enumerate(turns):
+            marker = answering.inbound_marker(t, i, self.session_id)
+            records += [marker, *first] if i == 0 and not answering.is_batch else [marker]
+            records.append(
+                await features.user_message(t, self.setup.model) if features is not None else t.user_message()
+            )
+        return None, await self.writer.append(records)
+
+    async def _finish(
+        self,
+        lead: TurnInput,
+        answering: Answering,
+        reply: Reply,
+        ctl: TurnControl,
+        prev: asyncio.Future[None] | None,
+        mine: asyncio.Future[None] | None,
+    ) -> TurnResult:
+        """Wait for the previous turn's hand-over (chat order), then hand this turn's reply over
+        with the final answer and one ``im_reply`` marker per answered message; an abort sends the
+        fixed notice (a master's) or nothing (the session's close: the inbox replays the entry)."""
         aborted = ctl.abort_controller.signal.aborted
         if prev is not None:
             await asyncio.shield(prev)  # chat order: the previous turn hands its reply first
@@ -312,54 +365,24 @@ class SessionCore:
             await self._record_held(ctl)
         if aborted and self.closing:  # not the user's abort: the inbox replays the message
             return TurnResult(  # (docs/decisions.md#inbox-durable)
-                seq=turn.seq, message_id=turn.message_id, outcome="error", error="session closed mid-turn"
+                seq=lead.seq, message_id=lead.message_id, outcome="error", error="session closed mid-turn"
             )
         if aborted:  # a master's abort: the fixed notice, never a part of the cut-off answer
-            reply = abort_notice(self.setup)
-            if reply is None:
-                return TurnResult(
-                    seq=turn.seq, message_id=turn.message_id, outcome="aborted", reply_id=reply_id
-                )
+            notice = abort_notice(self.setup)
+            if notice is None:
+                return answering.result(lead, "aborted")
+            reply = notice
         preview = reply.preview_text()
-        marker = reply_marker(turn, reply_id, preview)
-        records = [*ctl.unrecorded, marker]  # the final answer goes with the reply's records
+        records = [*ctl.unrecorded, *answering.reply_markers(preview)]  # the answer goes with them
         if reply.is_empty():
             await self.writer.append(records)
         else:
-            job = DeliveryJob(
-                reply_id=reply_id,
-                session_key=self.session_key,
-                platform=turn.platform,
-                bot_id=turn.bot_id,
-                scene_type=turn.scene_type,
-                scene_id=turn.scene_id,
-                reply_to=turn.message_id if turn.kind == "inbound" else None,
-                reply=reply,
-            )
-            await self._hand_over(job, records)
+            await self._hand_over(answering.job(lead, self.session_key, reply), records)
         ctl.unrecorded = []  # written (a failed write leaves it for the error path to record)
         if mine is not None and not mine.done():
             mine.set_result(None)  # the next turn may hand its reply over now (chat order kept)
         outcome: Literal["ok", "empty", "aborted"] = "empty" if reply.is_empty() else "ok"
-        outcome = "aborted" if aborted else outcome
-        return TurnResult(
-            seq=turn.seq, message_id=turn.message_id, outcome=outcome, reply_id=reply_id, preview=preview
-        )
-
-    async def _hand_over(self, job: DeliveryJob, records: list[AgentMessage]) -> None:
-        """Append ``records`` (the turn's final answer and its ``im_reply`` marker) and ``job``'s
-        ``queued`` ledger row in one transaction, then notify delivery without waiting for the
-        platform (docs/decisions.md#delivery-outbox). The ledger places the row after the chat's
-        unfinished ones (``runtime.delivery.outbox.next_created_at``): the chat's order.
-
-        Raises:
-            Whatever the append raises (then neither the records nor the row were written).
-        """
-        await self.writer.append(records, also=queue_writer(job, self._partition, now_ms()))
-        try:
-            await self.deliver(job)
-        except Exception:  # the row is durable: the delivery actor's sweep sends it
-            log.exception("notifying delivery of %s failed; its sweep will send it", job.reply_id)
+        return answering.result(lead, "aborted" if aborted else outcome, preview=preview)
 
     async def _record_held(self, ctl: TurnControl) -> None:
         """Record the turn's held final answer (``ctl.unrecorded``) on its own: the turn ends
@@ -369,19 +392,6 @@ class SessionCore:
             await ctl.record_unrecorded(self.writer.append)
         except Exception:
             log.exception("recording the final answer of %s failed", self.session_key)
-
-    def _recorder(self, ctl: TurnControl) -> Callable[[Sequence[AgentMessage]], Awaitable[Any]]:
-        """The record function of one turn: appends through the writer and marks the turn's
-        assistant messages and tool results as in flight, so a turn that starts meanwhile does not
-        see another turn's half-done tool exchange (it sees it once that turn ended)."""
-
-        async def record(messages: Sequence[AgentMessage]) -> Any:
-            for m in messages:
-                if isinstance(m, AssistantMessage | ToolResultMessage):
-                    self._inflight[id(m)] = ctl
-            return await self.writer.append(messages)
-
-        return record
 
     # ------------------------------------------------------------------ deferred tasks
 
@@ -407,7 +417,7 @@ class SessionCore:
         sender = (msg.sender or {}).get("id", "")
         text = msg.content if isinstance(msg.content, str) else ""
         self._spawn(
-            self._execute(control_turn(self.session_key, kind, text, str(sender)), None, release=False)
+            self._execute([control_turn(self.session_key, kind, text, str(sender))], [None], release=False)
         )
 
     # ------------------------------------------------------------------ control
@@ -416,23 +426,20 @@ class SessionCore:
     def steer(self, text: str, sender_id: str) -> ControlOutcome:
         """Inject ``text`` into the latest active turn (it enters the context before that turn's
         next LLM call; tools of the running batch are not skipped). No active turn: run as a turn."""
-        msg = control_message(text, sender_id)
-        for ctl in reversed(self._active):
-            if not ctl.closed:
-                ctl.steer(msg)
-                return "steered"
-        self._start_control_turn("steer", msg)
-        return "started"
+        return self._control("steer", text, sender_id)
 
     def follow_up(self, text: str, sender_id: str) -> ControlOutcome:
         """Queue ``text`` on the latest active turn (used when it would stop); no active turn: run
         as a turn."""
+        return self._control("follow_up", text, sender_id)
+
+    def _control(self, kind: Literal["steer", "follow_up"], text: str, sender_id: str) -> ControlOutcome:
         msg = control_message(text, sender_id)
         for ctl in reversed(self._active):
             if not ctl.closed:
-                ctl.follow_up(msg)
-                return "queued"
-        self._start_control_turn("follow_up", msg)
+                (ctl.steer if kind == "steer" else ctl.follow_up)(msg)
+                return "steered" if kind == "steer" else "queued"
+        self._start_control_turn(kind, msg)
         return "started"
 
     def abort(self, why: str = "a master") -> int:
@@ -458,12 +465,12 @@ class SessionCore:
     @property
     def idle(self) -> bool:
         """No queued entry and no running turn (safe to passivate)."""
-        return not self._inbox and not self._active and not self._tasks
+        return not self._queue and not self._active and not self._tasks
 
     @property
     def next_seq(self) -> int:
         """The next ``seq`` the inbox will start."""
-        return self._next_seq
+        return self._queue.next_seq
 
     def status(self) -> dict[str, Any]:
         """A JSON-able snapshot: ``session_key``, ``session_id``, ``active_turns``, ``queued``,
@@ -472,8 +479,8 @@ class SessionCore:
             "session_key": self.session_key,
             "session_id": self.session_id,
             "active_turns": len(self._active),
-            "queued": len(self._inbox),
-            "next_seq": self._next_seq,
+            "queued": len(self._queue),
+            "next_seq": self._queue.next_seq,
             "turns_done": self.turns_done,
             "messages": len(self.writer),
             "idle_s": round(time.monotonic() - self.last_activity, 3),

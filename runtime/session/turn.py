@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from runtime.agent.agent import QueueMode
 from runtime.agent.context_budget import BudgetPolicy
 from runtime.agent.tools import AgentTool
+from runtime.config.ai import CoalesceConfig
 from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import (
     AgentMessage,
@@ -62,6 +63,7 @@ __all__ = [
     "SessionWriter",
     "SetupFactory",
     "TurnInput",
+    "TurnOutcome",
     "TurnResult",
     "close_orphan_tool_calls",
     "find_marker",
@@ -156,17 +158,24 @@ def _now() -> int:
     return now_ms()
 
 
+TurnOutcome: TypeAlias = Literal["ok", "empty", "already_done", "aborted", "error", "busy"]
+"""How a turn (or an entry answered without one) ended: see :class:`TurnResult`."""
+
+
 class TurnResult(BaseModel):
     """What one turn ended with (returned to the router, which then marks the entry done).
 
     ``outcome``: ``ok`` (a reply was handed to delivery), ``empty`` (the model chose not to reply,
     ``{"segments": []}``), ``already_done`` (a retried entry whose reply had been handed before the
-    crash), ``aborted``, ``error``.
+    crash), ``aborted``, ``error``, ``busy`` (the chat's queue was full: the message was recorded as
+    history and answered only by the rate-limited busy notice;
+    docs/decisions.md#session-hot-chat-coalescing). Each member of a coalesced batch gets the batch
+    turn's result with its own ``seq`` and ``message_id`` and the batch's ``reply_id``.
     """
 
     seq: int
     message_id: str
-    outcome: Literal["ok", "empty", "already_done", "aborted", "error"]
+    outcome: TurnOutcome
     reply_id: str = ""
     preview: str = ""
     error: str = ""
@@ -238,6 +247,9 @@ class SessionSetup:
             SQL ``model_capabilities`` store.
         probe: ``(model) -> ProbeResult`` run at a turn's start when ``capabilities`` knows no
             unexpired tier for ``model`` (``None``: no probe; the contract starts at ``native``).
+        coalesce: Hot-chat coalescing (``ai.agent.coalesce``, capped to the host's mailbox by
+            the config setup; docs/decisions.md#session-hot-chat-coalescing); ``None``: off,
+            every message is its own turn.
     """
 
     model: Model
@@ -259,6 +271,7 @@ class SessionSetup:
     context_budget: BudgetPolicy | None = None
     capabilities: CapabilityCache | None = None
     probe: ProbeFn | None = None
+    coalesce: CoalesceConfig | None = None
 
 
 SetupFactory: TypeAlias = Callable[[str], "SessionSetup | Awaitable[SessionSetup]"]
@@ -366,11 +379,12 @@ def inbound_marker(turn: TurnInput, session_id: str) -> CustomMessage:
     )
 
 
-def reply_marker(turn: TurnInput, reply_id: str, preview: str) -> CustomMessage:
-    """The ``im_reply`` record, written with the reply's ``queued`` ledger row (the entry is done)."""
+def reply_marker(message_id: str, reply_id: str, preview: str) -> CustomMessage:
+    """The ``im_reply`` record of inbound ``message_id``, written with the reply's ``queued``
+    ledger row (the entry is done; a batch writes one per message it answered)."""
     return CustomMessage(
         custom_type=REPLY_MARKER,
-        data={"message_id": turn.message_id, "reply_id": reply_id, "preview": preview},
+        data={"message_id": message_id, "reply_id": reply_id, "preview": preview},
     )
 
 

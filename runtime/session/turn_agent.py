@@ -31,6 +31,7 @@ from runtime.session.turn import (
     PreTool,
     SessionSetup,
     TurnInput,
+    close_orphan_tool_calls,
     find_marker,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "finalize_reply",
     "reply_contract",
     "resolve_capability",
+    "resume_turn",
     "run_agent",
     "run_pre_tools",
 ]
@@ -388,6 +390,25 @@ def busy_reply(setup: SessionSetup, final: AssistantMessage | None) -> Reply | N
     if final is None or final.stop_reason != "error" or isinstance(setup.output_schema, OutputSpec):
         return None
     return Reply.of_text(setup.busy_text) if is_busy_error(final.error_message) else None
+
+
+async def resume_turn(
+    setup: SessionSetup, ctl: TurnControl, messages: list[AgentMessage], record: RecordFn
+) -> tuple[Reply | None, list[AgentMessage]]:
+    """The start of a crash retry whose entry was recorded before the crash
+    (docs/decisions.md#session-crash-recovery): close the tool calls cut off (never re-run them);
+    when the answer was produced, only validate it (the hand-over is what is missing).
+
+    Returns:
+        ``(reply, context)`` — ``reply`` is ``None`` when the agent must run on ``context``.
+    """
+    messages = list(await record(close_orphan_tool_calls(messages)))
+    final = messages[-1]
+    if not isinstance(final, AssistantMessage):
+        return None, messages
+    sender = ctl.turn.sender.get("id")
+    reply = await finalize_reply(setup, final, messages, str(sender) if sender else None, ctl, record=record)
+    return reply, messages
 
 
 def abort_notice(setup: SessionSetup) -> Reply | None:

@@ -11,9 +11,10 @@ interleaving gets the same answer for the same context):
   reply ``tool: <result>; then: <user texts that arrived after the tool call, e.g. steering>``;
 * last user text ``defer square N`` → call ``run_deferred_task`` (task ``square``, ``{"x": N}``);
 * last user text ``delegate T`` → call the ``delegate`` sub-agent tool with task ``T``;
-* last user text ``block G`` / ``ablock G`` → call the gated tool ``block`` (a *plain, blocking*
-  function: ``time.sleep`` in a loop) / ``ablock`` (a coroutine: ``asyncio.sleep`` in a loop) for
-  gate ``G``; either returns ``released G`` once the test opened the gate;
+* last user text ``block G`` / ``ablock G`` (in a group: after the sender prefix) → call the
+  gated tool ``block`` (a *plain, blocking* function: ``time.sleep`` in a loop) / ``ablock`` (a
+  coroutine: ``asyncio.sleep`` in a loop) for gate ``G``; either returns ``released G`` once the
+  test opened the gate;
 * anything else ``T``         → reply ``re: T``.
 
 Replies are segments JSON (docs/decisions.md#reply-segments) only when the IM reply contract asked
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +42,8 @@ from pydantic import BaseModel
 from runtime.llm.types import AssistantMessage, Context, TextContent, ToolCall, ToolResultMessage, UserMessage
 from runtime.session.turn import SessionSetup
 
+SENDER_PREFIX = re.compile(r"^\[sender:[^\]]*\] ")
+"""The sender prefix a group's user messages get when converted for the model."""
 GATE_LIMIT_S = 120.0
 """A gated tool gives up waiting after this many seconds (a test that failed never opens it)."""
 
@@ -101,8 +105,9 @@ def scripted_reply(context: Context) -> AssistantMessage:
         return call("run_deferred_task", {"task": "square", "args": {"x": float(text[13:])}})
     if text.startswith("delegate "):
         return call("delegate", {"task": text[9:]})
-    if text.startswith(("block ", "ablock ")):
-        name, gate = text.split(" ", 1)
+    bare = SENDER_PREFIX.sub("", text, count=1)  # a group's sender prefix
+    if bare.startswith(("block ", "ablock ")):
+        name, gate = bare.split(" ", 1)
         return call(name, {"gate": gate})
     if text.startswith("echo "):
         return answer(text[5:])
@@ -116,6 +121,8 @@ class ScriptedSetup:
         marker_dir: Directory where the ``sleep`` tool records each start.
         steering_mode / follow_up_mode: Queue modes of the session.
         think_s: Seconds the model "thinks" before each reply.
+        coalesce: The sessions' hot-chat coalescing (``runtime.config.ai.CoalesceConfig``;
+            ``None``: off, docs/decisions.md#session-hot-chat-coalescing).
     """
 
     def __init__(
@@ -125,8 +132,10 @@ class ScriptedSetup:
         steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time",
         follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time",
         think_s: float = 0.0,
+        coalesce: Any = None,
     ) -> None:
         self.marker_dir = marker_dir
+        self.coalesce = coalesce
         self.steering_mode = steering_mode
         self.follow_up_mode = follow_up_mode
         self.think_s = think_s
@@ -214,6 +223,7 @@ class ScriptedSetup:
             system_prompt="You are a test bot.",
             steering_mode=self.steering_mode,
             follow_up_mode=self.follow_up_mode,
+            coalesce=self.coalesce,
         )
 
 

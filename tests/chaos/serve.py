@@ -1,10 +1,11 @@
 """One chaos topology: a real ``sessionray serve`` subprocess on its own data directory.
 
 :class:`Topology` writes a configuration (one OneBot v11 bot with ``trigger: always`` per
-platform API given — ``10001``, ``10002``, … —, each sending to its own; no ``ai:`` section, so
-the built-in model answers with zero think time; SQLite under ``<dir>/data``; ``runtime:`` knobs
-as given), picks an HTTP port and a Ray metrics export port once (a restarted serve uses the
-same ones, so the load keeps its URL) and runs ``sessionray serve`` with:
+platform API given — ``10001``, ``10002``, … —, each sending to its own; no model in ``ai:``, so
+the built-in model answers with zero think time, and group mentions are not coalesced; SQLite
+under ``<dir>/data``; ``runtime:`` knobs as given), picks an HTTP port and a Ray metrics export
+port once (a restarted serve uses the same ones, so the load keeps its URL) and runs
+``sessionray serve`` with:
 
 * the working directory ``<dir>`` and ``RAY_TMPDIR=<dir>/ray`` — a serve restarted after a
   kill -9 of the driver meets the old instance's leftovers as an operator's would;
@@ -86,6 +87,9 @@ class Topology:
             "bots": bots,
             "database": {"url": "sqlite:///./data/sessionray.db"},
             "runtime": dict(runtime),
+            # the ledger matches one reply to each message: no batches of group mentions
+            # (docs/decisions.md#session-hot-chat-coalescing answers several with one reply)
+            "ai": {"agent": {"coalesce": {"groups": False}}},
         }
         (workdir / "sessionray.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         (workdir / "data").mkdir(exist_ok=True)

@@ -22,7 +22,6 @@ LONG_FUNCTIONS = {
     ("admin.py", "admin_routes"),
     ("main.py", "serve"),
     ("ingress.py", "handle_event"),
-    ("core.py", "_turn"),
 }
 """Functions over :data:`FUNCTION_LINES` lines being cut now, as (file name, function name): the
 file's name without its folder, so that a module moved to another package keeps its entry."""

@@ -232,6 +232,8 @@ class ConfigSetupFactory:
             on_event=console_event_hook(self.config, session_key),  # console live events
             compaction_threshold=agent.compaction_threshold,
             context_budget=budget_policy(self.config.ai),  # docs/decisions.md#agent-context-budget
+            # docs/decisions.md#session-hot-chat-coalescing: the queue fits the host's mailbox
+            coalesce=agent.coalesce.within_mailbox(self.config.runtime.mailbox_size),
             max_iterations=agent.max_iterations,
             pre_tools=list(self._code[0]),
             deferred_tasks=dict(self._code[1]),

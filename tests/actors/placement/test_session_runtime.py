@@ -10,10 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from actors.placement.runtime import NotMasterError, SessionRuntime, UnknownSessionError
+from runtime.config.ai import CoalesceConfig
+from runtime.memory.db import Database
+from tests.actors.edge_support import BOT_ID
+from tests.actors.session_scripts import ScriptedSetup
 from tests.actors.session_support import (
     MASTER,
     MODES,
@@ -35,9 +41,11 @@ def h(
     tmp_path_factory: pytest.TempPathFactory,
     fixtures_dir: Path,
 ) -> Iterator[Harness]:
+    tmp = tmp_path_factory.mktemp(f"runtime-{request.param}")
     with running_runtime(
-        tmp_path_factory.mktemp(f"runtime-{request.param}"),
+        tmp,
         fixtures_dir,
+        setup=ScriptedSetup(str(tmp / "markers"), coalesce=CoalesceConfig()),  # groups coalesce
         mailbox_size=4,
         max_live_sessions=8,
         idle_ttl_s=120,
@@ -172,3 +180,43 @@ async def test_run_deferred_task_runs_as_a_ray_task_and_replies_separately(h: Ha
     info = await h.rt.session(key_of(user))
     assert info is not None and info.actor is not None
     assert int(second.removesuffix(")").split("pid ")[1]) != info.actor["pid"]  # ran outside the actor
+
+
+async def test_a_hot_group_answers_what_waited_in_one_batch(h: Harness) -> None:
+    # docs/decisions.md#session-hot-chat-coalescing through a session host: three mentions that
+    # arrive while the group's turn holds its (gated) tool are one batch turn, one reply
+    group = "55501"
+    key = f"onebot11:{BOT_ID}:group:{group}"
+    assert (await h.rt.submit(inbound("41001", "block hot1", group=group))).status == "accepted"
+    await eventually(lambda: h.gate_waiting("hot1"), 120, "the first turn holding its tool")
+    asks = [inbound(user, f"ask {i}", group=group) for i, user in enumerate(("41002", "41003", "41004"))]
+    for msg in asks:
+        assert (await h.rt.submit(msg)).status == "accepted"
+    h.open_gate("hot1")
+
+    async def all_answered() -> list[dict[str, Any]] | None:
+        ctx = await h.rt.context(key)
+        got = [m["data"] for m in ctx if m.get("role") == "custom" and m.get("custom_type") == "im_reply"]
+        return got if len(got) == 4 else None
+
+    done = await eventually(all_answered, 120, "every message answered")
+    by_message = {d["message_id"]: d["reply_id"] for d in done}
+    batch_id = by_message[asks[0].message_id]
+    assert [by_message[m.message_id] for m in asks] == [batch_id] * 3
+    assert batch_id.endswith(f"/{asks[0].message_id}")
+    with Database(h.config.database.url).connection() as conn:
+        rows = conn.execute(text("SELECT count(*) FROM delivery_ledger WHERE session_key = :k"), {"k": key})
+        assert rows.scalar_one() == 2  # two replies for four mentions
+    await eventually(lambda: len(group_sent(h, group)) == 2, 120, "both replies sent")
+    first, batch = group_sent(h, group)
+    assert first == "tool: released hot1; then: []"
+    assert batch.startswith("re: [sender:id=41004 ") and batch.endswith("] ask 2")  # the batch's last
+
+
+def group_sent(h: Harness, group: str) -> list[str]:
+    """Texts the platform API received for ``group``, in arrival order."""
+    return [
+        "".join(seg["data"].get("text", "") for seg in r.json["message"])
+        for r in list(h.api.requests)
+        if r.path == "/send_group_msg" and str(r.json.get("group_id")) == group
+    ]

@@ -1,0 +1,57 @@
+"""Handing a session's replies to delivery, without Ray (docs/decisions.md#delivery-outbox).
+
+A reply is handed over in one write transaction — the records that go with it (a turn's final
+answer and ``im_reply`` markers) and the reply's ``queued`` row in the delivery ledger — then
+delivery is notified without waiting for the platform.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from runtime.delivery.job import DeliveryJob, partition_of
+from runtime.delivery.outbox import queue_writer
+from runtime.llm.types import AgentMessage, now_ms
+from runtime.session.turn import DeliverFn, SessionWriter
+
+__all__ = ["HandOver"]
+
+log = logging.getLogger("sessionray.session")
+
+
+class HandOver:
+    """The hand-over of one session's replies.
+
+    Args:
+        session_key: The session's key (its ledger ``partition`` is
+            ``crc32(session_key) % delivery_partitions``).
+        writer: ``() -> SessionWriter``: the session's writer at the time of each hand-over.
+        deliver: ``() -> DeliverFn``: the notification of delivery in force.
+        delivery_partitions: ``runtime.delivery_actors``.
+    """
+
+    def __init__(
+        self,
+        session_key: str,
+        writer: Callable[[], SessionWriter],
+        deliver: Callable[[], DeliverFn],
+        delivery_partitions: int,
+    ) -> None:
+        self._writer, self._deliver = writer, deliver
+        self._partition = partition_of(session_key, delivery_partitions)
+
+    async def __call__(self, job: DeliveryJob, records: list[AgentMessage]) -> None:
+        """Append ``records`` and ``job``'s ``queued`` ledger row in one transaction, then notify
+        delivery without waiting for the platform (docs/decisions.md#delivery-outbox). The ledger
+        places the row after the chat's unfinished ones
+        (``runtime.delivery.outbox.next_created_at``): the chat's order.
+
+        Raises:
+            Whatever the append raises (then neither the records nor the row were written).
+        """
+        await self._writer().append(records, also=queue_writer(job, self._partition, now_ms()))
+        try:
+            await self._deliver()(job)
+        except Exception:  # the row is durable: the delivery actor's sweep sends it
+            log.exception("notifying delivery of %s failed; its sweep will send it", job.reply_id)
