@@ -46,92 +46,19 @@ Session keys are never metric labels.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hmac
-import logging
-import os
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
+from actors.http.admin_control import control_routes
+from actors.http.admin_guard import ERROR_STATUS, bearer_guard, error_status, jsonable
+from actors.http.admin_sessions import session_routes
 from actors.http.deliveries import deliveries_routes
-from actors.http.input_checks import (
-    InputError,
-    check_text,
-    check_unicode,
-    loads_json,
-    max_text_chars,
-)
-from runtime.keys import SessionKeyError, parse_session_key
+from actors.http.models import models_routes
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
-from runtime.memory.repository import UnknownSessionError as StoredSessionUnknown
-from runtime.session.control import (
-    BadControlRequest,
-    ControlKind,
-    ControlReply,
-    ControlRequest,
-    MalformedKeyError,
-    NotMasterError,
-    UnknownSessionError,
-)
 
 __all__ = ["ERROR_STATUS", "admin_routes", "error_status", "jsonable"]
-
-log = logging.getLogger("sessionray.admin")
-
-
-def jsonable(value: Any) -> Any:
-    """Turn a runtime answer (pydantic model, dataclass, list/dict of them, scalar) into JSON data."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: jsonable(v) for k, v in dataclasses.asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [jsonable(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-ERROR_STATUS: tuple[tuple[type[Exception], int], ...] = (
-    (NotMasterError, 403),
-    (UnknownSessionError, 404),
-    (BadControlRequest, 400),
-    (SessionKeyError, 400),
-    (StoredSessionUnknown, 404),
-    (PermissionError, 403),
-)
-"""The HTTP status of each refusal the runtime raises, first match wins (the one table: the admin
-API and the web console answer these with ``{"error": message}``)."""
-
-
-def error_status(exc: BaseException) -> int | None:
-    """The HTTP status :data:`ERROR_STATUS` gives ``exc`` (by ``isinstance``), or None (a 500)."""
-    return next((status for cls, status in ERROR_STATUS if isinstance(exc, cls)), None)
-
-
-def _checked_key(key: str) -> str:
-    """``key`` when it is a well-formed session key.
-
-    Raises:
-        MalformedKeyError: it is not (the message names the part and the rule; answered 400).
-    """
-    try:
-        parse_session_key(key)
-    except SessionKeyError as exc:
-        raise MalformedKeyError(str(exc)) from None
-    return key
 
 
 def _open_repository(url: str) -> ContextRepository:
@@ -206,7 +133,10 @@ def admin_routes(
     runtime: Any, token_env: str | None, *, repository: ContextRepository | None = None
 ) -> list[BaseRoute]:
     """Build the admin routes over ``runtime`` (an ``actors.placement.runtime.SessionRuntime`` or anything
-    with the same coroutine methods).
+    with the same coroutine methods): the route groups of the session reads
+    (:mod:`~actors.http.admin_sessions`), the models (:mod:`~actors.http.models`), the deliveries
+    (:mod:`~actors.http.deliveries`) and the session controls (:mod:`~actors.http.admin_control`),
+    each endpoint behind :func:`~actors.http.admin_guard.bearer_guard`.
 
     Args:
         runtime: The session runtime handle (its ``config`` gives ``database.url`` and
@@ -218,130 +148,15 @@ def admin_routes(
             thread on first use).
     """
     stored = _StoredSessions(runtime, repository)
-
-    def check_token(request: Request) -> Response | None:
-        expected = os.environ.get(token_env) if token_env else None
-        challenge = {"WWW-Authenticate": 'Bearer realm="sessionray-admin"'}
-        if not expected:
-            return _error(
-                401,
-                f"admin API disabled: set {token_env or 'server.admin_token_env'} on the server",
-                challenge,
-            )
-        got = request.headers.get("authorization", "")
-        scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return _error(401, "missing bearer token (Authorization: Bearer <token>)", challenge)
-        if not hmac.compare_digest(token.strip().encode(), expected.encode()):
-            return _error(401, "wrong bearer token", challenge)
-        return None
-
-    Handler = Callable[[Request], Awaitable[Response]]
-
-    def guarded(handler: Handler) -> Handler:
-        async def endpoint(request: Request) -> Response:
-            denied = check_token(request)
-            if denied is not None:
-                return denied
-            try:
-                return await handler(request)
-            except Exception as exc:
-                status = error_status(exc)
-                if status is None:
-                    log.exception("admin %s %s failed", request.method, request.url.path)
-                    return _error(500, f"{type(exc).__name__}: {exc}")
-                return _error(status, str(exc) or type(exc).__name__)
-
-        return endpoint
+    guarded = bearer_guard(token_env)
 
     async def database() -> Database | None:
         repo = await stored.repo()
         return repo.db if repo is not None else None
 
-    async def status(request: Request) -> Response:
-        return JSONResponse(jsonable(await runtime.status()))
-
-    async def sessions(request: Request) -> Response:
-        return JSONResponse({"sessions": jsonable(await runtime.sessions())})
-
-    async def models(request: Request) -> Response:
-        from actors.http.models import models_payload
-
-        repo = await stored.repo()
-        config = getattr(runtime, "config", None)
-        return JSONResponse(await models_payload(config, repo.db if repo is not None else None))
-
-    async def session(request: Request) -> Response:
-        key = _checked_key(request.path_params["session_key"])
-        info = await runtime.session(key)
-        if info is None:
-            found = await stored.info(key)
-            if found is None:
-                return _error(404, f"no live or stored session {key!r}")
-            return JSONResponse(found)
-        return JSONResponse(jsonable(info))
-
-    def answer(reply: ControlReply) -> Response:
-        """``{"status": "ok", "kind", "session_key", "result"}``."""
-        return JSONResponse({"status": "ok", **reply.model_dump(mode="json")})
-
-    def control(kind: ControlKind) -> Handler:
-        async def endpoint(request: Request) -> Response:
-            key = _checked_key(request.path_params["session_key"])
-            try:
-                body = loads_json(await request.body() or b"null")
-            except InputError as exc:
-                return exc.response()
-            except ValueError:
-                return _error(400, 'body must be JSON: {"text": ..., "sender_id": ...}')
-            if not isinstance(body, dict):
-                return _error(400, 'body must be a JSON object: {"text": ..., "sender_id": ...}')
-            text, sender = body.get("text"), body.get("sender_id")
-            try:
-                text = check_text("text", text, max_chars=max_text_chars(getattr(runtime, "config", None)))
-            except InputError as exc:
-                return exc.response()
-            if not isinstance(sender, str | int) or isinstance(sender, bool) or not str(sender).strip():
-                return _error(400, "`sender_id` must be a non-empty string")
-            try:
-                check_unicode("sender_id", str(sender))
-            except InputError as exc:
-                return exc.response()
-            asked = ControlRequest(kind=kind, session_key=key, text=text, sender_id=str(sender))
-            return answer(await runtime.control(asked))
-
-        return endpoint
-
-    def simple(kind: ControlKind) -> Handler:
-        async def endpoint(request: Request) -> Response:
-            key = _checked_key(request.path_params["session_key"])
-            try:
-                reply = await runtime.control(ControlRequest(kind=kind, session_key=key))
-            except UnknownSessionError:
-                # archive of a passivated session: its stored epoch, through its router shard
-                if kind is not ControlKind.ARCHIVE:
-                    raise
-                new_id = await stored.archive(key)
-                if new_id is None:
-                    raise
-                reply = ControlReply(kind=kind, session_key=key, result=new_id)
-            return answer(reply)
-
-        return endpoint
-
-    base = "/admin/sessions/{session_key:path}"
     return [
-        Route("/admin/status", guarded(status), methods=["GET"]),
-        Route("/admin/sessions", guarded(sessions), methods=["GET"]),
-        Route("/admin/models", guarded(models), methods=["GET"]),
+        *session_routes(guarded, runtime, stored),
+        *models_routes(guarded, database, runtime),
         *deliveries_routes(guarded, database, runtime),
-        *(
-            Route(
-                f"{base}/{kind}",
-                guarded(control(kind) if kind.master_only else simple(kind)),
-                methods=["POST"],
-            )
-            for kind in ControlKind
-        ),
-        Route(base, guarded(session), methods=["GET"]),
+        *control_routes(guarded, runtime, stored),
     ]

@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from actors.http.admin_guard import Guard, error
 from runtime.delivery import outbox
 from runtime.delivery.tables import LEDGER_STATES
 from runtime.memory.db import Database
@@ -44,12 +45,6 @@ DEFAULT_STATES = ("failed", "uncertain")
 """What ``GET /admin/deliveries`` lists without ``state``."""
 MAX_LIMIT = 500
 """Most replies one page holds."""
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
 
 
 def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -83,12 +78,12 @@ def _notify(runtime: Any, session_key: str) -> None:
 
 
 def deliveries_routes(
-    guarded: Callable[[Handler], Handler], database: Callable[[], Awaitable[Database | None]], runtime: Any
+    guarded: Guard, database: Callable[[], Awaitable[Database | None]], runtime: Any
 ) -> list[BaseRoute]:
     """The two routes, each wrapped by ``guarded`` (the admin token check and error mapping).
 
     Args:
-        guarded: ``actors.http.admin``'s wrapper.
+        guarded: :func:`~actors.http.admin_guard.bearer_guard`'s wrapper.
         database: Returns the SQL store (the ingress's Database), or None when there is none.
         runtime: The session runtime handle (``delivery`` pool or ``config`` for the notification).
     """
@@ -96,15 +91,15 @@ def deliveries_routes(
     async def listing(request: Request) -> Response:
         db = await database()
         if db is None:
-            return _error(503, "no database configured")
+            return error(503, "no database configured")
         state = request.query_params.get("state")
         if state is not None and state not in LEDGER_STATES:
-            return _error(400, f"`state` must be one of {', '.join(LEDGER_STATES)}")
+            return error(400, f"`state` must be one of {', '.join(LEDGER_STATES)}")
         try:
             limit = _int(request, "limit", 50, 1, MAX_LIMIT)
             offset = _int(request, "offset", 0, 0, 10**9)
         except ValueError as exc:
-            return _error(400, str(exc))
+            return error(400, str(exc))
         states = (state,) if state else DEFAULT_STATES
         rows = await db.run(lambda: outbox.list_replies(db, states, limit=limit + 1, offset=offset))
         counts = await db.run(lambda: outbox.counts(db))
@@ -120,14 +115,14 @@ def deliveries_routes(
     async def retry(request: Request) -> Response:
         db = await database()
         if db is None:
-            return _error(503, "no database configured")
+            return error(503, "no database configured")
         reply_id = request.path_params["reply_id"]
         try:
             was, session_key, _ = await db.run_write(lambda: outbox.retry(db, reply_id))
         except LookupError as exc:
-            return _error(404, str(exc))
+            return error(404, str(exc))
         except outbox.NotRetryableError as exc:
-            return _error(409, str(exc))
+            return error(409, str(exc))
         log.warning("operator retry of %s delivery %s (%s)", was, reply_id, session_key)
         _notify(runtime, session_key)
         return JSONResponse({"status": "ok", "reply_id": reply_id, "was": was, "state": "queued"})

@@ -14,16 +14,23 @@ Answer::
 is the built-in offline model (``builtin/sessionray-builtin``, ``api`` ``faux``): it answers every
 tier and is never probed, so its row says ``tier`` ``native`` (what its turns use), ``source``
 ``built-in`` and a note saying it is not an LLM — the model ``/models`` and ``/status`` name.
-``sessionray models`` (:func:`actors.cli.control.models_main`) prints it.
+``sessionray models`` (:func:`actors.cli.control.models_main`) prints it. Mounted by
+:func:`actors.http.admin.admin_routes` behind its guard (:func:`models_routes`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from actors.http.admin_guard import Guard
 from runtime.memory.db import Database
 
-__all__ = ["BUILTIN_NOTE", "models_payload"]
+__all__ = ["BUILTIN_NOTE", "models_payload", "models_routes"]
 
 BUILTIN_NOTE = "default; built-in offline model, not an LLM: answers every tier, never probed"
 """The ``note`` of the built-in model's row."""
@@ -58,3 +65,20 @@ async def models_payload(config: Any, db: Database | None) -> dict[str, Any]:
             notes.append("probed at first use")
         rows.append({**row, "default": default, "note": "; ".join(notes)})
     return {"models": rows}
+
+
+def models_routes(
+    guarded: Guard, database: Callable[[], Awaitable[Database | None]], runtime: Any
+) -> list[BaseRoute]:
+    """``GET /admin/models``, wrapped by ``guarded`` (the admin token check and error mapping).
+
+    Args:
+        guarded: :func:`~actors.http.admin_guard.bearer_guard`'s wrapper.
+        database: Returns the SQL store (the ingress's Database), or None when there is none.
+        runtime: The session runtime handle (its ``config``, when it has one).
+    """
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(await models_payload(getattr(runtime, "config", None), await database()))
+
+    return [Route("/admin/models", guarded(models), methods=["GET"])]

@@ -79,23 +79,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from actors.delivery.pool import DeliveryPool
 from actors.http.admin import admin_routes
 from actors.http.console import console_routes
 from actors.http.input_checks import max_text_chars, text_too_long
 from actors.inbound.guard import BodySizeLimit, storage_problem, trusted_internal_call
 from actors.inbound.inbox import InboxGate
+from actors.inbound.notice import send_notice
 from actors.inbound.onebot_ws import OneBotSockets
 from actors.inbound.telegram_poll_status import polling_bots, polling_health
 from runtime import metrics
-from runtime.delivery.job import DeliveryJob
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.memory.transcripts import TranscriptStore
 from runtime.platforms.base import InboundMessage, MalformedEvent, PlatformCodec, SignatureError, get_codec
 from runtime.platforms.common import is_json_content_type
 from runtime.platforms.policy import InboundPolicy, Verdict
-from runtime.reply.segments import Reply
 
 __all__ = ["DECODE_IN_THREAD_BYTES", "Ingress", "build_app"]
 
@@ -189,7 +187,7 @@ class Ingress:
         self.max_text_chars = max_text_chars(config)
         policies = ((str(b.platform), str(b.self_id), InboundPolicy.from_config(b)) for b in config.bots)
         self.policies = {(p, bot): policy for p, bot, policy in policies if policy is not None}
-        self._notices: set[asyncio.Task[None]] = set()  # cooldown notices on their way
+        self._notices: set[asyncio.Task[None]] = set()  # cooldown notices on their way (send_notice)
         self.onebot_sockets: Any = None
         """The process's ``actors.inbound.onebot_ws.OneBotSockets`` (``build_app`` sets it)."""
 
@@ -252,8 +250,24 @@ class Ingress:
             verified: The sender was authenticated another way (the OneBot WebSocket handshake's
                 token, ``actors.inbound.onebot_ws``): ``codec.verify`` is skipped.
         """
+        refused = self._verify(platform, codec, headers, body, verified=verified)
+        if refused is not None:
+            return refused
+        msg = await self._decode_checked(platform, codec, headers, body)
+        if isinstance(msg, Response):
+            return msg
+        policy = self.policies.get((msg.platform, msg.bot_id))
+        verdict = policy.check(msg) if policy is not None else None
+        return await self._store_and_submit(platform, msg, verdict)
+
+    def _verify(
+        self, platform: str, codec: PlatformCodec, headers: Mapping[str, str], body: bytes, *, verified: bool
+    ) -> Response | None:
+        """Step verify: None when the event may be read, else the answer — 415 for a browser-facing
+        codec's event that is not JSON (a cross-site page can POST text/plain or a form without a
+        CORS preflight; JSON it cannot), 401 for a bad or unverifiable signature. ``verified``
+        skips ``codec.verify`` (the transport authenticated the sender)."""
         if getattr(codec, "browser_facing", False) and not is_json_content_type(headers.get("content-type")):
-            # a cross-site page can POST text/plain or a form without a CORS preflight; JSON it cannot
             metrics.INBOUND.inc(platform=platform, outcome="malformed")
             return JSONResponse({"error": "send the event as application/json"}, status_code=415)
         try:
@@ -266,6 +280,14 @@ class Ingress:
             log.info("webhook %s: signature not verifiable: %r", platform, exc)
             metrics.INBOUND.inc(platform=platform, outcome="bad_signature")
             return JSONResponse({"error": "bad signature: not verifiable"}, status_code=401)
+        return None
+
+    async def _decode_checked(
+        self, platform: str, codec: PlatformCodec, headers: Mapping[str, str], body: bytes
+    ) -> InboundMessage | Response:
+        """Step decode: the event as an :class:`InboundMessage` that passed the size and storability
+        checks, else the answer — 200 ``ignored`` (no message in it), 400 malformed, 413 text
+        over ``server.max_text_chars``. Nothing is stored for any of these."""
         try:
             msg = await self._decode(codec, headers, body)
         except MalformedEvent as exc:
@@ -289,13 +311,21 @@ class Ingress:
         problem = storage_problem(msg)
         if problem is not None:
             return _malformed(platform, f"malformed event: {problem}")
-        policy = self.policies.get((msg.platform, msg.bot_id))
-        verdict = policy.check(msg) if policy is not None else None
+        return msg
+
+    async def _store_and_submit(
+        self, platform: str, msg: InboundMessage, verdict: Verdict | None
+    ) -> Response:
+        """Steps store and submit, by the policy's ``verdict`` (None: the bot has no policy): a
+        refused or un-triggered message is stored as seen and answered with its outcome; a
+        triggered one is stored (inbox + transcript row, one transaction) before the answer, then
+        routed (:meth:`InboxGate.take`: ``accepted``/``duplicate``/``queued``). 503
+        ``unavailable`` when nothing could be stored (the platform redelivers)."""
         try:
             if verdict is not None and verdict.outcome != "passed":
                 await self._persist(msg)  # seen, not answered (docs/decisions.md#platform-inbound-policy)
                 metrics.INBOUND.inc(platform=platform, outcome=verdict.outcome)
-                self._send_notice(msg, verdict)
+                send_notice(self.runtime, self.config, msg, verdict, self._notices)
                 return JSONResponse({"status": verdict.outcome})
             if not msg.triggered:
                 await self._persist(msg)
@@ -312,41 +342,6 @@ class Ingress:
             return _busy("unavailable", 1.0)
         metrics.INBOUND.inc(platform=platform, outcome=status)
         return JSONResponse({"status": status})
-
-    def _send_notice(self, msg: InboundMessage, verdict: Verdict) -> None:
-        """Hand ``verdict.notice`` (if any) to the runtime's delivery pool in the background, as a
-        reply to ``msg`` (reply id ``cooldown:<platform>:<bot>:<message id>``: the ledger sends it
-        once however often the event is redelivered). A runtime without a pool (attached from a
-        Serve replica) looks the pool's named actors up; failing that the notice is logged only."""
-        if verdict.notice is None:
-            return
-        delivery = getattr(self.runtime, "delivery", None)
-        if delivery is None:  # a Ray Serve replica's runtime: find the pool's actors by name
-            try:
-                delivery = self.runtime.delivery = DeliveryPool.lookup(self.config.runtime.delivery_actors)
-            except Exception as exc:
-                log.warning("cooldown notice for %s not sent: no delivery pool: %r", msg.session_key, exc)
-                return
-        job = DeliveryJob(
-            reply_id=f"cooldown:{msg.platform}:{msg.bot_id}:{msg.message_id}",
-            session_key=msg.session_key,
-            platform=msg.platform,
-            bot_id=msg.bot_id,
-            scene_type=msg.scene_type,
-            scene_id=msg.scene_id,
-            reply_to=msg.message_id,
-            reply=Reply.of_text(verdict.notice),
-        )
-
-        async def send() -> None:
-            try:
-                await delivery.deliver(job)
-            except Exception:
-                log.exception("cooldown notice for %s failed", msg.session_key)
-
-        task = asyncio.create_task(send())
-        self._notices.add(task)
-        task.add_done_callback(self._notices.discard)
 
     async def _decode(self, codec: PlatformCodec, headers: Any, body: bytes) -> InboundMessage | None:
         """``codec.parse``; in a worker thread for a body over :data:`DECODE_IN_THREAD_BYTES`, so a

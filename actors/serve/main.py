@@ -35,13 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import socket
 import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -65,11 +64,9 @@ from actors.serve.preflight import (
     open_listeners,
     run_checks,
 )
-from actors.serve.shutdown import REQUESTS_WAIT_S, ShutdownSignals, drain, say
+from actors.serve.shutdown import REQUESTS_WAIT_S, ServeRun, ShutdownSignals, keeps_ray, say
 
 __all__ = ["DEFAULT_METRICS_EXPORT_PORT", "IngressServer", "main", "serve", "with_ingress_address"]
-
-log = logging.getLogger("sessionray.serve")
 
 RAY_AUTO_CONNECT_ENV = "RAY_ENABLE_AUTO_CONNECT"
 """Ray's switch for the ``ray.init()`` its API calls make when the process is not connected
@@ -185,6 +182,10 @@ async def serve(
     raises :class:`~actors.serve.gate.RuntimeNotReady` and the ingress answers the stored message
     as queued; ``/healthz`` answers 503 ``starting``. ``ready`` is printed once the runtime is up.
 
+    Steps: bind the port (unless ``listeners``), :func:`_announce`, :func:`_start_ray`,
+    :func:`_check_joined_cluster`, :func:`_open_ingress`, :func:`_serve_until_stop`, and always
+    :func:`_shut_down`.
+
     Args:
         listeners: Sockets already bound to ``host``:``port`` (:func:`main` binds them before Ray
             starts); None: bound here.
@@ -204,40 +205,67 @@ async def serve(
         listeners = open_listeners(host, port)
     port = listeners[0].getsockname()[1]
     config = with_ingress_address(config, host, port)
-    for line in banner(
-        config, source, host, port, None if address else metrics_port, generated_token=generated_token
-    ):
+    _announce(config, source, host, port, None if address else metrics_port, generated_token, notes)
+    ray_thread = _start_ray(config, address, metrics_port, local_ray, generated_token)
+    await _check_joined_cluster(config, address, ray_thread)
+    run = _open_ingress(config, host, port, listeners, ray_thread)
+    try:
+        await _serve_until_stop(run, ray_thread)
+    finally:
+        await _shut_down(run, ray_thread, address, failed=sys.exc_info()[1])
+
+
+def _announce(
+    config: Any,
+    source: str,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    generated_token: str | None,
+    notes: list[str] | None,
+) -> None:
+    """Step 1: print the banner (:func:`~actors.serve.banner.banner`: where everything is) and the
+    extra ``notes``, then that Ray and the runtime are starting."""
+    for line in banner(config, source, host, port, metrics_port, generated_token=generated_token):
         print(line, flush=True)
     for line in notes or []:
         print(line, flush=True)
     say("starting Ray and the session runtime ...")
 
-    # Ray is imported here, in this thread, before ray.init runs in its own thread
-    from actors.inbound.ingress import build_app
-    from actors.inbound.telegram_poll import start_pollers, stop_pollers
-    from actors.placement.runtime import SessionRuntime
-    from actors.raylife.cluster import ensure_database_fits_cluster, is_sqlite
+
+_RAY_SIDE = (
+    "actors.inbound.ingress",
+    "actors.inbound.telegram_poll",
+    "actors.placement.runtime",
+    "actors.raylife.cluster",
+    "actors.raylife.head",
+    "actors.raylife.local_ray",
+    "actors.serve.gate",
+    "runtime.platforms.console",
+)
+"""The modules of the Ray side the steps of :func:`serve` use: imported in the event loop's
+thread before ``ray.init`` runs in its own thread (two threads must not import Ray at once)."""
+
+
+def _start_ray(
+    config: Any, address: str | None, metrics_port: int, local_ray: Any, generated_token: str | None
+) -> Any:
+    """Step 2: start Ray (a local head, joining a dead driver's instance per ``local_ray``, or
+    ``address``) in its own thread, while the port opens; returns the started
+    :class:`~actors.raylife.local_ray.RayThread`.
+
+    One console API token is shared by the ingress and every Ray worker, made before either
+    starts (a joined instance's was put into the environment by ``plan_local_ray``); the admin
+    token generated for this run travels the same way. Both are recorded with the instance.
+    """
+    for name in _RAY_SIDE:
+        importlib.import_module(name)
+    from actors.raylife.head import LocalRayPlan, instance_fingerprint
     from actors.raylife.local_ray import RayThread
-    from actors.serve.gate import RuntimeGate, StartupGate
     from runtime.platforms.console import API_TOKEN_ENV, console_api_token
 
-    # one console API token for the ingress and every Ray worker, made before either starts (a
-    # joined instance's was put into the environment by plan_local_ray); recorded with the instance
     shared = {API_TOKEN_ENV: console_api_token(create=True) or ""}
-    gate = RuntimeGate(config)
-    runtime = SessionRuntime()
-    shown = f"http://{shown_host(host)}:{port}"
-    where = "/console" if any(b.platform == "console" for b in config.bots) else "/healthz"
-    listening = asyncio.Event()
-
-    def accepting() -> None:
-        listening.set()
-        if not gate.ready:
-            say(f"accepting events on {shown} (stored now, answered once the session runtime is up)")
-
     if not address and local_ray is None:
-        from actors.raylife.head import LocalRayPlan, instance_fingerprint
-
         local_ray = LocalRayPlan(instance_fingerprint(config), None)
     if generated_token and config.server.admin_token_env:
         shared[config.server.admin_token_env] = generated_token
@@ -249,126 +277,120 @@ async def serve(
         shared_env=shared,
         keep_s=float(config.runtime.orphaned_ray_keep_s),
     )
-    ray_thread.start()  # ray.init runs in its own thread while the port opens
-    if address and is_sqlite(config.database.url):
-        # joining a cluster on SQLite: refuse a multi-node one before the database file is opened
-        # (docs/decisions.md#memory-postgres-multinode); joining takes seconds, not a Ray start
-        try:
-            await ray_thread.wait()
-            ensure_database_fits_cluster(config.database.url)
-        except BaseException:
-            await asyncio.to_thread(ray_thread.stop, 5.0)
-            raise
+    ray_thread.start()
+    return ray_thread
+
+
+async def _check_joined_cluster(config: Any, address: str | None, ray_thread: Any) -> None:
+    """Step 3: joining a cluster (``address``) on SQLite, refuse a multi-node one before the
+    database file is opened (docs/decisions.md#memory-postgres-multinode); joining takes seconds,
+    not a Ray start. Nothing to do otherwise.
+
+    Raises:
+        ClusterConfigError: the cluster has more than one node (Ray is stopped first).
+    """
+    from actors.raylife.cluster import ensure_database_fits_cluster, is_sqlite
+
+    if not (address and is_sqlite(config.database.url)):
+        return
+    try:
+        await ray_thread.wait()
+        ensure_database_fits_cluster(config.database.url)
+    except BaseException:
+        await asyncio.to_thread(ray_thread.stop, 5.0)
+        raise
+
+
+def _open_ingress(
+    config: Any, host: str, port: int, listeners: list[socket.socket], ray_thread: Any
+) -> ServeRun:
+    """Step 4: build the ingress app over a :class:`~actors.serve.gate.RuntimeGate` (this opens the
+    database), serve ``listeners`` with it, and start the session runtime once Ray is up
+    (:func:`_start_runtime`); the two run as the returned run's ``serving`` and ``starting``."""
+    from actors.inbound.ingress import build_app
+    from actors.inbound.telegram_poll import stop_pollers
+    from actors.placement.runtime import SessionRuntime
+    from actors.serve.gate import RuntimeGate, StartupGate
+
+    gate = RuntimeGate(config)
+    runtime = SessionRuntime()
+    shown = f"http://{shown_host(host)}:{port}"
+    listening = asyncio.Event()
+
+    def accepting() -> None:
+        listening.set()
+        if not gate.ready:
+            say(f"accepting events on {shown} (stored now, answered once the session runtime is up)")
+
     app = build_app(gate, config)  # opens the database
     server = _ingress_server(StartupGate(app, gate), host, port, accepting)
     signals = ShutdownSignals(asyncio.get_running_loop())
     signals.on_request(lambda: setattr(server, "should_exit", True))
+    serving = asyncio.ensure_future(server.serve(sockets=listeners))
+    starting = asyncio.ensure_future(_start_runtime(config, ray_thread, signals, gate, runtime))
+    db = app.state.ingress.db
+    run = ServeRun(config, signals, server, serving, gate, runtime, db, starting, stop_pollers)
+    run.listening, run.shown = listening, shown
+    return run
 
-    async def start_runtime() -> None:
-        await ray_thread.wait()
-        signals.install()
-        gate.phase = "starting the session runtime"
-        # the runtime is up once runtime.min_hosts session hosts answer: no early message waits
-        # for a process start, and sessions spread over every host (and node) from the first one
-        await runtime.start(config, wait_warm=True)
 
-    run = _Run(config, signals, server, asyncio.ensure_future(server.serve(sockets=listeners)), gate, runtime,
-               app.state.ingress.db, asyncio.ensure_future(start_runtime()), stop_pollers)  # fmt: skip
-    stop_requested = asyncio.ensure_future(signals.requested.wait())
+async def _start_runtime(
+    config: Any, ray_thread: Any, signals: ShutdownSignals, gate: Any, runtime: Any
+) -> None:
+    """Once Ray is up: install the signal handlers and start the runtime. It is up once
+    ``runtime.min_hosts`` session hosts answer: no early message waits for a process start, and
+    sessions spread over every host (and node) from the first one."""
+    await ray_thread.wait()
+    signals.install()
+    gate.phase = "starting the session runtime"
+    await runtime.start(config, wait_warm=True)
+
+
+async def _serve_until_stop(run: ServeRun, ray_thread: Any) -> None:
+    """Step 5: serve until a stop signal or the listener's end. Once the runtime is up it is
+    attached to the gate, the Telegram pollers start (one ``getUpdates`` loop per ``mode: polling``
+    bot), the instance's record is refreshed and ``ready`` is printed (when the port listens).
+
+    Raises:
+        Whatever the runtime start raised; PortInUseError: the listener failed.
+    """
+    from actors.inbound.telegram_poll import start_pollers
+
+    where = "/console" if any(b.platform == "console" for b in run.config.bots) else "/healthz"
+    stop_requested = asyncio.ensure_future(run.signals.requested.wait())
     try:
         await _first(run.starting, stop_requested, run.serving)
         if run.starting.done():
             run.starting.result()  # a failed start raises here
-            gate.attach(runtime)
-            start_pollers(config)  # one getUpdates loop per `mode: polling` Telegram bot
+            run.gate.attach(run.runtime)
+            start_pollers(run.config)
             run.pollers = True
             ray_thread.refresh_record()
-            listened = asyncio.ensure_future(listening.wait())
+            listened = asyncio.ensure_future(run.listening.wait())
             await _first(listened, run.serving)
             listened.cancel()
-            if listening.is_set():
-                say(f"ready — open {shown}{where} (Ctrl-C stops)")
+            if run.listening.is_set():
+                say(f"ready — open {run.shown}{where} (Ctrl-C stops)")
             await _first(stop_requested, run.serving)
         if run.serving.done():
             run.serving.result()  # the listener failed (PortInUseError)
     finally:
         stop_requested.cancel()
-        failed = sys.exc_info()[1]  # no-op after a signal:
-        signals.request(f"start-up failed: {type(failed).__name__}" if failed else "the HTTP server ended")
-        keep = keeps_ray(signals.name, address, gate.ready and ray_thread.connected)
-        await run.stop(keep_runtime=keep)
-        # off the loop, so a third signal is still heard; a ray.init still running gets the grace
-        await asyncio.to_thread(ray_thread.stop, max(5.0, float(config.runtime.shutdown_grace_s)), keep=keep)
-        signals.close()
-        say("stopped")
 
 
-def keeps_ray(signal_name: str | None, address: str | None, up: bool) -> bool:
-    """A planned restart (docs/decisions.md#ops-planned-restart): SIGTERM — what service managers
-    and ``docker stop`` send — leaves a local Ray that is up, with its runtime, for the next serve to
-    join (its keeper stops it if none does within ``runtime.orphaned_ray_keep_s``); SIGINT (Ctrl-C
-    of ``make run``), a failed start and a cluster joined with ``--address`` stop as before."""
-    return signal_name == "SIGTERM" and address is None and up
-
-
-@dataclass
-class _Run:
-    """What the start and the stop of one ``serve`` share."""
-
-    config: Any
-    signals: ShutdownSignals
-    server: IngressServer
-    serving: asyncio.Future[Any]
-    """``server.serve()``."""
-    gate: Any
-    """The :class:`~actors.serve.gate.RuntimeGate` the ingress was built over."""
-    runtime: Any
-    db: Any
-    """The ingress's database (the delivery ledger is read there while stopping)."""
-    starting: asyncio.Future[Any]
-    """Ray's and the runtime's start."""
-    stop_pollers: Callable[[Any], Awaitable[Any]]
-    pollers: bool = False
-    since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-
-    async def stop(self, *, keep_runtime: bool = False) -> None:
-        """The phases of :mod:`actors.serve.shutdown` (Ray itself is stopped by the caller);
-        ``keep_runtime``: the runtime's actors are left running (:func:`keeps_ray`)."""
-        grace = float(self.config.runtime.shutdown_grace_s)
-        deadline = (self.signals.at or time.monotonic()) + grace
-        self.gate.phase = "stopping"
-        what = "turns and deliveries"
-        say(f"stopping ({self.signals.name}): closing the listener; up to {grace:g} s for {what}")
-        self.server.should_exit = True
-        open_requests = len(self.server.server_state.connections)
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self.serving), REQUESTS_WAIT_S + 5)
-        if self.pollers:
-            with contextlib.suppress(Exception):
-                await self.stop_pollers(self.config)
-        say(f"stopping: listener closed, {open_requests} open connection(s) answered or closed")
-        if not self.starting.done():
-            self.starting.cancel()
-            with contextlib.suppress(BaseException):
-                await self.starting
-        if self.gate.ready and self.db is not None:
-            await drain(
-                self.runtime, self.db, deadline=deadline, since_ms=self.since_ms, forced=self.signals.forced
-            )
-        if keep_runtime:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.runtime.detach(), timeout=30)
-            say(
-                "stopping: runtime and Ray left running for the next start (SIGTERM: a planned restart; "
-                "SIGINT stops them too)"
-            )
-            return
-        begun = time.monotonic()
-        try:
-            await asyncio.wait_for(self.runtime.stop(), timeout=30)
-        except Exception as exc:  # still shut Ray down
-            log.warning("runtime stop failed: %r", exc)
-        say(f"stopping: runtime stopped ({time.monotonic() - begun:.1f} s); stopping Ray")
+async def _shut_down(
+    run: ServeRun, ray_thread: Any, address: str | None, *, failed: BaseException | None
+) -> None:
+    """Step 6: stop in phases (:meth:`ServeRun.stop`), then Ray — left running, with its runtime,
+    after SIGTERM (:func:`keeps_ray`). ``failed``: the error that ended the run, if any (named as
+    the stop's reason when no signal came first)."""
+    run.signals.request(f"start-up failed: {type(failed).__name__}" if failed else "the HTTP server ended")
+    keep = keeps_ray(run.signals.name, address, run.gate.ready and ray_thread.connected)
+    await run.stop(keep_runtime=keep)
+    # off the loop, so a third signal is still heard; a ray.init still running gets the grace
+    await asyncio.to_thread(ray_thread.stop, max(5.0, float(run.config.runtime.shutdown_grace_s)), keep=keep)
+    run.signals.close()
+    say("stopped")
 
 
 def main(argv: list[str] | None = None) -> int:

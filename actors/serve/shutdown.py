@@ -23,15 +23,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+import uvicorn
 from sqlalchemy import bindparam, text
 
-__all__ = ["EXIT_INTERRUPTED", "POLL_S", "REQUESTS_WAIT_S", "ShutdownSignals", "drain", "open_replies", "say"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "POLL_S",
+    "REQUESTS_WAIT_S",
+    "ServeRun",
+    "ShutdownSignals",
+    "drain",
+    "keeps_ray",
+    "open_replies",
+    "say",
+]
+
+log = logging.getLogger("sessionray.serve")
 
 POLL_S = 0.1
 """How often the waits look again (seconds)."""
@@ -178,3 +193,76 @@ async def drain(
         "replies_left": last[0],
         "on_the_wire": last[1],
     }
+
+
+def keeps_ray(signal_name: str | None, address: str | None, up: bool) -> bool:
+    """A planned restart (docs/decisions.md#ops-planned-restart): SIGTERM — what service managers
+    and ``docker stop`` send — leaves a local Ray that is up, with its runtime, for the next serve to
+    join (its keeper stops it if none does within ``runtime.orphaned_ray_keep_s``); SIGINT (Ctrl-C
+    of ``make run``), a failed start and a cluster joined with ``--address`` stop as before."""
+    return signal_name == "SIGTERM" and address is None and up
+
+
+@dataclass
+class ServeRun:
+    """What the start and the stop of one ``serve`` share."""
+
+    config: Any
+    signals: ShutdownSignals
+    server: uvicorn.Server
+    """The ingress's server (``actors.serve.main.IngressServer``)."""
+    serving: asyncio.Future[Any]
+    """``server.serve()``."""
+    gate: Any
+    """The :class:`~actors.serve.gate.RuntimeGate` the ingress was built over."""
+    runtime: Any
+    db: Any
+    """The ingress's database (the delivery ledger is read there while stopping)."""
+    starting: asyncio.Future[Any]
+    """Ray's and the runtime's start."""
+    stop_pollers: Callable[[Any], Awaitable[Any]]
+    pollers: bool = False
+    listening: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the port listens (uvicorn's start-up is done)."""
+    shown: str = ""
+    """The URL of the port as the banner shows it."""
+    since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    async def stop(self, *, keep_runtime: bool = False) -> None:
+        """The phases above (Ray itself is stopped by the caller);
+        ``keep_runtime``: the runtime's actors are left running (:func:`keeps_ray`)."""
+        grace = float(self.config.runtime.shutdown_grace_s)
+        deadline = (self.signals.at or time.monotonic()) + grace
+        self.gate.phase = "stopping"
+        what = "turns and deliveries"
+        say(f"stopping ({self.signals.name}): closing the listener; up to {grace:g} s for {what}")
+        self.server.should_exit = True
+        open_requests = len(self.server.server_state.connections)
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(self.serving), REQUESTS_WAIT_S + 5)
+        if self.pollers:
+            with contextlib.suppress(Exception):
+                await self.stop_pollers(self.config)
+        say(f"stopping: listener closed, {open_requests} open connection(s) answered or closed")
+        if not self.starting.done():
+            self.starting.cancel()
+            with contextlib.suppress(BaseException):
+                await self.starting
+        if self.gate.ready and self.db is not None:
+            await drain(
+                self.runtime, self.db, deadline=deadline, since_ms=self.since_ms, forced=self.signals.forced
+            )
+        if keep_runtime:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.runtime.detach(), timeout=30)
+            say(
+                "stopping: runtime and Ray left running for the next start (SIGTERM: a planned restart; "
+                "SIGINT stops them too)"
+            )
+            return
+        begun = time.monotonic()
+        try:
+            await asyncio.wait_for(self.runtime.stop(), timeout=30)
+        except Exception as exc:  # still shut Ray down
+            log.warning("runtime stop failed: %r", exc)
+        say(f"stopping: runtime stopped ({time.monotonic() - begun:.1f} s); stopping Ray")
