@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Container
 from typing import Any
 from urllib.parse import quote
 
@@ -181,12 +182,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def table(headers: list[str], rows: list[list[Any]]) -> str:
+def table(headers: list[str], rows: list[list[Any]], right: Container[int] = ()) -> str:
     """Fixed-width text table: each column as wide as its widest cell, two spaces between columns,
-    a header line; cells by :func:`_cell`. Returns the lines joined by ``\n`` (no trailing one)."""
+    a header line; cells by :func:`_cell`, left-aligned except the columns whose index is in
+    ``right`` (numbers). Returns the lines joined by ``\n`` (no trailing one)."""
     cells = [headers, *([_cell(v) for v in row] for row in rows)]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+    def line(r: list[str]) -> str:
+        pairs = enumerate(zip(r, widths, strict=True))
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in pairs).rstrip()
+
+    return "\n".join(line(r) for r in cells)
 
 
 SESSION_COLUMNS = (

@@ -52,6 +52,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "list the configured models with their structured-output tier, source and age (admin API)",
         "actors.cli.control:models_main",
     ),
+    "usage": (
+        "who spent what: LLM calls, tokens and USD by user, chat, bot or model (admin API)",
+        "actors.cli.usage:usage_main",
+    ),
     "status": (
         "show hosts, live sessions, turns running and recent throughput (admin API)",
         "actors.cli.control:status_main",

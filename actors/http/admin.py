@@ -13,6 +13,7 @@ Routes (all under ``/admin``, JSON in and out)::
     POST /admin/sessions/{session_key}/archive          ControlRequest archive, else archive in SQL
     GET  /admin/deliveries?state=failed|uncertain       replies that did not go out cleanly
     POST /admin/deliveries/{reply_id}/retry             queue one again (actors.http.deliveries)
+    GET  /admin/usage?by=user|chat|bot|model&since=24h  the usage ledger grouped (actors.http.usage)
 
 A session that is not live (passivated) is read from SQL: ``GET`` answers its
 latest epoch ``{"session_key", "live": false, "session_id", "status", "model", "created_at",
@@ -55,6 +56,7 @@ from actors.http.admin_guard import ERROR_STATUS, bearer_guard, error_status, js
 from actors.http.admin_sessions import session_routes
 from actors.http.deliveries import deliveries_routes
 from actors.http.models import models_routes
+from actors.http.usage import usage_routes
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 
@@ -135,7 +137,8 @@ def admin_routes(
     """Build the admin routes over ``runtime`` (an ``actors.placement.runtime.SessionRuntime`` or anything
     with the same coroutine methods): the route groups of the session reads
     (:mod:`~actors.http.admin_sessions`), the models (:mod:`~actors.http.models`), the deliveries
-    (:mod:`~actors.http.deliveries`) and the session controls (:mod:`~actors.http.admin_control`),
+    (:mod:`~actors.http.deliveries`), the usage reports (:mod:`~actors.http.usage`) and the session
+    controls (:mod:`~actors.http.admin_control`),
     each endpoint behind :func:`~actors.http.admin_guard.bearer_guard`.
 
     Args:
@@ -158,5 +161,6 @@ def admin_routes(
         *session_routes(guarded, runtime, stored),
         *models_routes(guarded, database, runtime),
         *deliveries_routes(guarded, database, runtime),
+        *usage_routes(guarded, database),
         *control_routes(guarded, runtime, stored),
     ]

@@ -3,8 +3,8 @@ guard with its error mapping (:func:`bearer_guard`), the one table of refusal st
 (:data:`ERROR_STATUS`, docs/decisions.md#typed-control-request; the web console answers with it
 too), the session-key check of the ``/admin/sessions/{key}`` routes and the JSON form of runtime
 answers. The route groups (:mod:`~actors.http.admin_sessions`, :mod:`~actors.http.admin_control`,
-:mod:`~actors.http.models`, :mod:`~actors.http.deliveries`) get the guard from
-:func:`actors.http.admin.admin_routes`.
+:mod:`~actors.http.models`, :mod:`~actors.http.deliveries`, :mod:`~actors.http.usage`) get the
+guard from :func:`actors.http.admin.admin_routes`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 from runtime.spend.ledger import USAGE_TABLE
 
-__all__ = ["ReportBy", "UsageRow", "parse_since", "usage_report"]
+__all__ = ["ReportBy", "UsageRow", "parse_since", "usage_report", "usage_totals"]
 
 ReportBy = Literal["user", "chat", "bot", "model"]
 """What a report groups by (``user``: the sender id; ``chat``: the session key)."""
@@ -69,6 +69,47 @@ def parse_since(text: str, *, now: int | None = None) -> int:
     return int(t.timestamp() * 1000)
 
 
+def _key(by: str) -> Any:
+    """The ledger column a report groups ``by``.
+
+    Raises:
+        ValueError: ``by`` is not one of :data:`ReportBy`.
+    """
+    if by not in _COLUMN:
+        raise ValueError(f"cannot group usage by {by!r}: use one of {', '.join(_COLUMN)}")
+    return USAGE_TABLE.c[_COLUMN[by]]
+
+
+def _within(q: Any, since_ms: int, until_ms: int | None, filters: dict[str, str | None]) -> Any:
+    """``q`` limited to the calls in ``[since_ms, until_ms)`` whose ledger columns equal the given
+    ``filters`` (column → value; ``None``: any)."""
+    c = USAGE_TABLE.c
+    q = q.where(c.ts >= since_ms)
+    if until_ms is not None:
+        q = q.where(c.ts < until_ms)
+    for column, value in filters.items():
+        if value is not None:
+            q = q.where(c[column] == value)
+    return q
+
+
+def _filters(chat: str | None, user: str | None, bot: str | None, model: str | None) -> dict[str, str | None]:
+    return {"session_key": chat, "user_id": user, "bot_id": bot, "model": model}
+
+
+def _sums() -> list[Any]:
+    """The token sums (input, output, cache read, cache write) and the USD sum, in that order."""
+    c = USAGE_TABLE.c
+    names = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
+    return [func.sum(c[n]) for n in names]
+
+
+def _row(key: str, r: Any) -> UsageRow:
+    """A :class:`UsageRow` from ``(calls, input, output, cache read, cache write, usd)`` (SQL sums of
+    no rows are NULL: 0)."""
+    return UsageRow(key, *(int(v or 0) for v in r[:5]), float(r[5] or 0.0))
+
+
 async def usage_report(
     db: Database,
     by: ReportBy,
@@ -90,32 +131,50 @@ async def usage_report(
         ValueError: an unknown ``by`` or ``limit`` < 1.
         sqlalchemy.exc.SQLAlchemyError: the database failed.
     """
-    if by not in _COLUMN:
-        raise ValueError(f"cannot group usage by {by!r}: use one of {', '.join(_COLUMN)}")
+    key = _key(by)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be ≥ 1, got {limit}")
-    c = USAGE_TABLE.c
-    key = c[_COLUMN[by]]
-    sums = [
-        func.sum(c[n]) for n in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
-    ]
-    cost = func.sum(c.cost_usd)
-    q = select(key, func.count(), *sums, cost).where(c.ts >= since_ms)
-    if until_ms is not None:
-        q = q.where(c.ts < until_ms)
-    for column, value in (("session_key", chat), ("user_id", user), ("bot_id", bot), ("model", model)):
-        if value is not None:
-            q = q.where(c[column] == value)
-    q = q.group_by(key).order_by(cost.desc(), (sums[0] + sums[1] + sums[2] + sums[3]).desc(), key)
+    sums = _sums()
+    tokens = sums[0] + sums[1] + sums[2] + sums[3]
+    q = _within(select(key, func.count(), *sums), since_ms, until_ms, _filters(chat, user, bot, model))
+    q = q.group_by(key).order_by(sums[4].desc(), tokens.desc(), key)
     if limit is not None:
         q = q.limit(limit)
 
     def run() -> list[UsageRow]:
         with db.connection() as conn:
             rows = conn.execute(q).all()
-        return [
-            UsageRow(str(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6]))
-            for r in rows
-        ]
+        return [_row(str(r[0]), r[1:]) for r in rows]
+
+    return await db.run(run)
+
+
+async def usage_totals(
+    db: Database,
+    by: ReportBy,
+    since_ms: int,
+    until_ms: int | None = None,
+    *,
+    chat: str | None = None,
+    user: str | None = None,
+    bot: str | None = None,
+    model: str | None = None,
+) -> tuple[UsageRow, int]:
+    """The sums over every call :func:`usage_report` would group with the same arguments (its
+    ``limit`` aside), as one :class:`UsageRow` keyed ``"total"`` (all zero when there is none), and
+    the number of groups ``by`` makes of them — more than a limited report's rows when the limit cut
+    it. SQL runs on ``db``'s thread pool.
+
+    Raises:
+        ValueError: an unknown ``by``.
+        sqlalchemy.exc.SQLAlchemyError: the database failed.
+    """
+    groups = func.count(_key(by).distinct())
+    q = _within(select(func.count(), *_sums(), groups), since_ms, until_ms, _filters(chat, user, bot, model))
+
+    def run() -> tuple[UsageRow, int]:
+        with db.connection() as conn:
+            r = conn.execute(q).one()
+        return _row("total", r), int(r[6] or 0)
 
     return await db.run(run)
