@@ -94,7 +94,7 @@ def test_every_metric_in_alerts_and_dashboard_is_in_the_catalogue() -> None:
 
 def test_dashboard_covers_the_issue_areas() -> None:
     """traffic, latency, structured-reply tiers, deliveries, live sessions and hosts, provider tokens
-    and errors."""
+    and errors, spend (USD and tokens by model, quota refusals) and the provider limits by alias."""
     used = {catalogue_series_names()[n] for e in dashboard_exprs() for n in metric_names_in(e)}
     required = {
         "sessionray_inbound_messages_total", "sessionray_http_requests_total", "sessionray_turns_total",
@@ -103,7 +103,10 @@ def test_dashboard_covers_the_issue_areas() -> None:
         "sessionray_live_sessions", "sessionray_hosts", "sessionray_host_live_sessions",
         "sessionray_host_memory_bytes", "sessionray_hosts_cold_total", "sessionray_activations_total",
         "sessionray_passivations_total", "sessionray_llm_tokens_total", "sessionray_llm_errors_total",
-        "sessionray_llm_requests_total",
+        "sessionray_llm_requests_total", "sessionray_llm_cost_usd_total", "sessionray_quota_exceeded_total",
+        "sessionray_usage_ledger_failures_total", "sessionray_provider_lease_wait_seconds",
+        "sessionray_provider_queue_depth", "sessionray_provider_429_total",
+        "sessionray_provider_refusals_total",
     }
     assert required - used == set()
 

@@ -28,6 +28,7 @@ EXPECTED = {
     "status": ["--url URL"],
     "models": ["--url URL"],
     "deliveries": ["--state {failed,uncertain,queued,pending,sent}", "--retry REPLY_ID", "--url URL"],
+    "usage": ["--by {user,chat,bot,model}", "--since WHEN", "--chat SESSION_KEY", "--json"],
 }
 
 
