@@ -1,6 +1,6 @@
 """Usage reports from the ledger: who spent what, grouped by user, chat, bot or model
-(docs/decisions.md#spend-ledger). The CLI (``sessionray usage``) and the admin route
-(``GET /admin/usage``) print these rows.
+(docs/decisions.md#spend-ledger, docs/decisions.md#spend-reports). The CLI (``sessionray usage``)
+and the admin route (``GET /admin/usage``) print these rows.
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def _sums() -> list[Any]:
 def _row(key: str, r: Any) -> UsageRow:
     """A :class:`UsageRow` from ``(calls, input, output, cache read, cache write, usd)`` (SQL sums of
     no rows are NULL: 0)."""
-    return UsageRow(key, *(int(v or 0) for v in r[:5]), float(r[5] or 0.0))
+    calls, inp, out, cache_read, cache_write = (int(v or 0) for v in r[:5])
+    return UsageRow(key, calls, inp, out, cache_read, cache_write, float(r[5] or 0.0))
 
 
 async def usage_report(
