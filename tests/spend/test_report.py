@@ -9,7 +9,7 @@ import pytest
 
 from runtime.memory import Database
 from runtime.spend.ledger import write_usage
-from runtime.spend.report import UsageRow, parse_since, usage_report
+from runtime.spend.report import UsageRow, parse_since, usage_report, usage_totals
 
 DAY = 86_400_000
 T0 = 1_764_892_800_000  # 2025-12-05T00:00:00Z
@@ -78,6 +78,17 @@ async def test_by_chat_bot_and_model_and_filters(ledger: Database) -> None:
     assert [(r.key, r.calls, r.output_tokens) for r in one_user] == [("a/big", 1, 10)]
     assert [r.key for r in await usage_report(ledger, "user", T0, T0 + DAY, limit=1)] == ["2"]
     assert await usage_report(ledger, "user", T0 + 2 * DAY) == []
+
+
+async def test_totals_sum_every_matching_call_whatever_the_limit(ledger: Database) -> None:
+    total, groups = await usage_totals(ledger, "user", T0, T0 + DAY)
+    assert (total, groups) == (UsageRow("total", 4, 490, 49, 7, 3, pytest.approx(2.03)), 3)  # type: ignore[arg-type]
+    assert [r.key for r in await usage_report(ledger, "user", T0, T0 + DAY, limit=1)] == ["2"]
+    in_g5, models = await usage_totals(ledger, "model", T0, chat="onebot11:10001:group:5")
+    assert (in_g5.calls, in_g5.input_tokens, models) == (3, 450, 2)
+    assert await usage_totals(ledger, "bot", T0 + 2 * DAY) == (UsageRow("total", 0, 0, 0, 0, 0, 0.0), 0)
+    with pytest.raises(ValueError, match="cannot group usage by 'team'"):
+        await usage_totals(ledger, "team", 0)  # type: ignore[arg-type]
 
 
 async def test_bad_arguments_are_refused(db: Database) -> None:
