@@ -16,12 +16,14 @@ Flow of one reply (``runtime.delivery.core.DeliverySender``)::
                                         ``path`` media) and non-http(s) share links become a
                                         short notice text
     codec.render(reply, target)      ── N ApiCalls, in order
-    for each step: ledger in_flight → HTTP call (a OneBot bot on a WebSocket: through its
+    for each step: ledger in_flight (over HTTP as the request is written; over a socket the
+                   claim marks step 0) → HTTP call (a OneBot bot on a WebSocket: through its
                    ``OneBotLink`` actor, actors.delivery.onebot_link) → codec.parse_send_result → ledger done
                    429/5xx/connect error: retried with exponential backoff + full jitter, or
                    exactly the platform's Retry-After, until the reply is delivery.max_age_s old
                    (then "failed"); written but unanswered: "uncertain", not resent
-    ledger sent/failed/uncertain → outbound transcript (after the platform confirmed)
+    ledger sent/failed/uncertain — "sent" with the outbound transcript row in the same
+                   transaction as the last step's done (a savepoint; docs/decisions.md#memory-transcripts)
 
 Why M actors picked by a stable hash: one chat's replies always go through the same actor, so
 they leave in order; ``zlib.crc32`` is stable across processes (Python's ``hash()`` of a str is

@@ -36,9 +36,16 @@ from typing import Any
 from actors.placement.admission import KeyOrder
 from actors.placement.router_control import DEAD
 
-__all__ = ["CACHE_SIZE", "MAX_HOPS", "SubmitPath"]
+__all__ = ["CACHE_SIZE", "MAX_HOPS", "RAY_CALLS_PER_MESSAGE", "SubmitPath"]
 
 log = logging.getLogger("sessionray.submit")
+
+RAY_CALLS_PER_MESSAGE = 2
+"""Ray actor calls of one message to a live session whose host this process has cached: this
+process's streaming ``SessionHost.submit``, and the host's ``DeliveryActor.notify`` after the
+hand-over (not awaited). A cache miss adds the router shard's ``place`` (docs/architecture.md,
+"The path of one message"; docs/decisions.md#session-direct-path). Counted on a real run by
+``tests/actors/placement/test_message_ray_calls.py``; docs/architecture.md quotes it."""
 
 CACHE_SIZE = 100_000
 """Session keys whose host one ingress process remembers (LRU)."""

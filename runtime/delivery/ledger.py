@@ -27,10 +27,15 @@ Rules that make a retried or replayed send never reach the platform twice:
    one is dead). Each write checks the owner, so a stale owner cannot write over a new one. An
    owner that waits out a platform outage renews its lease (:func:`renew`).
 
-Rule 2 in one transaction: :func:`claim_and_begin` claims a row (inserting it when missing: a
-reply handed straight to a delivery actor) and, when its next step is 0 and nothing is on the
-wire, marks step 0 in flight in the same write, so the first send of a reply costs one ledger
-write before its call and one after.
+What one reply writes, and when (:data:`REPLY_WRITES_OVER_HTTP`): over HTTP the claim
+(:func:`claim_queued` or :func:`claim`), then per step :func:`begin_step` as the request is
+written (not at the claim: a sender killed while connecting must leave a step that is sent again,
+docs/decisions.md#delivery-uncertain) and :func:`finish_step` once the platform confirmed it (the
+last one with the outbound transcript row) — three write transactions for a one-step reply,
+``1 + 2 × steps`` in general. Over a socket (a OneBot WebSocket) the frame is written at once, so
+:func:`claim_and_begin` claims a row (inserting it when missing: a reply handed straight to a
+delivery actor) and, when its next step is 0 and nothing is on the wire, marks step 0 in flight
+in the same write: ``2 × steps`` writes.
 
 The tables are :mod:`runtime.delivery.tables` (created with the memory tables; never
 dropped or altered: docs/decisions.md#memory-create-only). The writes are SQLAlchemy Core
@@ -71,6 +76,7 @@ from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 
 __all__ = [
+    "REPLY_WRITES_OVER_HTTP",
     "ClaimFields",
     "ClaimOutcome",
     "DeliveryLedgerRow",
@@ -92,6 +98,13 @@ __all__ = [
     "resumable",
     "skip_uncertain_step",
 ]
+
+
+REPLY_WRITES_OVER_HTTP = 3
+"""Ledger write transactions of a one-step reply sent over HTTP: the claim, step 0 marked on the
+wire as its request is written, step 0 done with the outbound transcript row (module docstring;
+docs/decisions.md#delivery-ledger). Pinned by ``tests/delivery/test_delivery_ledger.py`` and
+quoted by docs/architecture.md (checked by ``tests/docs``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,6 +208,7 @@ async def test_one_reply_costs_three_write_transactions_the_transcript_in_the_la
         "INSERT im_transcripts",  # the outbound transcript, in the same transaction
         "RELEASE SAVEPOINT",
     ]
+    assert statements.count("BEGIN IMMEDIATE") == ledger.REPLY_WRITES_OVER_HTTP  # what the docs quote
     db = Database(url)
     entry = ledger.get_entry(db, "r-fast")
     db.dispose()

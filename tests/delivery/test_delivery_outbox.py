@@ -26,6 +26,7 @@ from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.reply.segments import Reply
 from runtime.session.core import SessionCore
+from runtime.session.message_cost import SQL_WRITES_PER_MESSAGE
 from tests.actors.edge_support import BOT_ID, HoldingApiServer, onebot_bot, text_job
 from tests.actors.session_scripts import ScriptedSetup
 from tests.memory.pg_schema import create_schema, drop_schema
@@ -322,9 +323,13 @@ async def test_a_call_written_and_never_answered_is_uncertain_not_resent(
 # --------------------------------------------------------------------------- SQL writes per message
 
 
-async def test_one_message_costs_five_write_transactions(tmp_path: Path, api: PlatformApiServer) -> None:
-    """One message costs 5 SQL write transactions: inbound record; the final assistant message and
-    ``im_reply`` with the reply's ``queued`` ledger row (docs/decisions.md#session-turn-records);
+async def test_one_message_costs_the_documented_write_transactions(
+    tmp_path: Path, api: PlatformApiServer
+) -> None:
+    """One message costs ``SQL_WRITES_PER_MESSAGE`` (6) SQL write transactions after the ingress
+    stored it — the number docs/architecture.md quotes (tests/docs checks the quote): inbound
+    record; the LLM call's usage row (docs/decisions.md#spend-ledger); the final assistant message
+    and ``im_reply`` with the reply's ``queued`` ledger row (docs/decisions.md#session-turn-records);
     the claim (one UPDATE), step 0 marked on the wire when its request is written (not at the
     claim: a sender killed while connecting must leave a step that is sent again, not an
     uncertain one — docs/decisions.md#delivery-uncertain), step done
@@ -357,12 +362,15 @@ async def test_one_message_costs_five_write_transactions(tmp_path: Path, api: Pl
             event.listen(engine, "before_cursor_execute", record)
         result = await core.submit(turn(1, "hello"))
         await eventually(lambda: state(db, result.reply_id or "") == "sent", "the reply")
-        await eventually(lambda: len(writes) == 5 and len(writes[-1]) == 2, "the outbound transcript")
+        await eventually(
+            lambda: len(writes) == SQL_WRITES_PER_MESSAGE and len(writes[-1]) == 2, "the outbound transcript"
+        )
     finally:
         await sender.close()
         db.dispose()
     assert writes == [
         ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT agent_messages"],  # im_inbound + user
+        ["INSERT llm_usage"],  # the one LLM call, committed before its end is seen
         # the final answer + im_reply, with the reply's queued ledger row
         ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT agent_messages", "INSERT delivery_ledger"],
         ["UPDATE delivery_ledger"],  # claim
