@@ -75,9 +75,10 @@ def cluster(
     live), the ``ai`` section and the ``spend`` section (quotas; ``None``: none), the real setup."""
     db_url = f"sqlite:///{tmp_path / 'sessionray.db'}"
     config = Config(database=DatabaseConfig(url=db_url), ai=ai, **({"spend": spend} if spend else {}))
-    knobs = {"min_hosts": 2, "sessions_per_host": sessions_per_host, "max_live_sessions": CHATS, "idle_ttl_s": 600}
+    knobs: dict[str, Any] = {"min_hosts": 2, "sessions_per_host": sessions_per_host, "idle_ttl_s": 600}
+    knobs |= {"max_live_sessions": CHATS, "activation_wait_s": 60.0}
     setup = ConfigSetupFactory(config)
-    with running_runtime(tmp_path, fixtures_dir, ai=ai, setup=setup, activation_wait_s=60.0, **knobs) as h:
+    with running_runtime(tmp_path, fixtures_dir, ai=ai, setup=setup, **knobs) as h:
         yield h
 
 

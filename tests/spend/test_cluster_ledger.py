@@ -43,9 +43,9 @@ OTHERS = ("7002", "7003")
 GROUPS = ("81", "82", "83", "84")
 ROUNDS = 4
 QUOTA_TOKENS = 600
-"""The spender's daily quota (the others have none). A call costs ≥ 150 tokens here (the stand-in counts ⌈body bytes / 4⌉: the system prompt alone
-is ≈ 60), so the spender's four turns of the first round reach the quota and no later round of
-theirs can stay under it."""
+"""The spender's daily quota (the others have none). A call costs ≥ 150 tokens here (the
+stand-in counts ⌈body bytes / 4⌉: the system prompt alone is ≈ 60), so the spender's four turns of
+the first round reach the quota and no later round of theirs can stay under it."""
 
 
 def db_url(tmp_path: Path) -> str:
@@ -73,7 +73,7 @@ def group_round(h: Harness, senders: list[tuple[str, str]], tag: str) -> dict[tu
     async def run() -> dict[tuple[str, str], str]:
         await asyncio.gather(
             *(
-                submit_until_accepted(h.rt, inbound(u, f"{tag}: a question from {u} " + "x" * 200, mid, group=g))
+                submit_until_accepted(h.rt, inbound(u, f"{tag}: from {u} " + "x" * 200, mid, group=g))
                 for (u, g), mid in ids.items()
             )
         )
@@ -101,7 +101,7 @@ def test_the_ledgers_token_sums_equal_the_standins_reported_usage(
         for n in (1, 2):  # the second call of each chat carries its history: larger, varied bodies
             msgs = [inbound(u, f"burst {n} from {u}: " + "y" * (7 * i)) for i, u in enumerate(users)]
             await asyncio.gather(*(submit_until_accepted(h.rt, m) for m in msgs))
-            await eventually(lambda: all(len(h.sent(u)) == n for u in users), 240.0, f"burst {n} answered")
+            await eventually(lambda n=n: all(len(h.sent(u)) == n for u in users), 240.0, f"burst {n}")
 
     with own_alias() as alias, OpenAIStandin(stream_s=0.2, reply=ANSWER) as standin:
         with cluster(tmp_path, fixtures_dir, ai_section(alias, standin.base_url, None)) as h:
