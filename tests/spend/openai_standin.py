@@ -4,7 +4,9 @@ limits tests and the spend bench (docs/decisions.md#spend-provider-limits).
 ``POST /v1/chat/completions`` (``stream: true``) answers Server-Sent Events: a role chunk, the
 reply text in ``chunks`` pieces spread over ``stream_s`` seconds, a ``finish_reason: stop`` chunk,
 then — only when the request asked ``stream_options.include_usage`` — a ``choices: []`` chunk with
-``usage``, then ``data: [DONE]``. The reply is ``reply`` (default ``"ok"``).
+``usage``, then ``data: [DONE]``. The reply is ``reply`` (default ``"ok"``), or what ``answer(request body,
+body bytes)`` returns for that request when given (the spend bench echoes which questions a call
+answered).
 
 Its token count is deterministic: a request's prompt costs ⌈body bytes / 4⌉ tokens, the reply
 ⌈reply bytes / 4⌉; that is the usage it reports.
@@ -31,6 +33,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -79,6 +82,8 @@ class OpenAIStandin:
         stream_s: Seconds the content chunks of one answer are spread over.
         chunks: Content chunks per answer (≥ 1).
         reply: The answer text.
+        answer: ``(request body JSON, body bytes) -> answer text`` of each served request, called
+            in the server's thread (``None``: always ``reply``).
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class OpenAIStandin:
         stream_s: float = 0.0,
         chunks: int = 2,
         reply: str = "ok",
+        answer: Callable[[dict[str, Any], int], str] | None = None,
     ) -> None:
         self.concurrency, self.stream_s, self.chunks, self.reply = (
             concurrency,
@@ -97,6 +103,7 @@ class OpenAIStandin:
             max(chunks, 1),
             reply,
         )
+        self.answer = answer
         self._rpm = _Bucket(rpm) if rpm else None
         self._tpm = _Bucket(tpm) if tpm else None
         self._lock = threading.Lock()
@@ -200,7 +207,8 @@ class OpenAIStandin:
                     )
                     return
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                self._stream(body.get("model", ""), prompt, usage)
+                text = standin.reply if standin.answer is None else standin.answer(body, len(raw))
+                self._stream(body.get("model", ""), prompt, usage, text)
 
             def _json(self, status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(doc).encode()
@@ -218,18 +226,15 @@ class OpenAIStandin:
                 self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
                 self.wfile.flush()
 
-            def _stream(self, model: str, prompt: int, usage: bool) -> None:
+            def _stream(self, model: str, prompt: int, usage: bool, reply: str) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
                 base = {"id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model}
-                completion = math.ceil(len(standin.reply.encode()) / 4)
+                completion = math.ceil(len(reply.encode()) / 4)
                 n = standin.chunks
-                pieces = [
-                    standin.reply[i * len(standin.reply) // n : (i + 1) * len(standin.reply) // n]
-                    for i in range(n)
-                ]
+                pieces = [reply[i * len(reply) // n : (i + 1) * len(reply) // n] for i in range(n)]
                 try:
                     self._event(
                         {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}

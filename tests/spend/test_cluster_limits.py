@@ -9,87 +9,28 @@ OpenAI-compatible stand-in (docs/decisions.md#spend-provider-limits):
 * with a short ``max_wait_s`` and a slow model, a turn that waited too long gets the polite busy
   reply (``ai.agent.busy_text``), the others the answer, and still nothing is refused.
 
-The config goes through the real :class:`actors.placement.hosts.setup.ConfigSetupFactory`, so the
-gate is the one the session host installs itself (``actors.limits.install_provider_gate``). Each
-test uses its own provider alias, so its granter actor is its own; it is killed at the end.
+The cluster (tests/spend/cluster_support.py) is set up through the real
+:class:`actors.placement.hosts.setup.ConfigSetupFactory`, so the gate is the one the session host
+installs itself (``actors.limits.install_provider_gate``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
-from actors.limits import limits_actor_name
-from actors.limits.granter_actor import NAMESPACE
-from actors.placement.hosts.setup import ConfigSetupFactory
-from runtime.config import Config, DatabaseConfig
 from runtime.session.turn import BUSY_TEXT
-from tests.actors.session_support import Harness, eventually, inbound, running_runtime, submit_until_accepted
+from tests.spend.cluster_support import CHATS, ai_section, burst, cluster, host_count, own_alias
 from tests.spend.openai_standin import OpenAIStandin
 
 pytestmark = pytest.mark.ray
 
 ANSWER = "Here is my answer."
 FAILURE = "Sorry, something went wrong while answering. Please try again."
-CHATS = 50
 STANDIN_LIMITS: dict[str, Any] = {"concurrency": 4, "rpm": 40, "tpm": 12_000}
 """All three bind in the burst: ≈ 330 prompt tokens per call, 50 calls are 16 500 tokens."""
-
-
-def ai_section(alias: str, base_url: str, limits: dict[str, Any] | None) -> dict[str, Any]:
-    provider: dict[str, Any] = {"api": "openai-completions", "base_url": base_url, "models": [{"id": "m1"}]}
-    if limits is not None:
-        provider["limits"] = limits
-    return {
-        "providers": {alias: provider},
-        "default_model": f"{alias}/m1",
-        "agent": {"output_schema": False, "compaction_threshold": None},
-    }
-
-
-@contextlib.contextmanager
-def cluster(tmp_path: Path, fixtures_dir: Path, ai: dict[str, Any]) -> Iterator[Harness]:
-    """A runtime with two session hosts of 25 sessions each, the configured model, the real setup."""
-    db_url = f"sqlite:///{tmp_path / 'sessionray.db'}"
-    setup = ConfigSetupFactory(Config(database=DatabaseConfig(url=db_url), ai=ai))
-    knobs = {"min_hosts": 2, "sessions_per_host": CHATS // 2, "max_live_sessions": CHATS, "idle_ttl_s": 600}
-    with running_runtime(tmp_path, fixtures_dir, ai=ai, setup=setup, activation_wait_s=60.0, **knobs) as h:
-        yield h
-
-
-@contextlib.contextmanager
-def own_alias() -> Iterator[str]:
-    alias = f"standin{uuid.uuid4().hex[:8]}"
-    try:
-        yield alias
-    finally:
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(limits_actor_name(alias), namespace=NAMESPACE), no_restart=True)
-
-
-def burst(h: Harness, users: list[str], timeout_s: float = 240.0) -> dict[str, list[str]]:
-    """Every user sends one message at once; wait until each chat got a reply; the replies."""
-
-    async def run() -> dict[str, list[str]]:
-        await asyncio.gather(*(submit_until_accepted(h.rt, inbound(u, f"question from {u}")) for u in users))
-        await eventually(lambda: all(h.sent(u) for u in users), timeout_s, "a reply in every chat")
-        return {u: h.sent(u) for u in users}
-
-    return asyncio.run(run())
-
-
-def host_count(h: Harness, users: list[str]) -> int:
-    async def pids() -> set[int]:
-        return set(await asyncio.gather(*(h.host_pid(u) for u in users)))
-
-    return len(asyncio.run(pids()))
 
 
 def test_with_the_standins_limits_a_burst_from_50_chats_is_never_refused(
