@@ -160,9 +160,11 @@ async def _prompt(agent: Agent, text: str, loop: asyncio.AbstractEventLoop) -> N
 def _build_agent(args: argparse.Namespace) -> Agent:
     from actors.models.builtin import builtin_model, builtin_tools
     from actors.models.faux_script import register_configured_providers
+    from actors.raylife.repo_root import ensure_repo_root_on_path
     from runtime import config as cfg_mod
 
     config = cfg_mod.load_config(args.config)
+    ensure_repo_root_on_path()  # an `ai.providers.<alias>.script` imports here as in `serve`
     register_configured_providers(config.ai.providers)
     agent_cfg = config.ai.agent
     common: dict[str, Any] = {

@@ -98,6 +98,18 @@ server:
   host: {server.host}
   port: {server.port}
   admin_token_env: {server.admin_token_env}
+
+## Spend. Every LLM call is recorded (tokens, and USD from a model's `cost:` in USD per million
+## tokens, e.g. `input: 0.15` and `output: 0.6` under a model above). A quota refuses a turn before
+## it starts once its window is used up (never a master's); `/usage` in a chat shows what is left.
+# spend:
+#   quotas:
+#     - scope: user          # every user: 200k tokens a day
+#       window: day
+#       tokens: 200000
+#     - scope: global        # the whole bot: 300 USD a month
+#       window: month
+#       usd: 300
 """
 
 

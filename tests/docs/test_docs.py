@@ -5,7 +5,8 @@
   mapping whose keys the user chooses);
 * every ``docs/decisions.md#<anchor>`` cited in code, tests, examples and docs exists;
 * nothing in the repository points at files a fresh clone does not have;
-* README.md stays short, and the relative links of README.md and docs/*.md resolve.
+* README.md stays short, and the relative links of README.md and docs/*.md resolve;
+* every YAML example of docs/configuration.md loads.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
 from pydantic import BaseModel
 
-from runtime.config import Config
+from runtime.config import Config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -172,3 +174,11 @@ def test_relative_links_resolve() -> None:
             elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such anchor)")
     assert broken == []
+
+
+def test_configuration_examples_validate() -> None:
+    # Every YAML example on the configuration page is a whole file a user may paste: it must load.
+    blocks = re.findall(r"^```yaml\n(.*?)^```", CONFIGURATION.read_text(), flags=re.M | re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        parse_config(yaml.safe_load(block), "docs/configuration.md")

@@ -5,6 +5,7 @@ running ingress are tested in test_ingress_app.py, next to the ingress they talk
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,18 @@ def test_control_commands_document_their_exit_codes(command: str) -> None:
 def test_version_comes_from_the_package_metadata() -> None:
     out = run("--version")
     assert (out.returncode, out.stdout) == (0, f"sessionray {importlib.metadata.version('sessionray')}\n")
+
+
+def test_chat_imports_a_configured_script_from_the_repository_like_serve(tmp_path: Path) -> None:
+    # `serve` and `check` put the repository root on the import path for `ai.providers.<alias>.script`;
+    # the standalone `chat`, started from another directory, must find the same script.
+    config = tmp_path / "sessionray.yaml"
+    config.write_text(
+        "ai:\n  default_model: scripted/chat\n  providers:\n    scripted:\n      api: faux\n"
+        "      script: tests.providers.helpers:shout\n      models: [{id: chat}]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([str(SCRIPT), "chat", "--config", str(config)], input="hello there\n",
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    assert (out.returncode, out.stderr) == (0, "")
+    assert "bot> HELLO THERE" in out.stdout

@@ -54,6 +54,10 @@ def test_uncommented_template_validates_with_the_variables_it_names(tmp_path: Pa
     full = parse_config(yaml.safe_load(uncommented(config_template())), "uncommented")
     assert sorted(p.api for p in full.ai.providers.values()) == sorted(a for a in KNOWN_APIS if a != "faux")
     assert [b.platform for b in full.bots] == ["console", "onebot11", "telegram"]
+    assert [(q.scope, q.window, q.tokens, q.usd) for q in full.spend.quotas] == [
+        ("user", "day", 200000, None),
+        ("global", "month", None, 300),
+    ]
     assert full.ai.default_model is not None and full.ai.default_model.split("/")[0] in full.ai.providers
     names = {ref.var for ref in env_references(full)}
     assert names == {
