@@ -54,6 +54,17 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 """Ray's error when a new local node did not register within its fixed 30 s."""
 START_WAIT_S = 180.0
 """Longest wait for ``ray start --head`` to return (a cold start on a loaded 2-core machine)."""
+SINGLE_NODE_OPTIONS = ("--no-monitor",)
+"""``ray start`` options of the local head that drop what one machine does not use
+(docs/decisions.md#ops-single-machine-profile): no autoscaler monitor (nothing to scale on one
+node)."""
+HEAD_LAUNCHER = (
+    "import ray.scripts.scripts as cli; "
+    "cli.get_ray_client_dependency_error = lambda: ImportError('no Ray Client on one node'); cli.main()"
+)
+"""``python -c`` code of ``ray start``: Ray 2.60's CLI starts a Ray Client server (≈ 49 MiB) whenever
+its dependencies import and refuses port 0; sessionray joins by the GCS address and never uses it,
+so the CLI is told it is not installed (docs/decisions.md#ops-single-machine-profile)."""
 _SKIPPED_DIRS = frozenset({".git", ".venv", "venv", "build", "node_modules", "tests", "__pycache__"})
 
 
@@ -112,10 +123,9 @@ def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Pat
     for attempt in (1, 2):
         port = _free_port()
         cmd = [
-            sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start", "--head",
-            f"--port={port}", f"--ray-client-server-port={_free_port()}", "--include-dashboard=false",
-            f"--metrics-export-port={metrics_port}", "--min-worker-port=0", "--max-worker-port=0",
-            "--disable-usage-stats",
+            sys.executable, "-c", HEAD_LAUNCHER, "start", "--head",
+            f"--port={port}", "--include-dashboard=false", f"--metrics-export-port={metrics_port}",
+            "--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats", *SINGLE_NODE_OPTIONS,
         ]  # fmt: skip
         with open(log_path, "wb") as out:  # a file, not a pipe: the daemons keep their stdout
             proc = subprocess.Popen(

@@ -201,7 +201,9 @@ def measure_once(
         try:
             if not _wait_for(log, READY_LINE, proc, t0 + timeout_s):
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-                raise IdleRunFailed(f"serve not ready within {timeout_s:.0f} s:\n{tail}")
+                code = proc.poll()
+                what = f"exited {code}" if code is not None else f"not ready in {timeout_s:.0f} s"
+                raise IdleRunFailed(f"serve {what}:\n{tail}")
             ready_s = time.monotonic() - t0
             session_dir = _session_dir(proc.pid, time.monotonic() + 30)
             time.sleep(settle_s)
