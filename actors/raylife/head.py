@@ -58,6 +58,15 @@ SINGLE_NODE_OPTIONS = ("--no-monitor",)
 """``ray start`` options of the local head that drop what one machine does not use
 (docs/decisions.md#ops-single-machine-profile): no autoscaler monitor (nothing to scale on one
 node)."""
+SINGLE_NODE_ENV = {
+    "RAY_metrics_report_interval_ms": "5000",
+    "RAY_num_workers_soft_limit": "0",
+    "RAY_prestart_worker_first_driver": "0",
+}
+"""Ray system settings of the local head (environment of ``ray start``; one set in the environment
+wins): actor metrics reported every 5 s; no idle worker kept or started ahead (every sessionray
+process is a named actor with a process of its own, so a prestarted worker only idles: ≈ 43 MiB
+each, one per CPU by default; docs/decisions.md#ops-single-machine-profile)."""
 HEAD_LAUNCHER = (
     "import ray.scripts.scripts as cli; "
     "cli.get_ray_client_dependency_error = lambda: ImportError('no Ray Client on one node'); cli.main()"
@@ -114,7 +123,8 @@ def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Pat
     log_path = log_path or ray_temp_root() / f"sessionray-head-{os.getpid()}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ}
-    env.setdefault("RAY_metrics_report_interval_ms", "5000")
+    for key, value in SINGLE_NODE_ENV.items():
+        env.setdefault(key, value)  # the operator's own RAY_* setting wins
     # `ray start` names its head in <temp>/ray/ray_current_cluster, where a plain ray.init() of any
     # other program of this user would find it and join (or fail on it once it is stopped): the
     # file is put back as it was; sessionray joins its head by the address in its own record
