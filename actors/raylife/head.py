@@ -106,7 +106,8 @@ def last_error(output: str, limit: int = 300) -> str:
 
 
 def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Path | None = None) -> str:
-    """Start a local head node: GCS and Ray client on free ports, no dashboard UI, its metrics agent
+    """Start a local head node: GCS on a free port, no dashboard UI (:data:`SINGLE_NODE_OPTIONS`,
+    :data:`SINGLE_NODE_ENV`: no Ray Client server, monitor or idle worker), its metrics agent
     on ``metrics_port``, in a new session (a Ctrl-C of the terminal or the death of this process
     does not reach it). Ray's ``ray_current_cluster`` file is left as it was (another program's
     ``ray.init()`` does not find this head). ``on_spawn(pid)`` is called with the ``ray start``
