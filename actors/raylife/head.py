@@ -54,6 +54,26 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 """Ray's error when a new local node did not register within its fixed 30 s."""
 START_WAIT_S = 180.0
 """Longest wait for ``ray start --head`` to return (a cold start on a loaded 2-core machine)."""
+SINGLE_NODE_OPTIONS = ("--no-monitor",)
+"""``ray start`` options of the local head that drop what one machine does not use
+(docs/decisions.md#ops-single-machine-profile): no autoscaler monitor (nothing to scale on one
+node)."""
+SINGLE_NODE_ENV = {
+    "RAY_metrics_report_interval_ms": "5000",
+    "RAY_num_workers_soft_limit": "0",
+    "RAY_prestart_worker_first_driver": "0",
+}
+"""Ray system settings of the local head (environment of ``ray start``; one set in the environment
+wins): actor metrics reported every 5 s; no idle worker kept or started ahead (every sessionray
+process is a named actor with a process of its own, so a prestarted worker only idles: ≈ 43 MiB
+each, one per CPU by default; docs/decisions.md#ops-single-machine-profile)."""
+HEAD_LAUNCHER = (
+    "import ray.scripts.scripts as cli; "
+    "cli.get_ray_client_dependency_error = lambda: ImportError('no Ray Client on one node'); cli.main()"
+)
+"""``python -c`` code of ``ray start``: Ray 2.60's CLI starts a Ray Client server (≈ 49 MiB) whenever
+its dependencies import and refuses port 0; sessionray joins by the GCS address and never uses it,
+so the CLI is told it is not installed (docs/decisions.md#ops-single-machine-profile)."""
 _SKIPPED_DIRS = frozenset({".git", ".venv", "venv", "build", "node_modules", "tests", "__pycache__"})
 
 
@@ -86,7 +106,8 @@ def last_error(output: str, limit: int = 300) -> str:
 
 
 def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Path | None = None) -> str:
-    """Start a local head node: GCS and Ray client on free ports, no dashboard UI, its metrics agent
+    """Start a local head node: GCS on a free port, no dashboard UI (:data:`SINGLE_NODE_OPTIONS`,
+    :data:`SINGLE_NODE_ENV`: no Ray Client server, monitor or idle worker), its metrics agent
     on ``metrics_port``, in a new session (a Ctrl-C of the terminal or the death of this process
     does not reach it). Ray's ``ray_current_cluster`` file is left as it was (another program's
     ``ray.init()`` does not find this head). ``on_spawn(pid)`` is called with the ``ray start``
@@ -103,7 +124,8 @@ def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Pat
     log_path = log_path or ray_temp_root() / f"sessionray-head-{os.getpid()}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ}
-    env.setdefault("RAY_metrics_report_interval_ms", "5000")
+    for key, value in SINGLE_NODE_ENV.items():
+        env.setdefault(key, value)  # the operator's own RAY_* setting wins
     # `ray start` names its head in <temp>/ray/ray_current_cluster, where a plain ray.init() of any
     # other program of this user would find it and join (or fail on it once it is stopped): the
     # file is put back as it was; sessionray joins its head by the address in its own record
@@ -112,10 +134,9 @@ def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Pat
     for attempt in (1, 2):
         port = _free_port()
         cmd = [
-            sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start", "--head",
-            f"--port={port}", f"--ray-client-server-port={_free_port()}", "--include-dashboard=false",
-            f"--metrics-export-port={metrics_port}", "--min-worker-port=0", "--max-worker-port=0",
-            "--disable-usage-stats",
+            sys.executable, "-c", HEAD_LAUNCHER, "start", "--head",
+            f"--port={port}", "--include-dashboard=false", f"--metrics-export-port={metrics_port}",
+            "--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats", *SINGLE_NODE_OPTIONS,
         ]  # fmt: skip
         with open(log_path, "wb") as out:  # a file, not a pipe: the daemons keep their stdout
             proc = subprocess.Popen(

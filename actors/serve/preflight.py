@@ -389,14 +389,18 @@ class StartArgs:
 
 
 def load_start(args: argparse.Namespace, prog: str) -> StartArgs | None:
-    """Load ``args.config`` and apply the options of :func:`add_start_options`. None when the
-    configuration is invalid: its problems were printed as one ``{prog}: ...`` report on stderr
-    (the command exits :data:`EXIT_CONFIG`)."""
+    """Load ``args.config`` and apply the options of :func:`add_start_options`; without
+    ``--address`` (a local Ray: one machine) the ``runtime`` section takes the single-machine
+    profile for the keys it leaves unset (docs/decisions.md#ops-single-machine-profile). None when
+    the configuration is invalid: its problems were printed as one ``{prog}: ...`` report on
+    stderr (the command exits :data:`EXIT_CONFIG`)."""
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
+    if not args.address:
+        config = config.model_copy(update={"runtime": config.runtime.single_machine()})
     return StartArgs(
         config=config,
         host=args.host or config.server.host,

@@ -164,17 +164,25 @@ class DeliveryConfig(_Closed):
     (0: only when it starts)."""
 
 
+SINGLE_MACHINE_RUNTIME = {"min_hosts": 1, "delivery_actors": 1}
+"""The ``runtime`` keys the single-machine profile changes when the configuration leaves them
+unset (:meth:`RuntimeConfig.single_machine`, docs/decisions.md#ops-single-machine-profile)."""
+
+
 class RuntimeConfig(_Closed):
     """``runtime``: actor topology and session lifecycle (docs/decisions.md#session-hosts)."""
 
     router_shards: int = Field(1, ge=1)
     delivery_actors: int = Field(2, ge=1)
+    """Delivery actors (processes) sharing the replies by chat; a local Ray (no ``--address``) uses 1
+    unless set (docs/decisions.md#ops-single-machine-profile)."""
     sessions_per_host: int = Field(2000, ge=1)
     """Live sessions one ``SessionHost`` process holds at most; 1 = a process per live session
     (strict isolation; docs/decisions.md#session-hosts)."""
     min_hosts: int = Field(2, ge=1)
     """Session hosts started ahead of need; the supervisor also keeps
-    ``max(min_hosts, sessions_per_host / 4)`` free slots by starting more, up to the host limit."""
+    ``max(min_hosts, sessions_per_host / 4)`` free slots by starting more, up to the host limit.
+    A local Ray (no ``--address``) uses 1 unless set (docs/decisions.md#ops-single-machine-profile)."""
     host_memory_mib: float = Field(4096.0, gt=0)
     """A host whose process USS is above this (MiB) takes no more sessions (an activation then
     passivates one of its idle sessions or goes to another host)."""
@@ -212,6 +220,14 @@ class RuntimeConfig(_Closed):
     """Seconds an inbox row may wait for its turn: a stored or routed message younger than this
     whose turn result never came is routed again by the recovery loop; an older one is expired
     (logged, counted), never replayed (docs/decisions.md#inbox-durable)."""
+
+    def single_machine(self) -> RuntimeConfig:
+        """This section under the single-machine profile: every key of
+        :data:`SINGLE_MACHINE_RUNTIME` the configuration did not set takes the profile's value
+        (one session host, one delivery actor: one machine idles on ≈ 175 MiB less;
+        docs/decisions.md#ops-single-machine-profile). Keys set in the file are kept as given."""
+        unset = {k: v for k, v in SINGLE_MACHINE_RUNTIME.items() if k not in self.model_fields_set}
+        return self.model_copy(update=unset) if unset else self
 
     def host_capacity(self) -> tuple[int, int]:
         """``(sessions per host, most hosts)``: the host supervisor's limits for this section
