@@ -19,6 +19,7 @@ MEMORY = [
     "model_capabilities",
 ]
 DELIVERY = ["delivery_ledger", "delivery_uncertain"]
+SPEND = ["llm_usage"]
 
 
 def tables_created_after(imports: str, db_file: Path) -> list[str]:
@@ -44,9 +45,10 @@ def test_a_process_that_imports_delivery_creates_its_tables_with_the_memory_tabl
 
 
 def test_a_session_host_creates_the_delivery_tables_it_writes(tmp_path: Path) -> None:
-    # The session core writes a reply's queued ledger row with its im_reply record.
+    # The session core writes a reply's queued ledger row with its im_reply record, and every LLM
+    # call of its turns a usage row (runtime.session imports runtime.spend, which registers it).
     names = tables_created_after("import runtime.session.core", tmp_path / "b.db")
-    assert names == sorted(MEMORY + DELIVERY)
+    assert names == sorted(MEMORY + DELIVERY + SPEND)
 
 
 def test_memory_alone_creates_only_its_own_tables(tmp_path: Path) -> None:
