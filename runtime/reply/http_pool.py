@@ -98,7 +98,7 @@ class PoolTransport(httpx.AsyncBaseTransport):
     ) -> httpx.Response:
         """One request straight through the pool, its body read: what an ``httpx.AsyncClient``
         adds around :meth:`handle_async_request` (auth and redirect loops, cookies, header
-        merging, request and response streams) is skipped — about a quarter of a delivery
+        merging, request and response streams) is skipped — about a tenth of a delivery
         actor's CPU per platform call (docs/decisions.md#delivery-connections).
 
         Args:
