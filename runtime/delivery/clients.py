@@ -5,6 +5,7 @@ its share of the bot's connection bound, each probing what the server's TCP ackn
 
 from __future__ import annotations
 
+import json
 import ssl
 import urllib.request
 from typing import Any
@@ -23,6 +24,7 @@ from runtime.reply.http_pool import PoolTransport
 __all__ = [
     "DEFAULT_BOT_CONNECTIONS",
     "MAX_CONNECTIONS",
+    "PlatformClient",
     "PlatformClients",
     "actor_connections",
     "platform_client",
@@ -45,12 +47,60 @@ def actor_connections(bot: Any, actors: int) -> int:
     return max(1, min(MAX_CONNECTIONS, -(-bound // max(1, actors))))
 
 
+class PlatformClient(httpx.AsyncClient):
+    """The httpx client of :func:`platform_client`, plus :meth:`post_json`: a JSON POST straight
+    through its connection pool (:meth:`runtime.reply.http_pool.PoolTransport.call`), the same
+    request on the wire as ``client.post(url, json=...)`` and the same errors."""
+
+    def __init__(self, transport: PoolTransport, timeout_s: float) -> None:
+        super().__init__(transport=transport, timeout=timeout_s, trust_env=False)
+        self.direct = transport
+        self.timeouts = {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s}
+
+    @property
+    def direct_ok(self) -> bool:
+        """:meth:`post_json` may stand for ``post``: no httpx event hook is set on this client
+        (it bypasses them; with one, every call goes through httpx's client)."""
+        return not (self.event_hooks["request"] or self.event_hooks["response"])
+
+    async def post_json(
+        self, url: str, body: Any, headers: dict[str, str] | None, extensions: dict[str, Any]
+    ) -> httpx.Response:
+        """POST ``body`` as compact UTF-8 JSON (httpx's own encoding) to ``url`` with ``headers``
+        and httpx's default ones; ``extensions`` (e.g. ``trace``) go to httpcore.
+
+        Raises:
+            httpx.TransportError: as ``httpx.AsyncClient.post``.
+            ValueError: ``body`` holds NaN or infinity (httpx refuses them too).
+        """
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        parts = urlsplit(url)
+        given = {k.encode("ascii"): v.encode("ascii") for k, v in (headers or {}).items()}
+        own = {k.lower() for k in given}
+        raw = [(b"Host", parts.netloc.rpartition("@")[2].encode("ascii"))]
+        raw += [(k, v) for k, v in _DEFAULT_HEADERS if k.lower() not in own]
+        raw += [*given.items(), (b"Content-Length", str(len(data)).encode())]
+        if b"content-type" not in own:
+            raw.append((b"Content-Type", b"application/json"))
+        return await self.direct.call("POST", url, raw, data, {"timeout": self.timeouts, **extensions})
+
+
+_DEFAULT_HEADERS = [
+    (b"Accept", b"*/*"),
+    (b"Accept-Encoding", b"gzip, deflate"),
+    (b"Connection", b"keep-alive"),
+    (b"User-Agent", f"python-httpx/{httpx.__version__}".encode()),
+]
+"""The headers httpx adds to every request of a client unless the call gives its own
+(``Accept-Encoding``: the two codings every httpx decodes)."""
+
+
 def platform_client(
     timeout_s: float,
     max_connections: int,
     *,
     network_backend: httpcore.AsyncNetworkBackend | None = None,
-) -> httpx.AsyncClient:
+) -> PlatformClient:
     """The HTTP client of one bot's platform API in a delivery actor (HTTP/1.1, TLS verified
     against certifi's roots, no proxy).
 
@@ -68,7 +118,7 @@ def platform_client(
         keepalive_expiry=KEEPALIVE_S,
         network_backend=ProbedBackend(network_backend),
     )
-    return httpx.AsyncClient(transport=PoolTransport(pool), timeout=timeout_s, trust_env=False)
+    return PlatformClient(PoolTransport(pool), timeout_s)
 
 
 def _proxied(api_base: str | None) -> bool:

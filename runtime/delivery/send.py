@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from runtime.delivery.clients import PlatformClient
 from runtime.delivery.wire_probe import probing
 from runtime.platforms.base import ApiCall, PlatformCodec, SendResult
 
@@ -105,6 +106,13 @@ def _has_body(request: Any) -> bool:
     return False
 
 
+def _json_only(call: ApiCall) -> bool:
+    """``call`` is a POST whose body is JSON and nothing else (no form, no files):
+    :meth:`PlatformClient.post_json` sends it (the fast path; anything else goes through httpx's
+    client)."""
+    return call.method == "POST" and call.json_body is not None and call.form is None and not call.files
+
+
 class _WireMark:
     """The ``trace`` extension of one httpx request: awaits ``on_wire`` right before the write
     that makes the request complete at the server — its body's first chunk (httpcore writes the
@@ -158,7 +166,12 @@ async def send_http(
         kwargs["extensions"] = {"trace": mark.trace}
     with probing() as attempt:
         try:
-            resp = await client.request(call.method, call.url, **kwargs)
+            if isinstance(client, PlatformClient) and client.direct_ok and _json_only(call):
+                resp = await client.post_json(
+                    call.url, call.json_body, call.headers, kwargs.get("extensions", {})
+                )
+            else:
+                resp = await client.request(call.method, call.url, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             return SendResult(ok=False, error=f"connect: {exc!r}", retryable=True)  # never reached it
         except httpx.HTTPError as exc:

@@ -67,7 +67,7 @@ BASE = {"throughput": 500_000, "churn": 700_000, "scale": 800_000, "activation":
 """First OneBot user id of each phase's chats."""
 
 
-def _measured(load: Any, kind: str, **kwargs: Any) -> dict[str, Any]:
+def measured(load: Any, kind: str, **kwargs: Any) -> dict[str, Any]:
     """``load.run(kind, **kwargs)`` plus ``cpu_ms_per_msg`` (CPU by role over the run: every Ray
     actor by role, Ray's own processes, this driver = the ingress, the load process) and ``hosts``
     (host processes alive at the start)."""
@@ -88,10 +88,10 @@ def _throughput(load: Any, url: str, rt: Any, mode: str, p: dict[str, Any]) -> d
         common = {"url": url, "base": BASE["throughput"], "n": n, "tag": f"{mode}{n}"}
         load.run("closed", per_session=0, warm=True, **common)  # activations: not measured
         settle(rt)
-        by_load.append(_measured(load, "closed", per_session=p["per_session"][n], warm=False, **common))
+        by_load.append(measured(load, "closed", per_session=p["per_session"][n], warm=False, **common))
     ref = max((r for r in by_load if r["sessions"] <= 20), key=lambda r: r["sessions"])
     rate = ref["throughput_msg_s"] / 2
-    opened = _measured(
+    opened = measured(
         load, "open", url=url, base=BASE["throughput"], n=ref["sessions"], rate=rate,
         count=max(10, math.ceil(rate * p["open_s"])), tag=f"{mode}open", seed=1,
     )  # fmt: skip
@@ -202,7 +202,7 @@ def run() -> dict[str, Any]:
         def churn() -> dict[str, Any]:
             with runtime(tmp, "churn", load.api_base, max_live_sessions=p["churn_live"]) as rt, \
                     serve_in_thread(build_app(rt, rt.config), loop="uvloop") as url:  # fmt: skip
-                res = _measured(
+                res = measured(
                     load, "open", url=url, base=BASE["churn"], n=p["churn_chats"], rate=CHURN_RATE,
                     count=p["churn_msgs"], tag="churn", seed=2,
                 )  # fmt: skip

@@ -36,11 +36,12 @@ def session_key(user: int) -> str:
 
 
 @contextlib.contextmanager
-def runtime(tmp: Path, name: str, api_base: str, **knobs: Any) -> Iterator[Any]:
-    """A started :class:`actors.placement.runtime.SessionRuntime` on its own SQLite file ``<tmp>/<name>.db``
-    with the scripted model (tests/actors/session_scripts.py), the bench bot pointing at
-    ``api_base`` and ``runtime`` config ``knobs`` (``idle_ttl_s`` 3600 unless given); its own
-    delivery pool. Yields once the ``min_hosts`` hosts answer and none is starting; stopped after."""
+def runtime(tmp: Path, name: str, api_base: str, db_url: str | None = None, **knobs: Any) -> Iterator[Any]:
+    """A started :class:`actors.placement.runtime.SessionRuntime` on its own SQLite file
+    ``<tmp>/<name>.db`` (or on ``db_url``, e.g. a throw-away PostgreSQL schema) with the scripted
+    model (tests/actors/session_scripts.py), the bench bot pointing at ``api_base`` and ``runtime``
+    config ``knobs`` (``idle_ttl_s`` 3600 unless given); its own delivery pool. Yields once the
+    ``min_hosts`` hosts answer and none is starting; stopped after."""
     from actors.placement.runtime import SessionRuntime
     from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
     from tests.actors.edge_support import BOT_ID
@@ -48,7 +49,7 @@ def runtime(tmp: Path, name: str, api_base: str, **knobs: Any) -> Iterator[Any]:
 
     config = Config(
         bots=[BotConfig(platform="onebot11", self_id=BOT_ID, api_base=api_base)],
-        database=DatabaseConfig(url=f"sqlite:///{tmp}/{name}.db"),
+        database=DatabaseConfig(url=db_url or f"sqlite:///{tmp}/{name}.db"),
         runtime=RuntimeConfig(**{"idle_ttl_s": 3600.0, **knobs}),
     )
     rt = SessionRuntime(prefix=f"bench-{name}-{uuid.uuid4().hex[:6]}")

@@ -7,9 +7,10 @@ down by its own work. Both timestamps of a message (webhook POST sent, reply API
 are taken in this process, with one clock.
 
 Protocol over a ``multiprocessing`` pipe: the child sends ``("ready", api_base_url)``; then each
-``("closed", kwargs)`` (:func:`run_load`) or ``("open", kwargs)`` (:func:`run_open`) is answered
-with the load's figures (a dict; ``{"error": ...}`` when it failed), and ``("stop",)`` ends the
-process. :class:`LoadProcess` is the driver's side.
+``("closed", kwargs)`` (:func:`run_load`), ``("open", kwargs)`` (:func:`run_open`) or
+``("chatter", kwargs)`` (:func:`run_chatter`) is answered with the load's figures (a dict;
+``{"error": ...}`` when it failed), and ``("stop",)`` ends the process. :class:`LoadProcess` is
+the driver's side.
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ from typing import Any
 
 from tests.bench.stats import pct
 
-__all__ = ["LoadProcess", "child_main", "run_load", "run_open", "timed_api_server"]
+__all__ = [
+    "LoadProcess",
+    "child_main",
+    "group_chatter_event",
+    "run_chatter",
+    "run_load",
+    "run_open",
+    "timed_api_server",
+]
 
 
 _JSON = {"Content-Type": "application/json"}
@@ -206,12 +215,69 @@ async def run_open(
     return {"chats": n, "rate_msg_s": rate, **out, "send_lag_p99_ms": round(pct(lags, 0.99), 2)}
 
 
+def group_chatter_event(fixtures_dir: Path, group: int, text: str, message_id: int) -> bytes:
+    """The recorded OneBot group-message event (fixtures, unchanged on disk) re-addressed to the
+    bench bot's group ``group``, text only: no mention of the bot, so it is untriggered chatter."""
+    import json
+
+    from tests.actors.edge_support import BOT_ID
+
+    event = json.loads((fixtures_dir / "onebot11" / "event_group_message_array.json").read_bytes())
+    event.update(
+        self_id=int(BOT_ID),
+        group_id=group,
+        message_id=message_id,
+        raw_message=text,
+        message=[{"type": "text", "data": {"text": text}}],
+    )
+    return json.dumps(event).encode()
+
+
+async def run_chatter(
+    url: str, api: Any, fixtures: Path, *, base: int, n: int, count: int, tag: str, in_flight: int = 20
+) -> dict[str, Any]:
+    """Untriggered chatter: ``count`` group messages without a mention, to groups ``base ..
+    base+n-1`` in turn, ``in_flight`` webhooks at a time; each must be answered 200
+    ``untriggered`` (stored as a transcript row, no turn, no reply).
+
+    Returns:
+        ``messages``, ``ack_p50_ms`` / ``ack_p99_ms`` (the webhook round trip),
+        ``throughput_msg_s``.
+
+    Raises:
+        RuntimeError: a webhook answered anything else.
+    """
+    from tests.actors.edge_support import BOT_ID
+
+    endpoint = f"{url}/webhooks/onebot11/{BOT_ID}"
+    sem = asyncio.Semaphore(in_flight)
+    acks: list[float] = []
+    async with _http(in_flight) as http:
+
+        async def one(i: int) -> None:
+            body = group_chatter_event(fixtures, base + i % n, f"{tag}c-{i}", next(_IDS))
+            async with sem:
+                t0 = time.perf_counter()
+                resp = await http.post(endpoint, content=body, headers=_JSON)
+                acks.append((time.perf_counter() - t0) * 1000)
+            if resp.status_code != 200 or resp.json().get("status") != "untriggered":
+                raise RuntimeError(f"chatter webhook answered {resp.status_code}: {resp.text}")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(count)))
+        elapsed = time.perf_counter() - t0
+    return {
+        "messages": count, "ack_p50_ms": round(pct(acks, 0.5), 2), "ack_p99_ms": round(pct(acks, 0.99), 2),
+        "throughput_msg_s": round(count / elapsed, 1),
+    }  # fmt: skip
+
+
 def child_main(conn: Any, fixtures: str, root: str) -> None:
     """Entry point of the load process (see the module docstring)."""
     import sys
 
     sys.path.insert(0, root)
-    runners = {"closed": run_load, "open": run_open}
+    runners = {"closed": run_load, "open": run_open, "chatter": run_chatter}
     with timed_api_server(Path(fixtures)) as api:
         conn.send(("ready", api.base_url))
         while True:

@@ -1,0 +1,202 @@
+"""Benchmark section ``cost``: what one message costs the runtime (docs/decisions.md#ops-benchmarks;
+issue 30).
+
+Same machinery as the ``hosts`` section (tests/bench/bench_hosts.py): real local Ray, the ingress in
+this driver (starlette + uvicorn on uvloop over loopback HTTP), router shard, hosts, delivery
+actors, the scripted model, and the load generator + platform-API stand-in in their own process
+(tests/bench/load_client.py). Run once on SQLite and once on PostgreSQL (a throw-away schema on the
+server of ``SESSIONRAY_TEST_PG_URL``, else the one scripts/test-deps.sh starts), each on a runtime
+of its own with the production defaults:
+
+* **p50 at one chat** (closed loop, one chat) over the p50 of the raw three-hop Ray chain measured
+  in the same run (tests/bench/ray_floor.py): ``p50_vs_chain``.
+* **CPU per message at 20 chats** (closed loop), by process kind (``/proc/<pid>/stat`` ticks,
+  tests/bench/procs.py): ``cpu_ms_per_message`` sums every runtime process (Ray actors by role,
+  Ray's own processes, the driver = the ingress); the load generator and platform-API stand-in are
+  excluded. ``delivery_cpu_ms_per_reply``: the delivery actors' share (one reply per message).
+* **chatter**: untriggered group messages (no mention: one ``im_transcripts`` row, no turn), 20
+  webhooks in flight; ``chatter_cpu_ms_per_message`` over the same runtime processes.
+* **idle**: ``idle_pss_mib``, ``idle_cores``, ``ready_s`` from ``tests.bench.idle.measure_idle``
+  when it is importable (else ``None`` with a note).
+
+CPU per message is read from kernel tick counters (10 ms granularity summed over many messages):
+less sensitive to other load on the machine than latency, but not immune (cache, frequency) —
+compare runs on a quiet machine. ``SESSIONRAY_BENCH_QUICK=1``: small counts for a smoke run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.bench.bench_hosts import measured
+from tests.bench.hosts_phases import runtime, settle
+
+ROOT = Path(__file__).resolve().parents[2]
+FULL = {"one_chat": 200, "chats": 20, "per_chat": 50, "chatter": 3000, "floor": (300, 2000)}
+QUICK = {"one_chat": 20, "chats": 4, "per_chat": 5, "chatter": 50, "floor": (50, 300)}
+BASE = {"one": 610_000, "many": 620_000, "groups": 630_000}
+"""First OneBot user / group id of each phase's chats."""
+LOAD_ROLES = ("load + platform API",)
+"""Process kinds that are not the runtime (excluded from ``cpu_ms_per_message``)."""
+KEYS = (
+    "cpu_ms_per_message", "delivery_cpu_ms_per_reply", "chatter_cpu_ms_per_message",
+    "idle_pss_mib", "idle_cores", "ready_s", "p50_vs_chain",
+)  # fmt: skip
+TARGETS = {
+    "cpu_ms_per_message": 12.0, "delivery_cpu_ms_per_reply": 3.0, "chatter_cpu_ms_per_message": 1.0,
+    "idle_pss_mib": 700.0, "idle_cores": 0.03, "ready_s": 8.0, "p50_vs_chain": 1.5,
+}  # fmt: skip
+"""Issue 30's ceiling of each figure (every one is "at most")."""
+
+
+def runtime_cpu(cpu: dict[str, float]) -> dict[str, float]:
+    """``cpu`` (:func:`tests.bench.procs.cpu_ms_per_msg`) without the load roles, ``total`` recomputed
+    over the runtime's processes only."""
+    own = {r: ms for r, ms in cpu.items() if r != "total" and r not in LOAD_ROLES}
+    return {**own, "total": round(sum(own.values()), 2)}
+
+
+@contextmanager
+def _postgres() -> Iterator[str | None]:
+    """A throw-away schema on the test PostgreSQL server (dropped after); None when there is none."""
+    from tests.memory.pg_schema import create_schema, drop_schema, find_or_start_postgres
+
+    url, why = find_or_start_postgres()
+    if url is None:
+        print(f"   no PostgreSQL: {why}", flush=True)
+        yield None
+        return
+    schema_url, schema = create_schema(url, prefix="bench_cost")
+    try:
+        yield schema_url
+    finally:
+        drop_schema(url, schema)
+
+
+def _one_db(load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, Any]) -> dict[str, Any]:
+    """The three loads (one chat, 20 chats, chatter) on a fresh runtime over ``db_url`` (None:
+    SQLite under ``tmp``)."""
+    from actors.inbound.ingress import build_app
+    from tests.actors.edge_support import serve_in_thread
+
+    with runtime(tmp, name, load.api_base, db_url=db_url) as rt, \
+            serve_in_thread(build_app(rt, rt.config), loop="uvloop") as url:  # fmt: skip
+        common = {"url": url, "warm": False}
+        for base, n in ((BASE["one"], 1), (BASE["many"], p["chats"])):  # activations: not measured
+            load.run("closed", url=url, base=base, n=n, per_session=0, tag=f"{name}w{n}", warm=True)
+        settle(rt)
+        one = load.run("closed", base=BASE["one"], n=1, per_session=p["one_chat"], tag=f"{name}1", **common)
+        n, k = p["chats"], p["per_chat"]
+        many = measured(load, "closed", base=BASE["many"], n=n, per_session=k, tag=f"{name}n", **common)
+        chatter = measured(load, "chatter", url=url, base=BASE["groups"], n=n, count=p["chatter"], tag=name)
+    return {"one_chat": one, "many": many, "chatter": chatter}
+
+
+def _idle() -> dict[str, Any]:
+    """``tests.bench.idle.measure_idle()`` (helper T2's, merged separately) when importable, else
+    ``None`` figures with the reason."""
+    try:
+        measure_idle: Callable[[], dict[str, Any]] = importlib.import_module("tests.bench.idle").measure_idle
+    except (ImportError, AttributeError) as exc:
+        return {"idle_pss_mib": None, "idle_cores": None, "ready_s": None, "note": f"not measured: {exc!r}"}
+    res = measure_idle()
+    return {k: res.get(k) for k in ("idle_pss_mib", "idle_cores", "ready_s")} | {"detail": res}
+
+
+def _trace_table() -> Any:
+    """Hook for the per-step p50/p99 table from traces (``tests.bench.trace_table``, helper T1's):
+    its ``step_table()`` when importable, else None."""
+    try:
+        mod = importlib.import_module("tests.bench.trace_table")
+    except ImportError:
+        return None
+    fn = getattr(mod, "step_table", None)
+    return fn() if callable(fn) else None
+
+
+def _figures(res: dict[str, Any], chain_p50: float, idle: dict[str, Any]) -> dict[str, Any]:
+    many_cpu = runtime_cpu(res["many"]["cpu_ms_per_msg"])
+    chat_cpu = runtime_cpu(res["chatter"]["cpu_ms_per_msg"])
+    return {
+        "cpu_ms_per_message": many_cpu["total"],
+        "delivery_cpu_ms_per_reply": many_cpu.get("delivery", 0.0),
+        "chatter_cpu_ms_per_message": chat_cpu["total"],
+        "idle_pss_mib": idle.get("idle_pss_mib"),
+        "idle_cores": idle.get("idle_cores"),
+        "ready_s": idle.get("ready_s"),
+        "p50_vs_chain": round(res["one_chat"]["p50_ms"] / chain_p50, 2),
+        "p50_ms": res["one_chat"]["p50_ms"],
+        "cpu_by_kind": many_cpu,
+        "chatter_cpu_by_kind": chat_cpu,
+        "throughput_msg_s_20": res["many"]["throughput_msg_s"],
+    }
+
+
+def run() -> dict[str, Any]:
+    """Run the section; returns ``cost`` of build/bench/results.json: the :data:`KEYS` (SQLite),
+    the same under ``postgres``, ``chain_p50_ms``, ``detail`` (every load's raw figures) and
+    ``trace_table`` (None until tests/bench/trace_table.py exists)."""
+    import ray
+
+    from tests.bench.load_client import LoadProcess
+    from tests.bench.ray_floor import floor
+
+    quick = bool(os.environ.get("SESSIONRAY_BENCH_QUICK"))
+    p = QUICK if quick else FULL
+    fixtures = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT / "tests" / "fixtures"))
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "10000")
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=8, include_dashboard=False, logging_level="error",
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
+    load = LoadProcess(fixtures, ROOT)
+    try:
+        chain_p50 = round(floor(*p["floor"])[0], 2)
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            sqlite = _one_db(load, Path(tmp_dir), "cost-sqlite", None, p)
+            with _postgres() as pg_url:
+                pg = _one_db(load, Path(tmp_dir), "cost-pg", pg_url, p) if pg_url else None
+    finally:
+        load.close()
+        if started_ray:
+            ray.shutdown()
+    idle = _idle()
+    out: dict[str, Any] = {"quick": quick, "chain_p50_ms": chain_p50}
+    out |= _figures(sqlite, chain_p50, idle)
+    out["postgres"] = _figures(pg, chain_p50, idle) if pg else {k: None for k in KEYS}
+    out["detail"] = {"sqlite": sqlite, "postgres": pg, "idle": idle}
+    out["trace_table"] = _trace_table()
+    _print(out)
+    return out
+
+
+def _met(key: str, v: Any) -> str:
+    return "-" if v is None else ("yes" if v <= TARGETS[key] else "NO")
+
+
+def _print(out: dict[str, Any]) -> None:
+    pg = out["postgres"]
+    print(f"   raw 3-hop Ray chain p50 {out['chain_p50_ms']:.2f} ms")
+    print("   figure                          SQLite     PostgreSQL  target   met (SQLite/PG)")
+    for k in KEYS:
+        a, b = out[k], pg.get(k)
+        print(f"   {k:<30} {a!s:<10} {b!s:<11} <= {TARGETS[k]:<5} {_met(k, a)}/{_met(k, b)}")
+    print("   CPU ms per message by process kind (20 chats closed loop | chatter):")
+    for label, fig in (("SQLite", out), ("PostgreSQL", pg)):
+        if fig.get("cpu_by_kind") is None:
+            continue
+        kinds = sorted(set(fig["cpu_by_kind"]) | set(fig["chatter_cpu_by_kind"]), key=lambda r: r == "total")
+        many, chat = fig["cpu_by_kind"], fig["chatter_cpu_by_kind"]
+        cells = ", ".join(f"{r} {many.get(r, 0.0):.2f} | {chat.get(r, 0.0):.2f}" for r in kinds)
+        print(f"   {label}: {cells}")
+        print(f"   {label}: p50 one chat {fig['p50_ms']:.2f} ms, {fig['throughput_msg_s_20']} msg/s at 20")
+    if out["detail"]["idle"].get("note"):
+        print(f"   idle: {out['detail']['idle']['note']}")
+    if out["trace_table"] is not None:
+        print(out["trace_table"])
