@@ -39,7 +39,7 @@ from starlette.routing import BaseRoute, Route
 
 from actors.http.admin_guard import Guard, checked_key, error
 from runtime.memory.db import Database
-from runtime.spend.report import ReportBy, parse_since, usage_report, usage_totals
+from runtime.spend.report import ReportBy, UsageFilters, parse_since, usage_report, usage_totals
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "REPORT_BY", "usage_routes"]
 
@@ -50,8 +50,6 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
 """Most rows one answer holds."""
 
-_FILTERS = ("chat", "user", "bot", "model")
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Query:
@@ -60,7 +58,7 @@ class _Query:
     by: ReportBy
     since_ms: int
     until_ms: int | None
-    filters: dict[str, str | None]
+    filters: UsageFilters
     limit: int
 
 
@@ -99,9 +97,15 @@ def parse_query(params: dict[str, str]) -> _Query:
     until_ms = None if until_raw is None else _time("until", until_raw)
     if until_ms is not None and until_ms <= since_ms:
         raise ValueError(f"`until` ({until_raw}) must be after `since` ({params.get('since', '24h')})")
-    filters = {name: params.get(name) or None for name in _FILTERS}
-    if filters["chat"] is not None:
-        checked_key(filters["chat"])
+    chat = params.get("chat") or None
+    if chat is not None:
+        checked_key(chat)
+    filters = UsageFilters(
+        chat=chat,
+        user=params.get("user") or None,
+        bot=params.get("bot") or None,
+        model=params.get("model") or None,
+    )
     return _Query(cast(ReportBy, by), since_ms, until_ms, filters, _limit(params.get("limit")))
 
 
