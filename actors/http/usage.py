@@ -38,6 +38,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from actors.http.admin_guard import Guard, checked_key, error
+from actors.http.input_checks import query_int
 from runtime.memory.db import Database
 from runtime.spend.report import ReportBy, UsageFilters, parse_since, usage_report, usage_totals
 
@@ -60,18 +61,6 @@ class _Query:
     until_ms: int | None
     filters: UsageFilters
     limit: int
-
-
-def _limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_LIMIT
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"`limit` must be an integer, got {raw!r}") from None
-    if not 1 <= value <= MAX_LIMIT:
-        raise ValueError(f"`limit` must be between 1 and {MAX_LIMIT}, got {value}")
-    return value
 
 
 def _time(name: str, raw: str) -> int:
@@ -106,7 +95,8 @@ def parse_query(params: dict[str, str]) -> _Query:
         bot=params.get("bot") or None,
         model=params.get("model") or None,
     )
-    return _Query(cast(ReportBy, by), since_ms, until_ms, filters, _limit(params.get("limit")))
+    limit = query_int(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    return _Query(cast(ReportBy, by), since_ms, until_ms, filters, limit)
 
 
 async def _answer(db: Database, q: _Query) -> dict[str, Any]:
