@@ -1,13 +1,17 @@
 """Shared fixtures: paths to the recorded fixtures, one local Ray instance per test session,
-and the PostgreSQL URL that `make test` exports (SESSIONRAY_TEST_PG_URL)."""
+the PostgreSQL URL that `make test` exports (SESSIONRAY_TEST_PG_URL), and a private metrics
+registry per test."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import prometheus_client
 import pytest
+
+from runtime import metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(os.environ.get("SESSIONRAY_FIXTURES", ROOT / "tests" / "fixtures"))
@@ -55,3 +59,20 @@ def pg_url() -> str:
             "  export SESSIONRAY_TEST_PG_URL=$(scripts/test-deps.sh --postgres-only)"
         )
     return url
+
+
+@pytest.fixture
+def metric() -> Iterator[Callable[..., float]]:
+    """``metric(name, **labels) -> value`` (0.0 when never recorded) on a fresh registry, installed
+    as the process's metrics backend for the test."""
+    registry = prometheus_client.CollectorRegistry()
+    previous = metrics.get_backend()
+    metrics.set_backend(metrics.PrometheusBackend(registry))
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    try:
+        yield value
+    finally:
+        metrics.set_backend(previous)

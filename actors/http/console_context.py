@@ -112,7 +112,11 @@ class ConsoleContext:
         return body if isinstance(body, dict) else bad("expected a JSON object")
 
     def who(self, request: Request) -> tuple[str, str] | Response:
-        """``(user, bot)`` from the query (``bot`` defaults to the first console bot), or a 400."""
+        """``(user, bot)`` from the query of a request carrying the console token (``bot`` defaults
+        to the first console bot), or the response to answer: the 401 of :meth:`denied` without the
+        token, a 400 for a bad ``user`` or an unknown ``bot``."""
+        if not self.authorized(request):
+            return self.denied()
         user = request.query_params.get("user", "")
         bot = request.query_params.get("bot") or self.bot_ids[0]
         if not NAME_RULE.fullmatch(user):

@@ -25,8 +25,6 @@ def login_routes(ctx: ConsoleContext) -> list[BaseRoute]:
         )
 
     async def me(request: Request) -> Response:
-        if not ctx.authorized(request):
-            return ctx.denied()
         found = ctx.who(request)
         if isinstance(found, Response):
             return found

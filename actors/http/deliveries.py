@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from actors.http.admin_guard import Guard, error
+from actors.http.input_checks import query_int
 from runtime.delivery import outbox
 from runtime.delivery.tables import LEDGER_STATES
 from runtime.memory.db import Database
@@ -45,19 +46,6 @@ DEFAULT_STATES = ("failed", "uncertain")
 """What ``GET /admin/deliveries`` lists without ``state``."""
 MAX_LIMIT = 500
 """Most replies one page holds."""
-
-
-def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"`{name}` must be an integer") from None
-    if not low <= value <= high:
-        raise ValueError(f"`{name}` must be between {low} and {high}")
-    return value
 
 
 def _notify(runtime: Any, session_key: str) -> None:
@@ -96,8 +84,8 @@ def deliveries_routes(
         if state is not None and state not in LEDGER_STATES:
             return error(400, f"`state` must be one of {', '.join(LEDGER_STATES)}")
         try:
-            limit = _int(request, "limit", 50, 1, MAX_LIMIT)
-            offset = _int(request, "offset", 0, 0, 10**9)
+            limit = query_int(request.query_params, "limit", 50, 1, MAX_LIMIT)
+            offset = query_int(request.query_params, "offset", 0, 0, 10**9)
         except ValueError as exc:
             return error(400, str(exc))
         states = (state,) if state else DEFAULT_STATES

@@ -12,11 +12,14 @@ error naming the field:
 * :func:`check_text` — a non-empty string, valid Unicode (:func:`check_unicode`, 400 otherwise), at
   most :func:`max_text_chars` characters (413 otherwise, :func:`text_too_long` — the same message
   as the webhook's 413);
-* :func:`valid_session_key` — the session-key test of the admin and console routes.
+* :func:`valid_session_key` — the session-key test of the admin and console routes;
+* :func:`query_int` — a whole-number query parameter within its range (the admin routes' ``limit``
+  and ``offset``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -128,3 +131,21 @@ def valid_session_key(key: Any, platform: str | None = None) -> bool:
     except SessionKeyError:
         return False
     return platform is None or parsed.platform == platform
+
+
+def query_int(params: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    """The query parameter ``name`` as an int in ``[low, high]``, ``default`` when it is absent.
+
+    Raises:
+        ValueError: not an integer, or out of range (the message names the parameter and the value).
+    """
+    raw = params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"`{name}` must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"`{name}` must be between {low} and {high}, got {value}")
+    return value

@@ -38,8 +38,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from actors.http.admin_guard import Guard, checked_key, error
+from actors.http.input_checks import query_int
 from runtime.memory.db import Database
-from runtime.spend.report import ReportBy, parse_since, usage_report, usage_totals
+from runtime.spend.report import ReportBy, UsageFilters, parse_since, usage_report, usage_totals
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "REPORT_BY", "usage_routes"]
 
@@ -50,8 +51,6 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
 """Most rows one answer holds."""
 
-_FILTERS = ("chat", "user", "bot", "model")
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Query:
@@ -60,20 +59,8 @@ class _Query:
     by: ReportBy
     since_ms: int
     until_ms: int | None
-    filters: dict[str, str | None]
+    filters: UsageFilters
     limit: int
-
-
-def _limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_LIMIT
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"`limit` must be an integer, got {raw!r}") from None
-    if not 1 <= value <= MAX_LIMIT:
-        raise ValueError(f"`limit` must be between 1 and {MAX_LIMIT}, got {value}")
-    return value
 
 
 def _time(name: str, raw: str) -> int:
@@ -99,10 +86,17 @@ def parse_query(params: dict[str, str]) -> _Query:
     until_ms = None if until_raw is None else _time("until", until_raw)
     if until_ms is not None and until_ms <= since_ms:
         raise ValueError(f"`until` ({until_raw}) must be after `since` ({params.get('since', '24h')})")
-    filters = {name: params.get(name) or None for name in _FILTERS}
-    if filters["chat"] is not None:
-        checked_key(filters["chat"])
-    return _Query(cast(ReportBy, by), since_ms, until_ms, filters, _limit(params.get("limit")))
+    chat = params.get("chat") or None
+    if chat is not None:
+        checked_key(chat)
+    filters = UsageFilters(
+        chat=chat,
+        user=params.get("user") or None,
+        bot=params.get("bot") or None,
+        model=params.get("model") or None,
+    )
+    limit = query_int(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    return _Query(cast(ReportBy, by), since_ms, until_ms, filters, limit)
 
 
 async def _answer(db: Database, q: _Query) -> dict[str, Any]:

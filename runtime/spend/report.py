@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from datetime import UTC, date, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from sqlalchemy import func, select
 
@@ -16,13 +16,24 @@ from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 from runtime.spend.ledger import USAGE_TABLE
 
-__all__ = ["ReportBy", "UsageRow", "parse_since", "usage_report", "usage_totals"]
+__all__ = ["ReportBy", "UsageFilters", "UsageRow", "parse_since", "usage_report", "usage_totals"]
 
 ReportBy = Literal["user", "chat", "bot", "model"]
 """What a report groups by (``user``: the sender id; ``chat``: the session key)."""
 
 _COLUMN = {"user": "user_id", "chat": "session_key", "bot": "bot_id", "model": "model"}
+"""The ledger column of each :data:`ReportBy` (and of each :class:`UsageFilters` key)."""
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+class UsageFilters(TypedDict, total=False):
+    """Which calls a report counts: only those of one ``chat`` (session key), ``user`` (sender
+    id), ``bot`` or ``model``; a key left out or ``None``: any."""
+
+    chat: str | None
+    user: str | None
+    bot: str | None
+    model: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,21 +91,23 @@ def _key(by: str) -> Any:
     return USAGE_TABLE.c[_COLUMN[by]]
 
 
-def _within(q: Any, since_ms: int, until_ms: int | None, filters: dict[str, str | None]) -> Any:
-    """``q`` limited to the calls in ``[since_ms, until_ms)`` whose ledger columns equal the given
-    ``filters`` (column → value; ``None``: any)."""
+def _within(q: Any, since_ms: int, until_ms: int | None, filters: UsageFilters) -> Any:
+    """``q`` limited to the calls in ``[since_ms, until_ms)`` that match ``filters``.
+
+    Raises:
+        TypeError: a filter that is not one of :class:`UsageFilters`' keys.
+    """
+    unknown = sorted(set(filters) - set(_COLUMN))
+    if unknown:
+        raise TypeError(f"unknown usage filter(s) {', '.join(unknown)}: use {', '.join(_COLUMN)}")
     c = USAGE_TABLE.c
     q = q.where(c.ts >= since_ms)
     if until_ms is not None:
         q = q.where(c.ts < until_ms)
-    for column, value in filters.items():
+    for name, value in filters.items():
         if value is not None:
-            q = q.where(c[column] == value)
+            q = q.where(c[_COLUMN[name]] == value)
     return q
-
-
-def _filters(chat: str | None, user: str | None, bot: str | None, model: str | None) -> dict[str, str | None]:
-    return {"session_key": chat, "user_id": user, "bot_id": bot, "model": model}
 
 
 def _sums() -> list[Any]:
@@ -117,19 +130,17 @@ async def usage_report(
     since_ms: int,
     until_ms: int | None = None,
     *,
-    chat: str | None = None,
-    user: str | None = None,
-    bot: str | None = None,
-    model: str | None = None,
     limit: int | None = None,
+    **filters: Unpack[UsageFilters],
 ) -> list[UsageRow]:
     """The ledger's calls in ``[since_ms, until_ms)`` (Unix ms; ``None``: up to now and later)
-    grouped by ``by``, most expensive first (then most tokens, then key), optionally only those of
-    one ``chat`` (session key), ``user``, ``bot`` or ``model``, at most ``limit`` rows. SQL runs on
-    ``db``'s thread pool.
+    grouped by ``by``, most expensive first (then most tokens, then key), optionally only those
+    matching ``filters`` (:class:`UsageFilters`), at most ``limit`` rows. SQL runs on ``db``'s
+    thread pool.
 
     Raises:
         ValueError: an unknown ``by`` or ``limit`` < 1.
+        TypeError: an unknown filter.
         sqlalchemy.exc.SQLAlchemyError: the database failed.
     """
     key = _key(by)
@@ -137,7 +148,7 @@ async def usage_report(
         raise ValueError(f"limit must be ≥ 1, got {limit}")
     sums = _sums()
     tokens = sums[0] + sums[1] + sums[2] + sums[3]
-    q = _within(select(key, func.count(), *sums), since_ms, until_ms, _filters(chat, user, bot, model))
+    q = _within(select(key, func.count(), *sums), since_ms, until_ms, filters)
     q = q.group_by(key).order_by(sums[4].desc(), tokens.desc(), key)
     if limit is not None:
         q = q.limit(limit)
@@ -155,11 +166,7 @@ async def usage_totals(
     by: ReportBy,
     since_ms: int,
     until_ms: int | None = None,
-    *,
-    chat: str | None = None,
-    user: str | None = None,
-    bot: str | None = None,
-    model: str | None = None,
+    **filters: Unpack[UsageFilters],
 ) -> tuple[UsageRow, int]:
     """The sums over every call :func:`usage_report` would group with the same arguments (its
     ``limit`` aside), as one :class:`UsageRow` keyed ``"total"`` (all zero when there is none), and
@@ -168,10 +175,11 @@ async def usage_totals(
 
     Raises:
         ValueError: an unknown ``by``.
+        TypeError: an unknown filter.
         sqlalchemy.exc.SQLAlchemyError: the database failed.
     """
     groups = func.count(_key(by).distinct())
-    q = _within(select(func.count(), *_sums(), groups), since_ms, until_ms, _filters(chat, user, bot, model))
+    q = _within(select(func.count(), *_sums(), groups), since_ms, until_ms, filters)
 
     def run() -> tuple[UsageRow, int]:
         with db.connection() as conn:

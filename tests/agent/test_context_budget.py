@@ -8,11 +8,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import prometheus_client
 import pytest
 
 from providers.faux import FauxProviderHandle, faux_assistant_message, register_faux_provider
-from runtime import metrics
 from runtime.agent.agent import Agent
 from runtime.agent.context_budget import (
     BudgetPolicy,
@@ -34,17 +32,6 @@ from runtime.llm.types import (
     Usage,
     UserMessage,
 )
-
-
-@pytest.fixture
-def metric() -> Iterator[Callable[..., float]]:
-    registry = prometheus_client.CollectorRegistry()
-    previous = metrics.get_backend()
-    metrics.set_backend(metrics.PrometheusBackend(registry))
-    try:
-        yield lambda name, **labels: registry.get_sample_value(name, labels) or 0.0
-    finally:
-        metrics.set_backend(previous)
 
 
 @pytest.fixture

@@ -124,65 +124,25 @@ class Forbidden(NamedTuple):
     allowed: tuple[str, ...] = ()
 
 
+def _runtime_above(wing: str) -> tuple[str, ...]:
+    """The wings of ``runtime`` ranked above ``wing`` in :data:`WINGS` (its own ``__init__`` aside),
+    bottom first: the ones a row of :data:`FORBIDDEN` names when its wing knows nothing above it."""
+    return tuple(w for w in WINGS[WINGS.index(wing) + 1 :] if w.startswith("runtime."))
+
+
 _PAIRS = "docs/decisions.md#layout-forbidden-pairs"
 FORBIDDEN = (
     # The LLM layer knows no agent, no session, no platform; providers plug in through its registry.
-    Forbidden(
-        "runtime.llm",
-        (
-            "runtime.agent",
-            "runtime.reply",
-            "runtime.memory",
-            "runtime.config",
-            "runtime.platforms",
-            "runtime.delivery",
-            "runtime.spend",
-            "runtime.session",
-            "providers",
-            "actors",
-        ),
-        _PAIRS,
-    ),
+    Forbidden("runtime.llm", (*_runtime_above("runtime.llm"), "providers", "actors"), _PAIRS),
     # The agent loop knows no IM: the terminal chat and a live session drive the same Agent.
-    Forbidden(
-        "runtime.agent",
-        (
-            "runtime.reply",
-            "runtime.memory",
-            "runtime.config",
-            "runtime.platforms",
-            "runtime.delivery",
-            "runtime.spend",
-            "runtime.session",
-        ),
-        "docs/decisions.md#agent-one-engine",
-    ),
+    Forbidden("runtime.agent", _runtime_above("runtime.agent"), "docs/decisions.md#agent-one-engine"),
     # The reply contract knows no storage, no configuration file and no platform's wire format.
-    Forbidden(
-        "runtime.reply",
-        (
-            "runtime.memory",
-            "runtime.config",
-            "runtime.platforms",
-            "runtime.delivery",
-            "runtime.spend",
-            "runtime.session",
-        ),
-        _PAIRS,
-    ),
+    Forbidden("runtime.reply", _runtime_above("runtime.reply"), _PAIRS),
     # Memory stores; it runs no agent and renders no reply. The one exception is the forged-sender
     # check, which user messages pass before they are stored (docs/decisions.md#security-sender-prefix).
     Forbidden(
         "runtime.memory",
-        (
-            "runtime.agent",
-            "runtime.reply",
-            "runtime.config",
-            "runtime.platforms",
-            "runtime.delivery",
-            "runtime.spend",
-            "runtime.session",
-        ),
+        ("runtime.agent", "runtime.reply", *_runtime_above("runtime.memory")),
         _PAIRS,
         allowed=("runtime.reply.sender",),
     ),
@@ -195,10 +155,7 @@ FORBIDDEN = (
             "runtime.agent",
             "runtime.reply",
             "runtime.memory",
-            "runtime.platforms",
-            "runtime.delivery",
-            "runtime.spend",
-            "runtime.session",
+            *_runtime_above("runtime.config"),
         ),
         _PAIRS,
     ),

@@ -1,26 +1,21 @@
-"""Fixtures of the agent-feature tests: a private Prometheus registry per test."""
+"""Fixtures of the Ray-free session tests: a fresh SQLite context store per test (the private
+metrics registry, ``metric``, is tests/conftest.py's)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
-import prometheus_client
 import pytest
 
-from runtime import metrics
+from runtime.memory.db import Database
+from runtime.memory.repository import ContextRepository
 
 
 @pytest.fixture
-def metric() -> Iterator[Callable[..., float]]:
-    """``metric(name, **labels) -> value`` (0.0 when never recorded) on a fresh registry."""
-    registry = prometheus_client.CollectorRegistry()
-    previous = metrics.get_backend()
-    metrics.set_backend(metrics.PrometheusBackend(registry))
-
-    def value(name: str, **labels: str) -> float:
-        return registry.get_sample_value(name, labels) or 0.0
-
-    try:
-        yield value
-    finally:
-        metrics.set_backend(previous)
+def repo(tmp_path: Path) -> Iterator[ContextRepository]:
+    """A :class:`ContextRepository` on a SQLite file in ``tmp_path`` with every start-up table."""
+    db = Database(f"sqlite:///{tmp_path / 'session.db'}")
+    db.create_tables()
+    yield ContextRepository(db)
+    db.dispose()

@@ -7,16 +7,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from providers.faux import faux_assistant_message, faux_text, register_faux_provider
-from runtime.delivery.job import DeliveryJob
 from runtime.keys import parse_session_id
-from runtime.memory.db import Database
-from runtime.memory.repository import ContextRepository
 from runtime.platforms.console import ConsoleCodec
 from runtime.platforms.onebot11 import OneBot11Codec
 from runtime.platforms.telegram import TelegramCodec
@@ -25,6 +19,7 @@ from runtime.session.commands import CommandHandler, ParsedCommand, command_text
 from runtime.session.core import SessionCore
 from runtime.session.features import AgentFeatures
 from runtime.session.turn import SessionSetup, TurnInput
+from tests.session.recorder import Recorder
 
 ONEBOT = OneBot11Codec(self_id="10001", masters=["20002"])
 TELEGRAM = TelegramCodec(
@@ -111,22 +106,6 @@ def test_only_a_real_leading_mention_of_the_bot_is_skipped() -> None:
     segs = [{"type": "mention", "data": {"target": "1"}}, {"type": "text", "data": {"text": "/new"}}]
     assert command_text("@1/new", segs, "1") == "/new"
     assert command_text("@10 /new", segs, "1") == "@10 /new"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.jobs: list[DeliveryJob] = []
-
-    async def __call__(self, job: DeliveryJob) -> None:
-        self.jobs.append(job)
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Any:
-    db = Database(f"sqlite:///{tmp_path / 'commands.db'}")
-    db.create_tables()
-    yield ContextRepository(db)
-    db.dispose()
 
 
 async def test_group_new_is_masters_only_private_new_is_anyones(

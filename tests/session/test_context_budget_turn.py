@@ -25,7 +25,6 @@ from providers.faux import (
 from runtime.agent.context_budget import CALIBRATION, DEFAULT_BUDGET_TOKENS, BudgetPolicy
 from runtime.config import AiConfig
 from runtime.config.ai import DEFAULT_CONTEXT_BUDGET_TOKENS
-from runtime.delivery.job import DeliveryJob
 from runtime.llm.tokens import estimate_request_tokens
 from runtime.llm.types import (
     AgentMessage,
@@ -47,6 +46,7 @@ from runtime.session.chat_history import make_chat_history_tool
 from runtime.session.context_window import budget_policy
 from runtime.session.core import SessionCore
 from runtime.session.turn import SessionSetup, TurnInput
+from tests.session.recorder import Recorder
 
 KEY = "onebot11:10001:group:300"
 SUMMARY = "Earlier: Alice asked about coupons; Bob likes tea."
@@ -104,14 +104,6 @@ def sent_tokens(call: FauxCall) -> int:
     prompt addition and output schema included)."""
     options = call.options
     return estimate_request_tokens(call.context, options.output_schema if options is not None else None)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.jobs: list[DeliveryJob] = []
-
-    async def __call__(self, job: DeliveryJob) -> None:
-        self.jobs.append(job)
 
 
 @pytest.fixture

@@ -14,15 +14,13 @@ from pydantic import BaseModel
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
 from runtime.agent.tools import AgentTool, AgentToolResult
 from runtime.config.tool_permissions import ToolPermissions
-from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import Model, TextContent, ToolResultMessage, UserMessage
-from runtime.memory.db import Database
-from runtime.memory.repository import ContextRepository
 from runtime.reply.segments import Reply
 from runtime.session.core import SessionCore
 from runtime.session.features import AgentFeatures
 from runtime.session.tool_policy import set_permissions
 from runtime.session.turn import SessionSetup, TurnInput
+from tests.session.recorder import Recorder
 
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 FAIL = "Sorry, something went wrong while answering. Please try again."
@@ -57,22 +55,6 @@ def turn(
         segments=segments or [text_seg(text)],
         time_ms=1_700_000_000_000,
     )
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.jobs: list[DeliveryJob] = []
-
-    async def __call__(self, job: DeliveryJob) -> None:
-        self.jobs.append(job)
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Any:
-    db = Database(f"sqlite:///{tmp_path / 'features.db'}")
-    db.create_tables()
-    yield ContextRepository(db)
-    db.dispose()
 
 
 async def run_turn(repo: Any, setup: SessionSetup, t: TurnInput) -> tuple[Recorder, SessionCore]:

@@ -15,13 +15,12 @@ from sqlalchemy import text
 
 from providers.faux import register_faux_provider
 from runtime.config.ai import CoalesceConfig
-from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import AssistantMessage, Context, CustomMessage, TextContent, UserMessage
 from runtime.memory.db import Database
-from runtime.memory.repository import ContextRepository
 from runtime.session.coalesce import BusyNotices
 from runtime.session.core import SessionCore
 from runtime.session.turn import SessionSetup, TurnInput
+from tests.session.recorder import Recorder
 
 GROUP = "onebot11:10001:group:777"
 PRIVATE = "onebot11:10001:private:888"
@@ -75,22 +74,6 @@ async def until(pred: Any, timeout_s: float = 10.0) -> None:
     while not pred():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.jobs: list[DeliveryJob] = []
-
-    async def __call__(self, job: DeliveryJob) -> None:
-        self.jobs.append(job)
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Any:
-    db = Database(f"sqlite:///{tmp_path / 'coalesce.db'}")
-    db.create_tables()
-    yield ContextRepository(db)
-    db.dispose()
 
 
 def turn(key: str, seq: int, user: str, words: str, *, attempt: int = 0, message_id: str = "") -> TurnInput:

@@ -6,7 +6,6 @@ covered by test_session_runtime.py, test_host_churn.py and test_admin_archive_st
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pydantic
@@ -15,7 +14,6 @@ import pytest
 from actors.http.admin import error_status
 from runtime.delivery.job import DeliveryJob
 from runtime.keys import SessionKeyError
-from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.session.control import (
     BadControlRequest,
@@ -32,14 +30,6 @@ from tests.actors.session_scripts import ScriptedSetup
 from tests.actors.session_support import eventually
 
 KEY = "onebot11:10001:private:20003"
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ContextRepository]:
-    db = Database(f"sqlite:///{tmp_path / 'control.db'}")
-    db.create_tables()
-    yield ContextRepository(db)
-    db.dispose()
 
 
 def test_a_steer_or_follow_up_needs_text_and_a_sender() -> None:

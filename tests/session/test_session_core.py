@@ -9,16 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import text
 
-from runtime.delivery.job import DeliveryJob
 from runtime.llm.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
-from runtime.memory.db import Database
-from runtime.memory.repository import ContextRepository
 from runtime.session.core import SessionCore
 from runtime.session.turn import ABORT_TEXT, INTERRUPTED_TEXT, TurnInput
 from tests.actors.session_scripts import ScriptedSetup
+from tests.session.recorder import Recorder
 
 KEY = "onebot11:10001:private:20002"
 
@@ -37,25 +34,6 @@ def turn(seq: int, text: str, *, attempt: int = 0, message_id: str | None = None
         time_ms=1_700_000_000_000 + seq,
         attempt=attempt,
     )
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.jobs: list[DeliveryJob] = []
-
-    async def __call__(self, job: DeliveryJob) -> None:
-        self.jobs.append(job)
-
-    def texts(self) -> list[str]:
-        return [j.reply.preview_text() for j in self.jobs]
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Any:
-    db = Database(f"sqlite:///{tmp_path / 'core.db'}")
-    db.create_tables()
-    yield ContextRepository(db)
-    db.dispose()
 
 
 async def open_core(repo: Any, tmp_path: Path, rec: Recorder, *, turns: int = 4, **kw: Any) -> SessionCore:

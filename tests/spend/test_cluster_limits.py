@@ -23,7 +23,7 @@ import pytest
 
 from runtime.session.turn import BUSY_TEXT
 from tests.spend.cluster_support import CHATS, ai_section, burst, cluster, host_count, own_alias
-from tests.spend.openai_standin import OpenAIStandin
+from tests.spend.openai_standin import OpenAIStandin, Stats
 
 pytestmark = pytest.mark.ray
 
@@ -33,15 +33,24 @@ STANDIN_LIMITS: dict[str, Any] = {"concurrency": 4, "rpm": 40, "tpm": 12_000}
 """All three bind in the burst: ≈ 330 prompt tokens per call, 50 calls are 16 500 tokens."""
 
 
+def burst_through_standin(
+    tmp_path: Path, fixtures_dir: Path, users: list[str], limits: dict[str, Any] | None
+) -> tuple[dict[str, list[str]], int, Stats]:
+    """One message from each of ``users`` at once through a two-host cluster whose ``ai`` section
+    sets ``limits`` (None: none) in front of a stand-in enforcing :data:`STANDIN_LIMITS`: each
+    user's replies, the number of hosts the users' sessions landed on, the stand-in's stats."""
+    with own_alias() as alias, OpenAIStandin(**STANDIN_LIMITS, stream_s=0.3, reply=ANSWER) as standin:
+        with cluster(tmp_path, fixtures_dir, ai_section(alias, standin.base_url, limits)) as h:
+            replies = burst(h, users)
+            hosts = host_count(h, users)
+        return replies, hosts, standin.stats()
+
+
 def test_with_the_standins_limits_a_burst_from_50_chats_is_never_refused(
     ray_session: None, tmp_path: Path, fixtures_dir: Path
 ) -> None:
     users = [f"61{i:04d}" for i in range(CHATS)]
-    with own_alias() as alias, OpenAIStandin(**STANDIN_LIMITS, stream_s=0.3, reply=ANSWER) as standin:
-        with cluster(tmp_path, fixtures_dir, ai_section(alias, standin.base_url, STANDIN_LIMITS)) as h:
-            replies = burst(h, users)
-            hosts = host_count(h, users)
-        stats = standin.stats()
+    replies, hosts, stats = burst_through_standin(tmp_path, fixtures_dir, users, STANDIN_LIMITS)
     assert hosts == 2
     assert replies == {u: [ANSWER] for u in users}
     assert (stats.refused, stats.served) == (0, CHATS)
@@ -52,11 +61,7 @@ def test_without_limits_the_same_burst_is_refused_by_the_standin(
     ray_session: None, tmp_path: Path, fixtures_dir: Path
 ) -> None:
     users = [f"62{i:04d}" for i in range(CHATS)]
-    with own_alias() as alias, OpenAIStandin(**STANDIN_LIMITS, stream_s=0.3, reply=ANSWER) as standin:
-        with cluster(tmp_path, fixtures_dir, ai_section(alias, standin.base_url, None)) as h:
-            replies = burst(h, users)
-            hosts = host_count(h, users)
-        stats = standin.stats()
+    replies, hosts, stats = burst_through_standin(tmp_path, fixtures_dir, users, None)
     assert hosts == 2
     assert stats.refused > 0
     assert all(len(r) == 1 and r[0] in (ANSWER, FAILURE) for r in replies.values()), replies

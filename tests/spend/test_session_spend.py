@@ -15,7 +15,6 @@ from sqlalchemy import select
 from providers.faux import faux_assistant_message, faux_text, faux_tool_call, register_faux_provider
 from providers.openai_images import ImageGenerationOptions, ImageModel, generate_images
 from runtime.config.spend import SpendConfig
-from runtime.delivery.job import DeliveryJob
 from runtime.llm.attribution import attributed
 from runtime.llm.types import AssistantMessage, Model, ModelCost, Usage
 from runtime.memory import ContextRepository, Database
@@ -29,6 +28,7 @@ from runtime.spend.ledger import USAGE_TABLE
 from runtime.spend.quotas import Quotas
 from tests.providers.replay_server import ReplayServer
 from tests.providers.replay_server import Reply as HttpReply
+from tests.session.recorder import Recorder
 
 KEY = "onebot11:10001:group:5"
 USAGE = Usage(input=100, output=20)
@@ -60,17 +60,6 @@ def turn(seq: int, text: str, user: str = "42", roles: list[str] | None = None) 
     )
 
 
-class Sent:
-    def __init__(self) -> None:
-        self.jobs: list[DeliveryJob] = []
-
-    async def __call__(self, job: DeliveryJob) -> None:
-        self.jobs.append(job)
-
-    def texts(self) -> list[str]:
-        return [j.reply.preview_text() for j in self.jobs]
-
-
 async def ledger(db: Database) -> list[tuple[str, str, str, str, str, int]]:
     def read() -> list[Any]:
         c = USAGE_TABLE.c
@@ -81,8 +70,8 @@ async def ledger(db: Database) -> list[tuple[str, str, str, str, str, int]]:
     return await db.run(read)
 
 
-async def open_core(db: Database, setup: SessionSetup) -> tuple[SessionCore, Sent]:
-    sent = Sent()
+async def open_core(db: Database, setup: SessionSetup) -> tuple[SessionCore, Recorder]:
+    sent = Recorder()
     core = await SessionCore.open(KEY, ContextRepository(db), setup, sent, max_concurrent_turns=1)
     return core, sent
 
@@ -234,7 +223,7 @@ async def test_a_user_quota_spans_chats_and_database_handles(db: Database) -> No
         cores = []
         for key, handle in (("onebot11:10001:group:1", db), ("onebot11:10001:group:2", other)):
             setup = SessionSetup(model=fx.get_model(), features=quota_features(quotas=quotas))
-            sent = Sent()
+            sent = Recorder()
             core = await SessionCore.open(key, ContextRepository(handle), setup, sent, max_concurrent_turns=1)
             cores.append((core, sent, key))
 
