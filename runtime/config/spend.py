@@ -38,9 +38,9 @@ class QuotaConfig(_Closed):
     window: QuotaWindow = "day"
     id: str | None = None
     """The user id, chat session key or bot id this entry is for (``None``: the scope's default)."""
-    tokens: int | None = Field(None, gt=0)
+    tokens: int | None = Field(None, gt=0, strict=True)
     """Most tokens (input + output + cache read + cache write) in one window."""
-    usd: float | None = Field(None, gt=0)
+    usd: float | None = Field(None, gt=0, allow_inf_nan=False)
     """Most USD (``models[].cost`` prices) in one window."""
 
     @field_validator("id", mode="before")
