@@ -5,7 +5,8 @@ entry point (docs/decisions.md#spend-ledger, docs/decisions.md#llm-single-entry)
 :func:`observed`, a view that passes every event through unchanged (no extra task: a consumer sees
 each event as early as before) and, once the provider ended the call (success, error or abort
 alike), calls :func:`report_usage` once with a :class:`CallUsage`:
-the model's ``provider/id``, whatever usage the provider reported, its cost in USD and the
+the model's ``provider/id``, whatever usage the provider reported (made sane by
+:func:`sane_usage`, on the message too), its cost in USD and the
 :func:`~runtime.llm.attribution.current_attribution` of the caller. The terminal ``done`` /
 ``error`` event and ``result()`` are held until then, so the consumer sees the end of a call only
 after every observer has finished with it — the usage ledger's row is committed before
@@ -162,6 +163,7 @@ def _call_of(model: Model, message: AssistantMessage) -> CallUsage:
         k: getattr(message.usage, k, None) for k in ("input", "output", "cache_read", "cache_write")
     }:
         log.warning("%s reported unusable usage %r; recorded as %r", model.ref(), message.usage, usage)
+        message.usage = usage  # the turn (context budget calibration, stats) sees the same counts
     return CallUsage(
         model=model.ref(),
         api=model.api,

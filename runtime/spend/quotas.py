@@ -32,7 +32,16 @@ from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 from runtime.spend.ledger import USAGE_TABLE
 
-__all__ = ["SCOPES", "USD_EPSILON", "Limit", "QuotaStatus", "Quotas", "WindowUse", "sum_usage", "window_bounds"]
+__all__ = [
+    "SCOPES",
+    "USD_EPSILON",
+    "Limit",
+    "QuotaStatus",
+    "Quotas",
+    "WindowUse",
+    "sum_usage",
+    "window_bounds",
+]
 
 SCOPES: tuple[QuotaScope, ...] = ("user", "chat", "bot", "global")
 USD_EPSILON = 1e-9

@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 from providers.faux import faux_assistant_message, faux_text, register_faux_provider
 from runtime.config import ConfigError, load_config
 from runtime.config.spend import QuotaConfig, SpendConfig
-from runtime.llm.attribution import CallAttribution, attributed
+from runtime.llm.attribution import CallAttribution
 from runtime.llm.stream import complete
 from runtime.llm.types import AssistantMessage, Context, Model, ModelCost, Usage, UserMessage
 from runtime.memory import Database
@@ -52,6 +52,8 @@ async def test_bad_reported_usage_is_recorded_sanely_and_the_call_finishes(
 ) -> None:
     msg = await complete(model("attack-usage", usage), CTX)
     assert (msg.stop_reason, msg.text()) == ("stop", "fine")
+    u = msg.usage  # the turn sees the same sane counts (context budget calibration, stats)
+    assert (u.input, u.output, u.cache_read, u.cache_write) == expected
     (row,) = await rows(db)
     got = (row["input_tokens"], row["output_tokens"], row["cache_read_tokens"], row["cache_write_tokens"])
     assert got == expected
@@ -125,8 +127,12 @@ spend: {spend}
         ("spend", "{quotas: [{scope: user}]}", "spend.quotas.0", "needs `tokens` and/or `usd`"),
         ("spend", "{timezone: Mars/Olympus}", "spend.timezone", "unknown time zone"),
         ("spend", "{timezone: UTC+8}", "spend.timezone", "unknown time zone"),
-        ("agent", "{coalesce: {busy_notice_interval_s: .inf}}", "ai.agent.coalesce.busy_notice_interval_s",
-         "finite number"),
+        (
+            "agent",
+            "{coalesce: {busy_notice_interval_s: .inf}}",
+            "ai.agent.coalesce.busy_notice_interval_s",
+            "finite number",
+        ),
     ],
 )
 def test_absurd_spend_config_is_refused_naming_the_key(

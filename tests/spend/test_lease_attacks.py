@@ -44,7 +44,7 @@ def test_a_negative_reported_usage_never_overfills_the_bucket() -> None:
         b.enqueue(f"c{i}", False, 2000)
     grants = b.grant_ready()
     assert len(grants) == 2  # 5900 holds two requests of 2000, not three
-    assert b.release(grants[0].lease_id, -10**9, 200, None)
+    assert b.release(grants[0].lease_id, -(10**9), 200, None)
     assert b.extra_tokens >= 0
     # the reservation of the released lease comes back, no more: the third fits, a fourth does not
     b.enqueue("c3", False, 2000)

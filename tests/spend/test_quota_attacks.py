@@ -30,8 +30,14 @@ def quotas(**entry: Any) -> Quotas:
 
 def spent(db: Database, ts: int, tokens: int, usd: float = 0.0) -> None:
     row = {
-        "ts": ts, "bot_id": "10001", "session_key": "onebot11:10001:group:5", "user_id": "42",
-        "model": "p/m", "api": "faux", "input_tokens": tokens, "cost_usd": usd,
+        "ts": ts,
+        "bot_id": "10001",
+        "session_key": "onebot11:10001:group:5",
+        "user_id": "42",
+        "model": "p/m",
+        "api": "faux",
+        "input_tokens": tokens,
+        "cost_usd": usd,
     }
     write_usage(db, [row])
 
@@ -65,7 +71,9 @@ async def test_huge_counts_sum_exactly(db: Database) -> None:
     assert (st.use.tokens, st.tokens_left, st.exceeded) == (3 * 10**15, 10**15, False)
 
 
-@pytest.mark.parametrize("zone", ["Australia/Lord_Howe", "Pacific/Chatham", "Asia/Kathmandu", "Europe/Berlin"])
+@pytest.mark.parametrize(
+    "zone", ["Australia/Lord_Howe", "Pacific/Chatham", "Asia/Kathmandu", "Europe/Berlin"]
+)
 def test_every_instant_lies_in_its_own_hour_and_day(zone: str) -> None:
     tz = ZoneInfo(zone)
     start = int(datetime(2026, 1, 1, tzinfo=ZoneInfo("UTC")).timestamp() * 1000)
