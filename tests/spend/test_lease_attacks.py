@@ -4,8 +4,10 @@ must not lock an alias for hours nor make every later request look huge
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
+from providers.failures import MAX_RETRY_DELAY_S, retry_delay_s
 from runtime.config import ProviderLimits
 from runtime.spend.limits import LeaseBook
 
@@ -50,3 +52,46 @@ def test_a_negative_reported_usage_never_overfills_the_bucket() -> None:
     b.enqueue("c3", False, 2000)
     assert len(b.grant_ready()) == 1
     assert b.grant_ready() == []
+
+
+@pytest.mark.parametrize(
+    ("header", "low", "high"),
+    [
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0, 0.0),  # an HTTP-date in the past: go now
+        ("99999999", MAX_RETRY_DELAY_S, MAX_RETRY_DELAY_S),  # huge: capped
+        ("inf", MAX_RETRY_DELAY_S, MAX_RETRY_DELAY_S),
+        ("-5", 0.0, 0.0),
+        ("nan", 0.0, 0.5 * 1.25),  # unreadable: the first backoff
+        ("soon", 0.0, 0.5 * 1.25),
+    ],
+)
+def test_retry_after_in_the_past_huge_or_garbage_holds_the_alias_a_bounded_time(
+    header: str, low: float, high: float
+) -> None:
+    wait = retry_delay_s(0, httpx.Headers({"retry-after": header}))
+    assert low <= wait <= high
+    b, clock = book(concurrency=4)
+    b.enqueue("a", False, 1)
+    (g,) = b.grant_ready()
+    b.release(g.lease_id, None, 429, wait)
+    b.enqueue("b", False, 1)
+    clock.now += wait
+    assert len(b.grant_ready()) == 1  # held back exactly until the wait passed, never longer
+
+
+def test_a_storm_of_master_requests_refuses_a_waiting_non_master_at_max_wait_never_later() -> None:
+    """Masters go first (the documented rule), so under a master storm a non-master is not served;
+    it is refused at ``max_wait_s`` (the busy reply), never left waiting."""
+    b, clock = book(concurrency=1, max_wait_s=30)
+    b.enqueue("master-chat", True, 1)
+    user = b.enqueue("user-chat", False, 1)
+    (lease,) = b.grant_ready()
+    for _ in range(29):
+        clock.now += 1.0
+        b.enqueue("master-chat", True, 1)
+        b.release(lease.lease_id, 1, 200, None)
+        (lease,) = b.grant_ready()
+        assert lease.ticket != user
+    clock.now += 1.0
+    assert b.expire() == [user]
+    assert (b.depth(), b.in_flight()) == (0, 1)  # the user is gone, a master holds the slot
