@@ -52,6 +52,13 @@ class QuotaConfig(_Closed):
     def _one_limit(self) -> QuotaConfig:
         if self.scope == "global" and self.id is not None:
             raise ValueError("a `global` quota has no `id`")
+        parts = (self.id or "").split(":", 3)
+        if self.scope == "chat" and self.id is not None and (len(parts) != 4 or not all(parts)):
+            # a bare group number would never match a chat's rows: refused, not ignored in silence
+            raise ValueError(
+                f"a `chat` quota's `id` is the chat's session key (platform:bot:scope:id, e.g. "
+                f"onebot11:10001:group:12345), not {self.id!r}"
+            )
         if self.id is None and self.tokens is None and self.usd is None:
             raise ValueError("a quota needs `tokens` and/or `usd` (only an `id` override may lift the limit)")
         return self

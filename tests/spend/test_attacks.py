@@ -125,6 +125,7 @@ spend: {spend}
         ("spend", "{quotas: [{scope: user, tokens: true}]}", "spend.quotas.0.tokens", "valid integer"),
         ("spend", "{quotas: [{scope: user, window: daily, tokens: 5}]}", "spend.quotas.0.window", "'day'"),
         ("spend", "{quotas: [{scope: user}]}", "spend.quotas.0", "needs `tokens` and/or `usd`"),
+        ("spend", "{quotas: [{scope: chat, id: 12345, tokens: 5}]}", "spend.quotas.0", "session key"),
         ("spend", "{timezone: Mars/Olympus}", "spend.timezone", "unknown time zone"),
         ("spend", "{timezone: UTC+8}", "spend.timezone", "unknown time zone"),
         (
