@@ -103,7 +103,7 @@ class ProviderLimits(_Closed):
     tpm: int | None = Field(None, ge=1)
     """Tokens per minute, input + output (estimated before a request, corrected by the usage the
     provider reports after it)."""
-    max_wait_s: float = Field(60.0, gt=0)
+    max_wait_s: float = Field(60.0, gt=0, allow_inf_nan=False)
     """Seconds a call may wait for its lease; longer and it is refused (the turn gets the busy
     reply, ``ai.agent.busy_text``)."""
 
@@ -233,7 +233,7 @@ class CoalesceConfig(_Closed):
         "Too many questions at once; I could not take yours. Please ask again in a minute.", min_length=1
     )
     """The short reply a chat gets when its queue is full."""
-    busy_notice_interval_s: float = Field(30.0, ge=0)
+    busy_notice_interval_s: float = Field(30.0, ge=0, allow_inf_nan=False)
     """At most one busy notice per chat in this many seconds; the overflowed messages in between
     are recorded and get no notice of their own."""
 

@@ -38,9 +38,9 @@ class QuotaConfig(_Closed):
     window: QuotaWindow = "day"
     id: str | None = None
     """The user id, chat session key or bot id this entry is for (``None``: the scope's default)."""
-    tokens: int | None = Field(None, gt=0)
+    tokens: int | None = Field(None, gt=0, strict=True)
     """Most tokens (input + output + cache read + cache write) in one window."""
-    usd: float | None = Field(None, gt=0)
+    usd: float | None = Field(None, gt=0, allow_inf_nan=False)
     """Most USD (``models[].cost`` prices) in one window."""
 
     @field_validator("id", mode="before")
@@ -52,6 +52,13 @@ class QuotaConfig(_Closed):
     def _one_limit(self) -> QuotaConfig:
         if self.scope == "global" and self.id is not None:
             raise ValueError("a `global` quota has no `id`")
+        parts = (self.id or "").split(":", 3)
+        if self.scope == "chat" and self.id is not None and (len(parts) != 4 or not all(parts)):
+            # a bare group number would never match a chat's rows: refused, not ignored in silence
+            raise ValueError(
+                f"a `chat` quota's `id` is the chat's session key (platform:bot:scope:id, e.g. "
+                f"onebot11:10001:group:12345), not {self.id!r}"
+            )
         if self.id is None and self.tokens is None and self.usd is None:
             raise ValueError("a quota needs `tokens` and/or `usd` (only an `id` override may lift the limit)")
         return self

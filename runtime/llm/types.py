@@ -184,12 +184,13 @@ class Usage(_Base):
 
 
 class ModelCost(_Base):
-    """Prices in USD per million tokens."""
+    """Prices in USD per million tokens (finite, ≥ 0: a negative or NaN price would corrupt the
+    ledger's sums and with them every USD quota; see docs/decisions.md#spend-ledger)."""
 
-    input: float = 0.0
-    output: float = 0.0
-    cache_read: float = 0.0
-    cache_write: float = 0.0
+    input: float = Field(0.0, ge=0, allow_inf_nan=False)
+    output: float = Field(0.0, ge=0, allow_inf_nan=False)
+    cache_read: float = Field(0.0, ge=0, allow_inf_nan=False)
+    cache_write: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- messages

@@ -5,7 +5,8 @@ entry point (docs/decisions.md#spend-ledger, docs/decisions.md#llm-single-entry)
 :func:`observed`, a view that passes every event through unchanged (no extra task: a consumer sees
 each event as early as before) and, once the provider ended the call (success, error or abort
 alike), calls :func:`report_usage` once with a :class:`CallUsage`:
-the model's ``provider/id``, whatever usage the provider reported, its cost in USD and the
+the model's ``provider/id``, whatever usage the provider reported (made sane by
+:func:`sane_usage`, on the message too), its cost in USD and the
 :func:`~runtime.llm.attribution.current_attribution` of the caller. The terminal ``done`` /
 ``error`` event and ``result()`` are held until then, so the consumer sees the end of a call only
 after every observer has finished with it — the usage ledger's row is committed before
@@ -25,6 +26,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from runtime import metrics
@@ -41,6 +43,7 @@ __all__ = [
     "priced",
     "remove_usage_observer",
     "report_usage",
+    "sane_usage",
 ]
 
 log = logging.getLogger("sessionray.llm.usage")
@@ -124,12 +127,48 @@ async def report_usage(call: CallUsage) -> None:
             log.exception("usage observer %r failed for a call of %s", fn, call.model)
 
 
+def _count(value: object) -> int:
+    """A reported token count as a whole number ≥ 0 (anything else: 0)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, str):
+        value = value.strip()
+        if not value.isdigit():
+            return 0
+        return int(value)
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, float) and math.isfinite(value):
+        return max(int(value), 0)
+    return 0
+
+
+def sane_usage(usage: Usage) -> Usage:
+    """``usage`` with every token count a whole number ≥ 0 (a negative, NaN, missing or non-numeric
+    count from a provider becomes 0, a float is truncated, a digit string is read) and a cost total
+    that is finite and ≥ 0 (else 0, so :func:`call_cost` prices the tokens): the ledger's sums and
+    the quotas built on them never go backwards or become NaN (docs/decisions.md#spend-ledger)."""
+    counts = {k: _count(getattr(usage, k, 0)) for k in ("input", "output", "cache_read", "cache_write")}
+    total = getattr(getattr(usage, "cost", None), "total", 0.0)
+    ok_total = isinstance(total, int | float) and math.isfinite(total) and total >= 0
+    clean = Usage(**counts, total_tokens=sum(counts.values()))
+    if ok_total and isinstance(usage.cost, Cost):
+        clean.cost = usage.cost.model_copy()
+    return clean
+
+
 def _call_of(model: Model, message: AssistantMessage) -> CallUsage:
+    usage = sane_usage(message.usage)
+    if usage.model_dump(exclude={"cost", "total_tokens"}) != {
+        k: getattr(message.usage, k, None) for k in ("input", "output", "cache_read", "cache_write")
+    }:
+        log.warning("%s reported unusable usage %r; recorded as %r", model.ref(), message.usage, usage)
+        message.usage = usage  # the turn (context budget calibration, stats) sees the same counts
     return CallUsage(
         model=model.ref(),
         api=model.api,
-        usage=message.usage,
-        cost_usd=call_cost(model, message.usage),
+        usage=usage,
+        cost_usd=call_cost(model, usage),
         stop_reason=message.stop_reason,
         attribution=current_attribution(),
         ts_ms=now_ms(),

@@ -205,7 +205,8 @@ class SessionCore:
         """Queue an inbound entry and wait until its turn ended (reply handed to delivery). In a
         coalescing chat an entry over the queue is answered at once (outcome ``busy``:
         :func:`runtime.session.coalesce.answer_overflow`), and an entry that joined a batch gets
-        the batch turn's result (its own ``seq`` and ``message_id``, the batch's ``reply_id``).
+        the batch turn's result (its own ``seq`` and ``message_id``, the batch's ``reply_id``). An
+        entry whose message id is already queued gets that entry's result (one answer, one ask).
 
         Raises:
             ValueError: ``turn.seq`` was already started or is already queued (the router never
@@ -213,6 +214,12 @@ class SessionCore:
         """
         self._queue.check(turn, self.session_key)
         self.last_activity = time.monotonic()
+        twin = self._queue.twin(turn)
+        if twin is not None:  # the same message while it waits: answered once, by its first copy
+            self._queue.skip(turn.seq)
+            self._kick()
+            first = await asyncio.shield(twin)
+            return first.model_copy(update={"seq": turn.seq})
         if (
             self._busy is not None
             and len(self._queue) >= self._busy.config.max_queue

@@ -47,6 +47,17 @@ class TurnQueue:
         """Queue ``entry`` under its ``seq`` (after :meth:`check`)."""
         self._entries[entry[0].seq] = entry
 
+    def twin(self, turn: TurnInput) -> asyncio.Future[TurnResult] | None:
+        """The result of a queued entry with ``turn``'s kind and non-empty ``message_id`` (the same
+        message delivered twice while it waits, e.g. a platform's webhook retry re-sent by the
+        inbox), or ``None``."""
+        if not turn.message_id:
+            return None
+        for queued, fut in self._entries.values():
+            if queued.message_id == turn.message_id and queued.kind == turn.kind:
+                return fut
+        return None
+
     def skip(self, seq: int) -> None:
         """``seq`` is answered without a turn: the order goes on past it."""
         self._skipped.add(seq)

@@ -19,7 +19,9 @@ Rules:
   ``providers.transport``) plus the average extra the provider reported over estimates so far
   (output, estimation error); at release the bucket is corrected by what the provider reported.
   A request larger than the whole bucket waits until the bucket is full, then goes (it could never
-  go otherwise).
+  go otherwise). A reported usage is read as at least 0, and one call's correction leaves the
+  bucket between minus one bucket and full, so a misreported count (a provider's ``10**15``)
+  holds the alias back for at most two bucket refills and never lets extra requests through.
 * **Fair between chats.** Waiters queue per session key; keys take turns (round robin), one
   request each, so a chat with forty waiting calls does not pass one with one. Masters' keys are
   served before everyone else's. The head of the order is served first: when it does not fit,
@@ -287,10 +289,14 @@ class LeaseBook:
         if held is None:
             return False
         if used_tokens is not None:
+            used = max(int(used_tokens), 0)
+            extra = float(max(used - held.est_tokens, 0))
             if self._tpm is not None:
-                self._tpm.refill(now, self.factor(now))
-                self._tpm.level -= used_tokens - held.tokens
-            extra = max(used_tokens - held.est_tokens, 0)
+                tpm = self._tpm
+                tpm.refill(now, self.factor(now))
+                # one call's debt is at most one bucket, and a misreport never overfills it
+                tpm.level = min(max(tpm.level - (used - held.tokens), -tpm.capacity), tpm.capacity)
+                extra = min(extra, tpm.capacity)
             self.extra_tokens += EXTRA_WEIGHT * (extra - self.extra_tokens)
         return True
 

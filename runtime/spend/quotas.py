@@ -9,7 +9,8 @@
   (:func:`window_bounds`); a window resets at its start, so "today" begins at local midnight.
 * **Checked before a turn**, never during one: :meth:`Quotas.check` sums the ledger's rows of the
   window from SQL — the counters every host shares, never a process's own — with one indexed range
-  sum per limit; a limit is exceeded once its sum reached it (``used >= limit``). Masters are
+  sum per limit; a limit is exceeded once its sum reached it (``used >= limit``; in USD within
+  :data:`USD_EPSILON`). Masters are
   exempt. A turn that started below its quota finishes, so the overshoot is at most what the
   turns already running spend (the ledger row of each call is committed before its turn goes on:
   :mod:`runtime.llm.usage`, so consecutive turns see each other's spend exactly).
@@ -31,9 +32,21 @@ from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 from runtime.spend.ledger import USAGE_TABLE
 
-__all__ = ["SCOPES", "Limit", "QuotaStatus", "Quotas", "WindowUse", "sum_usage", "window_bounds"]
+__all__ = [
+    "SCOPES",
+    "USD_EPSILON",
+    "Limit",
+    "QuotaStatus",
+    "Quotas",
+    "WindowUse",
+    "sum_usage",
+    "window_bounds",
+]
 
 SCOPES: tuple[QuotaScope, ...] = ("user", "chat", "bot", "global")
+USD_EPSILON = 1e-9
+"""USD below which a sum counts as having reached its limit: float sums of many small costs land
+a hair under it (``0.1`` ten times is ``0.9999999999999999``)."""
 
 
 def window_bounds(window: QuotaWindow, at_ms: int, tz: ZoneInfo) -> tuple[int, int]:
@@ -41,8 +54,10 @@ def window_bounds(window: QuotaWindow, at_ms: int, tz: ZoneInfo) -> tuple[int, i
     hour, the local day from midnight, or the month from the 1st (end exclusive)."""
     now = datetime.fromtimestamp(at_ms / 1000, tz)
     if window == "hour":
-        start = now.replace(minute=0, second=0, microsecond=0)
-        return _ms(start), _ms(start) + 3_600_000
+        # the local clock's minutes and seconds back from ``at_ms`` (not a local-time round trip,
+        # which lands outside the hour in zones with a 30- or 45-minute offset or DST shift)
+        start_ms = at_ms - (now.minute * 60_000 + now.second * 1000 + now.microsecond // 1000)
+        return start_ms, start_ms + 3_600_000
     if window == "day":
         d = now.date()
         nxt = d + timedelta(days=1)
@@ -95,7 +110,7 @@ class QuotaStatus:
         """The use reached the limit in tokens or in USD."""
         lim, use = self.limit, self.use
         return (lim.tokens is not None and use.tokens >= lim.tokens) or (
-            lim.usd is not None and use.usd >= lim.usd
+            lim.usd is not None and use.usd >= lim.usd - USD_EPSILON
         )
 
     @property
@@ -106,7 +121,10 @@ class QuotaStatus:
     @property
     def usd_left(self) -> float | None:
         """USD still allowed (≥ 0), ``None`` without a USD limit."""
-        return None if self.limit.usd is None else max(0.0, self.limit.usd - self.use.usd)
+        if self.limit.usd is None:
+            return None
+        left = self.limit.usd - self.use.usd
+        return left if left > USD_EPSILON else 0.0
 
 
 def _where(scope: QuotaScope, owner: CallAttribution) -> tuple[str, list[Any]]:
