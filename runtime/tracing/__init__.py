@@ -27,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NOOP", "Step", "configure", "enabled", "event", "span", "traceparent"]
+__all__ = ["NOOP", "Step", "configure", "enabled", "event", "flush", "reset", "span", "traceparent"]
 
-_state: dict[str, Any] = {"on": False, "tracer": None}
-"""``on``: spans are made; ``tracer``: the process's OpenTelemetry tracer (None when off)."""
+_state: dict[str, Any] = {"on": False, "tracer": None, "provider": None}
+"""``on``: spans are made; ``tracer`` / ``provider``: the process's OpenTelemetry tracer and
+tracer provider (None when off)."""
 
 
 class Step:
@@ -147,11 +148,22 @@ def configure(settings: Any, process: str, *, exporter: Any = None) -> bool:
         return bool(_state["on"])
     from runtime.tracing.sdk import install
 
-    _state["tracer"] = install(settings, process, exporter=exporter)
+    provider = install(settings, process, exporter=exporter)
+    _state["provider"], _state["tracer"] = provider, provider.get_tracer("sessionray")
     _state["on"] = True
     return True
 
 
+def flush(timeout_ms: int = 5000) -> bool:
+    """Export the spans finished so far now (True when all went, or tracing is off)."""
+    provider = _state["provider"]
+    return True if provider is None else bool(provider.force_flush(timeout_ms))
+
+
 def reset() -> None:
-    """Tracing off again in this process (tests; spans already exported stay)."""
-    _state["on"], _state["tracer"] = False, None
+    """Tracing off again in this process: the spans finished so far are exported, the exporter
+    is shut down (tests; ``configure`` may then set it up anew)."""
+    provider = _state["provider"]
+    _state["on"], _state["tracer"], _state["provider"] = False, None, None
+    if provider is not None:
+        provider.shutdown()

@@ -41,8 +41,8 @@ EXPORT_DELAY_MS = 500
 """How long finished spans wait at most before a batch is exported, in ms."""
 
 
-def install(settings: Any, process: str, *, exporter: SpanExporter | None = None) -> trace.Tracer:
-    """A tracer for this process: a provider of its own (not the global one) with the sampler of
+def install(settings: Any, process: str, *, exporter: SpanExporter | None = None) -> TracerProvider:
+    """A tracer provider for this process, its own (not the global one), with the sampler of
     ``settings.sample_ratio`` and the exporter the settings name; flushed at exit.
 
     Args:
@@ -67,7 +67,7 @@ def install(settings: Any, process: str, *, exporter: SpanExporter | None = None
             BatchSpanProcessor(_exporter(settings, process), schedule_delay_millis=EXPORT_DELAY_MS)
         )
     atexit.register(provider.shutdown)
-    return provider.get_tracer("sessionray")
+    return provider
 
 
 def _exporter(settings: Any, process: str) -> SpanExporter:
