@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -90,7 +90,8 @@ def test_a_replay_links_its_first_attempt(memory: InMemorySpanExporter) -> None:
     got = records(memory)
     assert got["replay"]["parent_id"] is None
     assert got["replay"]["trace_id"] != got["webhook"]["trace_id"]
-    assert got["replay"]["links"] == [{"trace_id": got["webhook"]["trace_id"], "span_id": got["webhook"]["span_id"]}]
+    first_span = {"trace_id": got["webhook"]["trace_id"], "span_id": got["webhook"]["span_id"]}
+    assert got["replay"]["links"] == [first_span]
 
 
 def test_a_malformed_parent_starts_a_new_trace(memory: InMemorySpanExporter) -> None:
@@ -119,12 +120,10 @@ def test_jsonl_files_give_the_timeline_and_the_cli_prints_it(
     spans_dir = tmp_path / "traces"
     tracing.configure(TracingConfig(enabled=True, spans_dir=str(spans_dir)), "ingress")
     try:
-        with tracing.span("webhook", message_id="m3") as root:
-            with tracing.span("submit"):
-                pass
-        with tracing.span("replay", links=(root.traceparent() or "",)):
-            with tracing.span("activation"):
-                pass
+        with tracing.span("webhook", message_id="m3") as root, tracing.span("submit"):
+            pass
+        with tracing.span("replay", links=(root.traceparent() or "",)), tracing.span("activation"):
+            pass
         with tracing.span("webhook", message_id="other"):
             pass
         assert tracing.flush()
@@ -143,10 +142,12 @@ def test_jsonl_files_give_the_timeline_and_the_cli_prints_it(
     assert rows[0].start_ms == 0.0 and all(r.duration_ms >= 0 for r in rows)
     assert rows[1].start_ms >= rows[0].start_ms and rows[2].start_ms >= rows[0].start_ms + rows[0].duration_ms
     table = step_table(read_spans(spans_dir))
-    assert [(r.step, r.count) for r in table] == [("activation", 1), ("replay", 1), ("submit", 1), ("webhook", 2)]
+    counts = [(r.step, r.count) for r in table]
+    assert counts == [("activation", 1), ("replay", 1), ("submit", 1), ("webhook", 2)]
 
     config = tmp_path / "sessionray.yaml"
-    config.write_text(f"database: {{url: 'sqlite:///{tmp_path / 'x.db'}'}}\ntracing: {{spans_dir: '{spans_dir}'}}\n")
+    db = tmp_path / "x.db"
+    config.write_text(f"database: {{url: 'sqlite:///{db}'}}\ntracing: {{spans_dir: '{spans_dir}'}}\n")
     assert trace_cli.main(["m3", "--config", str(config)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["step", "process", "start", "ms", "duration", "ms"]
@@ -155,9 +156,9 @@ def test_jsonl_files_give_the_timeline_and_the_cli_prints_it(
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    bodies: list[tuple[str, str, bytes]] = []
+    bodies: ClassVar[list[tuple[str, str, bytes]]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.bodies.append((self.path, self.headers.get("Content-Type", ""), body))
         self.send_response(200)
@@ -178,9 +179,8 @@ def test_otlp_http_spans_arrive_at_a_loopback_receiver() -> None:
     try:
         tracing.configure(TracingConfig(enabled=True, otlp_endpoint=endpoint), "delivery")
         try:
-            with tracing.span("delivery", reply_id="r1") as root:
-                with tracing.span("delivery.send", step=0):
-                    pass
+            with tracing.span("delivery", reply_id="r1") as root, tracing.span("delivery.send", step=0):
+                pass
             assert tracing.flush()
         finally:
             tracing.reset()
