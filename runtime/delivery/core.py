@@ -447,11 +447,19 @@ class DeliverySender:
         write also closes the reply and writes its outbound transcript row."""
         job = run.job
         final: Literal["sent", "uncertain"] = "uncertain" if run.uncertain else "sent"
-        await self.db.run_write(
-            lambda: ledger.finish_step(
-                self.db, job.reply_id, self.owner, i, message_id, last=last, final=final, also=run.transcript
+        with tracing.span("delivery.close" if last else "delivery.record", step=i, status=final):
+            await self.db.run_write(
+                lambda: ledger.finish_step(
+                    self.db,
+                    job.reply_id,
+                    self.owner,
+                    i,
+                    message_id,
+                    last=last,
+                    final=final,
+                    also=run.transcript,
+                )
             )
-        )
         _put(run.ids, i, message_id)
         if last:  # the transcript row went in the same transaction
             run.record = None
