@@ -25,6 +25,7 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from actors.cli.trace import sql_record
 from actors.delivery.pool import DeliveryPool, DeliverySettings
 from actors.inbound.ingress import build_app
 from actors.placement.runtime import SessionRuntime
@@ -33,7 +34,7 @@ from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig, Ser
 from runtime.config.tracing import TracingConfig
 from runtime.memory.db import Database
 from runtime.memory.inbox import InboxRow
-from runtime.tracing.records import read_spans
+from runtime.tracing.records import read_spans, trace_of
 from runtime.tracing.sdk import span_record
 from tests.actors.edge_support import serve_in_thread
 from tests.actors.session_scripts import ScriptedSetup
@@ -153,6 +154,18 @@ def stored_message(db_url: str, message_id: str) -> dict[str, Any]:
         db.dispose()
 
 
+def sql_of(db_url: str, ident: str) -> list[tuple[str, str, int]]:
+    db = Database(db_url)
+    try:
+        return sql_record(db, ident)
+    finally:
+        db.dispose()
+
+
+def steps_of(record: list[tuple[str, str, int]]) -> list[tuple[str, str]]:
+    return sorted((step.split()[0], state) for step, state, _ in record)
+
+
 @pytest.mark.usefixtures("ray_session")
 def test_one_message_is_one_trace_with_every_step(tmp_path: Path, fixtures_dir: Path) -> None:
     with running_chain(tmp_path, fixtures_dir, traced=True) as chain:
@@ -179,6 +192,10 @@ def test_one_message_is_one_trace_with_every_step(tmp_path: Path, fixtures_dir: 
     assert [(s["attributes"]["model"], s["attributes"]["output_tokens"]) for s in llm] == [
         ("script-model", 0)
     ] * 2
+    reply_id = next(s for s in spans if s["name"] == "handoff")["attributes"]["reply_id"]
+    everything = sorted(s["span_id"] for s in spans)
+    assert sorted(s["span_id"] for s in trace_of(spans, reply_id)) == everything  # sessionray trace <reply>
+    assert sorted(s["span_id"] for s in trace_of(spans, "4242")) == everything  # sessionray trace <message>
     root = next(s for s in spans if s["name"] == "webhook")
     assert root["attributes"]["message_id"] == "4242"
     assert stored["traceparent"].split("-")[1:3] == [root["trace_id"], root["span_id"]]  # kept in the inbox
@@ -191,6 +208,19 @@ def test_tracing_off_makes_no_span_and_exports_nothing(tmp_path: Path, fixtures_
         wait_for(lambda: chain.sent(), "the reply at the platform")
         assert not tracing.enabled()
         stored = stored_message(chain.db_url, "4343")
+        # sessionray trace without spans: the SQL-side record of the message and its reply (the
+        # inbox mark "handled" is written batched, after the turn: waited for)
+        want = [
+            ("inbox.changed", "handled"),
+            ("inbox.received", "stored"),
+            ("ledger.changed", "sent"),
+            ("ledger.queued", "queued"),
+        ]
+        record = wait_for(
+            lambda: (r := sql_of(chain.db_url, "4343")) and steps_of(r) == want and r, "the whole record"
+        )
     assert chain.sent() == ["hi"]
     assert stored["traceparent"] is None
     assert not chain.spans_dir.exists()
+    assert record[0][:2] == ("inbox.received", "stored") and record[0][2] == 0
+    assert all(at >= 0 for _, _, at in record)
