@@ -200,3 +200,54 @@ def test_otlp_http_spans_arrive_at_a_loopback_receiver() -> None:
     assert by_name["delivery.send"].parent_span_id == by_name["delivery"].span_id
     assert by_name["delivery"].trace_id.hex() == (root.traceparent() or "").split("-")[1]
     assert {a.key: a.value.string_value for a in by_name["delivery"].attributes} == {"reply_id": "r1"}
+
+
+class _Path:
+    """The recovery loop's submit path, recording what it is given."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, int]] = []
+
+    async def submit(self, inbound: Any, attempt: int = 0) -> dict[str, Any]:
+        self.sent.append((inbound, attempt))
+        return {"status": "accepted", "retry_after_s": None, "seq": 1}
+
+
+async def test_the_recovery_loop_replays_as_a_new_trace_linked_to_the_first(
+    tmp_path: Path, memory: InMemorySpanExporter
+) -> None:
+    from actors.placement.recovery import InboxRecovery
+    from runtime.platforms.base import InboundMessage, Sender
+
+    async def place(*args: Any) -> Any:
+        raise AssertionError("not called: the submit path is a stand-in")
+
+    with tracing.span("webhook", message_id="m9") as first:
+        stored = first.traceparent()
+    msg = InboundMessage(
+        platform="onebot11",
+        bot_id="1",
+        message_id="m9",
+        scene_type="private",
+        scene_id="2",
+        sender=Sender(id="2", name="u"),
+        text="hi",
+        time_ms=1,
+        traceparent=stored,
+    )
+    # as stored in its inbox row and read back by the loop
+    again = InboundMessage.model_validate_json(msg.model_dump_json())
+    recovery = InboxRecovery(f"sqlite:///{tmp_path / 'r.db'}", place, shard=0, shards=1, replay_window_s=600)
+    path = _Path()
+    recovery.path = path  # type: ignore[assignment]
+    try:
+        assert (await recovery._resubmit(again))["status"] == "accepted"
+    finally:
+        recovery.db.dispose()
+    got = records(memory)
+    ((sent, attempt),) = path.sent
+    assert attempt == 1 and sent.message_id == "m9"
+    assert got["replay"]["links"] == [
+        {"trace_id": got["webhook"]["trace_id"], "span_id": got["webhook"]["span_id"]}
+    ]
+    assert sent.traceparent.split("-")[1:3] == [got["replay"]["trace_id"], got["replay"]["span_id"]]
