@@ -60,6 +60,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "show hosts, live sessions, turns running and recent throughput (admin API)",
         "actors.cli.control:status_main",
     ),
+    "trace": (
+        "print where one message's time went: its trace's steps, or its inbox and ledger rows",
+        "actors.cli.trace:main",
+    ),
 }
 
 

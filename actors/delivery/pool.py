@@ -56,6 +56,7 @@ from typing import Any
 import ray
 
 from actors.raylife.self_kick import kick_self
+from runtime import tracing
 from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySender, DeliverySettings, partition_of
 
 __all__ = [
@@ -96,6 +97,7 @@ class DeliveryActor:
         from actors.raylife.metrics import install_ray_metrics
 
         install_ray_metrics()
+        tracing.configure(settings.tracing, "delivery")
         logging.basicConfig(level=logging.INFO)
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per platform call is noise
         self.index = index

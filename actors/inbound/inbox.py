@@ -40,6 +40,7 @@ from typing import Any
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from actors.placement.admission import KeyOrder
+from runtime import tracing
 from runtime.memory.db import Database
 from runtime.memory.inbox import (
     MAX_ATTEMPTS,
@@ -149,22 +150,27 @@ class InboxGate:
 
     async def _take(self, msg: InboundMessage, row: Any, *, held: bool) -> str:
         key = msg.session_key
-        stored = await self.store.store(
-            platform=msg.platform,
-            bot_id=msg.bot_id,
-            message_id=msg.message_id,
-            session_key=key,
-            message_json=msg.model_dump_json(),
-            with_rows=() if row is None else (row,),
-            check_order=held,
-        )
+        with tracing.span("inbox.store", held=held):
+            stored = await self.store.store(
+                platform=msg.platform,
+                bot_id=msg.bot_id,
+                message_id=msg.message_id,
+                session_key=key,
+                message_json=msg.model_dump_json(),
+                with_rows=() if row is None else (row,),
+                check_order=held,
+            )
         if not stored.stored:
             return "duplicate"
         if stored.more or any(e.attempts >= MAX_ATTEMPTS for e in stored.earlier):
             self._queue(key)  # a long backlog, or one the recovery loop is to give up: its job
             return "queued"
         try:
-            status = await self._submit(msg, stored.earlier)
+            with tracing.span("submit") as step:
+                if (tp := step.traceparent()) is not None:  # the host's steps are children of this one
+                    msg = msg.model_copy(update={"traceparent": tp})
+                status = await self._submit(msg, stored.earlier)
+                step.set(status=status)
         except Exception as exc:
             self._queue(key)
             if isinstance(exc, _EXPECTED):

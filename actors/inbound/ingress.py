@@ -87,7 +87,7 @@ from actors.inbound.inbox import InboxGate
 from actors.inbound.notice import send_notice
 from actors.inbound.onebot_ws import OneBotSockets
 from actors.inbound.telegram_poll_status import polling_bots, polling_health
-from runtime import metrics
+from runtime import metrics, tracing
 from runtime.memory.db import Database
 from runtime.memory.repository import ContextRepository
 from runtime.memory.transcripts import TranscriptStore
@@ -158,6 +158,7 @@ class Ingress:
     """
 
     def __init__(self, runtime: Any, config: Any, transcripts: TranscriptStore | None = None) -> None:
+        tracing.configure(getattr(config, "tracing", None), "ingress")
         self.config = config
         # A polling bot has no webhook: with no secret set, its route would take forged updates.
         self.codecs: dict[tuple[str, str], PlatformCodec] = {
@@ -250,15 +251,21 @@ class Ingress:
             verified: The sender was authenticated another way (the OneBot WebSocket handshake's
                 token, ``actors.inbound.onebot_ws``): ``codec.verify`` is skipped.
         """
-        refused = self._verify(platform, codec, headers, body, verified=verified)
-        if refused is not None:
-            return refused
-        msg = await self._decode_checked(platform, codec, headers, body)
-        if isinstance(msg, Response):
-            return msg
-        policy = self.policies.get((msg.platform, msg.bot_id))
-        verdict = policy.check(msg) if policy is not None else None
-        return await self._store_and_submit(platform, msg, verdict)
+        with tracing.span("webhook", platform=platform) as step:  # the message's trace (ops-traces)
+            refused = self._verify(platform, codec, headers, body, verified=verified)
+            if refused is not None:
+                return refused
+            msg = await self._decode_checked(platform, codec, headers, body)
+            if isinstance(msg, Response):
+                return msg
+            if (tp := step.traceparent()) is not None:  # carried through Ray and the inbox row
+                msg = msg.model_copy(update={"traceparent": tp})
+                step.set(message_id=msg.message_id, session_key=msg.session_key)
+            policy = self.policies.get((msg.platform, msg.bot_id))
+            verdict = policy.check(msg) if policy is not None else None
+            answer = await self._store_and_submit(platform, msg, verdict)
+            step.set(status=answer.status_code)
+            return answer
 
     def _verify(
         self, platform: str, codec: PlatformCodec, headers: Mapping[str, str], body: bytes, *, verified: bool

@@ -45,7 +45,7 @@ from pydantic import ValidationError
 
 from actors.placement.admission import KeyOrder
 from actors.placement.submit import SubmitPath
-from runtime import metrics
+from runtime import metrics, tracing
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 from runtime.memory.inbox import (
@@ -198,7 +198,7 @@ class InboxRecovery:
                     await self._give_up(row, f"its stored message cannot be read: {exc}")
                     continue
                 try:
-                    answer = await self.path.submit(inbound, attempt=1)
+                    answer = await self._resubmit(inbound)
                 except Exception as exc:  # a host or the placement failed: the next pass tries again
                     log.info("inbox: %s of %s not re-submitted yet: %r", row.message_id, row.session_key, exc)
                     return
@@ -211,6 +211,16 @@ class InboxRecovery:
                 outcome = "resubmitted" if status == "accepted" else "handled"
                 self.counts[outcome] += 1
                 metrics.INBOX_RECOVERY.inc(outcome=outcome)
+
+    async def _resubmit(self, inbound: InboundMessage) -> Any:
+        """Submit a stored message again (``attempt=1``) as a new trace whose root ``replay``
+        links to the first attempt's span, the ``traceparent`` kept in its inbox row
+        (docs/decisions.md#ops-traces)."""
+        first = inbound.traceparent
+        with tracing.span("replay", links=(first,) if first else ()) as step:
+            if (tp := step.traceparent()) is not None:
+                inbound = inbound.model_copy(update={"traceparent": tp})
+            return await self.path.submit(inbound, attempt=1)
 
     async def _give_up(self, row: InboxEntry, why: str) -> None:
         db = self.db

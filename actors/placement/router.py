@@ -42,7 +42,7 @@ import ray
 from actors.placement.admission import KeyOrder
 from actors.placement.router_control import DEAD, RouterAdminMixin
 from actors.raylife.self_kick import kick_self
-from runtime import metrics
+from runtime import metrics, tracing
 from runtime.keys import key_hash
 
 __all__ = ["ROUTER_PREFIX", "Placement", "RouterActor", "router_name", "shard_of"]
@@ -118,6 +118,7 @@ class RouterActor(RouterAdminMixin):
             from actors.raylife.metrics import install_ray_metrics
 
             install_ray_metrics()
+        tracing.configure(getattr(config, "tracing", None), "router")
         self.config = config
         self.shard, self.shards = shard, shards
         self.name, self.hosts_name = name, hosts_name

@@ -35,6 +35,7 @@ from typing import Any
 
 from actors.placement.admission import KeyOrder
 from actors.placement.router_control import DEAD
+from runtime import tracing
 
 __all__ = ["CACHE_SIZE", "MAX_HOPS", "RAY_CALLS_PER_MESSAGE", "SubmitPath"]
 
@@ -134,7 +135,9 @@ class SubmitPath:
             place = self._cache.get(key)
             if place is None:
                 self.counts["cache_misses"] += 1
-                res = await self._router_of(key).place.remote(key, stale, dead)
+                with tracing.span("activation", stale=stale is not None) as step:
+                    res = await self._router_of(key).place.remote(key, stale, dead)
+                    step.set(status=res["status"])
                 if res["status"] == "busy":
                     self.counts["busy"] += 1
                     return {"status": "busy", "retry_after_s": res["retry_after_s"], "seq": None}

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
+from runtime import tracing
 from runtime.agent.config import AgentContext, AgentLoopConfig, resolve
 from runtime.agent.events import (
     AgentEndEvent,
@@ -142,6 +143,7 @@ class _Run:
             await self.add(msg)
             return msg
         partial: AssistantMessage | None = None
+        first_token = True
         async for ev in s:
             if ev.type == "start":
                 partial = ev.partial
@@ -158,6 +160,9 @@ class _Run:
                 await self.emit(MessageEndEvent(final))
                 return final
             elif partial is not None:
+                if first_token:  # time to first token (docs/decisions.md#ops-traces)
+                    tracing.event("first_token")
+                    first_token = False
                 await self.emit(MessageUpdateEvent(partial, ev))
         final = await s.result()  # iteration ended without a terminal event: defensive
         self.new_messages.append(final)
@@ -179,7 +184,10 @@ class _Run:
                 for m in pending:
                     await self.add(m)
                 pending = []
-                message = await self.respond()
+                with tracing.span("llm.call", model=self.config.model.id) as step:
+                    message = await self.respond()
+                    u = message.usage
+                    step.set(stop_reason=message.stop_reason, input_tokens=u.input, output_tokens=u.output)
                 if message.stop_reason == "error" or message.stop_reason == "aborted":
                     await self.emit(TurnEndEvent(message, []))
                     return message.stop_reason

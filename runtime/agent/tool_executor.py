@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from runtime import tracing
 from runtime.agent.config import (
     AfterToolCallContext,
     AfterToolCallResult,
@@ -218,7 +219,12 @@ class _Batch:
                 text = f"Tool {p.call.name!r} failed: {type(exc).__name__}: {exc}"
                 self.queue.put_nowait(("done", p.index, (AgentToolResult.text(text), True)))
 
-        self.running[p.index] = (p, asyncio.get_running_loop().create_task(invoke()))
+        async def traced() -> None:  # the tool as a span of the turn (docs/decisions.md#ops-traces)
+            with tracing.span("tool", tool=p.call.name):
+                await invoke()
+
+        task = asyncio.get_running_loop().create_task(traced() if tracing.enabled() else invoke())
+        self.running[p.index] = (p, task)
 
     async def completed(self, p: _Prepared, result: AgentToolResult, is_error: bool) -> None:
         content, details = list(result.content), result.details

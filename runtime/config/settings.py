@@ -53,6 +53,7 @@ from runtime.config.sections import (
     default_bots,
 )
 from runtime.config.spend import SpendConfig
+from runtime.config.tracing import TracingConfig
 from runtime.llm.types import Model
 
 __all__ = [
@@ -102,6 +103,7 @@ class Config(_Closed):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     spend: SpendConfig = Field(default_factory=SpendConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")
     def _console_api_base(self) -> Config:

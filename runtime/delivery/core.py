@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
-from runtime import metrics
+from runtime import metrics, tracing
 from runtime.delivery import ledger as ledger
 from runtime.delivery import outbox
 from runtime.delivery.chains import ChatChains
@@ -180,7 +180,7 @@ class DeliverySender:
         fut: asyncio.Future[DeliveryResult] = asyncio.get_running_loop().create_future()
         self._running[job.reply_id] = fut
         try:
-            result = await self.chains.run(job.session_key, lambda: self._deliver(job, queued=False))
+            result = await self.chains.run(job.session_key, lambda: self._deliver_traced(job, queued=False))
             fut.set_result(result)
             return result
         except BaseException as exc:
@@ -232,7 +232,7 @@ class DeliverySender:
                     return
                 job = DeliveryJob.model_validate_json(entry.job_json)
                 try:
-                    result = await self._deliver(job, queued=True)
+                    result = await self._deliver_traced(job, queued=True)
                 except ledger.LostLeaseError as exc:
                     log.warning("%s; leaving it to its new owner", exc)
                     return
@@ -243,6 +243,14 @@ class DeliverySender:
 
     # ------------------------------------------------------------------ one reply
 
+    async def _deliver_traced(self, job: DeliveryJob, *, queued: bool) -> DeliveryResult:
+        """:meth:`_deliver` as the span ``delivery`` of the message's trace (``job.traceparent``,
+        docs/decisions.md#ops-traces)."""
+        with tracing.span("delivery", parent=job.traceparent, reply_id=job.reply_id, queued=queued) as step:
+            result = await self._deliver(job, queued=queued)
+            step.set(outcome=result.outcome)
+            return result
+
     async def _deliver(self, job: DeliveryJob, *, queued: bool) -> DeliveryResult:
         """One reply, step by step: claim → check → render → send → close. Returns its
         :class:`DeliveryResult` (``duplicate`` and ``busy`` without sending). Raises
@@ -251,7 +259,8 @@ class DeliverySender:
         started = time.perf_counter()
         codec = self.codecs.get(bot_key(job.platform, job.bot_id))
         early = await self._render_early(job, codec)
-        claim = await self._claim(job, queued, self._steps_marked_at_claim(job, early))
+        with tracing.span("delivery.claim"):
+            claim = await self._claim(job, queued, self._steps_marked_at_claim(job, early))
         if claim.state != "claimed":
             return self._settled(job, claim)
         lease = _Lease(self, job.reply_id)
@@ -387,9 +396,17 @@ class DeliverySender:
         on_wire = self._wire_mark(run, i)
         if run.over_socket and not (i == 0 and run.begun):
             await on_wire()
-        return await self._send_step(
-            run.codec, run.calls[i], run.job, run.deadline_s, run.lease, None if run.over_socket else on_wire
-        )
+        with tracing.span("delivery.send", step=i, path=run.calls[i].path) as span:
+            out = await self._send_step(
+                run.codec,
+                run.calls[i],
+                run.job,
+                run.deadline_s,
+                run.lease,
+                None if run.over_socket else on_wire,
+            )
+            span.set(ok=out.result.ok, attempts=out.attempts)
+            return out
 
     def _wire_mark(self, run: _Sending, i: int) -> OnWire:
         """The write that marks step ``i`` in flight (:func:`runtime.delivery.ledger.begin_step`),
@@ -430,11 +447,19 @@ class DeliverySender:
         write also closes the reply and writes its outbound transcript row."""
         job = run.job
         final: Literal["sent", "uncertain"] = "uncertain" if run.uncertain else "sent"
-        await self.db.run_write(
-            lambda: ledger.finish_step(
-                self.db, job.reply_id, self.owner, i, message_id, last=last, final=final, also=run.transcript
+        with tracing.span("delivery.close" if last else "delivery.record", step=i, status=final):
+            await self.db.run_write(
+                lambda: ledger.finish_step(
+                    self.db,
+                    job.reply_id,
+                    self.owner,
+                    i,
+                    message_id,
+                    last=last,
+                    final=final,
+                    also=run.transcript,
+                )
             )
-        )
         _put(run.ids, i, message_id)
         if last:  # the transcript row went in the same transaction
             run.record = None
@@ -467,7 +492,10 @@ class DeliverySender:
     ) -> DeliveryResult:
         status: ledger.FinalStatus = "sent" if outcome == "empty" else outcome
         if not closed:
-            await self.db.run_write(lambda: ledger.finish(self.db, job.reply_id, self.owner, status, error))
+            with tracing.span("delivery.close", status=status):
+                await self.db.run_write(
+                    lambda: ledger.finish(self.db, job.reply_id, self.owner, status, error)
+                )
         if outcome != "empty":
             metrics.DELIVERIES.inc(platform=job.platform, outcome="ok" if outcome == "sent" else outcome)
         if started is not None:

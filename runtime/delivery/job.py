@@ -39,6 +39,10 @@ class DeliveryJob(BaseModel):
     reply_to: str | None = None
     """The inbound message id being answered (codecs may quote it in groups)."""
     reply: Reply
+    traceparent: str | None = None
+    """W3C ``traceparent`` of the hand-over step of the message's trace (None: not traced); kept
+    in the ledger row's ``job_json``, so a resumed delivery joins the same trace
+    (docs/decisions.md#ops-traces)."""
 
 
 def partition_of(session_key: str, size: int) -> int:

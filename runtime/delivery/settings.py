@@ -88,6 +88,8 @@ class DeliverySettings(BaseModel):
     media: Any = None
     """Media settings passed to ``runtime.reply.media`` (a ``MediaPolicy``; None: its defaults). A bot's
     own ``media_dir`` (``bots[].media_dir``) replaces its ``media_dir`` for that bot's replies."""
+    tracing: Any = None
+    """The ``tracing`` config section (None: off; docs/decisions.md#ops-traces)."""
     leak: LeakPolicy = Field(default_factory=LeakPolicy)
     """Outbound leak check (outbound text, Markdown and nested strings pass the leak check:
     docs/decisions.md#security-leak-check); :meth:`from_config` fills it with the values of every
@@ -107,6 +109,7 @@ class DeliverySettings(BaseModel):
             bots=list(getattr(config, "bots", []) or []),
             media=getattr(config, "media", None),
             leak=LeakPolicy.from_config(config),
+            tracing=getattr(config, "tracing", None),
         )
 
 

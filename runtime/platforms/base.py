@@ -135,6 +135,10 @@ class InboundMessage(BaseModel):
     message is still an accepted message (stored in transcripts for chat_history), but no turn runs."""
     time_ms: int
     """When the platform says the message was sent, Unix epoch ms."""
+    traceparent: str | None = None
+    """W3C ``traceparent`` of the ingress's ``webhook`` span (None: not traced). Set by the
+    ingress, carried through Ray with the message and kept in its inbox row's JSON, so a replay
+    links to its first attempt (docs/decisions.md#ops-traces)."""
 
     @property
     def session_key(self) -> str:

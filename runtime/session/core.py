@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
-from runtime import metrics
+from runtime import metrics, tracing
 from runtime.llm.attribution import attributed
 from runtime.llm.types import (
     AgentMessage,
@@ -276,8 +276,12 @@ class SessionCore:
         self._last_handoff = mine
         t0 = time.perf_counter()
         try:
-            with attributed(turn_owner(lead, self.session_id)):  # docs/decisions.md#spend-ledger
+            with (
+                attributed(turn_owner(lead, self.session_id)),  # docs/decisions.md#spend-ledger
+                tracing.span("turn", parent=lead.traceparent, seq=lead.seq, batch=len(turns)) as step,
+            ):
                 result = await self._turn(turns, ctl, prev, mine)
+                step.set(outcome=result.outcome)
         except Exception as exc:
             result = TurnResult(seq=lead.seq, message_id=lead.message_id, outcome="error", error=repr(exc))
             await self._record_held(ctl)

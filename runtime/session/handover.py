@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from runtime import tracing
 from runtime.delivery.job import DeliveryJob, partition_of
 from runtime.delivery.outbox import queue_writer
 from runtime.llm.types import AgentMessage, now_ms
@@ -50,7 +51,10 @@ class HandOver:
         Raises:
             Whatever the append raises (then neither the records nor the row were written).
         """
-        await self._writer().append(records, also=queue_writer(job, self._partition, now_ms()))
+        with tracing.span("handoff", reply_id=job.reply_id) as step:
+            if (tp := step.traceparent()) is not None:  # delivery continues the trace from here
+                job = job.model_copy(update={"traceparent": tp})
+            await self._writer().append(records, also=queue_writer(job, self._partition, now_ms()))
         try:
             await self._deliver()(job)
         except Exception:  # the row is durable: the delivery actor's sweep sends it

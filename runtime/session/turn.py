@@ -113,6 +113,9 @@ class TurnInput(BaseModel):
     """``inbound``: a platform message; ``follow_up``/``steer``: a master's control text that
     found no active turn to join, so it runs as a turn of its own."""
     attempt: int = 0
+    traceparent: str | None = None
+    """W3C ``traceparent`` of the host's ``activation`` span: the turn's span is its child
+    (docs/decisions.md#ops-traces)."""
 
     @classmethod
     def from_inbound(cls, inbound: Any, seq: int) -> TurnInput:
@@ -134,6 +137,7 @@ class TurnInput(BaseModel):
             segments=list(inbound.segments),
             reply_to=inbound.reply_to,
             time_ms=inbound.time_ms,
+            traceparent=getattr(inbound, "traceparent", None),
         )
 
     def reply_id(self, session_id: str) -> str:

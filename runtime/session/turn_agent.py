@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
+from runtime import tracing
 from runtime.agent.agent import Agent, QueueMode
 from runtime.agent.config import AgentLoopConfig
 from runtime.agent.events import AgentEndEvent, AgentEvent, MessageEndEvent
@@ -369,17 +370,18 @@ async def run_agent(
     if isinstance(setup.output_schema, OutputSpec):  # its sink records after the answer
         await ctl.record_unrecorded(record)
     sender = ctl.turn.sender.get("id")
-    return await finalize_reply(
-        setup,
-        final,
-        seen,
-        str(sender) if sender else None,
-        ctl,
-        contract=contract,
-        budget_spent=budget_spent,
-        scope=scope,
-        record=record,
-    )
+    with tracing.span("reply.validate"):  # docs/decisions.md#ops-traces
+        return await finalize_reply(
+            setup,
+            final,
+            seen,
+            str(sender) if sender else None,
+            ctl,
+            contract=contract,
+            budget_spent=budget_spent,
+            scope=scope,
+            record=record,
+        )
 
 
 def busy_reply(setup: SessionSetup, final: AssistantMessage | None) -> Reply | None:

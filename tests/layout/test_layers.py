@@ -23,6 +23,7 @@ PACKAGES = ("runtime", "providers", "actors")
 WINGS = (
     "runtime.keys",
     "runtime.metrics",
+    "runtime.tracing",
     "runtime.llm",
     "runtime.agent",
     "runtime.reply",
@@ -292,7 +293,8 @@ def test_no_import_cycle() -> None:
 
 def test_runtime_top_level_is_small() -> None:
     entries = [p.name for p in (ROOT / "runtime").iterdir() if p.name != "__pycache__"]
-    assert len(entries) <= 13, sorted(entries)
+    # 14: the tracing leaf (runtime/tracing, next to runtime/metrics.py; docs/decisions.md#ops-traces)
+    assert len(entries) <= 14, sorted(entries)
 
 
 def test_wing_graph_helper_sees_known_edges() -> None:

@@ -63,7 +63,7 @@ from actors.placement.hosts.support import (
     spawn_ray_task,
     warm_up,
 )
-from runtime import metrics
+from runtime import metrics, tracing
 from runtime.config import Config
 from runtime.delivery.job import DeliveryJob
 from runtime.session.control import ControlReply, ControlRequest, run_control
@@ -112,6 +112,7 @@ class SessionHost:
             from actors.raylife.metrics import install_ray_metrics
 
             install_ray_metrics()
+        tracing.configure(getattr(config, "tracing", None), "host")
         rt = config.runtime
         self._config, self._factory, self._delivery = config, setup_factory, delivery
         self.cap, self.index = cap, index
@@ -388,7 +389,10 @@ class SessionHost:
         live.pending += 1
         live.last_used = time.monotonic()
         self.stats["accepted"] += 1
-        turn = TurnInput.from_inbound(inbound, seq).model_copy(update={"attempt": attempt})
+        parent = getattr(inbound, "traceparent", None)
+        with tracing.span("host.accept", parent=parent, seq=seq, attempt=attempt) as step:
+            update = {"attempt": attempt, "traceparent": step.traceparent() or parent}
+            turn = TurnInput.from_inbound(inbound, seq).model_copy(update=update)
         return {"status": "accepted", "seq": seq}, asyncio.ensure_future(self._run(live, turn))
 
     async def _run(self, live: LiveSession, turn: TurnInput) -> TurnResult:
