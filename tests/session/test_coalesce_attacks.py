@@ -10,9 +10,8 @@ from typing import Any
 
 from runtime.config.ai import CoalesceConfig
 from runtime.llm.types import CustomMessage
-from tests.session.test_hot_chat_coalescing import GROUP, GatedModel, Recorder, open_core, repo, turn, until
+from tests.session.test_hot_chat_coalescing import GROUP, GatedModel, Recorder, open_core, turn, until
 
-__all__ = ["repo"]  # the fixture, shared with the coalescing tests
 
 
 async def test_a_message_delivered_twice_while_queued_is_asked_and_answered_once(repo: Any) -> None:
