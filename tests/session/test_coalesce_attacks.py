@@ -13,7 +13,6 @@ from runtime.llm.types import CustomMessage
 from tests.session.test_hot_chat_coalescing import GROUP, GatedModel, Recorder, open_core, turn, until
 
 
-
 async def test_a_message_delivered_twice_while_queued_is_asked_and_answered_once(repo: Any) -> None:
     model, rec = GatedModel({1}), Recorder()
     core = await open_core(repo, GROUP, model, rec, CoalesceConfig(max_batch=8, max_queue=8), "co-dup")
