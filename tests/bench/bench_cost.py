@@ -17,7 +17,7 @@ of its own with the production defaults:
 * **chatter**: untriggered group messages (no mention: one ``im_transcripts`` row, no turn), 20
   webhooks in flight; ``chatter_cpu_ms_per_message`` over the same runtime processes.
 * **idle**: ``idle_pss_mib``, ``idle_cores``, ``ready_s`` from ``tests.bench.idle.measure_idle``
-  when it is importable (else ``None`` with a note).
+  (``make run``'s instance idle; left out of a quick run: ``None`` with a note).
 
 CPU per message is read from kernel tick counters (10 ms granularity summed over many messages):
 less sensitive to other load on the machine than latency, but not immune (cache, frequency) —
@@ -26,10 +26,9 @@ compare runs on a quiet machine. ``SESSIONRAY_BENCH_QUICK=1``: small counts for 
 
 from __future__ import annotations
 
-import importlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -98,26 +97,30 @@ def _one_db(load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, An
     return {"one_chat": one, "many": many, "chatter": chatter}
 
 
-def _idle() -> dict[str, Any]:
-    """``tests.bench.idle.measure_idle()`` (helper T2's, merged separately) when importable, else
-    ``None`` figures with the reason."""
-    try:
-        measure_idle: Callable[[], dict[str, Any]] = importlib.import_module("tests.bench.idle").measure_idle
-    except (ImportError, AttributeError) as exc:
-        return {"idle_pss_mib": None, "idle_cores": None, "ready_s": None, "note": f"not measured: {exc!r}"}
+def _idle(quick: bool) -> dict[str, Any]:
+    """:func:`tests.bench.idle.measure_idle` of ``make run``'s instance (a ``sessionray serve`` of
+    its own, about a minute); a quick run (the test suite's smoke) leaves it out: ``None`` figures
+    with the reason."""
+    if quick:
+        return {"idle_pss_mib": None, "idle_cores": None, "ready_s": None,
+                "note": "quick run: not measured (python -m tests.bench.idle)"}  # fmt: skip
+    from tests.bench.idle import measure_idle
+
     res = measure_idle()
     return {k: res.get(k) for k in ("idle_pss_mib", "idle_cores", "ready_s")} | {"detail": res}
 
 
-def _trace_table() -> Any:
-    """Hook for the per-step p50/p99 table from traces (``tests.bench.trace_table``, helper T1's):
-    its ``step_table()`` when importable, else None."""
-    try:
-        mod = importlib.import_module("tests.bench.trace_table")
-    except ImportError:
+def _trace_table() -> list[Any] | None:
+    """The per-step p50/p99 table (:func:`tests.bench.trace_table.step_table`) of the spans in
+    ``$SESSIONRAY_BENCH_SPANS_DIR`` (a traced run's ``tracing.spans_dir``); ``None`` when it is not
+    set: the cost loads run with tracing off, so their CPU figures are the untraced cost."""
+    spans_dir = os.environ.get("SESSIONRAY_BENCH_SPANS_DIR")
+    if not spans_dir:
         return None
-    fn = getattr(mod, "step_table", None)
-    return fn() if callable(fn) else None
+    from runtime.tracing.records import read_spans
+    from tests.bench.trace_table import step_table
+
+    return step_table(read_spans(spans_dir))
 
 
 def _figures(res: dict[str, Any], chain_p50: float, idle: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +144,7 @@ def _figures(res: dict[str, Any], chain_p50: float, idle: dict[str, Any]) -> dic
 def run() -> dict[str, Any]:
     """Run the section; returns ``cost`` of build/bench/results.json: the :data:`KEYS` (SQLite),
     the same under ``postgres``, ``chain_p50_ms``, ``detail`` (every load's raw figures) and
-    ``trace_table`` (None until tests/bench/trace_table.py exists)."""
+    ``trace_table`` (:func:`_trace_table`)."""
     import ray
 
     from tests.bench.load_client import LoadProcess
@@ -166,7 +169,7 @@ def run() -> dict[str, Any]:
         load.close()
         if started_ray:
             ray.shutdown()
-    idle = _idle()
+    idle = _idle(quick)
     out: dict[str, Any] = {"quick": quick, "chain_p50_ms": chain_p50}
     out |= _figures(sqlite, chain_p50, idle)
     out["postgres"] = _figures(pg, chain_p50, idle) if pg else {k: None for k in KEYS}
