@@ -181,6 +181,9 @@ class PlatformApiServer:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                if len(body) < length:  # the client went away mid-request (a killed sender):
+                    self.close_connection = True  # a real server never processes half a body
+                    return
                 status, out, headers = outer._answer(self.command, self.path, dict(self.headers), body)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

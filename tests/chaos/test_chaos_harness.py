@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -39,6 +40,22 @@ def test_replies_are_matched_by_the_quoted_id_else_by_the_text(fixtures_dir: Pat
         replies = api.replies()
     assert sorted(replies) == [41, 42]
     assert (len(replies[41]), len(replies[42]), api.stray) == (2, 1, 1)
+
+
+def test_a_send_cut_mid_body_is_neither_answered_nor_delivered(fixtures_dir: Path) -> None:
+    """A sender killed between its headers and its body (kill -9 of a delivery actor) leaves the
+    platform half a request: it is not processed, so it is no delivered reply and no stray one."""
+    body = _reply(5, 41, "You said: chaos 41")
+    with FaultyPlatform(fixtures_dir) as api:
+        host, port = api.base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            head = f"POST /send_group_msg HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            sock.sendall(head.encode() + body[:10])
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(1024) == b""  # cut, never answered
+        with httpx.Client() as client:
+            assert _post(client, api, body) == 200  # the same server still answers a whole request
+        assert (sorted(api.replies()), api.stray) == ([41], 0)
 
 
 @pytest.mark.parametrize(("kind", "status"), [("500", 500), ("429", 429)])

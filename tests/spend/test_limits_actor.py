@@ -47,6 +47,14 @@ def actor_of(alias: str) -> ray.actor.ActorHandle:
     return ray.get_actor(limits_actor_name(alias), namespace=NAMESPACE)
 
 
+async def _is_dead(handle: ray.actor.ActorHandle) -> bool:
+    try:
+        await handle.status.remote()
+    except ray.exceptions.RayActorError:
+        return True
+    return False
+
+
 async def test_two_gates_share_one_actor_and_its_slots(alias: str) -> None:
     host_a = ClusterProviderGate(providers(alias, concurrency=1))
     host_b = ClusterProviderGate(providers(alias, concurrency=1))
@@ -86,7 +94,9 @@ async def test_a_dead_actor_falls_back_to_the_local_granter_then_is_resolved_aga
     gate = ClusterProviderGate(providers(alias, concurrency=2, max_wait_s=30))
     first = await gate.acquire(alias, None, 1)
     await gate.release(first, 1, 200, None)
-    ray.kill(actor_of(alias), no_restart=True)
+    killed = actor_of(alias)
+    ray.kill(killed, no_restart=True)  # asynchronous: wait until the actor no longer answers
+    await eventually(lambda: _is_dead(killed), 60, "the killed granter gone")
     with caplog.at_level(logging.WARNING, logger=cluster_gate.__name__):
         fallback = await asyncio.wait_for(gate.acquire(alias, None, 1), 60)
     assert fallback.lease_id.startswith(cluster_gate.LOCAL_PREFIX)
