@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.placement.admission import KeyOrder
 from runtime import metrics
-from runtime.memory.repository import ContextRepository
 from runtime.session.control import (
     ControlKind,
     ControlReply,
@@ -31,6 +30,9 @@ from runtime.session.control import (
     NotMasterError,
     UnknownSessionError,
 )
+
+if TYPE_CHECKING:
+    from runtime.memory.repository import ContextRepository
 
 __all__ = ["DEAD", "RouterAdminMixin", "archive_active_epoch"]
 
@@ -166,7 +168,9 @@ class RouterAdminMixin:
         return ControlReply(kind=request.kind, session_key=session_key, result=new_id)
 
     async def _archive_in_sql(self, session_key: str) -> str | None:
+        # SQL only on this rare admin path (docs/decisions.md#ops-lazy-exports)
         from runtime.memory.db import Database
+        from runtime.memory.repository import ContextRepository
 
         if self._sql_archives is None:
             self._sql_archives = asyncio.Lock()

@@ -24,36 +24,43 @@ and the forged-prefix check the reply wing's (:mod:`runtime.reply.sender`); memo
 messages only after that check (docs/decisions.md#security-sender-prefix).
 """
 
-from runtime.keys import (
-    SCOPES,
-    Scope,
-    SessionId,
-    SessionKey,
-    SessionKeyError,
-    make_session_id,
-    make_session_key,
-    parse_session_id,
-    parse_session_key,
-)
-from runtime.memory.compaction import CompactionHook, estimate_tokens, find_cut, make_compaction_hook
-from runtime.memory.db import DEFAULT_DATABASE_URL, Database, DatabaseUrlError, normalize_url
-from runtime.memory.repository import (
-    SUMMARY_CUSTOM_TYPE,
-    ContextRepository,
-    CorruptMessageError,
-    SessionInfo,
-    StoredMessage,
-    UnknownSessionError,
-    summary_message,
-)
-from runtime.memory.tables import (
-    MEMORY_TABLES,
-    AgentMessageRow,
-    AgentSessionRow,
-    AgentSummaryRow,
-    ImTranscriptRow,
-)
-from runtime.memory.transcripts import TranscriptEntry, TranscriptOutcome, TranscriptStore, plain_text
+from typing import TYPE_CHECKING
+
+from runtime.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from runtime.keys import (
+        SCOPES,
+        Scope,
+        SessionId,
+        SessionKey,
+        SessionKeyError,
+        make_session_id,
+        make_session_key,
+        parse_session_id,
+        parse_session_key,
+    )
+    from runtime.memory.compaction import CompactionHook, estimate_tokens, find_cut, make_compaction_hook
+    from runtime.memory.db import DEFAULT_DATABASE_URL, Database, DatabaseUrlError, normalize_url
+    from runtime.memory.repository import (
+        SUMMARY_CUSTOM_TYPE,
+        ContextRepository,
+        CorruptMessageError,
+        SessionInfo,
+        StoredMessage,
+        UnknownSessionError,
+        summary_message,
+    )
+    from runtime.memory.tables import (
+        MEMORY_TABLES,
+        AgentMessageRow,
+        AgentSessionRow,
+        AgentSummaryRow,
+        ImTranscriptRow,
+    )
+    from runtime.memory.transcripts import TranscriptEntry, TranscriptOutcome, TranscriptStore, plain_text
+else:  # each name is imported on first use (docs/decisions.md#ops-lazy-exports)
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "DEFAULT_DATABASE_URL",

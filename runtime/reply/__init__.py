@@ -7,35 +7,42 @@ from :mod:`runtime.reply.media`: they bring httpx, which a session process does 
 Nothing here knows a platform's wire format (`docs/decisions.md#reply-segments`).
 """
 
-from runtime.reply.capability import (
-    CAPABILITIES,
-    TIERS,
-    Tier,
-)
-from runtime.reply.im_reply import (
-    ImReplyConfig,
-    ImReplyContract,
-    ReplyOutcome,
-)
-from runtime.reply.leak import (
-    LeakPolicy,
-    LeakResult,
-    scan_reply,
-    scan_text,
-)
-from runtime.reply.mentions import (
-    MentionIdentity,
-)
-from runtime.reply.probe import probe_capability
-from runtime.reply.segments import (
-    SEGMENT_TYPES,
-    Reply,
-    Segment,
-)
-from runtime.reply.structured import (
-    StructuredOutputError,
-    complete_structured,
-)
+from typing import TYPE_CHECKING
+
+from runtime.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from runtime.reply.capability import (
+        CAPABILITIES,
+        TIERS,
+        Tier,
+    )
+    from runtime.reply.im_reply import (
+        ImReplyConfig,
+        ImReplyContract,
+        ReplyOutcome,
+    )
+    from runtime.reply.leak import (
+        LeakPolicy,
+        LeakResult,
+        scan_reply,
+        scan_text,
+    )
+    from runtime.reply.mentions import (
+        MentionIdentity,
+    )
+    from runtime.reply.probe import probe_capability
+    from runtime.reply.segments import (
+        SEGMENT_TYPES,
+        Reply,
+        Segment,
+    )
+    from runtime.reply.structured import (
+        StructuredOutputError,
+        complete_structured,
+    )
+else:  # each name is imported on first use (docs/decisions.md#ops-lazy-exports)
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "CAPABILITIES",

@@ -10,24 +10,31 @@ spends (the owner of its LLM calls, the usage ledger, the quota check before it 
 (`docs/decisions.md#session-ray-free-core`).
 """
 
-from runtime.session.control import (
-    ControlKind,
-    ControlReply,
-    ControlRequest,
-)
-from runtime.session.core import (
-    ControlOutcome,
-    SessionCore,
-)
-from runtime.session.features import (
-    AgentFeatures,
-)
-from runtime.session.turn import (
-    SessionSetup,
-    SessionWriter,
-    TurnInput,
-    TurnResult,
-)
+from typing import TYPE_CHECKING
+
+from runtime.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from runtime.session.control import (
+        ControlKind,
+        ControlReply,
+        ControlRequest,
+    )
+    from runtime.session.core import (
+        ControlOutcome,
+        SessionCore,
+    )
+    from runtime.session.features import (
+        AgentFeatures,
+    )
+    from runtime.session.turn import (
+        SessionSetup,
+        SessionWriter,
+        TurnInput,
+        TurnResult,
+    )
+else:  # each name is imported on first use (docs/decisions.md#ops-lazy-exports)
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "AgentFeatures",

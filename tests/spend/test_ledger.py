@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,12 +160,17 @@ async def test_an_observer_that_fails_never_breaks_the_call(
     assert "observer down" in caplog.text
 
 
-def test_importing_the_session_wing_registers_the_ledger_table() -> None:
-    """A process that runs sessions creates ``llm_usage`` with the memory tables at start-up."""
+def test_a_session_hosts_repository_creates_the_ledger_tables_on_a_fresh_database(tmp_path: Path) -> None:
+    """A session host creates ``llm_usage`` and the delivery tables with the memory tables at
+    start-up, in a fresh process that imported nothing else first (the package exports are lazy:
+    docs/decisions.md#ops-lazy-exports)."""
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
     code = (
-        "import runtime.session\n"
-        "from runtime.memory.tables import created_tables\n"
-        "print(sorted(str(t.__tablename__) for t in created_tables()))\n"
+        "import types\n"
+        "from actors.placement.hosts.support import open_repository\n"
+        f"repo = open_repository(types.SimpleNamespace(database=types.SimpleNamespace(url={url!r})))\n"
+        "from sqlalchemy import inspect\n"
+        "print(sorted(inspect(repo.db.engine).get_table_names()))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "'llm_usage'" in out.stdout
+    assert "'llm_usage'" in out.stdout and "'delivery_ledger'" in out.stdout, out.stdout

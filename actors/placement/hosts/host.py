@@ -35,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 
@@ -64,10 +64,12 @@ from actors.placement.hosts.support import (
     warm_up,
 )
 from runtime import metrics, tracing
-from runtime.config import Config
-from runtime.delivery.job import DeliveryJob
-from runtime.session.control import ControlReply, ControlRequest, run_control
-from runtime.session.turn import SessionSetup, SetupFactory, TurnInput, TurnResult
+
+if TYPE_CHECKING:  # the session code is imported by a host, not by the supervisor that starts it
+    from runtime.config import Config  # (docs/decisions.md#ops-lazy-exports)
+    from runtime.delivery.job import DeliveryJob
+    from runtime.session.control import ControlReply, ControlRequest
+    from runtime.session.turn import SetupFactory, TurnInput, TurnResult
 
 __all__ = ["HostFullError", "SessionHost", "SessionNotBoundError"]
 
@@ -256,6 +258,7 @@ class SessionHost:
 
     async def _open(self, key: str, epoch: int, router: str, evicted: str | None) -> dict[str, Any]:
         from runtime.session.core import SessionCore
+        from runtime.session.turn import SessionSetup
 
         if self._repo is None:
             try:
@@ -391,6 +394,8 @@ class SessionHost:
         self.stats["accepted"] += 1
         parent = getattr(inbound, "traceparent", None)
         with tracing.span("host.accept", parent=parent, seq=seq, attempt=attempt) as step:
+            from runtime.session.turn import TurnInput
+
             update = {"attempt": attempt, "traceparent": step.traceparent() or parent}
             turn = TurnInput.from_inbound(inbound, seq).model_copy(update=update)
         return {"status": "accepted", "seq": seq}, asyncio.ensure_future(self._run(live, turn))
@@ -426,6 +431,8 @@ class SessionHost:
         Raises:
             SessionNotBoundError: the session is not live on this host.
         """
+
+        from runtime.session.control import run_control
 
         async def run() -> ControlReply:
             live = self._require(request.session_key)

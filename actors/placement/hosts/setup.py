@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runtime.session.context_window import budget_policy
-from runtime.session.turn import ABORT_TEXT, SessionSetup
+if TYPE_CHECKING:  # imported where a setup is built (a host), not where the factory is passed on
+    from runtime.session.turn import SessionSetup  # (docs/decisions.md#ops-lazy-exports)
 
 __all__ = ["IM_SYSTEM_PROMPT", "ConfigSetupFactory", "business_tools", "output_schema", "output_sink"]
 
@@ -194,7 +194,9 @@ class ConfigSetupFactory:
         from runtime.keys import parse_session_key
         from runtime.session.chat_history import make_chat_history_tool
         from runtime.session.console_events import console_event_hook
+        from runtime.session.context_window import budget_policy
         from runtime.session.features import AgentFeatures
+        from runtime.session.turn import ABORT_TEXT, SessionSetup
 
         key = parse_session_key(session_key)
         self.prepare()

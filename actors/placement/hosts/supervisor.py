@@ -28,14 +28,16 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.placement.hosts.host import SessionHost
 from runtime import metrics
 from runtime.config import Config, RuntimeConfig
-from runtime.session.turn import SetupFactory
+
+if TYPE_CHECKING:
+    from runtime.session.turn import SetupFactory
 
 __all__ = ["NAMESPACE", "HostSupervisor", "actor_key", "headroom", "host_capacity"]
 

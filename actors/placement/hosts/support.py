@@ -16,10 +16,8 @@ from typing import Any
 import ray
 
 from actors.raylife.compat import install_group_loop_fix
-from runtime.memory.connection_budget import HOST_SQL_THREADS
 
 __all__ = [
-    "HOST_SQL_THREADS",
     "SQLITE_BUSY_TIMEOUT_MS",
     "WARM_UP_SESSION_KEY",
     "new_loop",
@@ -89,9 +87,22 @@ async def spawn_ray_task(fn: Any, args: dict[str, Any]) -> str:
 
 
 def open_repository(config: Any) -> Any:
+    """The host's :class:`~runtime.memory.repository.ContextRepository` on ``database.url``, after
+    creating the tables a host writes that do not exist yet (memory, the delivery ledger, the usage
+    ledger: their wings register them when imported, so they are imported here, not at the top of
+    this module, which the supervisor imports too; docs/decisions.md#ops-lazy-exports).
+
+    Raises:
+        sqlalchemy.exc.OperationalError: the database is unreachable.
+    """
+    from runtime.delivery.tables import DeliveryLedgerRow, DeliveryUncertainRow
+    from runtime.memory.connection_budget import HOST_SQL_THREADS
     from runtime.memory.db import Database
     from runtime.memory.repository import ContextRepository
+    from runtime.memory.tables import register_tables
+    from runtime.spend.ledger import UsageLedgerRow
 
+    register_tables(DeliveryLedgerRow, DeliveryUncertainRow, UsageLedgerRow)  # the ones a host writes
     url = getattr(getattr(config, "database", None), "url", None)
     db = Database(url, threads=HOST_SQL_THREADS, busy_timeout_ms=SQLITE_BUSY_TIMEOUT_MS, max_overflow=0)
     db.create_tables()
