@@ -46,15 +46,13 @@ Serve ingress replica finds them by name).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import ray
 
+from actors.delivery.handles import NAMESPACE, DeliveryPool, delivery_actor_name
 from actors.raylife.self_kick import kick_self
 from runtime import tracing
 from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySender, DeliverySettings, partition_of
@@ -66,19 +64,12 @@ __all__ = [
     "DeliveryPool",
     "DeliveryResult",
     "DeliverySettings",
+    "create_pool",
     "delivery_actor_name",
     "partition_of",
 ]
 
 log = logging.getLogger("sessionray.delivery")
-
-NAMESPACE = "sessionray"
-"""Ray namespace of every named sessionray actor (actor interfaces, contract 4)."""
-
-
-def delivery_actor_name(index: int, prefix: str = "sessionray-delivery") -> str:
-    """``sessionray-delivery-{index}`` (actor interfaces, contract 4)."""
-    return f"{prefix}-{index}"
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)
@@ -152,107 +143,29 @@ class DeliveryActor:
         return os.getpid()
 
 
-class DeliveryPool:
-    """Handles of the M named DeliveryActors; ``pick(session_key)`` chooses by stable hash.
+def create_pool(
+    settings: DeliverySettings,
+    size: int,
+    *,
+    prefix: str = "sessionray-delivery",
+    sweep_s: float | None = None,
+) -> DeliveryPool:
+    """Create (or attach to existing) ``size`` detached named :class:`DeliveryActor` s in namespace
+    ``sessionray``; their :class:`~actors.delivery.handles.DeliveryPool`. Call its ``ready`` to wait
+    until they run.
 
-    Create once with :meth:`create` (the runtime start), or attach from another process (a Ray
-    Serve replica) with :meth:`lookup`.
+    Raises:
+        ValueError: ``size`` < 1.
     """
-
-    def __init__(self, handles: Sequence[Any], prefix: str = "sessionray-delivery") -> None:
-        if not handles:
-            raise ValueError("a delivery pool needs at least one actor")
-        self.handles = list(handles)
-        self.prefix = prefix
-
-    @property
-    def size(self) -> int:
-        """M, the number of delivery actors."""
-        return len(self.handles)
-
-    @classmethod
-    def create(
-        cls,
-        settings: DeliverySettings,
-        size: int,
-        *,
-        prefix: str = "sessionray-delivery",
-        sweep_s: float | None = None,
-    ) -> DeliveryPool:
-        """Create (or attach to existing) ``size`` detached named actors in namespace ``sessionray``.
-
-        Call :meth:`ready` to wait until they run. Raises ``ValueError`` for ``size`` < 1.
-        """
-        if size < 1:
-            raise ValueError(f"runtime.delivery_actors must be >= 1, got {size}")
-        handles = [
-            DeliveryActor.options(  # type: ignore[attr-defined]
-                name=delivery_actor_name(i, prefix),
-                namespace=NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-            ).remote(i, settings, sweep_s)
-            for i in range(size)
-        ]
-        return cls(handles, prefix)
-
-    @classmethod
-    def lookup(cls, size: int, *, prefix: str = "sessionray-delivery") -> DeliveryPool:
-        """Attach to the running named actors. Raises ``ValueError`` when one is missing."""
-        names = [delivery_actor_name(i, prefix) for i in range(size)]
-        return cls([ray.get_actor(name, namespace=NAMESPACE) for name in names], prefix)
-
-    async def ready(self) -> list[str]:
-        """Wait until every actor runs; returns their owner ids."""
-        return list(await asyncio.gather(*[h.ready.remote() for h in self.handles]))
-
-    def pick(self, session_key: str) -> Any:
-        """The actor handle for ``session_key``: ``handles[crc32(session_key) % M]``."""
-        return self.handles[partition_of(session_key, self.size)]
-
-    def partition(self, session_key: str) -> int:
-        """``crc32(session_key) % M``: the ledger ``partition`` of the chat's replies."""
-        return partition_of(session_key, self.size)
-
-    def notify(self, session_key: str) -> None:
-        """Tell the chat's actor that a reply of ``session_key`` was queued in the ledger, without
-        waiting (fire and forget: a lost notification is made good by the actor's sweep)."""
-        try:
-            self.pick(session_key).notify.remote(session_key)
-        except Exception as exc:  # e.g. the actor is being restarted: its start-up sweep finds it
-            log.warning("delivery notification for %s not sent (%r); the sweep finds it", session_key, exc)
-
-    async def deliver(self, job: DeliveryJob, *, restart_wait_s: float = 60.0) -> DeliveryResult:
-        """``pick(job.session_key).deliver(job)``; if the actor died mid-call, call again until its
-        restarted incarnation answers (it resumes from the ledger, so nothing is sent twice).
-
-        Args:
-            restart_wait_s: How long to keep calling a dead/restarting actor, in seconds
-                (a restart takes ≈ 1.4 s idle, much longer on a loaded machine).
-
-        Raises:
-            ray.exceptions.RayActorError: the actor did not come back within ``restart_wait_s``.
-        """
-        handle = self.pick(job.session_key)
-        deadline = time.monotonic() + restart_wait_s
-        delay = 0.25
-        while True:
-            try:
-                result: DeliveryResult = await handle.deliver.remote(job)
-                return result
-            except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise
-                log.warning(
-                    "delivery actor for %s unavailable (%s); calling its restart",
-                    job.session_key,
-                    type(exc).__name__,
-                )
-                await asyncio.sleep(delay)
-                delay = min(2.0, delay * 2)
-
-    def stop(self) -> None:
-        """Kill every delivery actor (no restart)."""
-        for h in self.handles:
-            with contextlib.suppress(Exception):  # already gone
-                ray.kill(h, no_restart=True)
+    if size < 1:
+        raise ValueError(f"runtime.delivery_actors must be >= 1, got {size}")
+    handles = [
+        DeliveryActor.options(  # type: ignore[attr-defined]
+            name=delivery_actor_name(i, prefix),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+        ).remote(i, settings, sweep_s)
+        for i in range(size)
+    ]
+    return DeliveryPool(handles, prefix)

@@ -180,9 +180,9 @@ class SessionRuntime:
         self.config = config
         rt = config.runtime
         if delivery is None:
-            from actors.delivery.pool import DeliveryPool, DeliverySettings
+            from actors.delivery.pool import DeliverySettings, create_pool
 
-            delivery = DeliveryPool.create(DeliverySettings.from_config(config), rt.delivery_actors)
+            delivery = create_pool(DeliverySettings.from_config(config), rt.delivery_actors)
             self._owns_delivery = True
         self.delivery = delivery
         factory = setup_factory or ConfigSetupFactory(config)

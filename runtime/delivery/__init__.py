@@ -7,11 +7,19 @@ the Ray shell around :class:`~runtime.delivery.core.DeliverySender`
 Only :class:`DeliveryJob` (:mod:`runtime.delivery.job`, what the session wing hands over) is
 re-exported here: the sender, its settings and results (:mod:`runtime.delivery.core`) and the
 ledger (:mod:`runtime.delivery.ledger`) import an HTTP client and SQL, which a session host
-process must not pay for when it imports this package. Importing the package registers the
-delivery tables (:mod:`runtime.delivery.tables`) with those ``Database.create_tables`` creates.
+process must not pay for when it imports this package. Importing :mod:`runtime.delivery.tables`
+(the ledger and the outbox do) registers the delivery tables with those ``Database.create_tables``
+creates; a session host registers them before it creates its tables
+(:func:`actors.placement.hosts.support.open_repository`).
 """
 
-from runtime.delivery import tables as _tables  # noqa: F401  (registers the delivery tables)
-from runtime.delivery.job import DeliveryJob
+from typing import TYPE_CHECKING
+
+from runtime.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from runtime.delivery.job import DeliveryJob
+else:  # each name is imported on first use (docs/decisions.md#ops-lazy-exports)
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = ["DeliveryJob"]

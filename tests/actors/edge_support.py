@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from actors.delivery.pool import DeliveryJob, DeliveryPool, DeliverySettings
+from actors.delivery.pool import DeliveryJob, DeliveryPool, DeliverySettings, create_pool
 from runtime.reply.segments import Reply
 from tests.platform_api_server import PlatformApiServer
 
@@ -60,7 +60,7 @@ def delivery_pool(
     back-off, 0.5 s at most, and no periodic sweep (only the one at each start) unless overridden;
     ``bot``: more fields of the OneBot ``bots:`` entry."""
     settings = {"backoff_base_s": 0.01, "backoff_max_s": 0.5, **settings}
-    pool = DeliveryPool.create(
+    pool = create_pool(
         DeliverySettings(database_url=db_url, bots=[onebot_bot(api_base, **(bot or {}))], **settings),
         size,
         prefix=f"test-delivery-{uuid.uuid4().hex[:8]}",

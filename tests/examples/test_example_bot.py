@@ -35,7 +35,7 @@ import pytest
 import uvicorn
 import yaml
 
-from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.delivery.pool import DeliverySettings, create_pool
 from actors.inbound.ingress import build_app
 from actors.placement.runtime import SessionRuntime
 from actors.serve.main import with_ingress_address
@@ -128,7 +128,7 @@ def bot(ray_session: None, tmp_path_factory: pytest.TempPathFactory, fixtures_di
     with PlatformApiServer(fixtures_dir, vary_message_ids=True) as api:
         config = with_ingress_address(example_config(tmp, api.base_url), "127.0.0.1", port)
         settings = DeliverySettings.from_config(config)
-        delivery = DeliveryPool.create(
+        delivery = create_pool(
             settings, config.runtime.delivery_actors, prefix=f"example-delivery-{uuid.uuid4().hex[:8]}"
         )
         rt = SessionRuntime(prefix=f"example-{uuid.uuid4().hex[:8]}")

@@ -16,7 +16,7 @@ import pytest
 from runtime.lazy import lazy_exports, read_exports
 
 ROOT = Path(__file__).resolve().parents[2]
-LAZY = ("runtime", "runtime.agent", "runtime.reply", "runtime.memory", "runtime.session")
+LAZY = ("runtime", "runtime.agent", "runtime.reply", "runtime.memory", "runtime.session", "runtime.delivery")
 
 
 def _init(package: str) -> Path:
@@ -71,8 +71,14 @@ def _imported_by(modules: list[str]) -> list[str]:
 @pytest.mark.parametrize(
     "modules",
     [
-        ["actors.placement.router"],
-        ["actors.placement.hosts.supervisor", "actors.placement.hosts.setup", "runtime.config"],
+        ["actors.placement.router"],  # its inbox recovery imports SQL when it starts, not on import
+        # the supervisor unpickles its config, setup factory and delivery pool handles
+        [
+            "actors.placement.hosts.supervisor",
+            "actors.placement.hosts.setup",
+            "runtime.config",
+            "actors.delivery.handles",
+        ],
     ],
     ids=["router", "supervisor"],
 )

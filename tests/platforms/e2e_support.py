@@ -26,7 +26,7 @@ from typing import Any
 
 import uvicorn
 
-from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.delivery.pool import DeliverySettings, create_pool
 from actors.inbound.ingress import build_app
 from actors.placement.runtime import SessionRuntime
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
@@ -151,7 +151,7 @@ def running_stack(tmp: Path, fixtures_dir: Path) -> Iterator[Stack]:
     with PlatformApiServer(fixtures_dir, vary_message_ids=True) as api:
         config = make_config(tmp, api.base_url, port)
         settings = DeliverySettings(database_url=config.database.url, bots=config.bots, backoff_max_s=2.0)
-        delivery = DeliveryPool.create(settings, 1, prefix=f"e2e-delivery-{uuid.uuid4().hex[:8]}", sweep_s=0)
+        delivery = create_pool(settings, 1, prefix=f"e2e-delivery-{uuid.uuid4().hex[:8]}", sweep_s=0)
         rt = SessionRuntime(prefix=f"e2e-{uuid.uuid4().hex[:8]}")
         asyncio.run(
             rt.start(

@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.delivery.pool import DeliverySettings, create_pool
 from actors.inbound.ingress import build_app
 from actors.inbound.telegram_poll import start_pollers, stop_pollers
 from actors.inbound.telegram_poll_status import poller_name
@@ -114,7 +114,7 @@ def running_poll_stack(tmp: Path, fixtures_dir: Path) -> Iterator[PollStack]:
     with TelegramUpdatesServer(fixtures_dir) as api:
         config = make_config(tmp, api.base_url)
         settings = DeliverySettings(database_url=config.database.url, bots=config.bots, backoff_max_s=2.0)
-        delivery = DeliveryPool.create(settings, 1, prefix=f"poll-delivery-{uuid.uuid4().hex[:8]}", sweep_s=0)
+        delivery = create_pool(settings, 1, prefix=f"poll-delivery-{uuid.uuid4().hex[:8]}", sweep_s=0)
         rt = SessionRuntime(prefix=f"poll-{uuid.uuid4().hex[:8]}")
         setup = GatedSetup(str(tmp / "markers"))
         asyncio.run(rt.start(config, setup_factory=setup, delivery=delivery, wait_warm=True))

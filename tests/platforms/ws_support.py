@@ -25,7 +25,7 @@ import ray
 import uvicorn
 
 from actors.delivery.onebot_link import link_name
-from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.delivery.pool import DeliverySettings, create_pool
 from actors.inbound.ingress import build_app
 from actors.placement.runtime import SessionRuntime
 from runtime.config import BotConfig, Config, DatabaseConfig, RuntimeConfig
@@ -96,7 +96,7 @@ def ws_stack(tmp: Path, forward_url: str | None = None) -> Iterator[WsStack]:
     port = free_port()
     config = ws_config(tmp, forward_url)
     settings = DeliverySettings(database_url=config.database.url, bots=config.bots, backoff_max_s=2.0)
-    delivery = DeliveryPool.create(settings, 1, prefix=f"ws-delivery-{uuid.uuid4().hex[:8]}", sweep_s=0)
+    delivery = create_pool(settings, 1, prefix=f"ws-delivery-{uuid.uuid4().hex[:8]}", sweep_s=0)
     rt = SessionRuntime(prefix=f"ws-{uuid.uuid4().hex[:8]}")
     asyncio.run(
         rt.start(config, setup_factory=ScriptedSetup(str(tmp / "markers")), delivery=delivery, wait_warm=True)

@@ -26,7 +26,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from actors.cli.trace import sql_record
-from actors.delivery.pool import DeliveryPool, DeliverySettings
+from actors.delivery.pool import DeliverySettings, create_pool
 from actors.inbound.ingress import build_app
 from actors.placement.runtime import SessionRuntime
 from runtime import tracing
@@ -120,7 +120,7 @@ def running_chain(tmp: Path, fixtures_dir: Path, *, traced: bool) -> Iterator[Ch
             tracing=settings,
         )
         prefix = f"trace-{uuid.uuid4().hex[:8]}"
-        delivery = DeliveryPool.create(
+        delivery = create_pool(
             DeliverySettings.from_config(config), 1, prefix=f"{prefix}-d", sweep_s=0
         )
         rt = SessionRuntime(prefix=prefix)
