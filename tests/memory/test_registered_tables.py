@@ -39,9 +39,12 @@ def tables_created_after(imports: str, db_file: Path) -> list[str]:
 
 
 def test_a_process_that_imports_delivery_creates_its_tables_with_the_memory_tables(tmp_path: Path) -> None:
-    # Importing any module of runtime.delivery runs its package, which registers the tables; the
-    # same create_all then makes all eight.
-    assert tables_created_after("import runtime.delivery", tmp_path / "a.db") == sorted(MEMORY + DELIVERY)
+    # Importing the delivery ledger (or the outbox) imports runtime.delivery.tables, which
+    # registers the tables; the same create_all then makes all eight. The package alone registers
+    # nothing: its exports are lazy (docs/decisions.md#ops-lazy-exports).
+    assert tables_created_after("import runtime.delivery.ledger", tmp_path / "a.db") == sorted(MEMORY + DELIVERY)
+    assert tables_created_after("import runtime.delivery.outbox", tmp_path / "b.db") == sorted(MEMORY + DELIVERY)
+    assert tables_created_after("import runtime.delivery", tmp_path / "c.db") == MEMORY
 
 
 def test_a_session_host_creates_the_delivery_tables_it_writes(tmp_path: Path) -> None:
@@ -59,7 +62,7 @@ def test_the_delivery_columns_are_unchanged(tmp_path: Path) -> None:
     # The schema did not move with the module: the same columns, keys and index as before.
     from sqlalchemy import inspect
 
-    import runtime.delivery  # noqa: F401  (registers the delivery tables)
+    import runtime.delivery.ledger  # noqa: F401  (registers the delivery tables)
     from runtime.memory.db import Database
 
     db = Database(f"sqlite:///{tmp_path / 'd.db'}")
