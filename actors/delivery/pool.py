@@ -55,7 +55,7 @@ import ray
 from actors.delivery.handles import NAMESPACE, DeliveryPool, delivery_actor_name
 from actors.raylife.self_kick import kick_self
 from runtime import tracing
-from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySender, DeliverySettings, partition_of
+from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySettings, partition_of
 
 __all__ = [
     "NAMESPACE",
@@ -84,8 +84,12 @@ class DeliveryActor:
     """
 
     def __init__(self, index: int, settings: DeliverySettings, sweep_s: float | None = None) -> None:
+        # Imported here, not named as module globals by the class: Ray ships an actor class by
+        # value and every process that gets a handle on it loads the globals its methods name
+        # (docs/decisions.md#ops-lazy-exports) — the sender's HTTP client and SQL stay here.
         from actors.delivery.onebot_link import LinkSender
         from actors.raylife.metrics import install_ray_metrics
+        from runtime.delivery.core import DeliverySender
 
         install_ray_metrics()
         tracing.configure(settings.tracing, "delivery")

@@ -87,3 +87,36 @@ def test_a_light_actor_process_imports_no_sql_and_no_agent(modules: list[str]) -
     heavy = {"sqlalchemy", "sqlmodel", "runtime.agent.agent", "runtime.memory.db", "runtime.session.core"}
     assert sorted(heavy & loaded) == []
     assert "runtime.session.control" in loaded  # the control types it does use, imported as before
+
+
+@pytest.mark.parametrize(
+    "actor",
+    [
+        "actors.delivery.pool:DeliveryActor",
+        "actors.placement.hosts.host:SessionHost",
+        "actors.placement.hosts.supervisor:HostSupervisor",
+        "actors.placement.router:RouterActor",
+    ],
+)
+def test_a_handle_on_an_actor_does_not_load_what_the_actor_runs(actor: str, tmp_path: Path) -> None:
+    """Ray ships an actor class pickled (by value when Ray's wrapper class is not importable by
+    name), and every process that gets a handle on the actor loads it with the globals its methods
+    name: the supervisor holds the delivery actors' and the hosts' handles, the router the hosts'.
+    Loading the class must not import the HTTP client, SQL or the agent loop."""
+    module, _, name = actor.partition(":")
+    pickled = tmp_path / "class.pkl"
+    dump = (
+        "import importlib, sys, ray.cloudpickle as cp\n"
+        f"cls = getattr(importlib.import_module({module!r}), {name!r}).__ray_metadata__.modified_class\n"
+        f"open({str(pickled)!r}, 'wb').write(cp.dumps(cls))\n"
+    )
+    subprocess.run([sys.executable, "-c", dump], cwd=ROOT, check=True)
+    load = (
+        "import json, pickle, sys\n"
+        f"pickle.loads(open({str(pickled)!r}, 'rb').read())\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", load], cwd=ROOT, capture_output=True, text=True, check=True)
+    loaded = set(json.loads(out.stdout))
+    heavy = {"sqlalchemy", "httpx", "runtime.delivery.core", "runtime.agent.agent", "runtime.session.core"}
+    assert sorted(heavy & loaded) == []
