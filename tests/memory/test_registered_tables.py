@@ -42,8 +42,9 @@ def test_a_process_that_imports_delivery_creates_its_tables_with_the_memory_tabl
     # Importing the delivery ledger (or the outbox) imports runtime.delivery.tables, which
     # registers the tables; the same create_all then makes all eight. The package alone registers
     # nothing: its exports are lazy (docs/decisions.md#ops-lazy-exports).
-    assert tables_created_after("import runtime.delivery.ledger", tmp_path / "a.db") == sorted(MEMORY + DELIVERY)
-    assert tables_created_after("import runtime.delivery.outbox", tmp_path / "b.db") == sorted(MEMORY + DELIVERY)
+    with_delivery = sorted(MEMORY + DELIVERY)
+    assert tables_created_after("import runtime.delivery.ledger", tmp_path / "a.db") == with_delivery
+    assert tables_created_after("import runtime.delivery.outbox", tmp_path / "b.db") == with_delivery
     assert tables_created_after("import runtime.delivery", tmp_path / "c.db") == MEMORY
 
 
