@@ -11,7 +11,8 @@ Shape::
 
     if TYPE_CHECKING:
         from runtime.agent.agent import Agent
-    __getattr__, __dir__ = lazy_exports(__name__, __file__)
+    else:  # hidden from type checkers: they would take any name the package is asked for
+        __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 Rules (checked by ``tests/layout/test_lazy_exports.py``): an exported name never equals the name
 of a submodule of its package (a submodule imported first would shadow it), and only
