@@ -17,6 +17,9 @@ bytes still unacknowledged in the send queue), and at a failed read or write (or
 stream) what the peer had acknowledged and the TCP state. Linux ``TCP_INFO``
 (``tcpi_bytes_acked``, kernel ≥ 4.1) and ``SIOCOUTQ``; elsewhere nothing is known and a failure
 after the body stays uncertain.
+
+The same stream holds what httpcore writes of a request and sends it as one write when the answer
+is first read (docs/decisions.md#delivery-one-write): headers and body leave together.
 """
 
 from __future__ import annotations
@@ -36,7 +39,11 @@ from typing import Any
 
 import httpcore
 
-__all__ = ["Attempt", "ProbedBackend", "probing"]
+__all__ = ["HOLD_BYTES", "Attempt", "ProbedBackend", "probing"]
+
+HOLD_BYTES = 65_536
+"""A request's bytes :class:`_ProbedStream` holds at most before it writes them (one write for the
+headers and a body up to this size)."""
 
 _BYTES_ACKED = struct.Struct("=Q")
 _BYTES_ACKED_AT = 120
@@ -126,6 +133,9 @@ class _ProbedStream(httpcore.AsyncNetworkStream):
     def __init__(self, inner: httpcore.AsyncNetworkStream, dup: socket.socket | None = None) -> None:
         self._inner = inner
         self._dup = dup if dup is not None else _duplicate(inner.get_extra_info("socket"))
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._held_timeout: float | None = None
 
     def _ended(self) -> None:
         attempt = _CURRENT.get()
@@ -135,6 +145,11 @@ class _ProbedStream(httpcore.AsyncNetworkStream):
                 attempt.acked, attempt.state = found
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        """Send what :meth:`write` holds (the whole request), then read. A failed send is left to
+        the read, as httpcore does after a failed write: a server that closed early may still
+        have answered; else the read fails too."""
+        with contextlib.suppress(httpcore.WriteError):
+            await self._flush()
         try:
             data = await self._inner.read(max_bytes, timeout)
         except (httpcore.ReadError, httpcore.ReadTimeout):
@@ -145,8 +160,28 @@ class _ProbedStream(httpcore.AsyncNetworkStream):
         return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        """Hold ``buffer`` until the request is complete (HTTP/1.1 writes a whole request before
+        it reads the answer), so headers and body go out in one write: one system call, one
+        timeout scope and one turn of the event loop less per call
+        (docs/decisions.md#delivery-one-write). More than :data:`HOLD_BYTES` held is sent at once
+        (a large upload keeps a write timeout per chunk)."""
+        if buffer:
+            self._held.append(buffer)
+            self._held_bytes += len(buffer)
+            self._held_timeout = timeout
+        if self._held_bytes >= HOLD_BYTES:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Write what is held as one buffer; the first write of a probed call records where the
+        request starts in the stream (:class:`Attempt`). Raises httpcore's write errors."""
+        if not self._held:
+            return
+        buffer = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+        timeout = self._held_timeout
+        self._held, self._held_bytes = [], 0
         attempt = _CURRENT.get()
-        if attempt is not None and not attempt.written and buffer:
+        if attempt is not None and not attempt.written:
             attempt.written = True
             sock = self._dup
             found, queued = _acked_and_state(sock), _unacknowledged(sock) if sock is not None else None
