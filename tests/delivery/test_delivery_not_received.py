@@ -27,18 +27,20 @@ from runtime.delivery import ledger as ledger
 from runtime.delivery.clients import actor_connections
 from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySender, DeliverySettings
 from tests.actors.edge_support import onebot_bot, private_call, text_job
+from tests.delivery.wire_support import PassThroughStream
 from tests.weak_platform_server import WeakPlatformServer
 
 Gate = threading.Event | None
 """What a held write waits for (None: it is not held)."""
 
 
-class _HeldStream(httpcore.AsyncNetworkStream):
+class _HeldStream(PassThroughStream):
     """httpcore's stream, whose first write of a request (a write starting ``POST``) is held
     while ``hold(n)`` (n: the request's number on this connection, from 1) says so."""
 
     def __init__(self, inner: httpcore.AsyncNetworkStream, hold: Callable[[int], Gate]) -> None:
-        self._inner, self._hold, self._requests = inner, hold, 0
+        super().__init__(inner)
+        self._hold, self._requests = hold, 0
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if buffer.startswith(b"POST "):
@@ -47,15 +49,6 @@ class _HeldStream(httpcore.AsyncNetworkStream):
             if gate is not None:
                 assert await asyncio.to_thread(gate.wait, 10), "the server never closed the connection"
         await self._inner.write(buffer, timeout)
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._inner.read(max_bytes, timeout)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
 
 
 def hold_writes(monkeypatch: pytest.MonkeyPatch, hold: Callable[[int, int], Gate]) -> None:

@@ -6,8 +6,6 @@ leaves the client."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpcore
@@ -17,28 +15,20 @@ from runtime.delivery.clients import platform_client
 from runtime.delivery.send import send_http
 from runtime.delivery.wire_probe import HOLD_BYTES
 from runtime.platforms.base import ApiCall, MultipartFile
-from tests.delivery.test_wire_mark import Recorder, codec
+from tests.delivery.wire_support import PassThroughStream, Recorder, codec
 
 
-class _Counted(httpcore.AsyncNetworkStream):
+class _Counted(PassThroughStream):
     """httpcore's own stream; every non-empty write is kept in ``writes``."""
 
     def __init__(self, inner: httpcore.AsyncNetworkStream, writes: list[bytes]) -> None:
-        self._inner, self.writes = inner, writes
+        super().__init__(inner)
+        self.writes = writes
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if buffer:
             self.writes.append(buffer)
         await self._inner.write(buffer, timeout)
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._inner.read(max_bytes, timeout)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
 
 
 class _CountingBackend(httpcore.AnyIOBackend):
@@ -49,16 +39,6 @@ class _CountingBackend(httpcore.AnyIOBackend):
         self, host: str, port: int, *args: Any, **kwargs: Any
     ) -> httpcore.AsyncNetworkStream:
         return _Counted(await super().connect_tcp(host, port, *args, **kwargs), self.writes)
-
-
-@pytest.fixture
-async def recorder() -> AsyncIterator[tuple[Recorder, str]]:
-    rec = Recorder()
-    rec.server = await asyncio.start_server(rec.handle, "127.0.0.1", 0)
-    port = rec.server.sockets[0].getsockname()[1]
-    yield rec, f"http://127.0.0.1:{port}"
-    rec.server.close()
-    await rec.server.wait_closed()
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["post_json", "httpx_request"])
