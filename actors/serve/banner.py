@@ -62,7 +62,7 @@ def quiet_ray_auth(environ: MutableMapping[str, str] | None = None) -> str:
         where = ensure_local_token(env)
         return (
             f"sessionray: Ray            local; token authentication on (token: {where}; "
-            "the `ray` CLI of this user uses it)"
+            "`RAY_AUTH_MODE=token ray status` uses it too)"
         )
     return f"sessionray: Ray            local; token authentication {mode} ({RAY_AUTH_MODE_ENV}={mode})"
 

@@ -294,9 +294,10 @@ class CommandHandler:
         return "\n".join(lines)
 
     async def _usage(self, host: CommandHost, master: bool) -> str:
-        """``/usage``: one line per window and scope (the sender's; a master's also the chat's and
-        the bot's): what was used and, under a quota, what is left and when it resets."""
-        statuses, zone = await host.usage(("user", "chat", "bot") if master else ("user",))
+        """``/usage``: one line per window and scope (the sender's; a master's also the chat's, the
+        bot's and, under a global quota, everyone's): what was used and, under a quota, what is
+        left and when it resets."""
+        statuses, zone = await host.usage(("user", "chat", "bot", "global") if master else ("user",))
         lines = [self._text("spend_header", zone=zone)]
         for st in statuses:
             lim, use = st.limit, st.use

@@ -107,12 +107,13 @@ class SessionSpend:
 
     async def usage(self, owner: CallAttribution, scopes: Sequence[QuotaScope]) -> list[QuotaStatus]:
         """For ``/usage``: each limit on ``owner`` in ``scopes`` with its use so far; a scope
-        without limits shows its use in :data:`SHOWN_WINDOWS` (limits ``None``)."""
+        without limits shows its use in :data:`SHOWN_WINDOWS` (limits ``None``), but for
+        ``global``, shown only under a quota (its use alone would sum the whole ledger)."""
         if self.db is None:
             return []
         quotas = self.quotas
         limited = await quotas.status(self.db, owner, scopes) if quotas is not None else []
-        bare = [s for s in scopes if not any(st.limit.scope == s for st in limited)]
+        bare = [s for s in scopes if s != "global" and not any(st.limit.scope == s for st in limited)]
         if not bare:
             return limited
         db, tz = self.db, quotas.tz if quotas is not None else _utc()

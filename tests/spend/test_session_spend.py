@@ -192,6 +192,7 @@ async def test_usage_command_shows_what_is_left(db: Database) -> None:
         quotas=[
             {"scope": "user", "window": "day", "tokens": 1000},
             {"scope": "bot", "window": "month", "usd": 5},
+            {"scope": "global", "window": "month", "tokens": 100_000},
         ],
     )
     core, sent = await open_core(db, SessionSetup(model=fx.get_model(), features=features))
@@ -210,7 +211,19 @@ async def test_usage_command_shows_what_is_left(db: Database) -> None:
         "- this chat, this month: 120 tokens and $0.0000",
     ]
     assert lines[4].startswith("- this bot, this month: 120 tokens and $0.0000; left $5.0000 (resets ")
+    assert lines[5].startswith("- everyone, this month: 120 tokens and $0.0000; left 99,880 tokens (resets ")
+    assert len(lines) == 6
     assert fx.call_count == 1  # /usage never reaches the model
+
+
+async def test_usage_shows_no_global_line_without_a_global_quota(db: Database) -> None:
+    fx = register_faux_provider(default_response=reply("sure"), provider="spend-s7")
+    features = quota_features(quotas=[{"scope": "user", "window": "day", "tokens": 1000}])
+    core, sent = await open_core(db, SessionSetup(model=fx.get_model(), features=features))
+    assert (await core.submit(turn(1, "/usage", roles=["master"]))).outcome == "ok"
+    [text] = sent.texts()
+    assert not any(line.startswith("- everyone") for line in text.split("\n"))
+    assert text.split("\n")[1].startswith("- you, this day: 0 tokens")
 
 
 async def test_a_user_quota_spans_chats_and_database_handles(db: Database) -> None:

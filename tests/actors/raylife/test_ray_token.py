@@ -64,7 +64,7 @@ def test_the_banner_line_says_where_the_token_is_and_whether_it_was_made(tmp_pat
     env = {"HOME": str(tmp_path)}
     assert quiet_ray_auth(env) == (
         "sessionray: Ray            local; token authentication on (token: ~/.ray/auth_token, created now; "
-        "the `ray` CLI of this user uses it)"
+        "`RAY_AUTH_MODE=token ray status` uses it too)"
     )
     assert env["RAY_AUTH_MODE"] == "token"
     assert "(token: ~/.ray/auth_token;" in quiet_ray_auth(env)
