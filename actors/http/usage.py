@@ -74,8 +74,8 @@ def parse_query(params: dict[str, str]) -> _Query:
     """The checked query of ``params`` (the request's query string).
 
     Raises:
-        ValueError: a bad ``by``, ``since``, ``until`` or ``limit`` (the message says which and why).
-        MalformedKeyError: ``chat`` is not a session key.
+        ValueError: a bad ``by``, ``since``, ``until``, ``chat`` (not a session key) or ``limit``
+            (the message says which and why).
     """
     by = params.get("by")
     if by not in REPORT_BY:
@@ -88,7 +88,10 @@ def parse_query(params: dict[str, str]) -> _Query:
         raise ValueError(f"`until` ({until_raw}) must be after `since` ({params.get('since', '24h')})")
     chat = params.get("chat") or None
     if chat is not None:
-        checked_key(chat)
+        try:
+            checked_key(chat)
+        except ValueError as exc:
+            raise ValueError(f"`chat`: {exc}") from None
     filters = UsageFilters(
         chat=chat,
         user=params.get("user") or None,

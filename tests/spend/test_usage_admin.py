@@ -148,7 +148,7 @@ async def test_refused_without_the_admin_token(admin: Admin, monkeypatch: pytest
         ("?by=user&until=soon", "`until`: cannot read the time 'soon'"),
         ("?by=user&limit=0", "`limit` must be between 1 and 10000, got 0"),
         ("?by=user&limit=ten", "`limit` must be an integer, got 'ten'"),
-        ("?by=user&chat=group-555", "session key"),
+        ("?by=user&chat=group-555", "`chat`: malformed session key 'group-555'"),
     ],
 )
 async def test_bad_query_is_a_400_that_says_why(admin: Admin, query: str, message: str) -> None:
