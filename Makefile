@@ -40,7 +40,7 @@ pytest: setup ## run the test suite only (provisions as test-deps does)
 smoke: setup ## the README's `make run` end to end: ready, one console message answered, Ctrl-C, no Ray left (.ci/run runs it after `make test`)
 	$(PY) -m tests.smoke_run $(SMOKE_ARGS)
 
-lint: setup ## ruff and mypy over runtime/, providers/, actors/
+lint: setup ## ruff over runtime/, providers/, actors/, tests/; mypy over the first three
 	$(VENV)/bin/ruff check runtime providers actors tests
 	$(VENV)/bin/mypy
 
