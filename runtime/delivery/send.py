@@ -115,10 +115,11 @@ def _json_only(call: ApiCall) -> bool:
 
 class _WireMark:
     """The ``trace`` extension of one httpx request: awaits ``on_wire`` right before the write
-    that makes the request complete at the server — its body's first chunk (httpcore writes the
-    headers, yields to the event loop, then writes the body: a request cut after its headers is
-    never acted on, so that gap stays on the resendable side) or, for a request without a body,
-    its headers — and remembers that it did (docs/decisions.md#delivery-uncertain)."""
+    that makes the request complete at the server — its body's first chunk (httpcore hands over
+    the headers, then the body; a delivery platform client holds the headers and writes both in
+    one write after the mark, docs/decisions.md#delivery-one-write, and a client without that
+    hold has written the headers, which alone are never acted on) or, for a request without a
+    body, its headers — and remembers that it did (docs/decisions.md#delivery-uncertain)."""
 
     def __init__(self, on_wire: OnWire) -> None:
         self.on_wire = on_wire
