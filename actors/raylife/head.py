@@ -67,13 +67,31 @@ SINGLE_NODE_ENV = {
 wins): actor metrics reported every 5 s; no idle worker kept or started ahead (every sessionray
 process is a named actor with a process of its own, so a prestarted worker only idles: ≈ 43 MiB
 each, one per CPU by default; docs/decisions.md#ops-single-machine-profile)."""
-HEAD_LAUNCHER = (
-    "import ray.scripts.scripts as cli; "
-    "cli.get_ray_client_dependency_error = lambda: ImportError('no Ray Client on one node'); cli.main()"
+NO_API_SERVER = "127.0.0.1:9"
+"""What the local head records as its dashboard address in place of the API server it does not
+start: the discard port, nothing listens there. Ray's dashboard agent asks for that address once
+a second, logging a traceback each time, until the record exists; a client of the dashboard's HTTP
+API (`ray list`, job submission) is refused at once."""
+HEAD_LAUNCHER = "\n".join(
+    (
+        "import ray.scripts.scripts as cli, ray._private.node as node, ray._private.ray_constants as rc",
+        "cli.get_ray_client_dependency_error = lambda: ImportError('no Ray Client on one node')",
+        "def no_api_server(self, **_):",
+        "    self.get_gcs_client().internal_kv_put(",
+        f"        rc.DASHBOARD_ADDRESS.encode(), b'{NO_API_SERVER}', True, rc.KV_NAMESPACE_DASHBOARD)",
+        "node.Node.start_api_server = no_api_server",
+        "cli.main()",
+    )
 )
-"""``python -c`` code of ``ray start``: Ray 2.60's CLI starts a Ray Client server (≈ 49 MiB) whenever
-its dependencies import and refuses port 0; sessionray joins by the GCS address and never uses it,
-so the CLI is told it is not installed (docs/decisions.md#ops-single-machine-profile)."""
+"""``python -c`` code of ``ray start`` (docs/decisions.md#ops-single-machine-profile):
+
+* Ray 2.60's CLI starts a Ray Client server (≈ 49 MiB) whenever its dependencies import and refuses
+  port 0; sessionray joins by the GCS address and never uses it, so the CLI is told it is not
+  installed;
+* Ray 2.60 starts its dashboard's API server (≈ 77 MiB, ≈ 2.5 s of the start) even with
+  ``--include-dashboard=false``: its HTTP API (state listing, job submission) serves nothing
+  sessionray uses on one machine (the actors' metrics leave
+  by the dashboard agent, which stays), so the head records :data:`NO_API_SERVER` instead."""
 _SKIPPED_DIRS = frozenset({".git", ".venv", "venv", "build", "node_modules", "tests", "__pycache__"})
 
 
@@ -106,8 +124,9 @@ def last_error(output: str, limit: int = 300) -> str:
 
 
 def start_head(metrics_port: int, on_spawn: Callable[[int], None], log_path: Path | None = None) -> str:
-    """Start a local head node: GCS on a free port, no dashboard UI (:data:`SINGLE_NODE_OPTIONS`,
-    :data:`SINGLE_NODE_ENV`: no Ray Client server, monitor or idle worker), its metrics agent
+    """Start a local head node: GCS on a free port, no dashboard UI nor API server
+    (:data:`HEAD_LAUNCHER`), no Ray Client server, monitor or idle worker (:data:`SINGLE_NODE_OPTIONS`,
+    :data:`SINGLE_NODE_ENV`), its metrics agent
     on ``metrics_port``, in a new session (a Ctrl-C of the terminal or the death of this process
     does not reach it). Ray's ``ray_current_cluster`` file is left as it was (another program's
     ``ray.init()`` does not find this head). ``on_spawn(pid)`` is called with the ``ray start``

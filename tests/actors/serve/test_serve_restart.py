@@ -332,6 +332,24 @@ def test_a_changed_configuration_stops_what_the_killed_driver_left_and_nothing_e
     assert restarted.head_before <= restarted.head_after
 
 
+def test_the_local_head_runs_no_dashboard_api_server_and_its_agent_does_not_look_for_one(
+    restarted: Restarted,
+) -> None:
+    # docs/decisions.md#ops-single-machine-profile: `ray start --head` without Ray's dashboard API
+    # server (≈ 77 MiB); the head records an address in its place, so the dashboard agent, which
+    # asks for one at start and then every second until it exists, finds it at once
+    session_dir = json.loads(restarted.new_record.read_text())["session_dir"]
+    commands = []
+    for pid in ray_pids_of(session_dir):
+        with contextlib.suppress(psutil.Error):
+            commands.append(" ".join(psutil.Process(pid).cmdline()))
+    assert any("DashboardAgent" in c or "dashboard/agent.py" in c for c in commands), commands
+    assert not [c for c in commands if "dashboard/dashboard.py" in c]  # the API server's script
+    agent_log = (Path(session_dir) / "logs" / "dashboard_agent.log").read_text(errors="replace")
+    assert "Loaded" in agent_log and "modules" in agent_log  # the agent started its modules
+    assert "Get dashboard http address failed" not in agent_log
+
+
 def test_the_port_stores_and_answers_before_ray_is_up(restarted: Restarted) -> None:
     # stored and answered while the runtime was starting: 200 queued (the start-up recovery routes it)
     assert restarted.first_answer == (200, {"status": "queued"})
