@@ -65,6 +65,7 @@ from sqlmodel import Session, SQLModel, create_engine
 
 from runtime.memory.write_path import (
     WriterLock,
+    commit_failed,
     commit_marked,
     is_transient_write_error,
     retry_transient,
@@ -251,14 +252,18 @@ class Database:
     @contextmanager
     def _checkout(self, write: bool) -> Iterator[Connection]:
         """A pooled connection; for a writer also ``BEGIN IMMEDIATE`` (SQLite) and the writer lock,
-        taken once the connection is checked out and held until the block ends."""
+        taken once the connection is checked out and held until the block ends. A connection
+        whose COMMIT failed is discarded, not pooled again: SQLite leaves its transaction open
+        after a failed COMMIT (a deferred constraint, a busy database), and the next ``BEGIN`` on
+        it would fail with "cannot start a transaction within a transaction"."""
         with self.engine.connect() as conn:
             if not write:
-                yield conn
+                with _discarded_on_failed_commit(conn):
+                    yield conn
                 return
             if self.is_sqlite:
                 conn.execution_options(sessionray_sqlite_immediate=True)
-            with self.writer_lock():
+            with self.writer_lock(), _discarded_on_failed_commit(conn):  # closed before the lock goes
                 yield conn
 
     def insert(self, table: Table) -> PgInsert | SqliteInsert:
@@ -334,6 +339,18 @@ def _transaction(handle: H, rollback: Callable[[], None], commit: Callable[[], N
         rollback()
         raise
     commit_marked(commit)
+
+
+@contextmanager
+def _discarded_on_failed_commit(conn: Connection) -> Iterator[None]:
+    """Invalidate ``conn`` (its DBAPI connection is closed, which ends any transaction left open)
+    when the block raises an error of a COMMIT (:func:`runtime.memory.write_path.commit_failed`)."""
+    try:
+        yield
+    except BaseException as exc:
+        if commit_failed(exc):
+            conn.invalidate()
+        raise
 
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:

@@ -44,7 +44,14 @@ try:  # POSIX only; elsewhere the writer lock is in-process only
 except ImportError:  # pragma: no cover - not on Linux
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["WriterLock", "commit_marked", "is_transient_write_error", "retry_transient", "writer_lock_for"]
+__all__ = [
+    "WriterLock",
+    "commit_failed",
+    "commit_marked",
+    "is_transient_write_error",
+    "retry_transient",
+    "writer_lock_for",
+]
 
 log = logging.getLogger("sessionray.sql")
 
@@ -89,6 +96,12 @@ def is_transient_write_error(exc: BaseException) -> bool:
         return str(sqlstate).startswith("08")
     # psycopg reports a dropped/refused connection as OperationalError without a SQLSTATE.
     return type(orig).__name__ == "OperationalError" and type(orig).__module__.startswith("psycopg")
+
+
+def commit_failed(exc: BaseException) -> bool:
+    """True when ``exc`` was raised by a COMMIT (:func:`commit_marked`): the transaction may have
+    been written, so it must not run again."""
+    return bool(getattr(exc, _COMMIT_FAILED, False))
 
 
 def commit_marked(commit: Callable[[], None]) -> None:

@@ -140,3 +140,27 @@ async def test_release_connections_leaves_no_postgresql_connection(pg_url: str) 
     finally:
         db.dispose()
         drop_schema(pg_url, schema)
+
+
+def test_a_connection_whose_commit_failed_is_not_pooled_again(tmp_path: object) -> None:
+    # SQLite keeps the transaction open after a failed COMMIT (here a deferred foreign key); with
+    # one pooled connection, the next transaction would get it and fail on BEGIN
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    db = Database(f"sqlite:///{tmp_path}/commit.db", threads=1, max_overflow=0)
+    try:
+        with db.connection(write=True) as conn:
+            conn.execute(text("CREATE TABLE p (id INTEGER PRIMARY KEY)"))
+            fk = "p INTEGER REFERENCES p(id) DEFERRABLE INITIALLY DEFERRED"
+            conn.execute(text(f"CREATE TABLE t (v TEXT, {fk})"))
+        with pytest.raises(IntegrityError) as failed, db.connection(write=True) as conn:
+            conn.execute(text("INSERT INTO t VALUES ('orphan', 9)"))
+        assert write_path.commit_failed(failed.value)
+        with db.connection(write=True) as conn:
+            conn.execute(text("INSERT INTO p VALUES (9)"))
+            conn.execute(text("INSERT INTO t VALUES ('kept', 9)"))
+        with db.connection() as conn:
+            assert [r[0] for r in conn.execute(text("SELECT v FROM t"))] == ["kept"]
+    finally:
+        db.dispose()
