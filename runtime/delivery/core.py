@@ -20,6 +20,7 @@ docs/decisions.md#delivery-uncertain).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -222,45 +223,76 @@ class DeliverySender:
 
     async def _drain(self, session_key: str) -> None:
         """Send the chat's ``queued``/``pending`` replies in ledger order until none is left, or
-        one is owned by another live actor (the sweep comes back for it)."""
+        one is owned by another live actor (the sweep comes back for it). Each read of the queue
+        claims its head in the same write when it is a fresh queued row
+        (:func:`runtime.delivery.ledger.claim_chat_head`: one transaction less per reply)."""
         batch = 50
         while True:
-            entries = await self.db.run(lambda: outbox.chat_queue(self.db, session_key, batch))
-            for entry in entries:
+            started = time.time_ns()
+            skip = frozenset(self._running)  # read on the loop, where _running changes
+            head = await self.db.run_write(functools.partial(self._claim_head, session_key, batch, skip))
+            claimed_at = (started, time.time_ns())
+            for i, entry in enumerate(head.entries):
                 if entry.reply_id in self._running:  # a direct call of it waits in this chain
                     self.wake(session_key)  # the rest after it
                     return
                 job = DeliveryJob.model_validate_json(entry.job_json)
+                claimed = head.claimed if i == 0 else None
                 try:
-                    result = await self._deliver_traced(job, queued=True)
+                    result = await self._deliver_traced(
+                        job, queued=True, claimed=claimed, claimed_at=claimed_at if claimed else None
+                    )
                 except ledger.LostLeaseError as exc:
                     log.warning("%s; leaving it to its new owner", exc)
                     return
                 if result.outcome == "busy":
                     return
-            if len(entries) < batch:  # a reply queued meanwhile came with its own wake-up
+            if len(head.entries) < batch:  # a reply queued meanwhile came with its own wake-up
                 return
+
+    def _claim_head(self, session_key: str, batch: int, skip: frozenset[str]) -> ledger.ChatHead:
+        """:func:`runtime.delivery.ledger.claim_chat_head` of the chat (blocking); ``skip``: the
+        replies direct calls wait with in this chain (:meth:`deliver`), never claimed here."""
+        return ledger.claim_chat_head(self.db, session_key, self.owner, self.lease_ms, limit=batch, skip=skip)
 
     # ------------------------------------------------------------------ one reply
 
-    async def _deliver_traced(self, job: DeliveryJob, *, queued: bool) -> DeliveryResult:
+    async def _deliver_traced(
+        self,
+        job: DeliveryJob,
+        *,
+        queued: bool,
+        claimed: ledger.ClaimOutcome | None = None,
+        claimed_at: tuple[int, int] | None = None,
+    ) -> DeliveryResult:
         """:meth:`_deliver` as the span ``delivery`` of the message's trace (``job.traceparent``,
-        docs/decisions.md#ops-traces)."""
-        with tracing.span("delivery", parent=job.traceparent, reply_id=job.reply_id, queued=queued) as step:
-            result = await self._deliver(job, queued=queued)
+        docs/decisions.md#ops-traces). A reply ``claimed`` already (by the drain's read, from
+        ``claimed_at[0]`` to ``claimed_at[1]``, ``time.time_ns()``) gets that claim as its
+        ``delivery.claim`` step, the span ``delivery`` starting with it."""
+        start_ns = claimed_at[0] if claimed_at is not None else None
+        with tracing.span(
+            "delivery", parent=job.traceparent, reply_id=job.reply_id, queued=queued, start_ns=start_ns
+        ) as step:
+            if claimed_at is not None:
+                tracing.past_span("delivery.claim", *claimed_at, with_read=True)
+            result = await self._deliver(job, queued=queued, claimed=claimed)
             step.set(outcome=result.outcome)
             return result
 
-    async def _deliver(self, job: DeliveryJob, *, queued: bool) -> DeliveryResult:
-        """One reply, step by step: claim → check → render → send → close. Returns its
-        :class:`DeliveryResult` (``duplicate`` and ``busy`` without sending). Raises
-        :class:`runtime.delivery.ledger.LostLeaseError` when another owner took the reply over,
-        and whatever the check or render of a claimed reply raises (the reply stays claimed)."""
+    async def _deliver(
+        self, job: DeliveryJob, *, queued: bool, claimed: ledger.ClaimOutcome | None = None
+    ) -> DeliveryResult:
+        """One reply, step by step: claim (unless ``claimed`` already) → check → render → send →
+        close. Returns its :class:`DeliveryResult` (``duplicate`` and ``busy`` without sending).
+        Raises :class:`runtime.delivery.ledger.LostLeaseError` when another owner took the reply
+        over, and whatever the check or render of a claimed reply raises (the reply stays claimed)."""
         started = time.perf_counter()
         codec = self.codecs.get(bot_key(job.platform, job.bot_id))
-        early = await self._render_early(job, codec)
-        with tracing.span("delivery.claim"):
-            claim = await self._claim(job, queued, self._steps_marked_at_claim(job, early))
+        early = None if claimed is not None else await self._render_early(job, codec)
+        claim = claimed
+        if claim is None:
+            with tracing.span("delivery.claim"):
+                claim = await self._claim(job, queued, self._steps_marked_at_claim(job, early))
         if claim.state != "claimed":
             return self._settled(job, claim)
         lease = _Lease(self, job.reply_id)

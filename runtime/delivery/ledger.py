@@ -28,7 +28,8 @@ Rules that make a retried or replayed send never reach the platform twice:
    owner that waits out a platform outage renews its lease (:func:`renew`).
 
 What one reply writes, and when (:data:`REPLY_WRITES_OVER_HTTP`): over HTTP the claim
-(:func:`claim_queued` or :func:`claim`), then per step :func:`begin_step` as the request is
+(:func:`claim_chat_head`, which reads the chat's queue in the same transaction, :func:`claim_queued`
+or :func:`claim`), then per step :func:`begin_step` as the request is
 written (not at the claim: a sender killed while connecting must leave a step that is sent again,
 docs/decisions.md#delivery-uncertain) and :func:`finish_step` once the platform confirmed it (the
 last one with the outbound transcript row) — three write transactions for a one-step reply,
@@ -47,6 +48,7 @@ through :meth:`runtime.memory.db.Database.run_write`, the readers through
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack
 
@@ -71,12 +73,14 @@ from runtime.delivery.ledger_steps import (
     renew,
     skip_uncertain_step,
 )
+from runtime.delivery.outbox import chat_queue_select
 from runtime.delivery.tables import DeliveryLedgerRow
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 
 __all__ = [
     "REPLY_WRITES_OVER_HTTP",
+    "ChatHead",
     "ClaimFields",
     "ClaimOutcome",
     "DeliveryLedgerRow",
@@ -88,6 +92,7 @@ __all__ = [
     "begin_step",
     "claim",
     "claim_and_begin",
+    "claim_chat_head",
     "claim_queued",
     "create_ledger_table",
     "finish",
@@ -261,6 +266,54 @@ def claim_queued(
             return ClaimOutcome("claimed", LedgerEntry.of(fresh), begun=begin)
         row = _locked(conn, db, reply_id)
         return None if row is None else _take(conn, row, owner, lease_ms, now, steps_total)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatHead:
+    """What :func:`claim_chat_head` read and claimed.
+
+    Attributes:
+        entries: The chat's ``queued`` and ``pending`` rows, oldest first (at most ``limit``),
+            as read before the claim.
+        claimed: The claim of ``entries[0]`` (state ``claimed``), or None: the head is not a
+            queued row nobody worked on, or its ``reply_id`` was in ``skip``, or there is none.
+    """
+
+    entries: list[LedgerEntry]
+    claimed: ClaimOutcome | None = None
+
+
+def claim_chat_head(
+    db: Database,
+    session_key: str,
+    owner: str,
+    lease_ms: int,
+    *,
+    limit: int = 50,
+    skip: Set[str] = frozenset(),
+) -> ChatHead:
+    """Read ``session_key``'s unfinished replies in ledger order and, in the same write
+    transaction, claim the first when it is a ``queued`` row nobody worked on (the outbox's
+    common case) and not in ``skip``: a delivery actor's drain of a chat then costs one
+    transaction less than a read followed by :func:`claim_queued`
+    (docs/decisions.md#delivery-outbox). Any other head (``pending``: a dead owner's, a resend)
+    is left to :func:`claim_queued`, which knows those cases.
+
+    Raises:
+        sqlalchemy.exc.OperationalError: as any write (transient ones: run it through
+            :meth:`runtime.memory.db.Database.run_write`).
+    """
+    with db.connection(write=True) as conn:
+        entries = [LedgerEntry.of(r) for r in conn.execute(chat_queue_select(session_key, limit))]
+        head = entries[0] if entries else None
+        if head is None or head.status != "queued" or head.reply_id in skip:
+            return ChatHead(entries)
+        now = now_ms()
+        params = {"r": head.reply_id, "o": owner, "lease": now + lease_ms, "now": now}
+        fresh = conn.execute(_CLAIM_FRESH_QUEUED, params).first()
+        if fresh is None:  # worked on before (a resend, a takeover): claim_queued decides
+            return ChatHead(entries)
+        return ChatHead(entries, ClaimOutcome("claimed", LedgerEntry.of(fresh)))
 
 
 def _claim(db: Database, fields: ClaimFields, begin_total: int | None) -> ClaimOutcome:

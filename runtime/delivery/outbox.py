@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import Connection, and_, func, or_, update
+from sqlalchemy import Connection, Select, and_, func, or_, update
 from sqlalchemy import select as core_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -43,6 +43,7 @@ __all__ = [
     "NotRetryableError",
     "ReplyRecord",
     "chat_queue",
+    "chat_queue_select",
     "chats_to_resume",
     "counts",
     "list_replies",
@@ -116,16 +117,21 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[
     return write
 
 
-def chat_queue(db: Database, session_key: str, limit: int = 50) -> list[LedgerEntry]:
-    """The ``queued`` and ``pending`` replies of ``session_key``, oldest first (ledger order)."""
-    stmt = (
+def chat_queue_select(session_key: str, limit: int = 50) -> Select[Any]:
+    """The ``SELECT`` of :func:`chat_queue` (also read, with its head claimed, in one write by
+    :func:`runtime.delivery.ledger.claim_chat_head`)."""
+    return (
         core_select(T)
         .where(T.c.status.in_(_UNFINISHED), T.c.session_key == session_key)
         .order_by(T.c.created_at, T.c.reply_id)
         .limit(limit)
     )
+
+
+def chat_queue(db: Database, session_key: str, limit: int = 50) -> list[LedgerEntry]:
+    """The ``queued`` and ``pending`` replies of ``session_key``, oldest first (ledger order)."""
     with db.connection() as conn:
-        return [LedgerEntry.of(r) for r in conn.execute(stmt)]
+        return [LedgerEntry.of(r) for r in conn.execute(chat_queue_select(session_key, limit))]
 
 
 def chats_to_resume(db: Database, partition: int, owner: str, limit: int = 1000) -> list[str]:

@@ -27,7 +27,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NOOP", "Step", "configure", "enabled", "event", "flush", "reset", "span", "traceparent"]
+__all__ = [
+    "NOOP",
+    "Step",
+    "configure",
+    "enabled",
+    "event",
+    "flush",
+    "past_span",
+    "reset",
+    "span",
+    "traceparent",
+]
 
 _state: dict[str, Any] = {"on": False, "tracer": None, "provider": None}
 """``on``: spans are made; ``tracer`` / ``provider``: the process's OpenTelemetry tracer and
@@ -37,10 +48,18 @@ tracer provider (None when off)."""
 class Step:
     """A step's span as a context manager (what :func:`span` returns when tracing is on)."""
 
-    __slots__ = ("_attrs", "_cm", "_links", "_name", "_parent", "_span")
+    __slots__ = ("_attrs", "_cm", "_links", "_name", "_parent", "_span", "_start_ns")
 
-    def __init__(self, name: str, parent: str | None, links: Sequence[str], attrs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        parent: str | None,
+        links: Sequence[str],
+        attrs: dict[str, Any],
+        start_ns: int | None = None,
+    ) -> None:
         self._name, self._parent, self._links, self._attrs = name, parent, links, attrs
+        self._start_ns = start_ns
         self._span: Any = None
         self._cm: Any = None
 
@@ -52,7 +71,9 @@ class Step:
         links = [link for link in (link_of(tp) for tp in self._links) if link is not None]
         ctx = context_of(self._parent) if self._parent else None
         attrs = {k: v for k, v in self._attrs.items() if v is not None}
-        self._span = _state["tracer"].start_span(self._name, context=ctx, links=links, attributes=attrs)
+        self._span = _state["tracer"].start_span(
+            self._name, context=ctx, links=links, attributes=attrs, start_time=self._start_ns
+        )
         self._cm = trace.use_span(self._span, end_on_exit=True)
         self._cm.__enter__()
         return self
@@ -100,7 +121,14 @@ NOOP = _Noop()
 """The one do-nothing step (tracing off)."""
 
 
-def span(name: str, *, parent: str | None = None, links: Sequence[str] = (), **attrs: Any) -> Step | _Noop:
+def span(
+    name: str,
+    *,
+    parent: str | None = None,
+    links: Sequence[str] = (),
+    start_ns: int | None = None,
+    **attrs: Any,
+) -> Step | _Noop:
     """A context manager timing one step as a span named ``name`` (``area.step``, e.g.
     ``delivery.send``) with ``attrs`` (str/int/float/bool; None left out).
 
@@ -109,10 +137,23 @@ def span(name: str, *, parent: str | None = None, links: Sequence[str] = (), **a
             the current span of this task, or a new trace when there is none.
         links: ``traceparent`` strings of related spans (a replayed message links its first
             attempt); malformed ones are left out.
+        start_ns: When the step began (``time.time_ns()``), for a step whose first part ran
+            before its trace was known (:func:`past_span`); None: now.
     """
     if not _state["on"]:
         return NOOP
-    return Step(name, parent, links, attrs)
+    return Step(name, parent, links, attrs, start_ns)
+
+
+def past_span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
+    """Record a step that already ran, from ``start_ns`` to ``end_ns`` (``time.time_ns()``), as a
+    finished child of the current span: a step done before its trace was known (a delivery
+    actor claims a reply in the same write that reads it, and learns its trace from the row).
+    Nothing when tracing is off."""
+    if not _state["on"]:
+        return
+    attributes = {k: v for k, v in attrs.items() if v is not None}
+    _state["tracer"].start_span(name, attributes=attributes, start_time=start_ns).end(end_time=end_ns)
 
 
 def traceparent() -> str | None:

@@ -130,6 +130,38 @@ def test_queued_rows_in_chat_order_claimed_in_one_update(db: Database) -> None:
     assert ledger.claim_queued(db, "nope", "0:x", 60_000) is None
 
 
+def test_the_chats_queue_is_read_and_its_fresh_head_claimed_in_one_write(db: Database) -> None:
+    a1, a2, b1 = text_job("a1", reply_id="A1"), text_job("a2", reply_id="A2"), group_job("b1", "B1")
+    queue(db, a1, 1_000_001)
+    queue(db, a2, 1_000_002)
+    queue(db, b1, 1_000_001)
+
+    head = ledger.claim_chat_head(db, a1.session_key, "0:x", 60_000)
+    assert [e.reply_id for e in head.entries] == ["A1", "A2"]
+    assert head.entries[0].status == "queued"  # as read, before the claim
+    assert head.claimed is not None and head.claimed.state == "claimed" and not head.claimed.begun
+    claimed = head.claimed.entry
+    assert (claimed.reply_id, claimed.status, claimed.owner, claimed.created_at) == (
+        "A1",
+        "pending",
+        "0:x",
+        1_000_001,
+    )
+
+    again = ledger.claim_chat_head(db, a1.session_key, "0:x", 60_000)  # the head is pending now
+    assert [e.reply_id for e in again.entries] == ["A1", "A2"] and again.claimed is None
+    assert getattr(ledger.get_entry(db, "A2"), "status", None) == "queued"  # never past the head
+
+    skipped = ledger.claim_chat_head(db, b1.session_key, "0:x", 60_000, skip={"B1"})
+    assert [e.reply_id for e in skipped.entries] == ["B1"] and skipped.claimed is None
+    assert getattr(ledger.get_entry(db, "B1"), "status", None) == "queued"
+
+    first = ledger.claim_chat_head(db, a1.session_key, "0:x", 60_000, limit=1)
+    assert [e.reply_id for e in first.entries] == ["A1"]
+    nobody = ledger.claim_chat_head(db, "onebot11:1:private:404", "0:x", 60_000)
+    assert nobody.entries == [] and nobody.claimed is None
+
+
 def test_hand_overs_in_one_millisecond_or_behind_the_clock_keep_hand_over_order(db: Database) -> None:
     """The chat's order is its hand-over order even when two rows get the same millisecond (CI:
     b1's random reply id sorted before b0's, so b1 went out first) or a later one an earlier
@@ -253,8 +285,13 @@ async def test_older_than_max_age_is_failed_listed_and_a_retry_sends_it_once(
         await eventually(lambda: state(sender.db, "OLD-1") == "failed", "the reply to fail")
         [shown] = outbox.list_replies(sender.db, ["failed"])
         assert shown.reply_id == "OLD-1" and "delivery.max_age_s=0.5" in (shown.error or "")
-        assert (
-            metric("sessionray_delivery_failures_total", platform="onebot11", reason="expired") == before + 1
+        # counted just after the ledger write that made the reply failed
+        await eventually(
+            lambda: (
+                metric("sessionray_delivery_failures_total", platform="onebot11", reason="expired")
+                == before + 1
+            ),
+            "the failure counted",
         )
         tries = len(api.requests)
         assert tries >= 2 and texts(api, "/send_private_msg") == []
@@ -330,9 +367,10 @@ async def test_one_message_costs_the_documented_write_transactions(
     stored it — the number docs/architecture.md quotes (tests/docs checks the quote): inbound
     record; the LLM call's usage row (docs/decisions.md#spend-ledger); the final assistant message
     and ``im_reply`` with the reply's ``queued`` ledger row (docs/decisions.md#session-turn-records);
-    the claim (one UPDATE), step 0 marked on the wire when its request is written (not at the
-    claim: a sender killed while connecting must leave a step that is sent again, not an
-    uncertain one — docs/decisions.md#delivery-uncertain), step done
+    the claim (one UPDATE, in the same transaction as the read of the chat's queue: the
+    delivery reads nothing in a transaction of its own), step 0 marked on the wire when its
+    request is written (not at the claim: a sender killed while connecting must leave a step
+    that is sent again, not an uncertain one — docs/decisions.md#delivery-uncertain), step done
     with the outbound transcript row."""
     url = f"sqlite:///{tmp_path / 'writes.db'}"
     db = Database(url)
@@ -347,6 +385,12 @@ async def test_one_message_costs_the_documented_write_transactions(
         elif writes and words[0] in ("INSERT", "UPDATE"):
             writes[-1].append(f"{words[0]} {words[2] if words[0] == 'INSERT' else words[1]}")
 
+    sender_reads: list[str] = []
+
+    def read(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        if statement.split() == ["BEGIN"]:  # a read transaction (writes: BEGIN IMMEDIATE)
+            sender_reads.append(statement)
+
     async def notify(job: DeliveryJob) -> None:
         sender.wake(job.session_key)
 
@@ -360,6 +404,7 @@ async def test_one_message_costs_the_documented_write_transactions(
         )
         for engine in (db.engine, sender.db.engine):
             event.listen(engine, "before_cursor_execute", record)
+        event.listen(sender.db.engine, "before_cursor_execute", read)
         result = await core.submit(turn(1, "hello"))
         await eventually(lambda: state(db, result.reply_id or "") == "sent", "the reply")
         await eventually(
@@ -373,8 +418,9 @@ async def test_one_message_costs_the_documented_write_transactions(
         ["INSERT llm_usage"],  # the one LLM call, committed before its end is seen
         # the final answer + im_reply, with the reply's queued ledger row
         ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT agent_messages", "INSERT delivery_ledger"],
-        ["UPDATE delivery_ledger"],  # claim
+        ["UPDATE delivery_ledger"],  # the chat's queue read and its head claimed
         ["UPDATE delivery_ledger"],  # step 0 on the wire (as its request is written)
         ["UPDATE delivery_ledger", "INSERT im_transcripts"],  # step done, sent; the transcript
     ]
+    assert sender_reads == []
     assert [json.loads(r.body)["message"][0]["data"]["text"] for r in api.requests] == ["re: hello"]

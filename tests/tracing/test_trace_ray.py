@@ -192,7 +192,13 @@ def test_one_message_is_one_trace_with_every_step(tmp_path: Path, fixtures_dir: 
     assert [(s["attributes"]["model"], s["attributes"]["output_tokens"]) for s in llm] == [
         ("script-model", 0)
     ] * 2
-    reply_id = next(s for s in spans if s["name"] == "handoff")["attributes"]["reply_id"]
+    step = {s["name"]: s for s in spans}
+    # the claim, made in the write that read the chat's queue (before the trace was known), is
+    # the delivery's first step: the span `delivery` starts with it; the send comes after it
+    claim, delivery = step["delivery.claim"], step["delivery"]
+    assert claim["start_ns"] == delivery["start_ns"] < claim["end_ns"] <= step["delivery.send"]["start_ns"]
+    assert claim["attributes"] == {"with_read": True}
+    reply_id = step["handoff"]["attributes"]["reply_id"]
     everything = sorted(s["span_id"] for s in spans)
     assert sorted(s["span_id"] for s in trace_of(spans, reply_id)) == everything  # sessionray trace <reply>
     assert sorted(s["span_id"] for s in trace_of(spans, "4242")) == everything  # sessionray trace <message>
