@@ -41,6 +41,8 @@ FULL = {"one_chat": 200, "chats": 20, "per_chat": 50, "chatter": 3000, "floor": 
 QUICK = {"one_chat": 20, "chats": 4, "per_chat": 5, "chatter": 50, "floor": (50, 300)}
 BASE = {"one": 610_000, "many": 620_000, "groups": 630_000}
 """First OneBot user / group id of each phase's chats."""
+IDLE_RUNS = 3
+"""Runs of the idle measure whose medians are ``idle_pss_mib``, ``idle_cores`` and ``ready_s``."""
 LOAD_ROLES = ("load + platform API",)
 """Process kinds that are not the runtime (excluded from ``cpu_ms_per_message``)."""
 KEYS = (
@@ -98,15 +100,16 @@ def _one_db(load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, An
 
 
 def _idle(quick: bool) -> dict[str, Any]:
-    """:func:`tests.bench.idle.measure_idle` of ``make run``'s instance (a ``sessionray serve`` of
-    its own, about a minute); a quick run (the test suite's smoke) leaves it out: ``None`` figures
-    with the reason."""
+    """:func:`tests.bench.idle.measure_idle` of ``make run``'s instance, the median of
+    :data:`IDLE_RUNS` runs (a ``sessionray serve`` of its own each, about a minute: one run's
+    ``ready_s`` moved by 2 s between runs on one machine); a quick run (the test suite's smoke)
+    leaves it out: ``None`` figures with the reason."""
     if quick:
         return {"idle_pss_mib": None, "idle_cores": None, "ready_s": None,
                 "note": "quick run: not measured (python -m tests.bench.idle)"}  # fmt: skip
     from tests.bench.idle import measure_idle
 
-    res = measure_idle()
+    res = measure_idle(runs=IDLE_RUNS)
     return {k: res.get(k) for k in ("idle_pss_mib", "idle_cores", "ready_s")} | {"detail": res}
 
 
