@@ -224,8 +224,9 @@ class DeliverySender:
     async def _drain(self, session_key: str) -> None:
         """Send the chat's ``queued``/``pending`` replies in ledger order until none is left, or
         one is owned by another live actor (the sweep comes back for it). Each read of the queue
-        claims its head in the same write when it is a fresh queued row
-        (:func:`runtime.delivery.ledger.claim_chat_head`: one transaction less per reply)."""
+        claims its head in the same write when it is a fresh queued row of a bot over HTTP
+        (:func:`runtime.delivery.ledger.claim_chat_head`: one transaction less per read, that is
+        per reply when each wake-up finds one)."""
         batch = 50
         while True:
             started = time.time_ns()
@@ -252,8 +253,12 @@ class DeliverySender:
 
     def _claim_head(self, session_key: str, batch: int, skip: frozenset[str]) -> ledger.ChatHead:
         """:func:`runtime.delivery.ledger.claim_chat_head` of the chat (blocking); ``skip``: the
-        replies direct calls wait with in this chain (:meth:`deliver`), never claimed here."""
-        return ledger.claim_chat_head(self.db, session_key, self.owner, self.lease_ms, limit=batch, skip=skip)
+        replies direct calls wait with in this chain (:meth:`deliver`), never claimed here; nor is
+        a reply of a bot over a socket (its claim also marks step 0 in flight: :meth:`_claim`)."""
+        sockets = self.socket_bots
+        return ledger.claim_chat_head(
+            self.db, session_key, self.owner, self.lease_ms, limit=batch, skip=skip, skip_bots=sockets
+        )
 
     # ------------------------------------------------------------------ one reply
 

@@ -276,7 +276,7 @@ class ChatHead:
         entries: The chat's ``queued`` and ``pending`` rows, oldest first (at most ``limit``),
             as read before the claim.
         claimed: The claim of ``entries[0]`` (state ``claimed``), or None: the head is not a
-            queued row nobody worked on, or its ``reply_id`` was in ``skip``, or there is none.
+            queued row nobody worked on, its ``reply_id`` or bot was skipped, or there is none.
     """
 
     entries: list[LedgerEntry]
@@ -291,13 +291,16 @@ def claim_chat_head(
     *,
     limit: int = 50,
     skip: Set[str] = frozenset(),
+    skip_bots: Set[tuple[str, str]] = frozenset(),
 ) -> ChatHead:
     """Read ``session_key``'s unfinished replies in ledger order and, in the same write
     transaction, claim the first when it is a ``queued`` row nobody worked on (the outbox's
     common case) and not in ``skip``: a delivery actor's drain of a chat then costs one
     transaction less than a read followed by :func:`claim_queued`
     (docs/decisions.md#delivery-outbox). Any other head (``pending``: a dead owner's, a resend)
-    is left to :func:`claim_queued`, which knows those cases.
+    is left to :func:`claim_queued`, which knows those cases; so is a head of a bot in
+    ``skip_bots`` (``(platform, bot_id)``: the bots over a socket, whose claim also marks step 0
+    in flight, :func:`claim_and_begin`).
 
     Raises:
         sqlalchemy.exc.OperationalError: as any write (transient ones: run it through
@@ -307,6 +310,8 @@ def claim_chat_head(
         entries = [LedgerEntry.of(r) for r in conn.execute(chat_queue_select(session_key, limit))]
         head = entries[0] if entries else None
         if head is None or head.status != "queued" or head.reply_id in skip:
+            return ChatHead(entries)
+        if (head.platform, head.bot_id) in skip_bots:
             return ChatHead(entries)
         now = now_ms()
         params = {"r": head.reply_id, "o": owner, "lease": now + lease_ms, "now": now}

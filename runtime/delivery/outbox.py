@@ -10,7 +10,9 @@ operator's view and retry of replies that did not go out cleanly.
   Its ``created_at`` is placed after the chat's unfinished rows (:func:`next_created_at`), so
   the chat's order is its hand-over order.
 * :func:`chat_queue` — a chat's unfinished replies in ledger order (``created_at``, then
-  ``reply_id``), which a delivery actor sends one after another (docs/decisions.md#delivery-outage).
+  ``reply_id``), which a delivery actor sends one after another (docs/decisions.md#delivery-outage);
+  the actor reads them with :func:`chat_queue_select` inside the write that claims the first
+  (:func:`runtime.delivery.ledger.claim_chat_head`).
 * :func:`chats_to_resume` — the chats a delivery actor's sweep wakes: those with ``queued`` rows of
   its partition, and those with ``pending`` rows it may take over (ledger rule 3).
 * :func:`list_replies`, :func:`retry`, :func:`counts` — ``GET /admin/deliveries``, ``POST

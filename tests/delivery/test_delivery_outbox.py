@@ -156,10 +156,30 @@ def test_the_chats_queue_is_read_and_its_fresh_head_claimed_in_one_write(db: Dat
     assert [e.reply_id for e in skipped.entries] == ["B1"] and skipped.claimed is None
     assert getattr(ledger.get_entry(db, "B1"), "status", None) == "queued"
 
+    socket = ledger.claim_chat_head(db, b1.session_key, "0:x", 60_000, skip_bots={("onebot11", BOT_ID)})
+    assert [e.reply_id for e in socket.entries] == ["B1"] and socket.claimed is None  # claim_and_begin's
+
     first = ledger.claim_chat_head(db, a1.session_key, "0:x", 60_000, limit=1)
     assert [e.reply_id for e in first.entries] == ["A1"]
     nobody = ledger.claim_chat_head(db, "onebot11:1:private:404", "0:x", 60_000)
     assert nobody.entries == [] and nobody.claimed is None
+
+
+def test_a_queued_head_worked_on_before_is_left_to_claim_queued(db: Database) -> None:
+    # an operator's retry queues a reply whose first step went out: not a fresh row
+    c1 = text_job("c1", scene_id="20003", reply_id="C1")
+    queue(db, c1, 1_000_001)
+    with db.connection(write=True) as conn:
+        conn.execute(
+            ledger.LEDGER_TABLE.update()
+            .where(ledger.LEDGER_TABLE.c.reply_id == "C1")
+            .values(steps_total=2, steps_done=1, message_ids='["m-1", null]')
+        )
+    head = ledger.claim_chat_head(db, c1.session_key, "0:x", 60_000)
+    assert [e.reply_id for e in head.entries] == ["C1"] and head.claimed is None
+    assert getattr(ledger.get_entry(db, "C1"), "status", None) == "queued"
+    taken = ledger.claim_queued(db, "C1", "0:x", 60_000)
+    assert taken is not None and taken.state == "claimed" and taken.entry.steps_done == 1
 
 
 def test_hand_overs_in_one_millisecond_or_behind_the_clock_keep_hand_over_order(db: Database) -> None:
