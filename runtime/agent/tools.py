@@ -13,7 +13,6 @@ model can correct itself (docs/decisions.md#agent-tool-validation).
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -104,15 +103,21 @@ class AgentTool(Generic[P]):
 
 
 @functools.lru_cache(maxsize=512)
-def _cached_schema(parameters: type[BaseModel]) -> dict[str, Any]:
-    return parameters.model_json_schema()
+def _cached_schema_text(parameters: type[BaseModel]) -> str:
+    return json.dumps(parameters.model_json_schema())
 
 
 def _json_schema(parameters: type[BaseModel]) -> dict[str, Any]:
     """JSON Schema of a parameters model, generated once per class (pydantic's generation cost
     ≈ 1.5 ms per tool and the agent loop asks for it at every LLM call); each caller gets its own
-    deep copy, so mutating it never changes the cache."""
-    return copy.deepcopy(_cached_schema(parameters))
+    copy, so mutating it never changes the cache: decoded from the cached JSON text, a third of
+    what a deep copy of the dict costs (measured 9 against 32 µs for a four-field model).
+
+    Raises:
+        TypeError: the schema holds a value JSON cannot carry (no provider could send it either).
+    """
+    schema: dict[str, Any] = json.loads(_cached_schema_text(parameters))
+    return schema
 
 
 class ToolNotFoundError(LookupError):

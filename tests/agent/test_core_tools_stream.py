@@ -85,6 +85,15 @@ def test_error_names_tool_each_field_and_arguments() -> None:
         validate_tool_call(TOOLS, ToolCall(id="x", name="nope"))
 
 
+def test_each_to_tool_gets_a_schema_of_its_own() -> None:
+    first = TOOLS[1].to_tool()
+    first.parameters["properties"]["limit"]["type"] = "changed by a provider"
+    first.parameters["required"].append("x")
+    again = TOOLS[1].to_tool().parameters  # the cached schema is untouched
+    assert again["properties"]["limit"] == {"title": "Limit", "type": "integer"}
+    assert again["required"] == ["limit"]
+
+
 def test_to_tool_gives_the_json_schema() -> None:
     tool = TOOLS[1].to_tool()
     assert tool.model_dump() == {
