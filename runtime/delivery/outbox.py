@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Select, and_, func, or_, update
+from sqlalchemy import Connection, Select, and_, bindparam, func, or_, update
 from sqlalchemy import select as core_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -63,6 +63,18 @@ class NotRetryableError(ValueError):
     """:func:`retry` of a reply that is neither ``failed`` nor ``uncertain`` (answered 409)."""
 
 
+_LATEST_UNFINISHED = core_select(func.max(T.c.created_at)).where(
+    T.c.status.in_(_UNFINISHED), T.c.session_key == bindparam("k")
+)
+"""The ``created_at`` of a chat's latest unfinished row; built once, as every statement of a hand-over
+(docs/decisions.md#memory-write-path)."""
+_QUEUE_INSERT = {
+    "postgresql": pg_insert(T).on_conflict_do_nothing(index_elements=["reply_id"]),
+    "sqlite": sqlite_insert(T).on_conflict_do_nothing(index_elements=["reply_id"]),
+}
+"""A reply's ``queued`` row, by dialect (a second insert of the same ``reply_id`` is a no-op)."""
+
+
 def next_created_at(conn: Connection, session_key: str, at_least: int) -> int:
     """The ``created_at`` of a row joining ``session_key``'s unfinished rows (``queued``,
     ``pending``): ``at_least`` (Unix ms), or 1 ms after the latest of them when that is not
@@ -70,10 +82,7 @@ def next_created_at(conn: Connection, session_key: str, at_least: int) -> int:
     (``created_at``, then ``reply_id``) is then the order the rows were written in, even when two
     hand-overs share a millisecond or a host's clock is behind the previous one's
     (docs/decisions.md#delivery-outbox)."""
-    stmt = core_select(func.max(T.c.created_at)).where(
-        T.c.status.in_(_UNFINISHED), T.c.session_key == session_key
-    )
-    latest = conn.execute(stmt).scalar()
+    latest = conn.execute(_LATEST_UNFINISHED, {"k": session_key}).scalar()
     return at_least if latest is None else max(at_least, int(latest) + 1)
 
 
@@ -111,10 +120,9 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[
     }
 
     def write(conn: Connection) -> None:
-        insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+        insert = _QUEUE_INSERT["postgresql" if conn.dialect.name == "postgresql" else "sqlite"]
         at = next_created_at(conn, job.session_key, created_at)
-        row = {**values, "created_at": at}
-        conn.execute(insert(T).on_conflict_do_nothing(index_elements=["reply_id"]), row)
+        conn.execute(insert, {**values, "created_at": at})
 
     return write
 

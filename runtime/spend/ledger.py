@@ -82,6 +82,9 @@ class UsageLedgerRow(SQLModel, table=True):
 
 
 USAGE_TABLE: Any = UsageLedgerRow.__table__  # type: ignore[attr-defined]
+_INSERT_USAGE = insert(USAGE_TABLE)
+"""Built once (docs/decisions.md#memory-write-path): building and keying a statement per call
+cost more than its execution."""
 register_tables(UsageLedgerRow)
 
 
@@ -112,7 +115,7 @@ def write_usage(db: Database, rows: list[dict[str, Any]]) -> None:
     """Insert ``rows`` (:func:`ledger_row`) in one write transaction. Blocking: call through
     ``db.run_write``."""
     with db.connection(write=True) as conn:
-        conn.execute(insert(USAGE_TABLE), rows)
+        conn.execute(_INSERT_USAGE, rows[0] if len(rows) == 1 else rows)
 
 
 class UsageLedger:
