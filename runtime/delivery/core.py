@@ -23,7 +23,6 @@ import asyncio
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import Connection
@@ -32,6 +31,7 @@ from runtime import metrics, tracing
 from runtime.delivery import ledger as ledger
 from runtime.delivery import outbox
 from runtime.delivery.chains import ChatChains
+from runtime.delivery.claimed import Lease, Sending
 from runtime.delivery.clients import PlatformClients
 from runtime.delivery.job import DeliveryJob
 from runtime.delivery.send import OnWire, StepOutcome, retry_step, send_http, unanswered
@@ -70,56 +70,6 @@ Final = Literal["sent", "empty", "failed", "uncertain"]
 WIRE_MARK_LOCK_WAIT_S = 0.02
 """Longest wait for the SQLite writer lock of an on-the-wire mark written on the event loop's
 thread (it blocks the loop meanwhile); past it the mark waits on the SQL pool instead, in seconds."""
-
-
-class _Lease:
-    """This sender's lease on one reply: renewed before a wait it would not outlast."""
-
-    def __init__(self, sender: DeliverySender, reply_id: str) -> None:
-        self.sender, self.reply_id = sender, reply_id
-        self.until_ms = now_ms() + sender.lease_ms
-
-    def refreshed(self) -> None:
-        """A ledger write just renewed it (claim, begin_step)."""
-        self.until_ms = now_ms() + self.sender.lease_ms
-
-    async def cover(self, wait_s: float) -> None:
-        """Make the lease outlast a wait of ``wait_s`` plus one call (one ledger write when it
-        would not)."""
-        s = self.sender
-        need_ms = int((wait_s + s.settings.timeout_s + 10) * 1000)
-        if self.until_ms - now_ms() < need_ms:
-            lease_ms = need_ms + s.lease_ms
-            self.until_ms = await s.db.run_write(lambda: ledger.renew(s.db, self.reply_id, s.owner, lease_ms))
-
-
-@dataclass
-class _Sending:
-    """One claimed reply on its way out (:meth:`DeliverySender._deliver`): its calls (one a step),
-    the steps still to send in order (``plan``), the platform's message id of each step so far
-    (``ids``, None for an uncertain one) and what its :class:`DeliveryResult` reports."""
-
-    job: DeliveryJob
-    codec: PlatformCodec
-    calls: list[ApiCall]
-    lease: _Lease
-    started: float
-    """``time.perf_counter()`` when the delivery began, in seconds (the latency metric)."""
-    record: Reply | None
-    """The reply whose outbound transcript row is still to be written; None once it is, or for a
-    resend (its row exists)."""
-    over_socket: bool
-    """The bot sends over a socket (``transport: ws-*``), not HTTP."""
-    begun: bool = False
-    """The claim marked step 0 in flight."""
-    ids: list[str | None] = field(default_factory=list)
-    plan: list[int] = field(default_factory=list)
-    uncertain: bool = False
-    transcript: ledger.StepExtra | None = None
-    deadline_s: float = 0.0
-    """Unix time in seconds after which a retryable failure is final (``delivery.max_age_s``)."""
-    attempts: int = 0
-    waits: list[float] = field(default_factory=list)
 
 
 class DeliverySender:
@@ -300,7 +250,7 @@ class DeliverySender:
                 claim = await self._claim(job, queued, self._steps_marked_at_claim(job, early))
         if claim.state != "claimed":
             return self._settled(job, claim)
-        lease = _Lease(self, job.reply_id)
+        lease = Lease(self.db, job.reply_id, self.owner, self.lease_ms, self.settings.timeout_s)
         if codec is None:
             return await self._close(
                 job, "failed", [], error=f"no bot configured for {job.platform}/{job.bot_id}"
@@ -309,7 +259,7 @@ class DeliverySender:
         if not calls:
             return await self._close(job, "empty", [])
         over_socket = bot_key(job.platform, job.bot_id) in self.socket_bots
-        run = await self._resume(job, claim, _Sending(job, codec, calls, lease, started, reply, over_socket))
+        run = await self._resume(job, claim, Sending(job, codec, calls, lease, started, reply, over_socket))
         return await self._send_all(run)
 
     # --------------------------------------------------- one reply: claim, check, render
@@ -384,7 +334,7 @@ class DeliverySender:
             )
         return DeliveryResult(reply_id=job.reply_id, outcome="busy", error=f"owned by {entry.owner}")
 
-    async def _resume(self, job: DeliveryJob, claim: ledger.ClaimOutcome, run: _Sending) -> _Sending:
+    async def _resume(self, job: DeliveryJob, claim: ledger.ClaimOutcome, run: Sending) -> Sending:
         """Where sending starts: after the steps done, the steps an operator asked to resend
         first; a step its dead owner left on the wire is recorded ``uncertain`` and skipped
         (docs/decisions.md#delivery-uncertain). Returns ``run`` with its plan set."""
@@ -407,7 +357,7 @@ class DeliverySender:
 
     # --------------------------------------------------- one reply: send, close
 
-    async def _send_all(self, run: _Sending) -> DeliveryResult:
+    async def _send_all(self, run: Sending) -> DeliveryResult:
         """Send the planned steps in order, each recorded as it ends (done, or uncertain and
         passed over), then close the reply; the first step that fails closes it ``failed``."""
         for n, i in enumerate(run.plan):
@@ -427,7 +377,7 @@ class DeliverySender:
             job, outcome, run.ids, run.attempts, run.waits, None, run.started, run.record, closed=closed
         )
 
-    async def _send_marked(self, run: _Sending, i: int) -> StepOutcome:
+    async def _send_marked(self, run: Sending, i: int) -> StepOutcome:
         """Step ``i`` with its retries, marked in flight in the ledger: over HTTP as its request
         is written, over a socket before it is sent (unless the claim marked step 0)."""
         on_wire = self._wire_mark(run, i)
@@ -445,7 +395,7 @@ class DeliverySender:
             span.set(ok=out.result.ok, attempts=out.attempts)
             return out
 
-    def _wire_mark(self, run: _Sending, i: int) -> OnWire:
+    def _wire_mark(self, run: Sending, i: int) -> OnWire:
         """The write that marks step ``i`` in flight (:func:`runtime.delivery.ledger.begin_step`),
         renewing the lease: on the event loop's thread, so no thread hop stands between the mark
         and the first byte; on the SQL pool when the writer lock stays busy past
@@ -466,7 +416,7 @@ class DeliverySender:
 
         return on_wire
 
-    async def _step_uncertain(self, run: _Sending, i: int, last: bool, why: str) -> None:
+    async def _step_uncertain(self, run: Sending, i: int, last: bool, why: str) -> None:
         """Step ``i`` was written and not answered: recorded ``uncertain`` (closing the reply
         ``uncertain`` when it is the last), not resent; the next steps go on."""
         job = run.job
@@ -479,7 +429,7 @@ class DeliverySender:
         _put(run.ids, i, None)
         run.uncertain = True
 
-    async def _step_done(self, run: _Sending, i: int, last: bool, message_id: str | None) -> None:
+    async def _step_done(self, run: Sending, i: int, last: bool, message_id: str | None) -> None:
         """Step ``i`` was sent: recorded done with the platform's ``message_id``; the last step's
         write also closes the reply and writes its outbound transcript row."""
         job = run.job
@@ -501,7 +451,7 @@ class DeliverySender:
         if last:  # the transcript row went in the same transaction
             run.record = None
 
-    async def _fail(self, run: _Sending, out: StepOutcome) -> DeliveryResult:
+    async def _fail(self, run: Sending, out: StepOutcome) -> DeliveryResult:
         """Close the reply ``failed`` after a step the platform refused (``rejected``) or that
         kept failing until the reply was ``delivery.max_age_s`` old (``expired``)."""
         error = out.result.error or "failed"
@@ -620,7 +570,7 @@ class DeliverySender:
         call: ApiCall,
         job: DeliveryJob,
         deadline_s: float,
-        lease: _Lease,
+        lease: Lease,
         on_wire: OnWire | None,
     ) -> StepOutcome:
         """One step with its retries (:func:`runtime.delivery.send.retry_step`) over HTTP, marked
