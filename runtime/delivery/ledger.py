@@ -307,7 +307,7 @@ def claim_chat_head(
             :meth:`runtime.memory.db.Database.run_write`).
     """
     with db.connection(write=True) as conn:
-        entries = [LedgerEntry.of(r) for r in conn.execute(chat_queue_select(session_key, limit))]
+        entries = [LedgerEntry.of(r) for r in conn.execute(chat_queue_select(limit), {"k": session_key})]
         head = entries[0] if entries else None
         if head is None or head.status != "queued" or head.reply_id in skip:
             return ChatHead(entries)

@@ -24,6 +24,7 @@ returns a function run inside another transaction.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -127,21 +128,25 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[
     return write
 
 
-def chat_queue_select(session_key: str, limit: int = 50) -> Select[Any]:
-    """The ``SELECT`` of :func:`chat_queue` (also read, with its head claimed, in one write by
-    :func:`runtime.delivery.ledger.claim_chat_head`)."""
+@functools.lru_cache(maxsize=8)
+def chat_queue_select(limit: int = 50) -> Select[Any]:
+    """The ``SELECT`` of :func:`chat_queue`: a chat's unfinished rows in ledger order, at most
+    ``limit``, the session key bound as ``k``; built once per limit, as every statement of a
+    delivery's path (docs/decisions.md#memory-write-path). Also read, with its head claimed, in
+    one write by :func:`runtime.delivery.ledger.claim_chat_head`."""
     return (
         core_select(T)
-        .where(T.c.status.in_(_UNFINISHED), T.c.session_key == session_key)
+        .where(T.c.status.in_(_UNFINISHED), T.c.session_key == bindparam("k"))
         .order_by(T.c.created_at, T.c.reply_id)
         .limit(limit)
     )
 
 
 def chat_queue(db: Database, session_key: str, limit: int = 50) -> list[LedgerEntry]:
-    """The ``queued`` and ``pending`` replies of ``session_key``, oldest first (ledger order)."""
+    """The ``queued`` and ``pending`` replies of ``session_key``, oldest first (ledger order): the
+    queue as it stands, read without claiming anything."""
     with db.connection() as conn:
-        return [LedgerEntry.of(r) for r in conn.execute(chat_queue_select(session_key, limit))]
+        return [LedgerEntry.of(r) for r in conn.execute(chat_queue_select(limit), {"k": session_key})]
 
 
 def chats_to_resume(db: Database, partition: int, owner: str, limit: int = 1000) -> list[str]:
