@@ -9,7 +9,8 @@ backlog and a single accepting thread, as a small platform server on a small VPS
   issue's stand-in); ``True``: HTTP/1.1 kept alive until :meth:`close_idle` asks to close it.
 * Scripted faults: :meth:`close_unread` (the n-th accepted connection closed before any byte of
   it was read: nothing of the request reaches the server's socket), :meth:`abort_after_read`
-  (the n-th request read in full, then the connection reset without an answer),
+  (the n-th request read in full, then — once the client's TCP has the server's acknowledgement,
+  when the test says so — the connection reset without an answer),
   ``hold_until_open`` (with threads: each answer waits until that many connections are open, or
   ``hold_s`` seconds).
 
@@ -74,7 +75,7 @@ class WeakPlatformServer:
         """Set when a kept-alive connection was closed at :meth:`close_idle`'s request."""
         self._close_idle = threading.Event()
         self._unread: set[int] = set()
-        self._abort: set[int] = set()
+        self._abort: dict[int, threading.Event | None] = {}
         self._requests = 0
         self._lock = threading.Condition()
         self._sock = socket.socket()
@@ -90,9 +91,15 @@ class WeakPlatformServer:
         """Close the ``nth`` accepted connection (1-based) before reading any byte of it."""
         self._unread.add(nth)
 
-    def abort_after_read(self, nth: int) -> None:
-        """Read the ``nth`` request (1-based) in full, then reset its connection, unanswered."""
-        self._abort.add(nth)
+    def abort_after_read(self, nth: int, after: threading.Event | None = None) -> None:
+        """Read the ``nth`` request (1-based) in full, then reset its connection, unanswered.
+
+        ``after``: the reset waits until it is set (at most 10 s). A reset sent right after the
+        read may reach the client before the server's TCP acknowledged the request: its ACK can
+        be delayed, or queued on another CPU of the loopback device while the reset overtakes it
+        (docs/decisions.md#delivery-not-received); a test that needs the acknowledgement to have
+        arrived sets ``after`` when the client's TCP reports it."""
+        self._abort[nth] = after
 
     def close_idle(self) -> None:
         """Close the kept-alive connection, idle after its answer, as a server's keep-alive timeout."""
@@ -154,6 +161,9 @@ class WeakPlatformServer:
                 nth = self._requests
                 self.bodies.append(json.loads(request.partition(b"\r\n\r\n")[2] or b"null"))
             if nth in self._abort:
+                after = self._abort[nth]
+                if after is not None:
+                    after.wait(10)
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 return
             self._hold()

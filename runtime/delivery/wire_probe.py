@@ -4,7 +4,9 @@ HTTP client (docs/decisions.md#delivery-not-received).
 A platform call that failed after its body was written is uncertain — unless the connection was
 ended by the peer (reset, or closed) and the peer's TCP acknowledged none of the request's bytes.
 Then no byte of it reached the server's socket: a server application can only read what its TCP
-received and acknowledges, and a reset or closed connection delivers nothing more. Two real cases
+received, that TCP acknowledges what it receives (at once, or within a delayed-ACK interval), and
+a reset or closed connection delivers nothing more. A server that reads the request and resets
+the connection before its ACK reaches us is the one case this misjudges (decisions, as above). Two real cases
 end that way: a listen backlog that overflowed (the kernel never handed the connection to the
 server and reset it when the request's data came) and a kept-alive connection the server closed
 just before the request was written to it.

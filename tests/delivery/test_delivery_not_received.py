@@ -14,6 +14,8 @@ kernel reset when the listen backlog overflowed (issue 27: 1 of 660 replies ``un
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -128,12 +130,50 @@ async def test_a_kept_alive_connection_the_server_closed_just_before_reuse_is_se
     assert server.bodies == [private_call("20002", "first"), private_call("20002", "second")]
 
 
-async def test_a_request_the_server_read_and_reset_stays_uncertain(tmp_path: Path) -> None:
-    """Exactly once holds: the server read the whole request (its TCP acknowledged it), then reset
-    the connection unanswered. It may have acted on it: ``uncertain``, never sent again."""
+class _AckWatchStream(PassThroughStream):
+    """httpcore's stream whose reads first wait until the peer's TCP acknowledged every byte
+    written (Linux ``TCP_INFO`` ``tcpi_bytes_acked``, polled), then set ``acked``."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream, acked: threading.Event) -> None:
+        super().__init__(inner)
+        self._acked, self._written = acked, 0
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        await self._inner.write(buffer, timeout)
+        self._written += len(buffer)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        sock = self.get_extra_info("socket")
+        for _ in range(10_000):
+            if self._acked.is_set() or _bytes_acked(sock) >= self._written:
+                break
+            await asyncio.sleep(0.001)
+        self._acked.set()
+        return await self._inner.read(max_bytes, timeout)
+
+
+def _bytes_acked(sock: Any) -> int:
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return int(struct.unpack_from("=Q", info, 120)[0])  # tcpi_bytes_acked (Linux >= 4.1)
+
+
+async def test_a_request_the_server_read_and_reset_stays_uncertain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exactly once holds: the server read the whole request and its TCP acknowledged it (the
+    reset waits until the client's TCP has that acknowledgement), then it reset the connection
+    unanswered. It may have acted on it: ``uncertain``, never sent again."""
+    acked = threading.Event()
+    connect = httpcore.AnyIOBackend.connect_tcp
+
+    async def connect_tcp(self: Any, host: str, port: int, *args: Any, **kwargs: Any) -> Any:
+        return _AckWatchStream(await connect(self, host, port, *args, **kwargs), acked)
+
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", connect_tcp)
     with WeakPlatformServer() as server:
-        server.abort_after_read(1)
+        server.abort_after_read(1, after=acked)
         [(result, entry)] = await deliver_in_turn(server, tmp_path, text_job("maybe delivered"))
+    assert acked.is_set()
     assert result.outcome == "uncertain", result
     assert result.attempts == 1
     assert server.bodies == [private_call("20002", "maybe delivered")]
