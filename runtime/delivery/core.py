@@ -181,7 +181,8 @@ class DeliverySender:
         while True:
             started = time.time_ns()
             skip = frozenset(self._running)  # read on the loop, where _running changes
-            head = await self.db.run_write(functools.partial(self._claim_head, session_key, batch, skip))
+            claim = functools.partial(self._claim_head, session_key, batch, skip)
+            head = await self.db.run_write(claim, inline=True)  # docs/decisions.md#memory-sql-off-loop
             claimed_at = (started, time.time_ns())
             for i, entry in enumerate(head.entries):
                 if entry.reply_id in self._running:  # a direct call of it waits in this chain
@@ -445,7 +446,8 @@ class DeliverySender:
                     last=last,
                     final=final,
                     also=run.transcript,
-                )
+                ),
+                inline=True,
             )
         _put(run.ids, i, message_id)
         if last:  # the transcript row went in the same transaction
@@ -481,7 +483,7 @@ class DeliverySender:
         if not closed:
             with tracing.span("delivery.close", status=status):
                 await self.db.run_write(
-                    lambda: ledger.finish(self.db, job.reply_id, self.owner, status, error)
+                    lambda: ledger.finish(self.db, job.reply_id, self.owner, status, error), inline=True
                 )
         if outcome != "empty":
             metrics.DELIVERIES.inc(platform=job.platform, outcome="ok" if outcome == "sent" else outcome)

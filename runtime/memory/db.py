@@ -15,7 +15,9 @@ Start-up (:meth:`Database.create_tables`) only creates the memory tables that ar
 never drops, alters or rewrites an existing table (docs/decisions.md#memory-create-only).
 
 All blocking SQL runs on the database's own thread pool through :meth:`Database.run`, so a
-session host's event loop never waits on SQL.
+session host's event loop never waits on SQL — except a short SQLite write of the message path
+(:meth:`Database.run_write` with ``inline=True``) while the writer lock is free: it runs at once
+in the calling thread, which is cheaper than the hop (docs/decisions.md#memory-sql-off-loop).
 
 Writers (docs/decisions.md#memory-write-path; the mechanics live in
 :mod:`runtime.memory.write_path`):
@@ -279,7 +281,7 @@ class Database:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn)
 
-    async def run_write(self, fn: Callable[[], T]) -> T:
+    async def run_write(self, fn: Callable[[], T], *, inline: bool = False) -> T:
         """:meth:`run` for a write transaction: re-run ``fn`` while it fails with a transient
         error (:func:`is_transient_write_error`), with exponential back-off from 5 ms doubling
         to a 1 s cap, full jitter in [½, 1]×, for up to ``write_retry_s`` seconds in all.
@@ -288,10 +290,24 @@ class Database:
         failed attempt left nothing behind. Each retry is counted in
         ``sessionray_sql_retries_total{dialect}``; one warning is logged per call that retried.
 
+        Args:
+            inline: ``fn`` is one short write of the message path (a few rows): on SQLite it runs
+                at once in the calling thread when the node-wide writer lock is free (no wait for
+                it), else on the pool as without; PostgreSQL always uses the pool. The hop to the
+                pool and back costs more CPU than such a write (docs/decisions.md#memory-sql-off-loop).
+
         Raises:
             Whatever ``fn`` raises that is not transient; the last transient error once
             ``write_retry_s`` is used up.
         """
+        if inline and self._writer is not None and self._writer.try_acquire():
+            try:  # the transaction's own take of the lock re-enters it
+                return fn()
+            except Exception as exc:
+                if not is_transient_write_error(exc):
+                    raise
+            finally:
+                self._writer.release()
         return await retry_transient(lambda: self.run(fn), budget_s=self.write_retry_s, dialect=self.dialect)
 
     def write_here(self, fn: Callable[[], T], *, lock_wait_s: float) -> T:

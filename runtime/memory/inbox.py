@@ -284,7 +284,7 @@ class InboxStore:
                     more=len(earlier) > EARLIER_LIMIT,
                 )
 
-        return await self.db.run_write(work)
+        return await self.db.run_write(work, inline=True)  # docs/decisions.md#memory-sql-off-loop
 
 
 def _entry(row: Any) -> InboxEntry:

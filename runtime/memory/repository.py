@@ -25,7 +25,8 @@ Rules:
   (docs/decisions.md#security-sender-prefix): every sender block a user typed into a message — at
   its start, after leading mentions, or anywhere else, in any bracket form — is removed or quoted
   by :func:`runtime.reply.sender.strip_forged_prefix`.
-* All SQL runs on the :class:`~runtime.memory.db.Database` thread pool; no coroutine blocks.
+* SQL runs on the :class:`~runtime.memory.db.Database` thread pool, except a turn's appended
+  rows on SQLite while the writer lock is free (inline: docs/decisions.md#memory-sql-off-loop).
   Every write goes through :meth:`~runtime.memory.db.Database.run_write`, so a transient error
   (SQLite busy, PostgreSQL deadlock/serialization failure/lost connection before commit) is
   retried instead of losing the turn.
@@ -350,8 +351,8 @@ class ContextRepository:
                     also(conn)
                 return ids
 
-        async with self._lock(f"sid:{session_id}"):
-            return await self.db.run_write(work)
+        async with self._lock(f"sid:{session_id}"):  # a turn's rows: inline (memory-sql-off-loop)
+            return await self.db.run_write(work, inline=True)
 
     async def load_context(self, session_id: str) -> Context:
         """Load the epoch's context: its latest summary (as a :class:`CustomMessage` made by

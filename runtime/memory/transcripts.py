@@ -174,7 +174,7 @@ class TranscriptStore:
             with self.db.connection(write=True) as conn:
                 return "stored" if row.execute(conn) else "duplicate"
 
-        return await self.db.run_write(work)
+        return await self.db.run_write(work, inline=True)  # docs/decisions.md#memory-sql-off-loop
 
     def prepare(
         self,

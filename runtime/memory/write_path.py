@@ -180,9 +180,10 @@ class WriterLock:
         self._fd: int | None = None
         self._flock_ok = fcntl is not None
 
-    def _flock(self, deadline: float) -> None:
+    def _flock(self, deadline: float) -> bool:
+        """Take the lock file, polling until ``deadline`` (monotonic s); False: still taken then."""
         if not self._flock_ok:
-            return
+            return True
         try:
             fd = os.open(self.sidecar, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:  # e.g. a read-only directory: in-process lock only
@@ -192,7 +193,7 @@ class WriterLock:
                 exc,
             )
             self._flock_ok = False
-            return
+            return True
         delay = 0.0002
         try:
             while True:  # polled, so the wait is bounded (a blocking flock cannot time out)
@@ -201,13 +202,15 @@ class WriterLock:
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise _lock_timeout(self.sidecar) from None
+                        os.close(fd)
+                        return False
                     time.sleep(delay)
                     delay = min(delay * 2, FLOCK_POLL_MAX_S)
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
+        return True
 
     def acquire(self, timeout_s: float) -> None:
         """Take the lock (re-entrant in the holding thread), waiting at most ``timeout_s`` seconds.
@@ -221,11 +224,31 @@ class WriterLock:
             raise _lock_timeout(self.sidecar)
         if self._depth == 0:
             try:
-                self._flock(deadline)
+                taken = self._flock(deadline)
             except BaseException:
                 self._lock.release()
                 raise
+            if not taken:
+                self._lock.release()
+                raise _lock_timeout(self.sidecar)
         self._depth += 1
+
+    def try_acquire(self) -> bool:
+        """Take the lock only if it is free at once (one try of the lock file, no wait, nothing
+        raised); re-entrant like :meth:`acquire`. True: taken (release it with :meth:`release`)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        if self._depth == 0:
+            try:
+                taken = self._flock(time.monotonic())
+            except BaseException:
+                self._lock.release()
+                raise
+            if not taken:
+                self._lock.release()
+                return False
+        self._depth += 1
+        return True
 
     def release(self) -> None:
         """Release one level; the flock goes with the outermost level."""

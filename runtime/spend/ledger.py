@@ -17,7 +17,8 @@ creates the tables before the hosts start) knows it. It is create-only like them
 
 :func:`install_ledger` makes a process record every call of :mod:`runtime.llm` in one database: a
 usage observer (:mod:`runtime.llm.usage`) that inserts the row through :meth:`Database.run_write`
-(on the SQL thread pool, retried while the database is busy; docs/decisions.md#memory-sql-off-loop)
+(inline on SQLite while the writer lock is free, else on the SQL thread pool, retried while the
+database is busy; docs/decisions.md#memory-sql-off-loop)
 and returns once it is committed — the call's end is seen only after that.
 """
 
@@ -137,7 +138,7 @@ class UsageLedger:
             return
         rows = [ledger_row(call)]
         try:
-            await db.run_write(lambda: write_usage(db, rows))
+            await db.run_write(lambda: write_usage(db, rows), inline=True)
         except Exception:
             metrics.USAGE_LEDGER_FAILURES.inc()
             log.exception("usage of a call of %s not recorded", call.model)

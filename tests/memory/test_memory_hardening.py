@@ -259,25 +259,32 @@ async def test_a_corrupt_stored_row_is_a_clear_error_naming_it(db: Database) -> 
     assert await repo.count_messages(sid) == 2
 
 
-async def test_every_statement_runs_off_the_event_loop_thread(db: Database) -> None:
-    """An actor's loop never blocks on SQL (docs/decisions.md#memory-sql-off-loop): every statement
-    of the repository and the transcript store executes on the database's thread pool."""
+async def test_sql_runs_on_the_pool_but_a_messages_short_writes_inline_while_the_lock_is_free(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/decisions.md#memory-sql-off-loop: reads, and every statement on PostgreSQL, execute on
+    the database's thread pool; on SQLite a turn's appended rows and a transcript row execute on
+    the calling thread while the node's writer lock is free, and on the pool when another thread
+    holds it (the attempt never waits for the lock)."""
     import threading
 
     from sqlalchemy import event
 
+    loop_thread = threading.get_ident()
     threads: list[int] = []
 
     def record(*_args: object) -> None:
         threads.append(threading.get_ident())
 
+    def since(mark: int) -> set[str]:
+        return {"loop" if t == loop_thread else "pool" for t in threads[mark:]}
+
     event.listen(db.engine, "before_cursor_execute", record)
     try:
         repo = ContextRepository(db)
         sid = await repo.get_or_create_active(KEY)
+        mark = len(threads)
         await repo.append_messages(sid, [UserMessage(content="x", timestamp=1)])
-        await repo.load_context(sid)
-        await repo.archive_session(KEY)
         await TranscriptStore(db).record_inbound(
             message_id="t",
             platform="p",
@@ -287,11 +294,43 @@ async def test_every_statement_runs_off_the_event_loop_thread(db: Database) -> N
             sender_id="u",
             text="x",
         )
+        writes = since(mark)
+        mark = len(threads)
+        await repo.load_context(sid)
         await search_transcripts(db, platform="p", bot_id="b", scene_id="s", query="x")
+        await repo.archive_session(KEY)
+        others = since(mark)
+        if db.is_sqlite:
+            from runtime.memory.write_path import WriterLock
+
+            held, tried = threading.Event(), threading.Event()
+            try_acquire = WriterLock.try_acquire
+
+            def tried_once(lock: WriterLock) -> bool:
+                try:
+                    return try_acquire(lock)
+                finally:
+                    tried.set()
+
+            def hold() -> None:
+                with db.writer_lock():
+                    held.set()
+                    tried.wait(10)
+
+            monkeypatch.setattr(WriterLock, "try_acquire", tried_once)
+            holder = threading.Thread(target=hold)
+            holder.start()
+            assert held.wait(10)
+            sid = await repo.get_or_create_active(KEY)
+            mark = len(threads)
+            await repo.append_messages(sid, [UserMessage(content="y", timestamp=2)])
+            holder.join(10)
+            assert (tried.is_set(), since(mark)) == (True, {"pool"})
+            assert [m.content for m in (await repo.load_context(sid)).messages] == ["y"]
     finally:
         event.remove(db.engine, "before_cursor_execute", record)
-    assert len(threads) >= 8
-    assert threading.get_ident() not in threads
+    assert writes == ({"loop"} if db.is_sqlite else {"pool"})
+    assert others == {"pool"}
 
 
 @pytest.mark.parametrize(
