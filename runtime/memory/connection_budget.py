@@ -14,7 +14,8 @@ worst case::
 its one :class:`~runtime.memory.db.Database`, so the budget grows with hosts, not with sessions.
 A :class:`~runtime.memory.db.Database` runs every SQL call on one of its ``threads`` and each call
 holds one connection. Session hosts, delivery actors and the ingress open theirs with
-``max_overflow=0``, so the pool itself caps them at ``threads`` connections, also for SQL run
+``max_overflow=0``, so the pool itself caps them at ``threads`` connections (on SQLite one more,
+for the writer lock's holder writing inline: docs/decisions.md#memory-sql-off-loop), also for SQL run
 outside those threads (``create_tables`` at start-up takes one of the same connections). A host
 closes its connections after its warm-up and whenever its last live session is passivated, so an
 empty host holds none. The ingress process holds one Database: the admin API's view of stored

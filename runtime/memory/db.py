@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Table, event
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
@@ -63,6 +63,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.pool import QueuePool
 from sqlmodel import Session, SQLModel, create_engine
 
 from runtime.memory.write_path import (
@@ -174,6 +175,8 @@ class Database:
         self._writer: WriterLock | None = None
         self._here = threading.local()  # write_here's shorter wait for the writer lock
         overflow = threads if max_overflow is None else max_overflow
+        if self.dialect == "sqlite":  # one for the writer lock's holder writing inline (run_write)
+            overflow += 1
         self.max_connections = threads + overflow
         """Most connections this database's pool ever holds open at once."""
         kwargs: dict[str, Any] = {"echo": echo, "pool_size": threads, "max_overflow": overflow}
@@ -295,20 +298,34 @@ class Database:
                 at once in the calling thread when the node-wide writer lock is free (no wait for
                 it), else on the pool as without; PostgreSQL always uses the pool. The hop to the
                 pool and back costs more CPU than such a write (docs/decisions.md#memory-sql-off-loop).
+                A write done inline does not yield to the event loop.
 
         Raises:
             Whatever ``fn`` raises that is not transient; the last transient error once
             ``write_retry_s`` is used up.
         """
-        if inline and self._writer is not None and self._writer.try_acquire():
+        writer = self._writer
+        if inline and writer is not None and self._inline_ready(writer) and writer.try_acquire():
             try:  # the transaction's own take of the lock re-enters it
                 return fn()
             except Exception as exc:
                 if not is_transient_write_error(exc):
                     raise
             finally:
-                self._writer.release()
+                writer.release()
         return await retry_transient(lambda: self.run(fn), budget_s=self.write_retry_s, dialect=self.dialect)
+
+    def _inline_ready(self, writer: WriterLock) -> bool:
+        """An inline write may be tried: SQLite with a working lock file (else other processes'
+        writers would make it wait on ``busy_timeout``), the database open, and a pooled
+        connection free. The pool keeps one connection beyond its threads for the lock's holder
+        (``__init__``), so the lock is never held while waiting for a connection that a pool
+        thread waiting for the lock holds; this check guards against other users of the pool."""
+        return (
+            writer.spans_processes
+            and not self.closed
+            and cast(QueuePool, self.engine.pool).checkedout() < self.max_connections
+        )
 
     def write_here(self, fn: Callable[[], T], *, lock_wait_s: float) -> T:
         """Run the write transaction ``fn`` in the calling thread (blocking) — for the one write

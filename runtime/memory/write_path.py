@@ -195,22 +195,24 @@ class WriterLock:
             self._flock_ok = False
             return True
         delay = 0.0002
+        taken = False
         try:
             while True:  # polled, so the wait is bounded (a blocking flock cannot time out)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    taken = True
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        os.close(fd)
-                        return False
+                        break
                     time.sleep(delay)
                     delay = min(delay * 2, FLOCK_POLL_MAX_S)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        return True
+        finally:
+            if taken:
+                self._fd = fd
+            else:
+                os.close(fd)
+        return taken
 
     def acquire(self, timeout_s: float) -> None:
         """Take the lock (re-entrant in the holding thread), waiting at most ``timeout_s`` seconds.
@@ -233,20 +235,30 @@ class WriterLock:
                 raise _lock_timeout(self.sidecar)
         self._depth += 1
 
+    @property
+    def spans_processes(self) -> bool:
+        """The lock file works (``flock``): the lock also orders the writers of other processes.
+        False off POSIX or when the sidecar cannot be opened: in-process lock only."""
+        return self._flock_ok
+
     def try_acquire(self) -> bool:
-        """Take the lock only if it is free at once (one try of the lock file, no wait, nothing
-        raised); re-entrant like :meth:`acquire`. True: taken (release it with :meth:`release`)."""
+        """Take the lock only if it is free at once (one try of the lock file, no wait);
+        re-entrant like :meth:`acquire`. True: taken (release it with :meth:`release`); False
+        also when the lock file cannot be locked (an ``OSError``: :meth:`acquire` reports it)."""
         if not self._lock.acquire(blocking=False):
             return False
+        taken = True
         if self._depth == 0:
             try:
                 taken = self._flock(time.monotonic())
+            except OSError:
+                taken = False
             except BaseException:
                 self._lock.release()
                 raise
-            if not taken:
-                self._lock.release()
-                return False
+        if not taken:
+            self._lock.release()
+            return False
         self._depth += 1
         return True
 

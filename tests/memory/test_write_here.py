@@ -69,13 +69,28 @@ def test_a_held_writer_lock_fails_it_fast_as_transient_and_writes_nothing(
     db.dispose()
 
 
+def _lock_free(tmp_path: Path) -> bool:
+    """The node-wide writer lock is free, as another process sees it (a lock of its own file
+    description; the holder's re-entrant in-process lock would let the holder's thread in)."""
+    fd = os.open(str(tmp_path / "w.db") + ".writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the lock if it was taken
+    return True
+
+
 async def test_an_inline_write_commits_in_the_calling_thread_when_the_lock_is_free(
     db: Database, tmp_path: Path
 ) -> None:
-    """``run_write(fn, inline=True)`` (docs/decisions.md#memory-sql-off-loop): no hop to the pool."""
+    """``run_write(fn, inline=True)`` (docs/decisions.md#memory-sql-off-loop): no hop to the pool,
+    and the lock is free again after it."""
     ran_in = await db.run_write(lambda: _insert(db, "a"), inline=True)
     assert ran_in == threading.current_thread().name
     assert _rows(tmp_path / "w.db") == ["a"]
+    assert _lock_free(tmp_path)
     db.dispose()
 
 
@@ -99,12 +114,18 @@ async def test_an_inline_write_goes_to_the_pool_when_another_process_holds_the_l
     ran_in = await write
     assert ran_in.startswith("sessionray-sql")
     assert _rows(tmp_path / "w.db") == ["b"]
-    # a failed try leaves the lock free for the next writer of this process
+    assert _lock_free(tmp_path)
     assert await db.run_write(lambda: _insert(db, "c"), inline=True) == threading.current_thread().name
     db.dispose()
 
 
-async def test_an_inline_write_that_fails_for_good_raises_and_is_not_retried(db: Database) -> None:
+class _Stop(BaseException):
+    pass
+
+
+async def test_an_inline_write_that_fails_releases_the_lock_and_is_not_retried(
+    db: Database, tmp_path: Path
+) -> None:
     calls: list[int] = []
 
     def broken() -> None:
@@ -112,8 +133,53 @@ async def test_an_inline_write_that_fails_for_good_raises_and_is_not_retried(db:
         with db.connection(write=True) as conn:
             conn.execute(text("INSERT INTO missing_table (v) VALUES (1)"))
 
+    def stopped() -> None:
+        with db.connection(write=True) as conn:
+            conn.execute(text("INSERT INTO t (v) VALUES ('never')"))
+            raise _Stop
+
     with pytest.raises(OperationalError, match="no such table"):
         await db.run_write(broken, inline=True)
-    assert calls == [1]
-    assert await db.run_write(lambda: _insert(db, "d"), inline=True) == threading.current_thread().name
+    assert (calls, _lock_free(tmp_path)) == ([1], True)
+    with pytest.raises(_Stop):
+        await db.run_write(stopped, inline=True)
+    assert (_rows(tmp_path / "w.db"), _lock_free(tmp_path)) == ([], True)
+    db.dispose()
+
+
+async def test_an_inline_write_with_a_transient_error_is_retried_on_the_pool(
+    db: Database, tmp_path: Path
+) -> None:
+    """As a write on the pool would be (``run_write``'s retry of transient errors)."""
+    threads: list[str] = []
+
+    def busy_once() -> str:
+        threads.append(threading.current_thread().name)
+        if len(threads) == 1:
+            raise OperationalError("BEGIN IMMEDIATE", {}, sqlite3.OperationalError("database is locked"))
+        return _insert(db, "e")
+
+    assert (await db.run_write(busy_once, inline=True)).startswith("sessionray-sql")
+    assert threads[0] == threading.current_thread().name
+    assert (_rows(tmp_path / "w.db"), _lock_free(tmp_path)) == (["e"], True)
+    db.dispose()
+
+
+async def test_an_inline_write_never_waits_for_a_pooled_connection(db: Database, tmp_path: Path) -> None:
+    """Every connection of the pool checked out (``threads=1`` + ``max_overflow=1`` + the one kept
+    for the inline writer): the write goes to the pool's queue instead of blocking this thread,
+    and commits once a connection comes back."""
+    import asyncio
+
+    held = [db.engine.connect() for _ in range(db.max_connections)]
+    write = asyncio.ensure_future(db.run_write(lambda: _insert(db, "f"), inline=True))
+    try:
+        await asyncio.sleep(0)
+        assert not write.done()
+        assert _lock_free(tmp_path)  # no lock held while waiting for a connection
+    finally:
+        for conn in held:
+            conn.close()
+    assert (await write).startswith("sessionray-sql")
+    assert _rows(tmp_path / "w.db") == ["f"]
     db.dispose()

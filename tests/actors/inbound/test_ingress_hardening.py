@@ -558,15 +558,17 @@ def test_large_body_is_decoded_off_the_event_loop(s: Served, fixtures_dir: Path)
 def test_ingress_process_holds_one_bounded_database(
     s: Served, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The ingress's Database has no pool overflow (at most DEFAULT_SQL_THREADS connections, as
-    deploy/README.md says), and the admin's stored-session view reads through it instead of
-    opening a second one; a delivery actor's Database is bounded the same way."""
+    """The ingress's Database has no pool overflow (at most DEFAULT_SQL_THREADS connections on
+    PostgreSQL, as deploy/README.md says; on SQLite, as here, one more for the writer lock's holder
+    writing inline: docs/decisions.md#memory-sql-off-loop), and the admin's stored-session view
+    reads through it instead of opening a second one; a delivery actor's Database is bounded the
+    same way."""
     from actors.http import admin
     from runtime.delivery.core import DeliverySender, DeliverySettings
     from runtime.memory.db import DEFAULT_SQL_THREADS
 
     ingress = s.app.state.ingress
-    assert ingress.db is not None and ingress.db.max_connections == DEFAULT_SQL_THREADS
+    assert ingress.db is not None and ingress.db.max_connections == DEFAULT_SQL_THREADS + 1
     opened: list[str] = []
     monkeypatch.setattr(admin, "_open_repository", opened.append)
     monkeypatch.setenv("HARDEN_NO_TOKEN", "harden-admin")
@@ -582,7 +584,7 @@ def test_ingress_process_holds_one_bounded_database(
     )
     sender = DeliverySender(DeliverySettings(database_url=f"sqlite:///{tmp_path}/d.db"), 0, "0:1")
     try:
-        assert sender.db.max_connections == DEFAULT_SQL_THREADS
+        assert sender.db.max_connections == DEFAULT_SQL_THREADS + 1
     finally:
         asyncio.run(sender.close())
 
