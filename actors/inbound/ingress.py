@@ -150,8 +150,9 @@ class Ingress:
     Attributes:
         db: The process's :class:`Database` on ``config.database.url`` when this ingress made one
             (None when ``transcripts`` was given): ``DEFAULT_SQL_THREADS`` (8) SQL threads and no
-            pool overflow, so at most 8 connections; the admin's stored-session view, the durable
-            inbox (:attr:`gate`) and its batched marks share it.
+            pool overflow, so at most 8 connections on PostgreSQL (9 on SQLite: one kept for
+            inline writes, docs/decisions.md#memory-sql-off-loop); the admin's stored-session
+            view, the durable inbox (:attr:`gate`) and its batched marks share it.
 
     Raises:
         ValueError: a bot's secret environment variable is missing (from its codec).
@@ -177,7 +178,8 @@ class Ingress:
         if transcripts is None:
             # Short write retries: a 503 must reach the platform before its webhook timeout
             # (it redelivers; the transcript row dedups). No overflow: every SQL call runs on one
-            # of the pool's threads, so "at most 8 connections" (deploy/README.md) holds.
+            # of the pool's threads, so "at most 8 connections" (deploy/README.md) holds on
+            # PostgreSQL (SQLite keeps one more for inline writes: decisions memory-sql-off-loop).
             self.db = Database(config.database.url, busy_timeout_ms=5_000, write_retry_s=5.0, max_overflow=0)
             self.db.create_tables()
             transcripts = TranscriptStore(self.db)

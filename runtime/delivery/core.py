@@ -96,7 +96,8 @@ class DeliverySender:
         self.owner = owner
         # As the ingress: a 15 s SQLite lock wait, so a busy file does not fail a send under load.
         # 7 SQL threads + 1 connection for the on-the-wire mark written on the event loop's
-        # thread (write_here): 8 connections at most, as before (docs/decisions.md#memory-connection-budget)
+        # thread (write_here): 8 connections at most on PostgreSQL, as before; SQLite keeps one
+        # more for inline writes (docs/decisions.md#memory-connection-budget, #memory-sql-off-loop)
         self.db = Database(
             settings.database_url, busy_timeout_ms=15_000, threads=DEFAULT_SQL_THREADS - 1, max_overflow=1
         )

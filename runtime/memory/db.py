@@ -34,7 +34,11 @@ Writers (docs/decisions.md#memory-write-path; the mechanics live in
   database never turns an accepted message into a lost turn.
 
 Connections (docs/decisions.md#memory-connection-budget): the pool holds at most ``threads`` +
-``max_overflow`` connections (:attr:`Database.max_connections`); :meth:`Database.release_connections`
+``max_overflow`` connections, on SQLite one more, kept for the writer lock's holder writing inline
+(:attr:`Database.max_connections`; docs/decisions.md#memory-sql-off-loop). Every SQL call holds
+one connection and runs through :meth:`Database.run` / :meth:`Database.run_write` (or
+:meth:`Database.write_here`), never two at once: that is what keeps the bound and the reserve
+true. :meth:`Database.release_connections`
 closes the idle ones (a session host without live sessions keeps no PostgreSQL connection).
 
 Stable names other modules rely on: :meth:`Database.session` (``write=True`` for writers),
@@ -149,7 +153,9 @@ class Database:
         max_overflow: Connections the pool may open beyond ``threads`` (``None``: ``threads``).
             Every SQL call of :meth:`run` holds one connection on one pool thread, so only
             callers outside the pool (start-up ``create_tables``, tests) ever use the overflow;
-            ``0`` makes ``threads`` a hard bound (a session host: four PostgreSQL connections at most).
+            ``0`` makes ``threads`` a hard bound (a session host: four PostgreSQL connections at
+            most). SQLite keeps one connection more in the pool (``threads`` + 1), for the
+            writer lock's holder writing inline (:meth:`run_write`).
 
     Raises:
         DatabaseUrlError: see :func:`normalize_url`.
@@ -175,11 +181,12 @@ class Database:
         self._writer: WriterLock | None = None
         self._here = threading.local()  # write_here's shorter wait for the writer lock
         overflow = threads if max_overflow is None else max_overflow
-        if self.dialect == "sqlite":  # one for the writer lock's holder writing inline (run_write)
-            overflow += 1
-        self.max_connections = threads + overflow
+        # SQLite: one pooled connection more than threads, for the writer lock's holder writing
+        # inline (run_write); pooled, not overflow, so it is not opened and closed again and again
+        kept = threads + 1 if self.dialect == "sqlite" else threads
+        self.max_connections = kept + overflow
         """Most connections this database's pool ever holds open at once."""
-        kwargs: dict[str, Any] = {"echo": echo, "pool_size": threads, "max_overflow": overflow}
+        kwargs: dict[str, Any] = {"echo": echo, "pool_size": kept, "max_overflow": overflow}
         if self.dialect == "sqlite":
             db_path = Path(str(self.url.database))
             db_path.parent.mkdir(parents=True, exist_ok=True)
@@ -320,7 +327,8 @@ class Database:
         writers would make it wait on ``busy_timeout``), the database open, and a pooled
         connection free. The pool keeps one connection beyond its threads for the lock's holder
         (``__init__``), so the lock is never held while waiting for a connection that a pool
-        thread waiting for the lock holds; this check guards against other users of the pool."""
+        thread waiting for the lock holds (each pool thread holds one at most); this check
+        guards against SQL run outside the pool."""
         return (
             writer.spans_processes
             and not self.closed

@@ -249,8 +249,8 @@ class WriterLock:
             return False
         taken = True
         if self._depth == 0:
-            try:
-                taken = self._flock(time.monotonic())
+            try:  # a lock file found unusable just now orders no other process: not taken
+                taken = self._flock(time.monotonic()) and self._flock_ok
             except OSError:
                 taken = False
             except BaseException:

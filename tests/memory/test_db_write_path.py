@@ -98,9 +98,9 @@ def test_pool_bound_is_threads_plus_overflow(tmp_path: object) -> None:
     try:
         assert [d.max_connections for d in dbs] == [2, 5, 17]
         assert [(d.engine.pool.size(), d.engine.pool._max_overflow) for d in dbs] == [  # type: ignore[attr-defined]
-            (1, 1),
-            (2, 3),
-            (8, 9),
+            (2, 0),
+            (3, 2),
+            (9, 8),
         ]
     finally:
         for d in dbs:

@@ -183,3 +183,15 @@ async def test_an_inline_write_never_waits_for_a_pooled_connection(db: Database,
     assert (await write).startswith("sessionray-sql")
     assert _rows(tmp_path / "w.db") == ["f"]
     db.dispose()
+
+
+def test_a_lock_file_that_cannot_be_opened_is_never_taken_for_an_inline_write(tmp_path: Path) -> None:
+    """Without the lock file the lock orders only this process's writers: an inline write would
+    wait on ``busy_timeout`` behind another process's, so the try is refused, the first one too."""
+    from runtime.memory.write_path import WriterLock
+
+    lock = WriterLock(tmp_path / "missing-dir" / "w.db.writer.lock")
+    assert (lock.try_acquire(), lock.spans_processes) == (False, False)
+    lock.acquire(0.1)  # the pool's writers still take the in-process lock
+    lock.release()
+    assert lock.try_acquire() is False
