@@ -9,7 +9,8 @@ drains follow-up messages; see :mod:`runtime.agent.events` for the event order. 
 * Follow-ups are polled only when the loop would otherwise stop
   (docs/decisions.md#steer-between-batches).
 * Before every LLM call: ``transform_context`` (result used for that call only), then
-  ``convert_to_llm``, then :func:`runtime.agent.replay.prepare_replay`, then ``get_api_key``.
+  ``convert_to_llm``, then :func:`runtime.agent.replay.prepare_replay` (unless the hook returned
+  :class:`runtime.agent.replay.Prepared`), then ``get_api_key``.
 * A response with stop_reason ``error`` or ``aborted`` ends the run. Abort during a tool batch
   gives the unfinished calls "interrupted" results, then the run ends with an assistant message
   of stop_reason ``aborted`` synthesized without calling the provider, so the context stays
@@ -42,7 +43,7 @@ from runtime.agent.events import (
     TurnEndEvent,
     TurnStartEvent,
 )
-from runtime.agent.replay import default_convert_to_llm, prepare_replay
+from runtime.agent.replay import Prepared, default_convert_to_llm, prepare_replay
 from runtime.agent.tool_executor import execute_tool_calls
 from runtime.llm.abort import AbortSignal
 from runtime.llm.options import StreamOptions
@@ -116,6 +117,10 @@ class _Run:
         convert = self.config.convert_to_llm
         llm = await resolve(convert(messages)) if convert is not None else default_convert_to_llm(messages)
         tools = [t.to_tool() for t in self.ctx.tools] or None
+        if isinstance(llm, Prepared):  # replayed and typed already: not validated again (O(context))
+            return Context.model_construct(
+                system_prompt=self.ctx.system_prompt, messages=list(llm), tools=tools
+            )
         return Context(system_prompt=self.ctx.system_prompt, messages=list(prepare_replay(llm)), tools=tools)
 
     async def _options(self) -> StreamOptions:

@@ -10,11 +10,14 @@
   (a synthetic "interrupted" error result where one is missing). Providers reject a tool call
   without a result and a result without its call, so a context that went through an abort or an
   error can always be replayed.
+* :class:`IncrementalConvert` — a ``convert_to_llm`` hook that keeps both steps' work across the
+  calls of one growing context and returns :class:`Prepared` (the loop skips its own step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 
 from runtime.llm.types import (
     AgentMessage,
@@ -26,7 +29,7 @@ from runtime.llm.types import (
     UserMessage,
 )
 
-__all__ = ["default_convert_to_llm", "interrupted_result", "prepare_replay"]
+__all__ = ["IncrementalConvert", "Prepared", "default_convert_to_llm", "interrupted_result", "prepare_replay"]
 
 
 def default_convert_to_llm(messages: Sequence[AgentMessage]) -> list[Message]:
@@ -51,36 +54,90 @@ def interrupted_result(call: ToolCall, reason: str = "interrupted") -> ToolResul
     )
 
 
+class _Replay:
+    """:func:`prepare_replay` part way through a list: what is kept so far (``out``) and the tool
+    calls of the last kept assistant message still waiting for results (``pending``, of which
+    ``answered`` have one). The last closing — results for calls still unanswered — is left to
+    :meth:`result`, so more messages can be fed later."""
+
+    __slots__ = ("answered", "out", "pending")
+
+    def __init__(self) -> None:
+        self.out: list[Message] = []
+        self.pending: list[ToolCall] = []
+        self.answered: set[str] = set()
+
+    def _close_pending(self) -> None:
+        self.out.extend(interrupted_result(c) for c in self.pending if c.id not in self.answered)
+        self.pending.clear()
+        self.answered.clear()
+
+    def feed(self, messages: Sequence[Message]) -> None:
+        for m in messages:
+            if isinstance(m, AssistantMessage):
+                self._close_pending()
+                if m.stop_reason in ("error", "aborted"):
+                    continue
+                self.out.append(m)
+                self.pending.extend(m.tool_calls())
+            elif isinstance(m, ToolResultMessage):
+                if m.tool_call_id in self.answered or all(c.id != m.tool_call_id for c in self.pending):
+                    continue  # orphan (its call was dropped) or duplicate
+                self.answered.add(m.tool_call_id)
+                self.out.append(m)
+            else:
+                self._close_pending()
+                self.out.append(m)
+
+    def result(self) -> list[Message]:
+        """What was fed, valid for a provider (a new list; the state is not changed)."""
+        return self.out + [interrupted_result(c) for c in self.pending if c.id not in self.answered]
+
+
 def prepare_replay(messages: Sequence[Message]) -> list[Message]:
     """Return ``messages`` made valid for a provider (see the module docstring).
 
     Pure: the input is not changed; kept message objects are reused as they are.
     """
-    out: list[Message] = []
-    pending: list[ToolCall] = []
-    answered: set[str] = set()
+    replay = _Replay()
+    replay.feed(messages)
+    return replay.result()
 
-    def close_pending() -> None:
-        for call in pending:
-            if call.id not in answered:
-                out.append(interrupted_result(call))
-        pending.clear()
-        answered.clear()
 
-    for m in messages:
-        if isinstance(m, AssistantMessage):
-            close_pending()
-            if m.stop_reason in ("error", "aborted"):
-                continue
-            out.append(m)
-            pending.extend(m.tool_calls())
-        elif isinstance(m, ToolResultMessage):
-            if m.tool_call_id in answered or all(c.id != m.tool_call_id for c in pending):
-                continue  # orphan (its call was dropped) or duplicate
-            answered.add(m.tool_call_id)
-            out.append(m)
-        else:
-            close_pending()
-            out.append(m)
-    close_pending()
-    return out
+class Prepared(list[Message]):
+    """A ``convert_to_llm`` result that is already a valid replay: every item a
+    :data:`~runtime.llm.types.Message` instance and :func:`prepare_replay` applied. The agent loop
+    sends it as it is (neither replayed nor validated again)."""
+
+
+class IncrementalConvert:
+    """A ``convert_to_llm`` hook for one growing context: a call that extends the previous call's
+    messages converts and replays only the new ones, so an LLM call costs O(new messages) instead
+    of O(context) (docs/decisions.md#agent-incremental-convert).
+
+    ``convert`` must map a list item by item (its result for a list is the concatenation of its
+    results for each item, as :func:`default_convert_to_llm` and the IM session's converter do),
+    and the messages it was given must not change afterwards (the context's messages are never
+    edited in place once added). A call whose messages do not start with the previous call's
+    (the same objects, in order: after a compaction, or a turn that sees another list) starts
+    again from nothing; the result is then the same as ``prepare_replay(convert(messages))``.
+
+    Returns :class:`Prepared` (a new list each call).
+    """
+
+    def __init__(self, convert: Callable[[list[AgentMessage]], list[Message]]) -> None:
+        self._convert = convert
+        self._seen: list[AgentMessage] = []
+        self._replay = _Replay()
+        self.converted = 0
+        """Messages converted so far (since the last new start included)."""
+
+    def __call__(self, messages: Sequence[AgentMessage]) -> Prepared:
+        k = len(self._seen)
+        if k > len(messages) or not all(map(operator.is_, self._seen, messages)):
+            self._seen, self._replay, k = [], _Replay(), 0
+        new = list(messages[k:])
+        self._replay.feed(self._convert(new))
+        self._seen.extend(new)
+        self.converted += len(new)
+        return Prepared(self._replay.result())

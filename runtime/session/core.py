@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from runtime import metrics, tracing
+from runtime.agent.replay import IncrementalConvert
 from runtime.llm.attribution import attributed
 from runtime.llm.types import (
     AgentMessage,
@@ -75,6 +76,7 @@ from runtime.session.turn_agent import (
     TurnControl,
     abort_notice,
     control_message,
+    convert_for_session,
     resume_turn,
     run_agent,
     run_pre_tools,
@@ -144,6 +146,8 @@ class SessionCore:
             session_key, lambda: self.writer, lambda: self.deliver, delivery_partitions
         )
         self.scope = session_key.split(":")[2] if session_key.count(":") >= 3 else "private"
+        self._llm_view = IncrementalConvert(convert_for_session(self.scope))
+        """Turns without a context window convert only what is new (agent-incremental-convert)."""
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
         if setup.deferred_tasks:
@@ -271,6 +275,8 @@ class SessionCore:
         ctl = TurnControl(policy_turn(turns), self.setup.steering_mode, self.setup.follow_up_mode)
         # compaction, then the history window (docs/decisions.md#agent-context-budget)
         install_context_hooks(ctl.agent, self.setup, self.repo, self.session_id, lead)
+        if ctl.agent.transform_context is None:  # the whole context goes: keep its conversion
+            ctl.llm_view = self._llm_view  # (docs/decisions.md#agent-incremental-convert)
         self._active.append(ctl)
         prev, mine = self._last_handoff, asyncio.get_running_loop().create_future()
         self._last_handoff = mine

@@ -310,9 +310,24 @@ class SessionWriter:
         self.store = store
         self.session_id = session_id
         self._messages = messages
+        self._markers: dict[tuple[str, str], int] = {}
+        """``(custom_type, message_id) -> index`` of the last such marker: :meth:`marker` in O(1)
+        (a new message's duplicate check ran over the whole context before)."""
+        self._index(0)
         self._lock = asyncio.Lock()
         self.appended = 0
         """Messages appended since activation."""
+
+    def _index(self, start: int) -> None:
+        for i in range(start, len(self._messages)):
+            m = self._messages[i]
+            if isinstance(m, CustomMessage) and isinstance(mid := m.data.get("message_id"), str):
+                self._markers[(m.custom_type, mid)] = i
+
+    def marker(self, custom_type: str, message_id: str) -> int | None:
+        """Index of the last ``CustomMessage`` of ``custom_type`` for ``message_id`` in the
+        context, or ``None``: :func:`find_marker` of :meth:`snapshot` without the scan."""
+        return self._markers.get((custom_type, message_id))
 
     async def append(self, messages: Sequence[AgentMessage], *, also: Any = None) -> list[AgentMessage]:
         """Append ``messages`` to SQL and the mirror; return a snapshot of the whole context after
@@ -326,7 +341,9 @@ class SessionWriter:
             if messages:
                 extra = {} if also is None else {"also": also}
                 await self.store.append_messages(self.session_id, list(messages), **extra)
+                start = len(self._messages)
                 self._messages.extend(messages)
+                self._index(start)
                 self.appended += len(messages)
             return list(self._messages)
 

@@ -95,6 +95,10 @@ class TurnControl:
         self.unrecorded: list[AgentMessage] = []
         """The loop's last assistant message (no tool calls), not yet recorded: it goes to SQL in
         the transaction that records the reply (docs/decisions.md#session-turn-records)."""
+        self.llm_view: Callable[[list[AgentMessage]], list[Any]] | None = None
+        """The session's ``convert_to_llm`` kept across turns (set by the session when the turn
+        has no ``transform_context``: docs/decisions.md#agent-incremental-convert); None: the
+        turn converts with :func:`convert_for_session` afresh."""
 
     async def record_unrecorded(self, record: RecordFn) -> None:
         """Record the held final answer (:attr:`unrecorded`), if any, through ``record`` on its
@@ -337,7 +341,7 @@ async def run_agent(
     agent = ctl.agent
     agent.state.model, agent.state.system_prompt = setup.model, setup.system_prompt
     agent.state.tools, agent.state.messages = tools, list(messages)
-    agent.convert_to_llm = convert_for_session(scope)
+    agent.convert_to_llm = ctl.llm_view or convert_for_session(scope)
     agent.max_iterations = setup.max_iterations
     agent.configure_loop = configure
     final: AssistantMessage | None = None

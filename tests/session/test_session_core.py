@@ -300,3 +300,54 @@ async def test_long_session_is_compacted_into_a_summary_and_keeps_answering(
     ctx = await repo.load_context(core.session_id)
     users = [m.content for m in ctx.messages if isinstance(m, UserMessage)]
     assert len(users) < 8 and str(users[-1]).startswith("message number 8")
+
+
+async def test_a_turn_converts_only_the_context_it_has_not_converted_and_sends_all_of_it(
+    repo: Any, tmp_path: Path
+) -> None:
+    """docs/decisions.md#agent-incremental-convert: across turns (one with a tool call), each LLM
+    call's messages are what a full conversion of the visible context gives, and each message
+    is converted once."""
+    from runtime.agent.replay import prepare_replay
+    from runtime.session.turn_agent import convert_for_session
+
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec, turns=1)
+    view, checked = core._llm_view, []
+
+    def spy(messages: list[Any]) -> Any:
+        out = view(messages)
+        expected = prepare_replay(convert_for_session("private")(messages))
+        checked.append(
+            [m.model_dump(exclude={"timestamp"}) for m in out]
+            == [m.model_dump(exclude={"timestamp"}) for m in expected]
+        )
+        return out
+
+    core._llm_view = spy  # type: ignore[assignment]
+    for seq, said in enumerate(["echo one", "slow 0.01", "echo two", "echo three"], 1):
+        assert (await core.submit(turn(seq, said))).outcome == "ok"
+    assert rec.texts() == ["one", "tool: slept 0.01; then: []", "two", "three"]
+    assert checked == [True] * 5  # the tool turn made two calls
+    # every message the calls saw was converted once: the context less the last call's answer
+    assert view.converted == len(core.writer) - 2  # (the last answer and its reply marker)
+
+
+async def test_the_writer_finds_markers_without_a_scan_and_agrees_with_one(repo: Any, tmp_path: Path) -> None:
+    from runtime.session.turn import INBOUND_MARKER, REPLY_MARKER, SessionWriter, find_marker
+
+    rec = Recorder()
+    core = await open_core(repo, tmp_path, rec, turns=1)
+    for seq in (1, 2, 3):
+        await core.submit(turn(seq, f"echo {seq}"))
+    await core.submit(turn(4, "echo again", message_id="m2"))  # a second turn of one message id
+    writer, context = core.writer, core.writer.snapshot()
+    for kind in (INBOUND_MARKER, REPLY_MARKER):
+        for mid in ("m1", "m2", "m3", "m9"):
+            assert writer.marker(kind, mid) == find_marker(context, kind, mid)
+    assert writer.marker(INBOUND_MARKER, "m2") == max(
+        i for i, m in enumerate(context) if isinstance(m, CustomMessage) and m.data.get("message_id") == "m2"
+        and m.custom_type == INBOUND_MARKER
+    )  # fmt: skip
+    reloaded = SessionWriter(repo, core.session_id, list((await repo.load_context(core.session_id)).messages))
+    assert reloaded.marker(REPLY_MARKER, "m3") == writer.marker(REPLY_MARKER, "m3") is not None

@@ -149,18 +149,18 @@ def recorded(live: LiveSession, message_id: str) -> bool:
     """Whether the session's loaded context already records a turn of ``message_id`` (its inbound
     marker): a redelivery that arrives after the session was passivated or moved hosts is a
     duplicate too, not only one this host's dedup window saw."""
-    from runtime.session.turn import INBOUND_MARKER, find_marker
+    from runtime.session.turn import INBOUND_MARKER
 
-    return find_marker(live.core.writer.snapshot(), INBOUND_MARKER, message_id) is not None
+    return live.core.writer.marker(INBOUND_MARKER, message_id) is not None
 
 
 def answered(live: LiveSession, message_id: str) -> bool:
     """Whether the session's context records the reply of ``message_id`` (its reply marker, written
     with the reply's ledger row): only then is a duplicate of it *handled* in the inbox. A duplicate
     of a turn still running, or cut off by a crash, is not (docs/decisions.md#inbox-durable)."""
-    from runtime.session.turn import REPLY_MARKER, find_marker
+    from runtime.session.turn import REPLY_MARKER
 
-    return find_marker(live.core.writer.snapshot(), REPLY_MARKER, message_id) is not None
+    return live.core.writer.marker(REPLY_MARKER, message_id) is not None
 
 
 async def current_pid() -> int:
