@@ -16,9 +16,9 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
 
+from runtime.agent.growth import ContextGrowth
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
@@ -127,17 +127,17 @@ class IncrementalConvert:
 
     def __init__(self, convert: Callable[[list[AgentMessage]], list[Message]]) -> None:
         self._convert = convert
-        self._seen: list[AgentMessage] = []
+        self._growth = ContextGrowth()
         self._replay = _Replay()
-        self.converted = 0
-        """Messages converted so far (since the last new start included)."""
+
+    @property
+    def converted(self) -> int:
+        """Messages converted so far (a new start converts all of its list again)."""
+        return self._growth.taken
 
     def __call__(self, messages: Sequence[AgentMessage]) -> Prepared:
-        k = len(self._seen)
-        if k > len(messages) or not all(map(operator.is_, self._seen, messages)):
-            self._seen, self._replay, k = [], _Replay(), 0
-        new = list(messages[k:])
+        restart, new = self._growth.new(messages)
+        if restart:
+            self._replay = _Replay()
         self._replay.feed(self._convert(new))
-        self._seen.extend(new)
-        self.converted += len(new)
         return Prepared(self._replay.result())

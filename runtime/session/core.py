@@ -47,6 +47,7 @@ from runtime.llm.types import (
     AgentMessage,
     UserMessage,
 )
+from runtime.reply.provenance import IdentityFold
 from runtime.reply.segments import Reply
 from runtime.session.coalesce import (
     Answering,
@@ -148,6 +149,7 @@ class SessionCore:
         self.scope = session_key.split(":")[2] if session_key.count(":") >= 3 else "private"
         self._llm_view = IncrementalConvert(convert_for_session(self.scope))
         """Turns without a context window convert only what is new (agent-incremental-convert)."""
+        self._identity_fold = IdentityFold()
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
         if setup.deferred_tasks:
@@ -275,6 +277,7 @@ class SessionCore:
         ctl = TurnControl(policy_turn(turns), self.setup.steering_mode, self.setup.follow_up_mode)
         # compaction, then the history window (docs/decisions.md#agent-context-budget)
         install_context_hooks(ctl.agent, self.setup, self.repo, self.session_id, lead)
+        ctl.identity_fold = self._identity_fold
         if ctl.agent.transform_context is None:  # the whole context goes: keep its conversion
             ctl.llm_view = self._llm_view  # (docs/decisions.md#agent-incremental-convert)
         self._active.append(ctl)

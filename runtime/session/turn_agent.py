@@ -22,7 +22,8 @@ from runtime.llm.abort import AbortController, AbortSignal
 from runtime.llm.limits import is_busy_error
 from runtime.llm.types import AgentMessage, AssistantMessage, CustomMessage, UserMessage
 from runtime.reply.custom_output import CustomOutputContract, OutputSpec
-from runtime.reply.im_reply import ImReplyConfig, ImReplyContract, MentionIdentity
+from runtime.reply.im_reply import ImReplyConfig, ImReplyContract
+from runtime.reply.provenance import IdentityFold
 from runtime.reply.segments import Reply
 from runtime.reply.sender import convert_for_llm
 from runtime.session.output_sink import STRUCTURED_OUTPUT_MARKER, OutputSink
@@ -95,6 +96,9 @@ class TurnControl:
         self.unrecorded: list[AgentMessage] = []
         """The loop's last assistant message (no tool calls), not yet recorded: it goes to SQL in
         the transaction that records the reply (docs/decisions.md#session-turn-records)."""
+        self.identity_fold: IdentityFold | None = None
+        """The session's reply identity kept across turns (docs/decisions.md#agent-incremental-convert);
+        None: read from the whole context."""
         self.llm_view: Callable[[list[AgentMessage]], list[Any]] | None = None
         """The session's ``convert_to_llm`` kept across turns (set by the session when the turn
         has no ``transform_context``: docs/decisions.md#agent-incremental-convert); None: the
@@ -250,10 +254,11 @@ async def finalize_reply(
     if busy is not None:  # the provider's limits were taken for max_wait_s
         return busy
     contract = contract or reply_contract(setup)
+    fold = ctl.identity_fold or IdentityFold()
     identity = (
-        setup.features.identity(sender_id, messages)  # + media provenance
+        setup.features.identity(sender_id, messages, fold)  # + media provenance
         if setup.features is not None
-        else MentionIdentity.from_messages(sender_id, messages)
+        else fold(sender_id, messages)
     )
     signal = ctl.abort_controller.signal
     if budget_spent and not signal.aborted:

@@ -331,6 +331,8 @@ async def test_a_turn_converts_only_the_context_it_has_not_converted_and_sends_a
     assert checked == [True] * 5  # the tool turn made two calls
     # every message the calls saw was converted once: the context less the last call's answer
     assert view.converted == len(core.writer) - 2  # (the last answer and its reply marker)
+    # the reply identity too read each message once (all but the last reply marker)
+    assert core._identity_fold._growth.taken == len(core.writer) - 1
 
 
 async def test_the_writer_finds_markers_without_a_scan_and_agrees_with_one(repo: Any, tmp_path: Path) -> None:
