@@ -132,7 +132,8 @@ class AgentLoopConfig:
     Attributes:
         model: The model called every turn.
         convert_to_llm: ``(messages) -> list[Message]``; default drops custom messages. The loop
-            then applies :func:`runtime.agent.replay.prepare_replay` (errored/aborted responses dropped).
+            then applies :func:`runtime.agent.replay.prepare_replay` (errored/aborted responses
+            dropped), unless the hook returned :class:`runtime.agent.replay.Prepared`.
         transform_context: ``(messages, signal) -> messages`` before every LLM call (compaction,
             pruning); the result is used for that call only, the loop's context is unchanged.
         get_api_key: ``(provider) -> key | None``, resolved before every LLM call (short-lived

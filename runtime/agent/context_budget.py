@@ -106,6 +106,11 @@ class BudgetPolicy:
             if v is not None and v < 1:
                 raise ValueError(f"context budget of {name} must be >= 1 token or None, got {v}")
 
+    @property
+    def unlimited(self) -> bool:
+        """No model has a budget (the default and every override ``None``): no window to choose."""
+        return self.default_tokens is None and all(v is None for v in self.per_model.values())
+
     def tokens_for(self, model: Model) -> int | None:
         """The budget of ``model``: its override when it has one (even ``None``), else the default."""
         ref = model.ref()

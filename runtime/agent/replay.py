@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from runtime.agent.growth import ContextGrowth
+from runtime.llm.growth import ContextGrowth
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,

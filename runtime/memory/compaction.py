@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,7 @@ from typing import Any
 from runtime import metrics
 from runtime.llm.abort import AbortSignal
 from runtime.llm.attribution import attributed
+from runtime.llm.growth import ContextGrowth
 from runtime.llm.options import SimpleStreamOptions
 from runtime.llm.stream import complete_simple
 from runtime.llm.tokens import IMAGE_TOKENS, estimate_tokens
@@ -160,6 +163,9 @@ class _Cached:
     covered: list[str]
     """JSON of the summarized messages (the prefix this summary replaces)."""
     summary: CustomMessage
+    objects: list[AgentMessage]
+    """The summarized messages themselves: a context that starts with these objects needs no
+    JSON comparison."""
 
 
 class CompactionHook:
@@ -205,6 +211,10 @@ class CompactionHook:
         self.summary_model = summary_model or model
         self.summary_max_tokens = summary_max_tokens
         self._cached: _Cached | None = None
+        self._growth = ContextGrowth()
+        self._sums = array("q", [0])
+        """``estimate_tokens`` of the first i messages of the context last seen (kept as it grows:
+        docs/decisions.md#agent-incremental-convert)."""
 
     @property
     def budget_tokens(self) -> int:
@@ -215,9 +225,26 @@ class CompactionHook:
         c = self._cached
         if c is None or len(c.covered) > len(messages):
             return messages
-        if [_dump(m) for m in messages[: len(c.covered)]] != c.covered:
+        same = all(map(operator.is_, c.objects, messages))  # the live context: no JSON to compare
+        if not same and [_dump(m) for m in messages[: len(c.covered)]] != c.covered:
             return messages
+        if not same:
+            c.objects = messages[: len(c.covered)]
         return [c.summary, *messages[len(c.covered) :]]
+
+    def _tokens(self, messages: list[AgentMessage], view: list[AgentMessage]) -> int:
+        """``estimate_tokens(view)`` for a view of ``messages`` (itself, or the cached summary and
+        the messages after the ones it covers), reading only the messages added since the last
+        call (the estimate is a sum over messages)."""
+        restart, new = self._growth.new(messages)
+        if restart:
+            self._sums = array("q", [0])
+        for m in new:
+            self._sums.append(self._sums[-1] + estimate_tokens([m]))
+        if view is messages:
+            return self._sums[-1]
+        skipped = len(messages) - (len(view) - 1)
+        return estimate_tokens(view[:1]) + self._sums[-1] - self._sums[skipped]
 
     async def __call__(
         self, messages: list[AgentMessage], signal: AbortSignal | None = None
@@ -227,7 +254,7 @@ class CompactionHook:
         Never raises for a summarizer failure (the full context is returned instead).
         """
         view = self._apply_cache(messages)
-        if estimate_tokens(view) <= self.budget_tokens:
+        if self._tokens(messages, view) <= self.budget_tokens:
             return view
         cut = find_cut(view, self.keep_recent_tokens)
         if cut is None:
@@ -253,7 +280,7 @@ class CompactionHook:
                 "compaction of %s: summarized messages are not stored yet; summary kept in memory",
                 self.session_id,
             )
-        self._cached = _Cached(covered=covered, summary=summary)
+        self._cached = _Cached(covered=covered, summary=summary, objects=messages[: len(covered)])
         metrics.COMPACTIONS.inc(outcome="ok")
         return [summary, *tail]
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime import metrics
-from runtime.agent.growth import ContextGrowth
+from runtime.llm.growth import ContextGrowth
 from runtime.llm.types import (
     AgentMessage,
     CustomMessage,

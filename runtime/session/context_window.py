@@ -19,11 +19,11 @@ from runtime.agent.context_budget import BudgetPolicy, install_context_budget
 from runtime.config.ai import AiConfig
 from runtime.llm.tokens import estimate_request_tokens
 from runtime.llm.types import Context, Model
-from runtime.memory.compaction import is_summary, make_compaction_hook
+from runtime.memory.compaction import CompactionHook, is_summary, make_compaction_hook
 from runtime.session.turn import INBOUND_MARKER, SessionSetup, TurnInput, find_marker
 from runtime.session.turn_agent import reply_contract
 
-__all__ = ["budget_policy", "install_context_hooks", "reply_overhead"]
+__all__ = ["budget_policy", "compaction_hook", "install_context_hooks", "reply_overhead"]
 
 
 def budget_policy(ai: AiConfig) -> BudgetPolicy:
@@ -55,17 +55,32 @@ def reply_overhead(setup: SessionSetup) -> Callable[[Model], int]:
     return overhead
 
 
+def compaction_hook(
+    setup: SessionSetup, repo: Any, session_id: str, kept: CompactionHook | None = None
+) -> CompactionHook | None:
+    """The compaction hook of the epoch ``session_id`` (``None`` without
+    ``setup.compaction_threshold``): ``kept`` when it is that epoch's, else a new one. A session
+    keeps one across its turns: the hook holds the summary it made, and a hook made per turn
+    summarized the same history again in every turn once a live session had passed the
+    threshold (docs/decisions.md#memory-compaction)."""
+    if setup.compaction_threshold is None:
+        return None
+    if kept is not None and kept.session_id == session_id:
+        return kept
+    return make_compaction_hook(repo, session_id, setup.model, threshold=setup.compaction_threshold)
+
+
 def install_context_hooks(
-    agent: Agent, setup: SessionSetup, repo: Any, session_id: str, turn: TurnInput
+    agent: Agent, setup: SessionSetup, turn: TurnInput, compaction: CompactionHook | None
 ) -> None:
-    """Set ``agent.transform_context`` for one turn: compaction (when
-    ``setup.compaction_threshold`` is set) then the context budget (when ``setup.context_budget``
-    is set). The current turn starts at its ``im_inbound`` record (the inbound message, its
-    pre-tool results and everything the loop adds are never cut); the compaction summary is
-    pinned; the reply contract's additions count as fixed (:func:`reply_overhead`)."""
-    compaction = None
-    if setup.compaction_threshold is not None:
-        compaction = make_compaction_hook(repo, session_id, setup.model, threshold=setup.compaction_threshold)
+    """Set ``agent.transform_context`` for one turn: ``compaction`` (the session's
+    :func:`compaction_hook`) then the context budget (when ``setup.context_budget`` is set). The
+    current turn starts at its ``im_inbound`` record (the inbound message, its pre-tool results
+    and everything the loop adds are never cut); the compaction summary is pinned; the reply
+    contract's additions count as fixed (:func:`reply_overhead`). A policy without any budget
+    (``null`` everywhere) still measures each request, but chooses no window: the turn sends the
+    whole context, and keeps its conversion across turns when there is no compaction either
+    (docs/decisions.md#agent-incremental-convert)."""
     if setup.context_budget is None:
         agent.transform_context = compaction
         return
@@ -77,3 +92,5 @@ def install_context_hooks(
         turn_start=lambda messages: find_marker(messages, INBOUND_MARKER, turn.message_id),
         overhead=reply_overhead(setup),
     )
+    if setup.context_budget.unlimited:
+        agent.transform_context = compaction

@@ -47,6 +47,7 @@ from runtime.llm.types import (
     AgentMessage,
     UserMessage,
 )
+from runtime.memory.compaction import CompactionHook
 from runtime.reply.provenance import IdentityFold
 from runtime.reply.segments import Reply
 from runtime.session.coalesce import (
@@ -58,7 +59,7 @@ from runtime.session.coalesce import (
     coalescing_for,
     policy_turn,
 )
-from runtime.session.context_window import install_context_hooks
+from runtime.session.context_window import compaction_hook, install_context_hooks
 from runtime.session.exchanges import Exchanges
 from runtime.session.handover import HandOver
 from runtime.session.spend import SessionSpend, turn_owner
@@ -150,6 +151,8 @@ class SessionCore:
         self._llm_view = IncrementalConvert(convert_for_session(self.scope))
         """Turns without a context window convert only what is new (agent-incremental-convert)."""
         self._identity_fold = IdentityFold()
+        self._compaction: CompactionHook | None = None
+        """The epoch's compaction hook, kept across turns (its summary: memory-compaction)."""
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
         if setup.deferred_tasks:
@@ -276,7 +279,8 @@ class SessionCore:
         lead = turns[0]
         ctl = TurnControl(policy_turn(turns), self.setup.steering_mode, self.setup.follow_up_mode)
         # compaction, then the history window (docs/decisions.md#agent-context-budget)
-        install_context_hooks(ctl.agent, self.setup, self.repo, self.session_id, lead)
+        self._compaction = compaction_hook(self.setup, self.repo, self.session_id, self._compaction)
+        install_context_hooks(ctl.agent, self.setup, lead, self._compaction)
         ctl.identity_fold = self._identity_fold
         if ctl.agent.transform_context is None:  # the whole context goes: keep its conversion
             ctl.llm_view = self._llm_view  # (docs/decisions.md#agent-incremental-convert)

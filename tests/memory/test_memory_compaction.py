@@ -223,3 +223,46 @@ async def test_live_messages_with_unserializable_details_still_anchor(
     assert out[0].data == {"summary": "SUMMARY-H", "anchor_message_id": ids[4]}  # type: ignore[union-attr]
     stored = (await repo.load_context(sid)).messages
     assert stored[0].data["anchor_message_id"] == ids[4]  # type: ignore[union-attr]
+
+
+async def test_a_kept_hook_estimates_only_new_messages_and_decides_as_a_full_estimate_would(
+    db: Database, faux: FauxProviderHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/decisions.md#agent-incremental-convert: the hook a session keeps sums the estimate of
+    each message once, and compares the covered head by identity, not by JSON, while it is the
+    same live context."""
+    import runtime.memory.compaction as compaction
+
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    faux.set_responses([faux_assistant_message("SUMMARY-1")])
+    hook = make_compaction_hook(repo, sid, faux.get_model(), threshold=0.5, keep_recent_tokens=110)
+    estimated: list[int] = []
+    real = compaction.estimate_tokens
+    monkeypatch.setattr(
+        compaction, "estimate_tokens", lambda ms, **kw: estimated.append(len(ms)) or real(ms, **kw)
+    )
+    dumps: list[AgentMessage] = []
+    monkeypatch.setattr(compaction, "_dump", lambda m: dumps.append(m) or compaction.message_json(m))
+
+    context: list[AgentMessage] = []
+    first, dumped, covered = None, 0, 0
+    summary: AgentMessage | None = None
+    later = [UserMessage(content=f"F{i}" * 20, timestamp=9 + i) for i in range(6)]
+    for i, m in enumerate([*conversation(), *later]):
+        await repo.append_messages(sid, [m])
+        context.append(m)
+        over = real(context) > hook.budget_tokens
+        out = await hook(list(context), None)
+        if first is None and not over:
+            assert out == context  # within the budget: untouched, as a full estimate decides
+        elif first is None:
+            first, dumped = i, len(dumps)  # compacted where the full estimate first exceeds
+            assert isinstance(out[0], CustomMessage) and faux.call_count == 1
+        else:  # the summary reused; the head compared by identity: no JSON written again
+            assert out[0] is summary and out[1:] == context[covered:] and len(dumps) == dumped
+        if first == i:
+            summary, covered = out[0], len(context) - (len(out) - 1)
+    assert first is not None and faux.call_count == 1
+    # each message estimated once, not the whole context at every call (quadratic: 120 here)
+    assert sum(estimated) <= 2 * len(context) + 4, estimated

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
+from sqlmodel import select
 
 from runtime.llm.types import AssistantMessage, CustomMessage, TextContent, ToolResultMessage, UserMessage
 from runtime.session.core import SessionCore
@@ -353,3 +354,60 @@ async def test_the_writer_finds_markers_without_a_scan_and_agrees_with_one(repo:
     )  # fmt: skip
     reloaded = SessionWriter(repo, core.session_id, list((await repo.load_context(core.session_id)).messages))
     assert reloaded.marker(REPLY_MARKER, "m3") == writer.marker(REPLY_MARKER, "m3") is not None
+
+
+async def test_a_live_session_does_not_summarize_its_history_again_in_every_turn(repo: Any) -> None:
+    """docs/decisions.md#memory-compaction: the session keeps its compaction hook (and so the
+    summary it made) across turns. A hook made per turn saw the whole live context again, still
+    over the threshold, and summarized it once more in every later turn."""
+    from providers.faux import faux_assistant_message, faux_text, register_faux_provider
+    from runtime.llm.types import Context
+    from runtime.memory.tables import AgentSummaryRow
+    from runtime.session.turn import SessionSetup
+
+    def respond(context: Context, options: Any) -> AssistantMessage:
+        last = context.messages[-1]
+        said = last.content if isinstance(last.content, str) else last.content[0].text  # type: ignore[union-attr]
+        if said.startswith("Summarize this conversation"):  # a summarizer keeps to its budget
+            return faux_assistant_message([faux_text("They talked about numbered messages.")])
+        reply = {"segments": [{"type": "text", "data": {"text": "ok"}}]}
+        return faux_assistant_message([faux_text(json.dumps(reply))])
+
+    faux = register_faux_provider(provider="compacting", models=["m"], default_response=respond)
+    model = faux.get_model("m").model_copy(update={"context_window": 4000})  # compacts above 3,200
+    core = await SessionCore.open(
+        KEY, repo, SessionSetup(model=model, compaction_threshold=0.8), Recorder(), max_concurrent_turns=1
+    )
+    counts = []
+    for i in range(1, 31):
+        assert (await core.submit(turn(i, f"message number {i} " + "words " * 40))).outcome == "ok"
+        with repo.db.session() as s:
+            rows = s.exec(select(AgentSummaryRow).where(AgentSummaryRow.session_id == core.session_id)).all()
+        counts.append(len(rows))
+    first = counts.index(1)  # ≈ 3,200 tokens at ≈ 150 a turn: about the 21st turn
+    # after it the summary and a quarter of the window (≈ 1,000 tokens) are sent: the next
+    # compaction is ≈ 2,200 tokens (about 14 turns) away, not in the next turn
+    assert 15 <= first <= 25 and counts[first : first + 8] == [1] * 8, counts
+
+
+async def test_a_budget_of_null_everywhere_sends_all_and_keeps_the_conversion(
+    repo: Any, tmp_path: Path
+) -> None:
+    """The configured sessions always carry a budget policy; one with no budget for any model
+    chooses no window, so its turns keep their conversion (docs/decisions.md#agent-incremental-convert)."""
+    import dataclasses
+
+    from runtime.agent.context_budget import BudgetPolicy
+
+    rec = Recorder()
+    setup = ScriptedSetup(str(tmp_path / "markers"))(KEY)
+    unlimited = dataclasses.replace(setup, context_budget=BudgetPolicy(None, {"script/script-model": None}))
+    core = await SessionCore.open(KEY, repo, unlimited, rec, max_concurrent_turns=1)
+    for seq in (1, 2, 3):
+        assert (await core.submit(turn(seq, f"echo {seq}"))).outcome == "ok"
+    assert core._llm_view.converted == len(core.writer) - 2
+    other = "onebot11:10001:private:30003"
+    windowed = dataclasses.replace(setup, context_budget=BudgetPolicy(8000))
+    budgeted = await SessionCore.open(other, repo, windowed, rec, max_concurrent_turns=1)
+    await budgeted.submit(turn(1, "echo windowed").model_copy(update={"session_key": other}))
+    assert budgeted._llm_view.converted == 0  # a window per call: converted afresh
