@@ -35,9 +35,11 @@ left-out history in ``sessionray_llm_history_left_out_total``.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import math
 import threading
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +51,7 @@ from runtime.agent.events import AgentEvent, MessageEndEvent
 from runtime.agent.replay import default_convert_to_llm
 from runtime.llm.abort import AbortSignal
 from runtime.llm.events import AssistantMessageEventStream
+from runtime.llm.growth import ContextGrowth
 from runtime.llm.options import StreamOptions
 from runtime.llm.tokens import (
     estimate_request_tokens,
@@ -68,6 +71,7 @@ from runtime.llm.types import (
 __all__ = [
     "CALIBRATION",
     "DEFAULT_BUDGET_TOKENS",
+    "BudgetMemo",
     "BudgetPolicy",
     "ContextBudget",
     "TokenCalibration",
@@ -181,15 +185,58 @@ class Window:
     over_budget: bool = False
 
 
-def _units_newest_first(messages: Sequence[AgentMessage], history: list[int]) -> Iterator[list[int]]:
-    """The history's units, newest first, each in context order (see the module docstring): a
-    unit starts at a user or assistant message (or at the history's first message) and carries
-    the tool results and host custom messages after it. Lazy: a long context is walked only as far
-    as the window reaches."""
+_SENT_KINDS = (UserMessage, AssistantMessage, ToolResultMessage)
+
+
+class BudgetMemo:
+    """What the budget step keeps of one session's growing context across its calls and turns
+    (docs/decisions.md#agent-incremental-convert): each message's cost as sent (estimated once,
+    when a window first needs it), where the pinned messages are, and how many history messages
+    that are sent come before each position. A call whose list does not extend the last one's
+    starts again. The costs assume the session renders a message the same way in every turn (one
+    ``convert_to_llm`` per session). A memo made for one call gives :func:`select_window`."""
+
+    def __init__(self, pinned: Callable[[AgentMessage], bool] = lambda m: False) -> None:
+        self.pinned = pinned
+        self._growth = ContextGrowth()
+        self._clear()
+
+    def _clear(self) -> None:
+        self.costs = array("q")
+        """Tokens of each message as sent; -1: not estimated yet."""
+        self.pinned_at: list[int] = []
+        self.sent_before = array("q", [0])
+        """``sent_before[i]``: user, assistant and tool-result messages before ``i`` not pinned."""
+
+    def update(self, messages: Sequence[AgentMessage]) -> None:
+        """Take in the messages ``messages`` added since the last call (all: a new start)."""
+        restart, new = self._growth.new(messages)
+        if restart:
+            self._clear()
+        for m in new:
+            pinned = self.pinned(m)
+            if pinned:
+                self.pinned_at.append(len(self.costs))
+            self.costs.append(-1)
+            self.sent_before.append(self.sent_before[-1] + (not pinned and isinstance(m, _SENT_KINDS)))
+
+
+def _units_newest_first(
+    messages: Sequence[AgentMessage], start: int, pinned: set[int]
+) -> Iterator[list[int]]:
+    """The history's units (the messages before ``start`` not in ``pinned``), newest first, each
+    in context order (see the module docstring): a unit starts at a user or assistant message (or
+    at the history's first message) and carries the tool results and host custom messages after
+    it. Lazy: a long context is walked only as far as the window reaches."""
+    first = 0
+    while first in pinned:
+        first += 1
     unit: list[int] = []
-    for pos in range(len(history) - 1, -1, -1):
-        unit.append(history[pos])
-        if pos == 0 or isinstance(messages[history[pos]], _UNIT_START):
+    for i in range(start - 1, first - 1, -1):
+        if i in pinned:
+            continue
+        unit.append(i)
+        if i == first or isinstance(messages[i], _UNIT_START):
             unit.reverse()
             yield unit
             unit = []
@@ -204,6 +251,7 @@ def select_window(
     current_start: int,
     pinned: Callable[[AgentMessage], bool] = lambda m: False,
     factor: float = 1.0,
+    memo: BudgetMemo | None = None,
 ) -> Window:
     """Choose the messages of one call (pure; see the module docstring).
 
@@ -217,6 +265,8 @@ def select_window(
         current_start: Index where the current turn starts (clamped to ``[0, len]``).
         pinned: Messages before the turn kept regardless (the compaction summary).
         factor: Calibration factor: ``factor × raw estimate ≤ budget_tokens``.
+        memo: A :class:`BudgetMemo` already updated with ``messages`` (its ``pinned`` is used):
+            the choice then costs what the window costs, not what the context costs.
 
     ``left_out`` counts the user, assistant and tool-result messages left out (host custom records
     are not counted).
@@ -230,17 +280,21 @@ def select_window(
         cost_of: Callable[[int], int] = costs.__getitem__
     else:
         cost_of = costs
+    if memo is None:
+        memo = BudgetMemo(pinned)
+        memo.update(messages)
     n = len(messages)
     start = max(0, min(current_start, n))
-    head = [i for i in range(start) if pinned(messages[i])]
-    history = [i for i in range(start) if not pinned(messages[i])]
+    head = list(itertools.takewhile(lambda i: i < start, memo.pinned_at))
     base = fixed_tokens + sum(cost_of(i) for i in head) + sum(cost_of(i) for i in range(start, n))
     if budget_tokens is None:
+        pinned_head = set(head)
+        history = (i for i in range(start) if i not in pinned_head)
         return Window(list(messages), base + sum(cost_of(i) for i in history))
     limit = math.floor(budget_tokens / factor)
     taken: list[list[int]] = []
     used = base
-    for unit in _units_newest_first(messages, history):
+    for unit in _units_newest_first(messages, start, set(head)):
         cost = sum(cost_of(i) for i in unit)
         if used + cost > limit:
             break
@@ -248,11 +302,10 @@ def select_window(
         taken.append(unit)
     while taken and not head and not isinstance(messages[taken[-1][0]], UserMessage):
         used -= sum(cost_of(i) for i in taken.pop())  # open the history with a user message
-    keep = set(head).union(*taken) if taken else set(head)
-    out = [m for i, m in enumerate(messages) if i in keep or i >= start]
-    sent_kinds = UserMessage | AssistantMessage | ToolResultMessage
-    left_out = sum(1 for i in history if i not in keep and isinstance(messages[i], sent_kinds))
-    return Window(out, used, left_out, base > limit)
+    keep = sorted(set(head).union(*taken))
+    out = [messages[i] for i in keep] + list(messages[start:])
+    kept_sent = sum(1 for unit in taken for i in unit if isinstance(messages[i], _SENT_KINDS))
+    return Window(out, used, memo.sent_before[start] - kept_sent, base > limit)
 
 
 _warned: set[str] = set()
@@ -277,6 +330,8 @@ class ContextBudget:
         overhead: ``(model) -> tokens`` added to the request after this step (a structured-reply
             contract's instructions, output tool or output schema), counted as fixed; the request
             actually sent is measured again by :meth:`wrap_stream` (metric, calibration).
+        memo: The session's :class:`BudgetMemo`, kept across its turns (default: one for this
+            step alone).
     """
 
     def __init__(
@@ -288,6 +343,7 @@ class ContextBudget:
         turn_start: Callable[[Sequence[AgentMessage]], int | None] | None = None,
         calibration: TokenCalibration | None = None,
         overhead: Callable[[Model], int] | None = None,
+        memo: BudgetMemo | None = None,
     ) -> None:
         self.agent = agent
         self.overhead = overhead
@@ -296,7 +352,8 @@ class ContextBudget:
         self.turn_start = turn_start
         self.calibration = calibration if calibration is not None else CALIBRATION
         self._first: AgentMessage | None = None
-        self._costs: dict[int, tuple[AgentMessage, int]] = {}
+        self.memo = memo if memo is not None else BudgetMemo(pinned)
+        """Costs and positions kept across calls (a session passes its own, kept across turns)."""
         self.last: Window | None = None
         """The window of the latest call (inspection)."""
         self._awaiting: tuple[str, int] | None = None
@@ -318,30 +375,24 @@ class ContextBudget:
         return users[-1]
 
     async def _cost_function(self, messages: list[AgentMessage]) -> Callable[[int], int]:
-        """``(index) -> tokens`` of ``messages[index]`` as ``convert_to_llm`` renders it, cached
-        per message object for the turn. A sync converter is asked lazily (only the messages the
-        choice needs: a long context costs what the window costs); an async one up front."""
+        """``(index) -> tokens`` of ``messages[index]`` as ``convert_to_llm`` renders it, kept in
+        the memo (:meth:`BudgetMemo.update` ran with ``messages``). A sync converter is asked
+        lazily (only the messages the choice needs: a long context costs what the window
+        costs); an async one up front."""
         convert = self.agent.convert_to_llm or default_convert_to_llm
-        costs = self._costs
+        costs = self.memo.costs
 
-        def measured(m: AgentMessage, sent: Any) -> int:
-            cost = estimate_tokens(sent, rendered=True)
-            costs[id(m)] = (m, cost)
-            return cost
-
-        def cached(m: AgentMessage) -> int | None:
-            hit = costs.get(id(m))
-            return hit[1] if hit is not None and hit[0] is m else None
+        def measured(i: int, sent: Any) -> int:
+            costs[i] = estimate_tokens(sent, rendered=True)
+            return costs[i]
 
         if inspect.iscoroutinefunction(convert) or inspect.iscoroutinefunction(type(convert).__call__):
-            for m in messages:
-                if cached(m) is None:
-                    measured(m, await resolve(convert([m])))
+            for i, m in enumerate(messages):
+                if costs[i] < 0:
+                    measured(i, await resolve(convert([m])))
 
         def cost(i: int) -> int:
-            m = messages[i]
-            hit = cached(m)
-            return hit if hit is not None else measured(m, convert([m]))
+            return costs[i] if costs[i] >= 0 else measured(i, convert([messages[i]]))
 
         return cost
 
@@ -362,6 +413,7 @@ class ContextBudget:
         )
         fixed += self.overhead(state.model) if self.overhead is not None else 0
         factor = self.calibration.factor(ref)
+        self.memo.update(messages)
         window = select_window(
             messages,
             await self._cost_function(messages),
@@ -370,6 +422,7 @@ class ContextBudget:
             current_start=self._current_start(messages),
             pinned=self.pinned,
             factor=factor,
+            memo=self.memo,
         )
         self.last = window
         if window.left_out:
@@ -441,13 +494,20 @@ def install_context_budget(
     turn_start: Callable[[Sequence[AgentMessage]], int | None] | None = None,
     calibration: TokenCalibration | None = None,
     overhead: Callable[[Model], int] | None = None,
+    memo: BudgetMemo | None = None,
 ) -> ContextBudget:
     """Make ``agent``'s ``transform_context`` = ``before`` (e.g. compaction) then the budget, wrap
     ``agent.stream_fn`` (the innermost one) with :meth:`ContextBudget.wrap_stream` and subscribe
     the budget to the agent's responses (calibration). Keywords as :class:`ContextBudget`.
     Returns the budget step."""
     budget = ContextBudget(
-        agent, policy, pinned=pinned, turn_start=turn_start, calibration=calibration, overhead=overhead
+        agent,
+        policy,
+        pinned=pinned,
+        turn_start=turn_start,
+        calibration=calibration,
+        overhead=overhead,
+        memo=memo,
     )
     agent.transform_context = chain_transforms(before, budget)
     agent.stream_fn = budget.wrap_stream(agent.stream_fn)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.agent.agent import Agent
-from runtime.agent.context_budget import BudgetPolicy, install_context_budget
+from runtime.agent.context_budget import BudgetMemo, BudgetPolicy, install_context_budget
 from runtime.config.ai import AiConfig
 from runtime.llm.tokens import estimate_request_tokens
 from runtime.llm.types import Context, Model
@@ -71,13 +71,18 @@ def compaction_hook(
 
 
 def install_context_hooks(
-    agent: Agent, setup: SessionSetup, turn: TurnInput, compaction: CompactionHook | None
+    agent: Agent,
+    setup: SessionSetup,
+    turn: TurnInput,
+    compaction: CompactionHook | None,
+    memo: BudgetMemo | None = None,
 ) -> None:
     """Set ``agent.transform_context`` for one turn: ``compaction`` (the session's
     :func:`compaction_hook`) then the context budget (when ``setup.context_budget`` is set). The
     current turn starts at its ``im_inbound`` record (the inbound message, its pre-tool results
     and everything the loop adds are never cut); the compaction summary is pinned; the reply
-    contract's additions count as fixed (:func:`reply_overhead`). A policy without any budget
+    contract's additions count as fixed (:func:`reply_overhead`); ``memo``: the session's
+    :class:`~runtime.agent.context_budget.BudgetMemo` (pinned: the summary). A policy without any budget
     (``null`` everywhere) still measures each request, but chooses no window: the turn sends the
     whole context, and keeps its conversion across turns when there is no compaction either
     (docs/decisions.md#agent-incremental-convert)."""
@@ -91,6 +96,7 @@ def install_context_hooks(
         pinned=is_summary,
         turn_start=lambda messages: find_marker(messages, INBOUND_MARKER, turn.message_id),
         overhead=reply_overhead(setup),
+        memo=memo,
     )
     if setup.context_budget.unlimited:
         agent.transform_context = compaction

@@ -41,13 +41,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from runtime import metrics, tracing
+from runtime.agent.context_budget import BudgetMemo
 from runtime.agent.replay import IncrementalConvert
 from runtime.llm.attribution import attributed
 from runtime.llm.types import (
     AgentMessage,
     UserMessage,
 )
-from runtime.memory.compaction import CompactionHook
+from runtime.memory.compaction import CompactionHook, is_summary
 from runtime.reply.provenance import IdentityFold
 from runtime.reply.segments import Reply
 from runtime.session.coalesce import (
@@ -152,6 +153,8 @@ class SessionCore:
         """Turns without a context window convert only what is new (agent-incremental-convert)."""
         self._identity_fold = IdentityFold()
         self._compaction: CompactionHook | None = None
+        self._budget_memo = BudgetMemo(is_summary)
+        """The budget step's costs and positions, kept across turns (agent-incremental-convert)."""
         """The epoch's compaction hook, kept across turns (its summary: memory-compaction)."""
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
@@ -280,7 +283,7 @@ class SessionCore:
         ctl = TurnControl(policy_turn(turns), self.setup.steering_mode, self.setup.follow_up_mode)
         # compaction, then the history window (docs/decisions.md#agent-context-budget)
         self._compaction = compaction_hook(self.setup, self.repo, self.session_id, self._compaction)
-        install_context_hooks(ctl.agent, self.setup, lead, self._compaction)
+        install_context_hooks(ctl.agent, self.setup, lead, self._compaction, self._budget_memo)
         ctl.identity_fold = self._identity_fold
         if ctl.agent.transform_context is None:  # the whole context goes: keep its conversion
             ctl.llm_view = self._llm_view  # (docs/decisions.md#agent-incremental-convert)

@@ -284,3 +284,42 @@ async def test_an_async_converter_is_measured_too(faux: FauxProviderHandle) -> N
     await agent.prompt("q")
     assert sent_tokens(faux.calls[0].context) <= 1000 < sent_tokens(faux.calls[0].context) + 40
     assert budget.last is not None and budget.last.left_out > 150
+
+
+# ------------------------------------------------------------------ the memo a session keeps
+
+
+def test_a_kept_memo_chooses_every_window_as_a_fresh_choice_does() -> None:
+    """docs/decisions.md#agent-incremental-convert: with the memo updated call by call as the
+    context grows (and restarted when it does not), each window, its cost and its left-out count
+    equal a choice made from nothing."""
+    from runtime.agent.context_budget import BudgetMemo
+
+    def pinned(m: AgentMessage) -> bool:
+        return isinstance(m, CustomMessage) and m.custom_type == "summary"
+
+    pattern: list[AgentMessage] = [
+        CustomMessage(custom_type="summary", data={}),
+        user("a"), said("b"), calls("c1", "c2"), result("c1"), result("c2"),
+        CustomMessage(custom_type="im_reply", data={}), said("d"),
+    ]  # fmt: skip
+    context = [*pattern, *[m.model_copy() for _ in range(6) for m in pattern[1:]]]  # 50 messages
+    costs = [(7 * i) % 23 + 1 for i in range(len(context))]
+    memo = BudgetMemo(pinned)
+    grown: list[AgentMessage] = []
+    for n, m in enumerate(context, 1):
+        grown.append(m)
+        memo.update(list(grown))
+        for budget in (None, 1, 40, 90, 200, 10_000):
+            for start in {n - 1, max(0, n - 3), n}:
+                kept = select_window(
+                    grown, costs[:n], budget_tokens=budget, fixed_tokens=5, current_start=start, memo=memo
+                )
+                fresh = select_window(
+                    grown, costs[:n], budget_tokens=budget, fixed_tokens=5, current_start=start, pinned=pinned
+                )
+                assert kept == fresh, (n, budget, start)
+    assert memo.sent_before[-1] == sum(1 for m in context if not pinned(m) and m.role != "custom")
+    shorter = context[1:10]  # the summary gone: not an extension
+    memo.update(shorter)
+    assert memo.pinned_at == [] and len(memo.costs) == 9
