@@ -158,6 +158,10 @@ def _dump(m: AgentMessage) -> str:
     return message_json(m)
 
 
+CACHED_SUMMARIES = 4
+"""Summaries a hook keeps (the default ``runtime.max_concurrent_turns``: one per overlapping turn)."""
+
+
 @dataclass
 class _Cached:
     covered: list[str]
@@ -210,7 +214,10 @@ class CompactionHook:
         )
         self.summary_model = summary_model or model
         self.summary_max_tokens = summary_max_tokens
-        self._cached: _Cached | None = None
+        self._cache: list[_Cached] = []
+        """Summaries made, newest first (at most :data:`CACHED_SUMMARIES`): overlapping turns see
+        different lists (each without the others' records in flight), so each keeps the one
+        made of its own list instead of summarizing again at every call."""
         self._growth = ContextGrowth()
         self._sums = array("q", [0])
         """``estimate_tokens`` of the first i messages of the context last seen (kept as it grows:
@@ -221,16 +228,19 @@ class CompactionHook:
         """Estimated tokens above which compaction runs (``threshold × context_window``)."""
         return int(self.threshold * self.model.context_window)
 
-    def _apply_cache(self, messages: list[AgentMessage]) -> list[AgentMessage]:
-        c = self._cached
-        if c is None or len(c.covered) > len(messages):
-            return messages
-        same = all(map(operator.is_, c.objects, messages))  # the live context: no JSON to compare
-        if not same and [_dump(m) for m in messages[: len(c.covered)]] != c.covered:
-            return messages
-        if not same:
-            c.objects = messages[: len(c.covered)]
-        return [c.summary, *messages[len(c.covered) :]]
+    def _apply_cache(self, messages: list[AgentMessage]) -> tuple[list[AgentMessage], _Cached | None]:
+        """``(view, summary used)``: the newest summary whose covered head ``messages`` starts
+        with replaces that head; none: ``(messages, None)``."""
+        for c in self._cache:
+            if len(c.covered) > len(messages):
+                continue
+            same = all(map(operator.is_, c.objects, messages))  # the live context: no JSON compared
+            if not same and [_dump(m) for m in messages[: len(c.covered)]] != c.covered:
+                continue
+            if not same:
+                c.objects = messages[: len(c.covered)]
+            return [c.summary, *messages[len(c.covered) :]], c
+        return messages, None
 
     def _tokens(self, messages: list[AgentMessage], view: list[AgentMessage]) -> int:
         """``estimate_tokens(view)`` for a view of ``messages`` (itself, or the cached summary and
@@ -253,7 +263,7 @@ class CompactionHook:
 
         Never raises for a summarizer failure (the full context is returned instead).
         """
-        view = self._apply_cache(messages)
+        view, used = self._apply_cache(messages)
         if self._tokens(messages, view) <= self.budget_tokens:
             return view
         cut = find_cut(view, self.keep_recent_tokens)
@@ -263,7 +273,7 @@ class CompactionHook:
         summary_text = await self._summarize(head, signal)
         if summary_text is None:
             return view
-        covered = self._covered(messages, view, cut)
+        covered = self._covered(messages, used, cut)  # `used`: taken before the await
         try:
             anchor = await self._anchor(head)
             if anchor is not None:
@@ -280,17 +290,14 @@ class CompactionHook:
                 "compaction of %s: summarized messages are not stored yet; summary kept in memory",
                 self.session_id,
             )
-        self._cached = _Cached(covered=covered, summary=summary, objects=messages[: len(covered)])
+        entry = _Cached(covered=covered, summary=summary, objects=messages[: len(covered)])
+        self._cache = [entry, *self._cache][:CACHED_SUMMARIES]
         metrics.COMPACTIONS.inc(outcome="ok")
         return [summary, *tail]
 
-    def _covered(self, messages: list[AgentMessage], view: list[AgentMessage], cut: int) -> list[str]:
-        # The view is either `messages` or [cached summary, *messages[len(cached):]].
-        if view is messages:
-            n = cut
-        else:
-            assert self._cached is not None
-            n = len(self._cached.covered) + cut - 1
+    def _covered(self, messages: list[AgentMessage], used: _Cached | None, cut: int) -> list[str]:
+        # The view was `messages` (no summary used) or [used.summary, *messages[len(used):]].
+        n = cut if used is None else len(used.covered) + cut - 1
         return [_dump(m) for m in messages[:n]]
 
     async def _summarize(self, head: list[AgentMessage], signal: AbortSignal | None) -> str | None:

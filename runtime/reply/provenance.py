@@ -58,6 +58,7 @@ from runtime.reply.mentions import MentionIdentity
 __all__ = [
     "CHECKED_KINDS",
     "IdentityFold",
+    "LazyProvenance",
     "MediaProvenance",
     "ProvenanceIdentity",
     "context_references",
@@ -234,11 +235,43 @@ class MediaProvenance:
         return None
 
 
+class LazyProvenance:
+    """The :class:`MediaProvenance` of ``messages``, read from them only when a reply carries a
+    media reference to check (most replies carry none; reading the references of a long context
+    costs ≈ 11 µs a message, and keeping them costs several times its text:
+    docs/decisions.md#agent-incremental-convert)."""
+
+    def __init__(self, messages: Sequence[AgentMessage], allowlist: Iterable[str] = ()) -> None:
+        self._messages = tuple(messages)
+        self._allowlist = tuple(allowlist)
+        self._built: MediaProvenance | None = None
+
+    @property
+    def built(self) -> MediaProvenance:
+        """The provenance itself (read on first use)."""
+        if self._built is None:
+            self._built = MediaProvenance.from_messages(self._messages, self._allowlist)
+            self._messages = ()
+        return self._built
+
+    def allowed(self, kind: str, value: str) -> bool:
+        """:meth:`MediaProvenance.allowed`."""
+        return self.built.allowed(kind, value)
+
+    def check(self, reply: Any) -> str | None:
+        """:meth:`MediaProvenance.check`; a reply without a checked media reference passes unread."""
+        for seg in getattr(reply, "segments", []):
+            media = getattr(getattr(seg, "data", None), "media", None)
+            if media is not None and media.kind in CHECKED_KINDS:
+                return self.built.check(reply)
+        return None
+
+
 @dataclass(frozen=True)
 class ProvenanceIdentity(MentionIdentity):
     """A :class:`MentionIdentity` whose ``check`` also enforces media provenance."""
 
-    provenance: MediaProvenance | None = None
+    provenance: MediaProvenance | LazyProvenance | None = None
 
     def check(self, reply: Any) -> str | None:
         """Mention identity first, then media provenance."""
@@ -259,27 +292,21 @@ def reply_identity(
 
 
 class IdentityFold:
-    """A reply's identity over one session's growing context, kept across its turns: each call
-    reads only the messages added since the last one
-    (docs/decisions.md#agent-incremental-convert; the ids and references of a context are sets,
-    so the new messages' are added to them). Reading them was O(context) of Python per turn:
-    ≈ 12 µs a message for the media references.
+    """A reply's identity over one session's growing context, kept across its turns
+    (docs/decisions.md#agent-incremental-convert): the ids a mention may target are sets, so each
+    call adds those of the messages added since the last call (``MentionIdentity.from_messages``
+    read the whole context at every turn). The media provenance is :class:`LazyProvenance`:
+    read, from the whole list, only for a reply with a media reference.
 
     Call with ``allowlist`` ``None`` for mention ids only (a :class:`MentionIdentity`, as
     ``MentionIdentity.from_messages`` gives), or the media URL allowlist for a
-    :class:`ProvenanceIdentity` (as :func:`reply_identity` gives). A call of the other kind, or
-    whose messages do not extend the last call's, reads all of them again."""
+    :class:`ProvenanceIdentity` (as :func:`reply_identity` gives). A call whose messages do not
+    extend the last call's reads all of them again."""
 
     def __init__(self) -> None:
-        self._media = False
         self._growth = ContextGrowth()
-        self._clear()
-
-    def _clear(self) -> None:
         self._known: frozenset[str] = frozenset()
         self._lookup: frozenset[str] = frozenset()
-        self._refs: set[str] = set()
-        self._digests: set[str] = set()
 
     def __call__(
         self,
@@ -287,23 +314,14 @@ class IdentityFold:
         messages: Sequence[AgentMessage],
         allowlist: tuple[str, ...] | None = None,
     ) -> MentionIdentity:
-        media = allowlist is not None
-        if media != self._media:  # the other kind: read everything again
-            self._media, self._growth = media, ContextGrowth()
-            self._clear()
         restart, new = self._growth.new(messages)
         if restart:
-            self._clear()
+            self._known, self._lookup = frozenset(), frozenset()
         ids = MentionIdentity.from_messages(None, new)
         self._known, self._lookup = self._known | ids.known_ids, self._lookup | ids.lookup_ids
         if allowlist is None:
             return MentionIdentity(sender_id=sender_id, known_ids=self._known, lookup_ids=self._lookup)
-        refs, digests = context_references(new)
-        self._refs |= refs
-        self._digests |= digests
-        provenance = MediaProvenance(
-            frozenset(self._refs), frozenset(self._digests), tuple(p for p in allowlist if p)
-        )
+        provenance = LazyProvenance(messages, allowlist)
         return ProvenanceIdentity(
             sender_id=sender_id, known_ids=self._known, lookup_ids=self._lookup, provenance=provenance
         )

@@ -266,3 +266,87 @@ async def test_a_kept_hook_estimates_only_new_messages_and_decides_as_a_full_est
     assert first is not None and faux.call_count == 1
     # each message estimated once, not the whole context at every call (quadratic: 120 here)
     assert sum(estimated) <= 2 * len(context) + 4, estimated
+
+
+def _said(tag: str) -> AssistantMessage:
+    return AssistantMessage(content=[TextContent(text=tag + "." * 196)])
+
+
+def _asked(tag: str) -> UserMessage:
+    return UserMessage(content=tag + "." * 196)
+
+
+async def test_overlapping_turns_sharing_the_hook_each_keep_their_own_summary(
+    db: Database, faux: FauxProviderHandle
+) -> None:
+    """Turns of one session overlap and see different lists (each without the others' records in
+    flight). The epoch's hook keeps a summary per list, so neither makes the other summarize
+    again at every call: no more summaries than with a hook per turn."""
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    faux.set_responses([])
+    model = faux.get_model().model_copy(update={"context_window": 1000})
+
+    async def summaries(shared: bool) -> int:
+        before = faux.call_count
+        faux_default = faux_assistant_message("S")
+        faux.set_responses([faux_default] * 200)
+
+        def hook() -> Any:
+            return make_compaction_hook(repo, sid, model, threshold=0.8, keep_recent_tokens=150)
+
+        first = hook()
+        second = first if shared else hook()
+        base = [m for i in range(2) for m in (_asked(f"U{i}"), _said(f"A{i}"))]
+        a_list, b_list = [*base, _asked("A-in")], None
+        for step in range(40):
+            a_list = [*a_list, _said(f"a{step}")]  # turn A: a long turn of tool calls
+            await first(a_list, None)
+            if step == 3:
+                b_list = [*a_list[:5], _asked("B-in")]  # B sees A's message, not its records in flight
+            if b_list is not None:
+                b_list = [*b_list, _said(f"b{step}")]
+                await second(b_list, None)
+        return faux.call_count - before
+
+    per_turn = await summaries(shared=False)
+    assert 0 < await summaries(shared=True) <= per_turn
+
+
+async def test_a_summary_finished_while_another_was_made_covers_what_it_read(
+    db: Database, faux: FauxProviderHandle
+) -> None:
+    """Two turns summarize at once on the shared hook; the one finishing last replaces only the
+    head it summarized: every message of its list is in its summary or in its next view."""
+    import asyncio
+
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    model = faux.get_model().model_copy(update={"context_window": 1000})
+    hook = make_compaction_hook(repo, sid, model, threshold=0.5, keep_recent_tokens=100)
+    gate, prompts = asyncio.Event(), []
+
+    async def summarizer(context: Context, _options: Any) -> AssistantMessage:
+        text = str(context.messages[0].content)
+        prompts.append(text)
+        if "a0." in text:  # turn A's summary waits until B's is made
+            await gate.wait()
+        return faux_assistant_message(f"summary {len(prompts)}")
+
+    faux.set_responses([summarizer] * 3)
+    base = [m for i in range(6) for m in (_asked(f"U{i}"), _said(f"A{i}"))]
+    await hook(base, None)  # a first summary
+    a_list = [*base, *[_asked(f"a{i}") for i in range(8)]]
+    b_list = [*base, *[_asked(f"b{i}") for i in range(9)]]
+    a_task = asyncio.ensure_future(hook(a_list, None))
+    await asyncio.sleep(0)
+    await hook(b_list, None)
+    gate.set()
+    await a_task
+    nxt = [*a_list, _asked("zz")]
+    view = await hook(nxt, None)
+    a_prompt = next(p for p in prompts if "a0." in p)
+    for m in nxt:
+        tag = str(m.content)[:3] if isinstance(m, UserMessage) else m.content[0].text[:3]  # type: ignore[union-attr]
+        assert m in view[1:] or tag in a_prompt or tag.startswith(("U", "A")), tag
+    assert view[1:] == nxt[len(nxt) - (len(view) - 1) :]  # a tail of the list, after the summary

@@ -16,7 +16,7 @@ from runtime.llm.types import (
     UserMessage,
 )
 from runtime.reply.mentions import MentionIdentity
-from runtime.reply.provenance import IdentityFold, ProvenanceIdentity, reply_identity
+from runtime.reply.provenance import IdentityFold, LazyProvenance, ProvenanceIdentity, reply_identity
 
 PNG = base64.b64encode(b"\x89PNG fake bytes").decode()
 
@@ -39,6 +39,8 @@ def seen(identity: Any) -> tuple[Any, ...]:
     base = (identity.sender_id, identity.known_ids, identity.lookup_ids)
     if isinstance(identity, ProvenanceIdentity):
         p = identity.provenance
+        p = p.built if isinstance(p, LazyProvenance) else p
+        assert p is not None
         return (*base, p.references, p.digests, p.allowlist)
     return base
 
@@ -57,12 +59,30 @@ def test_each_call_gives_what_the_whole_context_gives_and_reads_only_the_new_mes
     assert got.known_ids == {"u1", "u2", "u3"} and got.lookup_ids == {"u7", "8"}
 
 
-def test_a_list_that_is_not_an_extension_or_a_call_of_the_other_kind_reads_all_again() -> None:
+def test_a_list_that_is_not_an_extension_reads_all_again() -> None:
     fold = IdentityFold()
     fold("u1", GROWTH)
     shorter = [GROWTH[0], GROWTH[5]]  # e.g. after a compaction: u2's message and the tool are gone
     assert seen(fold("u1", shorter)) == seen(MentionIdentity.from_messages("u1", shorter))
     assert fold("u1", shorter).lookup_ids == frozenset()
-    switched = fold("u1", shorter, ())  # now with media: the references of all of them
-    assert seen(switched) == seen(reply_identity("u1", shorter))
-    assert fold._growth.taken == 2  # the switch read the two messages again from a new start
+    with_media = fold("u1", shorter, ())  # with media: the references of all of them
+    assert seen(with_media) == seen(reply_identity("u1", shorter))
+    assert fold._growth.taken == len(GROWTH) + 2  # the new start read the two messages
+
+
+def test_the_media_references_are_read_only_for_a_reply_with_media() -> None:
+    from runtime.reply.segments import Reply
+
+    identity = IdentityFold()("u1", GROWTH, ())
+    assert isinstance(identity, ProvenanceIdentity) and isinstance(identity.provenance, LazyProvenance)
+    assert identity.check(Reply.of_text("no media here")) is None
+    assert identity.provenance._built is None  # not read
+
+    def image(url: str) -> Reply:
+        segment = {"type": "image", "data": {"media": {"kind": "url", "value": url}}}
+        return Reply.model_validate({"segments": [segment]})
+
+    problem = identity.check(image("https://x.example/y.png"))
+    assert problem is not None and "does not come from this conversation" in problem
+    assert identity.check(image("https://cdn.example/a.png")) is None
+    assert identity.provenance._built is not None
