@@ -172,6 +172,22 @@ class _Cached:
     JSON comparison."""
 
 
+def _starts_with(messages: list[AgentMessage], c: _Cached) -> bool:
+    """Whether ``messages`` starts with the head ``c`` covers: the same objects (the live context,
+    never edited), or where they differ, the same stored JSON (a context loaded again); the JSON
+    is written only from the first object that differs, and stops at the first mismatch."""
+    n = len(c.covered)
+    if n > len(messages):
+        return False
+    if all(map(operator.is_, c.objects, messages)):
+        return True
+    k = next(i for i, (a, b) in enumerate(zip(c.objects, messages, strict=False)) if a is not b)
+    if any(_dump(m) != j for m, j in zip(messages[k:n], c.covered[k:], strict=True)):
+        return False
+    c.objects = messages[:n]
+    return True
+
+
 class CompactionHook:
     """The ``transform_context`` hook of one session epoch (see module docstring).
 
@@ -229,17 +245,14 @@ class CompactionHook:
         return int(self.threshold * self.model.context_window)
 
     def _apply_cache(self, messages: list[AgentMessage]) -> tuple[list[AgentMessage], _Cached | None]:
-        """``(view, summary used)``: the newest summary whose covered head ``messages`` starts
-        with replaces that head; none: ``(messages, None)``."""
-        for c in self._cache:
-            if len(c.covered) > len(messages):
-                continue
-            same = all(map(operator.is_, c.objects, messages))  # the live context: no JSON compared
-            if not same and [_dump(m) for m in messages[: len(c.covered)]] != c.covered:
-                continue
-            if not same:
-                c.objects = messages[: len(c.covered)]
-            return [c.summary, *messages[len(c.covered) :]], c
+        """``(view, summary used)``: of the summaries whose covered head ``messages`` starts with,
+        the one covering the most replaces that head (and moves to the front: the least recently
+        used goes first); none: ``(messages, None)``."""
+        for c in sorted(self._cache, key=lambda c: -len(c.covered)):
+            if _starts_with(messages, c):
+                self._cache.remove(c)
+                self._cache.insert(0, c)
+                return [c.summary, *messages[len(c.covered) :]], c
         return messages, None
 
     def _tokens(self, messages: list[AgentMessage], view: list[AgentMessage]) -> int:
@@ -291,7 +304,8 @@ class CompactionHook:
                 self.session_id,
             )
         entry = _Cached(covered=covered, summary=summary, objects=messages[: len(covered)])
-        self._cache = [entry, *self._cache][:CACHED_SUMMARIES]
+        # it replaces the summary it was made over (the same list's older head), then the least used
+        self._cache = [entry, *(c for c in self._cache if c is not used)][:CACHED_SUMMARIES]
         metrics.COMPACTIONS.inc(outcome="ok")
         return [summary, *tail]
 

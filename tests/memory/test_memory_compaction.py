@@ -11,6 +11,7 @@ import prometheus_client
 import pytest
 
 from providers.faux import FauxProviderHandle, faux_assistant_message, register_faux_provider
+from runtime.llm.tokens import estimate_tokens
 from runtime.llm.types import (
     AgentMessage,
     AssistantMessage,
@@ -276,41 +277,46 @@ def _asked(tag: str) -> UserMessage:
     return UserMessage(content=tag + "." * 196)
 
 
-async def test_overlapping_turns_sharing_the_hook_each_keep_their_own_summary(
-    db: Database, faux: FauxProviderHandle
+@pytest.mark.parametrize(
+    ("steps", "b_every", "b_inbound"),
+    [(40, 1, 196), (80, 4, 2400), (200, 40, 2400)],
+    ids=["alternating", "b-summarizes-the-shared-head", "a-compacts-often-between-b-calls"],
+)
+async def test_overlapping_turns_sharing_the_hook_summarize_no_more_than_with_a_hook_each(
+    db: Database, faux: FauxProviderHandle, steps: int, b_every: int, b_inbound: int
 ) -> None:
     """Turns of one session overlap and see different lists (each without the others' records in
-    flight). The epoch's hook keeps a summary per list, so neither makes the other summarize
-    again at every call: no more summaries than with a hook per turn."""
+    flight). The epoch's hook keeps a summary per list and uses the longest that fits, so neither
+    turn makes the other summarize again, nor sends what its own summary covers: no more summaries
+    and no more tokens than with a hook per turn."""
     repo = ContextRepository(db)
     sid = await repo.get_or_create_active(KEY)
-    faux.set_responses([])
     model = faux.get_model().model_copy(update={"context_window": 1000})
 
-    async def summaries(shared: bool) -> int:
+    async def run(shared: bool) -> tuple[int, int]:
         before = faux.call_count
-        faux_default = faux_assistant_message("S")
-        faux.set_responses([faux_default] * 200)
+        faux.set_responses([faux_assistant_message("S")] * 400)
 
         def hook() -> Any:
             return make_compaction_hook(repo, sid, model, threshold=0.8, keep_recent_tokens=150)
 
         first = hook()
         second = first if shared else hook()
-        base = [m for i in range(2) for m in (_asked(f"U{i}"), _said(f"A{i}"))]
-        a_list, b_list = [*base, _asked("A-in")], None
-        for step in range(40):
+        base = [m for i in range(5) for m in (_asked(f"U{i}"), _said(f"A{i}"))]
+        a_list, b_list, sent = [*base, _asked("A-in")], None, 0
+        for step in range(steps):
             a_list = [*a_list, _said(f"a{step}")]  # turn A: a long turn of tool calls
-            await first(a_list, None)
-            if step == 3:
-                b_list = [*a_list[:5], _asked("B-in")]  # B sees A's message, not its records in flight
-            if b_list is not None:
+            sent += estimate_tokens(await first(a_list, None))
+            if step == 3:  # B sees the shared history, not A's records in flight
+                b_list = [*base, UserMessage(content="B-in" + "x" * b_inbound)]
+            if b_list is not None and step % b_every == 0:
                 b_list = [*b_list, _said(f"b{step}")]
-                await second(b_list, None)
-        return faux.call_count - before
+                sent += estimate_tokens(await second(b_list, None))
+        return faux.call_count - before, sent
 
-    per_turn = await summaries(shared=False)
-    assert 0 < await summaries(shared=True) <= per_turn
+    per_turn = await run(shared=False)
+    shared = await run(shared=True)
+    assert per_turn[0] > 0 and shared[0] <= per_turn[0] and shared[1] <= per_turn[1], (shared, per_turn)
 
 
 async def test_a_summary_finished_while_another_was_made_covers_what_it_read(
