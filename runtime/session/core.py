@@ -152,10 +152,11 @@ class SessionCore:
         self._llm_view = IncrementalConvert(convert_for_session(self.scope))
         """Turns without a context window convert only what is new (agent-incremental-convert)."""
         self._identity_fold = IdentityFold()
+        """The reply's mention ids, kept across turns (agent-incremental-convert)."""
         self._compaction: CompactionHook | None = None
+        """The epoch's compaction hook, kept across turns (its summaries: memory-compaction)."""
         self._budget_memo = BudgetMemo(is_summary)
         """The budget step's costs and positions, kept across turns (agent-incremental-convert)."""
-        """The epoch's compaction hook, kept across turns (its summary: memory-compaction)."""
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
         if setup.deferred_tasks:
