@@ -286,15 +286,15 @@ def select_window(
     n = len(messages)
     start = max(0, min(current_start, n))
     head = list(itertools.takewhile(lambda i: i < start, memo.pinned_at))
+    pinned_head = set(head)
     base = fixed_tokens + sum(cost_of(i) for i in head) + sum(cost_of(i) for i in range(start, n))
     if budget_tokens is None:
-        pinned_head = set(head)
         history = (i for i in range(start) if i not in pinned_head)
         return Window(list(messages), base + sum(cost_of(i) for i in history))
     limit = math.floor(budget_tokens / factor)
     taken: list[list[int]] = []
     used = base
-    for unit in _units_newest_first(messages, start, set(head)):
+    for unit in _units_newest_first(messages, start, pinned_head):
         cost = sum(cost_of(i) for i in unit)
         if used + cost > limit:
             break
@@ -302,7 +302,7 @@ def select_window(
         taken.append(unit)
     while taken and not head and not isinstance(messages[taken[-1][0]], UserMessage):
         used -= sum(cost_of(i) for i in taken.pop())  # open the history with a user message
-    keep = sorted(set(head).union(*taken))
+    keep = sorted(pinned_head.union(*taken))
     out = [messages[i] for i in keep] + list(messages[start:])
     kept_sent = sum(1 for unit in taken for i in unit if isinstance(messages[i], _SENT_KINDS))
     return Window(out, used, memo.sent_before[start] - kept_sent, base > limit)
@@ -322,7 +322,8 @@ class ContextBudget:
     Args:
         agent: The turn's agent.
         policy: The budgets.
-        pinned: Messages before the turn that are always sent (the compaction summary).
+        pinned: Messages before the turn that are always sent (the compaction summary); with
+            ``memo``, the memo's own predicate decides.
         turn_start: ``(messages) -> index | None`` of the current turn's first message; ``None``
             (or no answer): the last user message present at the first call, followed by
             identity afterwards (it is the same object on every call of the run).
@@ -348,7 +349,6 @@ class ContextBudget:
         self.agent = agent
         self.overhead = overhead
         self.policy = policy
-        self.pinned = pinned
         self.turn_start = turn_start
         self.calibration = calibration if calibration is not None else CALIBRATION
         self._first: AgentMessage | None = None
@@ -420,7 +420,6 @@ class ContextBudget:
             budget_tokens=self.policy.tokens_for(state.model),
             fixed_tokens=fixed,
             current_start=self._current_start(messages),
-            pinned=self.pinned,
             factor=factor,
             memo=self.memo,
         )

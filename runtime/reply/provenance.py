@@ -39,7 +39,7 @@ import binascii
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +182,14 @@ def context_references(
     return refs, digests
 
 
+def _segment_media(reply: Any) -> Iterator[tuple[Any, Any]]:
+    """``(segment, media)`` of each segment of ``reply`` that carries media, in order."""
+    for seg in getattr(reply, "segments", []):
+        media = getattr(getattr(seg, "data", None), "media", None)
+        if media is not None:
+            yield seg, media
+
+
 @dataclass(frozen=True)
 class MediaProvenance:
     """Where a reply's media references may come from.
@@ -222,9 +230,8 @@ class MediaProvenance:
 
     def check(self, reply: Any) -> str | None:
         """Return an error naming the first invented media reference of ``reply``, or ``None``."""
-        for seg in getattr(reply, "segments", []):
-            media = getattr(getattr(seg, "data", None), "media", None)
-            if media is None or self.allowed(media.kind, media.value):
+        for seg, media in _segment_media(reply):
+            if self.allowed(media.kind, media.value):
                 continue
             metrics.MEDIA_PROVENANCE_REJECTED.inc(kind=media.kind)
             shown = media.value if len(media.value) <= 200 else media.value[:200] + "…"
@@ -260,10 +267,8 @@ class LazyProvenance:
 
     def check(self, reply: Any) -> str | None:
         """:meth:`MediaProvenance.check`; a reply without a checked media reference passes unread."""
-        for seg in getattr(reply, "segments", []):
-            media = getattr(getattr(seg, "data", None), "media", None)
-            if media is not None and media.kind in CHECKED_KINDS:
-                return self.built.check(reply)
+        if any(media.kind in CHECKED_KINDS for _, media in _segment_media(reply)):
+            return self.built.check(reply)
         return None
 
 
@@ -286,42 +291,39 @@ def reply_identity(
 ) -> ProvenanceIdentity:
     """The identity a turn's reply is validated against: mention targets (``MentionIdentity``
     rules) and media provenance over ``messages`` (the whole context seen by the turn)."""
-    identity = IdentityFold()(sender_id, messages, tuple(allowlist))
-    assert isinstance(identity, ProvenanceIdentity)
-    return identity
+    return IdentityFold().with_media(sender_id, messages, allowlist)
 
 
 class IdentityFold:
     """A reply's identity over one session's growing context, kept across its turns
     (docs/decisions.md#agent-incremental-convert): the ids a mention may target are sets, so each
     call adds those of the messages added since the last call (``MentionIdentity.from_messages``
-    read the whole context at every turn). The media provenance is :class:`LazyProvenance`:
-    read, from the whole list, only for a reply with a media reference.
-
-    Call with ``allowlist`` ``None`` for mention ids only (a :class:`MentionIdentity`, as
-    ``MentionIdentity.from_messages`` gives), or the media URL allowlist for a
-    :class:`ProvenanceIdentity` (as :func:`reply_identity` gives). A call whose messages do not
-    extend the last call's reads all of them again."""
+    read the whole context at every turn); a call whose messages do not extend the last call's
+    reads all of them again. The media provenance is :class:`LazyProvenance`: read, from the
+    whole list, only for a reply with a media reference."""
 
     def __init__(self) -> None:
         self._growth = ContextGrowth()
         self._known: frozenset[str] = frozenset()
         self._lookup: frozenset[str] = frozenset()
 
-    def __call__(
-        self,
-        sender_id: str | None,
-        messages: Sequence[AgentMessage],
-        allowlist: tuple[str, ...] | None = None,
-    ) -> MentionIdentity:
+    def mentions(self, sender_id: str | None, messages: Sequence[AgentMessage]) -> MentionIdentity:
+        """What ``MentionIdentity.from_messages(sender_id, messages)`` gives."""
         restart, new = self._growth.new(messages)
         if restart:
             self._known, self._lookup = frozenset(), frozenset()
         ids = MentionIdentity.from_messages(None, new)
         self._known, self._lookup = self._known | ids.known_ids, self._lookup | ids.lookup_ids
-        if allowlist is None:
-            return MentionIdentity(sender_id=sender_id, known_ids=self._known, lookup_ids=self._lookup)
-        provenance = LazyProvenance(messages, allowlist)
+        return MentionIdentity(sender_id=sender_id, known_ids=self._known, lookup_ids=self._lookup)
+
+    def with_media(
+        self, sender_id: str | None, messages: Sequence[AgentMessage], allowlist: Iterable[str] = ()
+    ) -> ProvenanceIdentity:
+        """What :func:`reply_identity` gives: :meth:`mentions` and the media provenance."""
+        ids = self.mentions(sender_id, messages)
         return ProvenanceIdentity(
-            sender_id=sender_id, known_ids=self._known, lookup_ids=self._lookup, provenance=provenance
+            sender_id=sender_id,
+            known_ids=ids.known_ids,
+            lookup_ids=ids.lookup_ids,
+            provenance=LazyProvenance(messages, allowlist),
         )

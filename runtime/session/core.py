@@ -149,13 +149,14 @@ class SessionCore:
             session_key, lambda: self.writer, lambda: self.deliver, delivery_partitions
         )
         self.scope = session_key.split(":")[2] if session_key.count(":") >= 3 else "private"
-        self._llm_view = IncrementalConvert(convert_for_session(self.scope))
-        """Turns without a context window convert only what is new (agent-incremental-convert)."""
+        self._llm_view: IncrementalConvert | None = None
+        """Made by the first turn without a context window: such turns convert only what is new
+        (agent-incremental-convert)."""
         self._identity_fold = IdentityFold()
         """The reply's mention ids, kept across turns (agent-incremental-convert)."""
         self._compaction: CompactionHook | None = None
         """The epoch's compaction hook, kept across turns (its summaries: memory-compaction)."""
-        self._budget_memo = BudgetMemo(is_summary)
+        self._budget_memo = BudgetMemo(is_summary) if setup.context_budget is not None else None
         """The budget step's costs and positions, kept across turns (agent-incremental-convert)."""
         self._run_agent = run_agent_fn
         self._spawn_deferred = spawn
@@ -287,7 +288,9 @@ class SessionCore:
         install_context_hooks(ctl.agent, self.setup, lead, self._compaction, self._budget_memo)
         ctl.identity_fold = self._identity_fold
         if ctl.agent.transform_context is None:  # the whole context goes: keep its conversion
-            ctl.llm_view = self._llm_view  # (docs/decisions.md#agent-incremental-convert)
+            if self._llm_view is None:  # (docs/decisions.md#agent-incremental-convert)
+                self._llm_view = IncrementalConvert(convert_for_session(self.scope))
+            ctl.llm_view = self._llm_view
         self._active.append(ctl)
         prev, mine = self._last_handoff, asyncio.get_running_loop().create_future()
         self._last_handoff = mine

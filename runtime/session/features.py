@@ -32,8 +32,7 @@ from runtime.agent.config import AgentLoopConfig
 from runtime.agent.tools import AgentTool
 from runtime.config.spend import QuotaScope
 from runtime.llm.types import AgentMessage, ImageContent, Model, TextContent, UserMessage
-from runtime.reply.mentions import MentionIdentity
-from runtime.reply.provenance import IdentityFold
+from runtime.reply.provenance import IdentityFold, ProvenanceIdentity
 from runtime.reply.segments import Reply
 from runtime.session.commands import CommandHandler, ParsedCommand, SessionStatus, command_text
 from runtime.session.mcp_tools import McpToolset
@@ -178,11 +177,11 @@ class AgentFeatures:
     # ------------------------------------------------------------------ 4. the reply
     def identity(
         self, sender_id: str | None, messages: Sequence[AgentMessage], fold: IdentityFold | None = None
-    ) -> MentionIdentity:
-        """Mention identity + media provenance over the turn's whole context (a
-        :class:`~runtime.reply.provenance.ProvenanceIdentity`); ``fold``: the session's, which
-        reads only what is new since its last call (docs/decisions.md#agent-incremental-convert)."""
-        return (fold or IdentityFold())(sender_id, messages, tuple(self.media_url_allowlist))
+    ) -> ProvenanceIdentity:
+        """Mention identity + media provenance over the turn's whole context; ``fold``: the
+        session's, which reads only what is new since its last call
+        (docs/decisions.md#agent-incremental-convert)."""
+        return (fold or IdentityFold()).with_media(sender_id, messages, self.media_url_allowlist)
 
     async def close(self) -> None:
         """Close the MCP connections (session passivation)."""

@@ -258,7 +258,7 @@ async def finalize_reply(
     identity = (
         setup.features.identity(sender_id, messages, fold)  # + media provenance
         if setup.features is not None
-        else fold(sender_id, messages)
+        else fold.mentions(sender_id, messages)
     )
     signal = ctl.abort_controller.signal
     if budget_spent and not signal.aborted:

@@ -49,8 +49,8 @@ def test_each_call_gives_what_the_whole_context_gives_and_reads_only_the_new_mes
     mentions, media = IdentityFold(), IdentityFold()
     for n in range(1, len(GROWTH) + 1):
         context = GROWTH[:n]
-        assert seen(mentions("u1", context)) == seen(MentionIdentity.from_messages("u1", context))
-        got = media("u9", context, ("https://assets.example/",))
+        assert seen(mentions.mentions("u1", context)) == seen(MentionIdentity.from_messages("u1", context))
+        got = media.with_media("u9", context, ("https://assets.example/",))
         assert isinstance(got, ProvenanceIdentity)
         assert seen(got) == seen(reply_identity("u9", context, ("https://assets.example/",)))
     assert mentions._growth.taken == media._growth.taken == len(GROWTH)
@@ -61,11 +61,11 @@ def test_each_call_gives_what_the_whole_context_gives_and_reads_only_the_new_mes
 
 def test_a_list_that_is_not_an_extension_reads_all_again() -> None:
     fold = IdentityFold()
-    fold("u1", GROWTH)
+    fold.mentions("u1", GROWTH)
     shorter = [GROWTH[0], GROWTH[5]]  # e.g. after a compaction: u2's message and the tool are gone
-    assert seen(fold("u1", shorter)) == seen(MentionIdentity.from_messages("u1", shorter))
-    assert fold("u1", shorter).lookup_ids == frozenset()
-    with_media = fold("u1", shorter, ())  # with media: the references of all of them
+    assert seen(fold.mentions("u1", shorter)) == seen(MentionIdentity.from_messages("u1", shorter))
+    assert fold.mentions("u1", shorter).lookup_ids == frozenset()
+    with_media = fold.with_media("u1", shorter)  # with media: the references of all of them
     assert seen(with_media) == seen(reply_identity("u1", shorter))
     assert fold._growth.taken == len(GROWTH) + 2  # the new start read the two messages
 
@@ -73,7 +73,7 @@ def test_a_list_that_is_not_an_extension_reads_all_again() -> None:
 def test_the_media_references_are_read_only_for_a_reply_with_media() -> None:
     from runtime.reply.segments import Reply
 
-    identity = IdentityFold()("u1", GROWTH, ())
+    identity = IdentityFold().with_media("u1", GROWTH)
     assert isinstance(identity, ProvenanceIdentity) and isinstance(identity.provenance, LazyProvenance)
     assert identity.check(Reply.of_text("no media here")) is None
     assert identity.provenance._built is None  # not read

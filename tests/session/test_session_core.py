@@ -309,12 +309,12 @@ async def test_a_turn_converts_only_the_context_it_has_not_converted_and_sends_a
     """docs/decisions.md#agent-incremental-convert: across turns (one with a tool call), each LLM
     call's messages are what a full conversion of the visible context gives, and each message
     is converted once."""
-    from runtime.agent.replay import prepare_replay
+    from runtime.agent.replay import IncrementalConvert, prepare_replay
     from runtime.session.turn_agent import convert_for_session
 
     rec = Recorder()
     core = await open_core(repo, tmp_path, rec, turns=1)
-    view, checked = core._llm_view, []
+    view, checked = IncrementalConvert(convert_for_session("private")), []
 
     def spy(messages: list[Any]) -> Any:
         out = view(messages)
@@ -405,9 +405,9 @@ async def test_a_budget_of_null_everywhere_sends_all_and_keeps_the_conversion(
     core = await SessionCore.open(KEY, repo, unlimited, rec, max_concurrent_turns=1)
     for seq in (1, 2, 3):
         assert (await core.submit(turn(seq, f"echo {seq}"))).outcome == "ok"
-    assert core._llm_view.converted == len(core.writer) - 2
+    assert core._llm_view is not None and core._llm_view.converted == len(core.writer) - 2
     other = "onebot11:10001:private:30003"
     windowed = dataclasses.replace(setup, context_budget=BudgetPolicy(8000))
     budgeted = await SessionCore.open(other, repo, windowed, rec, max_concurrent_turns=1)
     await budgeted.submit(turn(1, "echo windowed").model_copy(update={"session_key": other}))
-    assert budgeted._llm_view.converted == 0  # a window per call: converted afresh
+    assert budgeted._llm_view is None  # a window per call: converted afresh, none kept
