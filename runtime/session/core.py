@@ -358,8 +358,9 @@ class SessionCore:
         self, turns: list[TurnInput], answering: Answering, ctl: TurnControl
     ) -> tuple[Reply | None, list[AgentMessage]]:
         """A new turn: answer a chat command before (and never shown to) the agent
-        (docs/decisions.md#chat-commands), or record each message's ``im_inbound`` marker and
-        user message before the first LLM call. Returns ``(reply or None, context)``."""
+        (docs/decisions.md#chat-commands), or stage each message's ``im_inbound`` marker and user
+        message: the turn's next write carries them (docs/decisions.md#session-turn-records).
+        Returns ``(reply or None, context)``."""
         lead, features = turns[0], self.setup.features
         command = features.command(lead) if features is not None and len(turns) == 1 else None
         if command is not None:
@@ -375,7 +376,7 @@ class SessionCore:
             records.append(
                 await features.user_message(t, self.setup.model) if features is not None else t.user_message()
             )
-        return None, await self.writer.append(records)
+        return None, await self.writer.stage(records)
 
     async def _finish(
         self,
@@ -416,11 +417,13 @@ class SessionCore:
         return answering.result(lead, "aborted" if aborted else outcome, preview=preview)
 
     async def _record_held(self, ctl: TurnControl) -> None:
-        """Record the turn's held final answer (``ctl.unrecorded``) on its own: the turn ends
-        without a reply record (aborted, closed, failed), as if recorded when it ended. Never
-        raises (a failed write is logged; the retried turn then calls the model again)."""
+        """Record the turn's held final answer (``ctl.unrecorded``) and the staged records on
+        their own: the turn ends without a reply record (aborted, closed, failed), as if recorded
+        when it ended. Never raises (a failed write is logged; the retried turn then calls the
+        model again)."""
         try:
             await ctl.record_unrecorded(self.writer.append)
+            await self.writer.flush()
         except Exception:
             log.exception("recording the final answer of %s failed", self.session_key)
 
@@ -526,6 +529,8 @@ class SessionCore:
         if self._tasks:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        with contextlib.suppress(Exception):  # a turn cut off before its next write
+            await self.writer.flush()
         if self.setup.features is not None:  # MCP connections
             with contextlib.suppress(Exception):
                 await self.setup.features.close()

@@ -5,15 +5,14 @@ the writes of a real turn and the docs test read the same figures.
 The message is the simple case: a triggered message of a live session whose turn makes one LLM
 call and whose reply is one platform call over HTTP. Its writes, in order:
 
-1. the turn's ``im_inbound`` record with the user message (before the first LLM call;
-   docs/decisions.md#session-turn-records);
-2. the LLM call's ``llm_usage`` row, committed before the call's end is seen
+1. the LLM call's ``llm_usage`` row, committed before the call's end is seen
    (docs/decisions.md#spend-ledger) — one per LLM call;
-3. the hand-over: the final answer, ``im_reply`` and the reply's ``queued`` row in the delivery
-   ledger (docs/decisions.md#delivery-outbox);
-4. the delivery actor's claim of that row;
-5. step 0 marked on the wire as its request is written (docs/decisions.md#delivery-uncertain);
-6. step 0 done, the reply ``sent``, with the outbound ``im_transcripts`` row in a savepoint.
+2. the hand-over: the turn's staged ``im_inbound`` record and user message, the final answer,
+   ``im_reply`` and the reply's ``queued`` row in the delivery ledger
+   (docs/decisions.md#session-turn-records, docs/decisions.md#delivery-outbox);
+3. the delivery actor's claim of that row;
+4. step 0 marked on the wire as its request is written (docs/decisions.md#delivery-uncertain);
+5. step 0 done, the reply ``sent``, with the outbound ``im_transcripts`` row in a savepoint.
 
 Not counted here: the ingress's one write before it answers the webhook (the ``inbox`` row with the
 inbound transcript row: docs/decisions.md#inbox-durable) and the inbox marks ``routed`` /
@@ -30,13 +29,14 @@ __all__ = [
     "USAGE_WRITES_PER_LLM_CALL",
 ]
 
-TURN_RECORD_WRITES = 2
-"""The turn's own write transactions: ``im_inbound`` + user message, then the hand-over (final
-answer, ``im_reply``, ``queued`` ledger row)."""
+TURN_RECORD_WRITES = 1
+"""The turn's own write transactions: the hand-over (the staged ``im_inbound`` + user message, the
+final answer, ``im_reply``, the ``queued`` ledger row). A tool call adds one: it is written, with
+what is staged, before the tool runs."""
 
 USAGE_WRITES_PER_LLM_CALL = 1
 """One ``llm_usage`` insert per LLM call (docs/decisions.md#spend-ledger)."""
 
 SQL_WRITES_PER_MESSAGE = TURN_RECORD_WRITES + USAGE_WRITES_PER_LLM_CALL + REPLY_WRITES_OVER_HTTP
-"""6 write transactions after the ingress's store, for a turn with one LLM call and a one-step
+"""5 write transactions after the ingress's store, for a turn with one LLM call and a one-step
 HTTP reply (module docstring). Each further LLM call adds one, each further reply step two."""

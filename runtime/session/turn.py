@@ -315,14 +315,23 @@ class SessionWriter:
         (a new message's duplicate check ran over the whole context before)."""
         self._index(0)
         self._lock = asyncio.Lock()
+        self._staged: list[AgentMessage] = []
+        """Messages in the mirror that SQL does not hold yet (:meth:`stage`): the first ones the
+        next append writes."""
         self.appended = 0
-        """Messages appended since activation."""
+        """Messages appended (or staged) since activation."""
 
     def _index(self, start: int) -> None:
         for i in range(start, len(self._messages)):
             m = self._messages[i]
             if isinstance(m, CustomMessage) and isinstance(mid := m.data.get("message_id"), str):
                 self._markers[(m.custom_type, mid)] = i
+
+    def _add(self, messages: Sequence[AgentMessage]) -> None:
+        start = len(self._messages)
+        self._messages.extend(messages)
+        self._index(start)
+        self.appended += len(messages)
 
     def marker(self, custom_type: str, message_id: str) -> int | None:
         """Index of the last ``CustomMessage`` of ``custom_type`` for ``message_id`` in the
@@ -331,21 +340,47 @@ class SessionWriter:
 
     async def append(self, messages: Sequence[AgentMessage], *, also: Any = None) -> list[AgentMessage]:
         """Append ``messages`` to SQL and the mirror; return a snapshot of the whole context after
-        the append (a new list). ``also`` (``(conn) -> None``) is written in the same transaction
+        the append (a new list). The staged messages (:meth:`stage`) go first, in the same
+        transaction. ``also`` (``(conn) -> None``) is written in that transaction too
         (``ContextRepository.append_messages``: a reply's ledger row with its ``im_reply`` record).
 
         Raises:
-            Whatever ``store.append_messages`` raises (then nothing was added to the mirror).
+            Whatever ``store.append_messages`` raises (then nothing was added to the mirror, and
+            the staged messages stay staged).
         """
         async with self._lock:
-            if messages:
+            batch = [*self._staged, *messages]
+            if batch:
                 extra = {} if also is None else {"also": also}
-                await self.store.append_messages(self.session_id, list(messages), **extra)
-                start = len(self._messages)
-                self._messages.extend(messages)
-                self._index(start)
-                self.appended += len(messages)
+                await self.store.append_messages(self.session_id, batch, **extra)
+                self._staged.clear()
+                self._add(messages)
             return list(self._messages)
+
+    async def stage(self, messages: Sequence[AgentMessage]) -> list[AgentMessage]:
+        """Add ``messages`` to the mirror now and to SQL with the next :meth:`append` (or
+        :meth:`flush`), in its transaction and before its own messages; return a snapshot as
+        :meth:`append` does. A turn's ``im_inbound`` record and user message are staged: the
+        turn's next write carries them — for a turn without tools, its hand-over — one write
+        transaction less a turn, and a crash before that write loses only what a crash before the
+        hand-over loses anyway (docs/decisions.md#session-turn-records)."""
+        async with self._lock:  # after an append in flight: the mirror keeps SQL's order
+            self._add(messages)
+            self._staged.extend(messages)
+            return list(self._messages)
+
+    async def flush(self) -> None:
+        """Write the staged messages now, if any (an append without messages of its own).
+
+        Raises:
+            Whatever ``store.append_messages`` raises (they stay staged).
+        """
+        await self.append([])
+
+    @property
+    def staged(self) -> int:
+        """How many messages of the mirror SQL does not hold yet."""
+        return len(self._staged)
 
     def snapshot(self) -> list[AgentMessage]:
         """A copy of the current context messages (SQL order)."""

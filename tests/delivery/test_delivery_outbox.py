@@ -383,10 +383,11 @@ async def test_a_call_written_and_never_answered_is_uncertain_not_resent(
 async def test_one_message_costs_the_documented_write_transactions(
     tmp_path: Path, api: PlatformApiServer
 ) -> None:
-    """One message costs ``SQL_WRITES_PER_MESSAGE`` (6) SQL write transactions after the ingress
-    stored it — the number docs/architecture.md quotes (tests/docs checks the quote): inbound
-    record; the LLM call's usage row (docs/decisions.md#spend-ledger); the final assistant message
-    and ``im_reply`` with the reply's ``queued`` ledger row (docs/decisions.md#session-turn-records);
+    """One message costs ``SQL_WRITES_PER_MESSAGE`` (5) SQL write transactions after the ingress
+    stored it — the number docs/architecture.md quotes (tests/docs checks the quote): the LLM
+    call's usage row (docs/decisions.md#spend-ledger); the staged inbound record and user message,
+    the final assistant message and ``im_reply`` with the reply's ``queued`` ledger row
+    (docs/decisions.md#session-turn-records);
     the claim (one UPDATE, in the same transaction as the read of the chat's queue: the
     delivery reads nothing in a transaction of its own), step 0 marked on the wire when its
     request is written (not at the claim: a sender killed while connecting must leave a step
@@ -434,10 +435,9 @@ async def test_one_message_costs_the_documented_write_transactions(
         await sender.close()
         db.dispose()
     assert writes == [
-        ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT agent_messages"],  # im_inbound + user
         ["INSERT llm_usage"],  # the one LLM call, committed before its end is seen
-        # the final answer + im_reply, with the reply's queued ledger row
-        ["UPDATE agent_sessions", "INSERT agent_messages", "INSERT agent_messages", "INSERT delivery_ledger"],
+        # the staged im_inbound + user message, the final answer + im_reply, the queued ledger row
+        ["UPDATE agent_sessions", *["INSERT agent_messages"] * 4, "INSERT delivery_ledger"],
         ["UPDATE delivery_ledger"],  # the chat's queue read and its head claimed
         ["UPDATE delivery_ledger"],  # step 0 on the wire (as its request is written)
         ["UPDATE delivery_ledger", "INSERT im_transcripts"],  # step done, sent; the transcript

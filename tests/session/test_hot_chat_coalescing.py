@@ -15,7 +15,14 @@ from sqlalchemy import text
 
 from providers.faux import register_faux_provider
 from runtime.config.ai import CoalesceConfig
-from runtime.llm.types import AssistantMessage, Context, CustomMessage, TextContent, UserMessage
+from runtime.llm.types import (
+    AssistantMessage,
+    Context,
+    CustomMessage,
+    TextContent,
+    ToolCall,
+    UserMessage,
+)
 from runtime.memory.db import Database
 from runtime.session.coalesce import BusyNotices
 from runtime.session.core import SessionCore
@@ -32,8 +39,10 @@ class GatedModel:
     answer mentions every distinct sender among the user messages after the last assistant message
     (what this turn answers), once, in order, then says what it answered."""
 
-    def __init__(self, blocking: set[int]) -> None:
+    def __init__(self, blocking: set[int], tool_calls: frozenset[int] = frozenset()) -> None:
         self.blocking = blocking
+        self.tool_calls = tool_calls
+        """Calls that ask for the ``echo_one`` tool first instead of answering."""
         self.calls: list[tuple[str, list[tuple[str, str]], list[str]]] = []
         self.started: dict[int, asyncio.Event] = {}
         self.gates: dict[int, asyncio.Event] = {}
@@ -46,7 +55,10 @@ class GatedModel:
 
     async def __call__(self, context: Context, options: Any) -> AssistantMessage:
         msgs = context.messages
-        last = max((i for i, m in enumerate(msgs) if isinstance(m, AssistantMessage)), default=-1)
+        last = max(  # a tool round of this turn is not an answer
+            (i for i, m in enumerate(msgs) if isinstance(m, AssistantMessage) and not m.tool_calls()),
+            default=-1,
+        )
         asked = [_sender_and_text(m) for m in msgs[last + 1 :] if isinstance(m, UserMessage)]
         history = [_sender_and_text(m)[1] for m in msgs[: last + 1] if isinstance(m, UserMessage)]
         self.calls.append((context.system_prompt or "", asked, history))
@@ -54,6 +66,9 @@ class GatedModel:
         self.started_event(n).set()
         if n in self.blocking:
             await self.gate(n).wait()
+        if n in self.tool_calls:
+            call = ToolCall(id=f"call{n}", name="echo_one", arguments={"text": f"looked {n}"})
+            return AssistantMessage(content=[call], stop_reason="toolUse")
         segments: list[dict[str, Any]] = []
         for sender in dict.fromkeys(s for s, _ in asked if s):
             segments.append({"type": "mention", "data": {"target": sender}})
@@ -96,8 +111,10 @@ def turn(key: str, seq: int, user: str, words: str, *, attempt: int = 0, message
 async def open_core(
     repo: Any, key: str, model: GatedModel, rec: Recorder, coalesce: CoalesceConfig | None, provider: str
 ) -> SessionCore:
+    from tests.session.handlers import ONE_TOOL
+
     handle = register_faux_provider(provider=provider, default_response=model)
-    setup = SessionSetup(model=handle.get_model(), coalesce=coalesce)
+    setup = SessionSetup(model=handle.get_model(), coalesce=coalesce, tools=[ONE_TOOL])
     return await SessionCore.open(key, repo, setup, rec, max_concurrent_turns=4)
 
 
@@ -215,9 +232,11 @@ async def test_a_group_without_coalescing_overlaps_its_turns(repo: Any) -> None:
     assert len(rec.jobs) == 3
 
 
-async def test_a_crashed_batch_is_resumed_once_and_never_sent_twice(repo: Any) -> None:
-    model, rec = GatedModel({1, 2}), Recorder()
-    config = CoalesceConfig(max_batch=8, max_queue=8)
+async def _crash_during_the_batch(
+    repo: Any, model: GatedModel, rec: Recorder, config: CoalesceConfig, call: int
+) -> str:
+    """q1 runs, q2–q4 queue behind it as one batch; the process "dies" while the batch's LLM call
+    ``call`` waits (nothing more is written). Returns the session id."""
     core = await open_core(repo, GROUP, model, rec, config, "co-crash")
     first = asyncio.ensure_future(core.submit(turn(GROUP, 1, "a", "q1")))
     await asyncio.wait_for(model.started_event(1).wait(), 10)
@@ -228,15 +247,30 @@ async def test_a_crashed_batch_is_resumed_once_and_never_sent_twice(repo: Any) -
     await until(lambda: core.status()["queued"] == 3)
     model.gate(1).set()
     assert (await asyncio.wait_for(first, 10)).outcome == "ok"
-    await asyncio.wait_for(model.started_event(2).wait(), 10)  # the batch is recorded, its call runs
-    for t in list(core._tasks):  # the process "dies": nothing more is written
+    await asyncio.wait_for(model.started_event(call).wait(), 10)
+    for t in list(core._tasks):
         t.cancel()
     for f in batch:
         f.cancel()
-    sid = core.session_id
+    return core.session_id
 
+
+async def _ledger_rows(repo: Any, reply_id: str) -> int:
+    with repo.db.connection() as conn:
+        rows = conn.execute(text("SELECT count(*) FROM delivery_ledger WHERE reply_id = :r"), {"r": reply_id})
+        return int(rows.scalar_one())
+
+
+async def test_a_crashed_batch_is_resumed_once_and_never_sent_twice(repo: Any) -> None:
+    # the batch's first call asks for a tool: its records are written before the tool runs
+    model, rec = GatedModel({1, 3}, tool_calls=frozenset({2})), Recorder()
+    config = CoalesceConfig(max_batch=8, max_queue=8)
+    sid = await _crash_during_the_batch(repo, model, rec, config, call=3)
+    kinds = [type(m).__name__ for m in (await repo.load_context(sid)).messages]
+    batch_then_tool_round = ["CustomMessage", "UserMessage"] * 3 + ["AssistantMessage", "ToolResultMessage"]
+    assert kinds[-8:] == batch_then_tool_round
     retry = await open_core(repo, GROUP, model, rec, config, "co-crash")
-    model.gate(3).set()
+    model.gate(4).set()
     again = [
         retry.submit(turn(GROUP, s - 1, u, f"q{s}", attempt=1, message_id=f"m{s}"))
         for s, u in ((2, "b"), (3, "c"), (4, "d"))
@@ -244,7 +278,7 @@ async def test_a_crashed_batch_is_resumed_once_and_never_sent_twice(repo: Any) -
     results = await asyncio.wait_for(asyncio.gather(*again), 20)
     assert [r.outcome for r in results] == ["ok", "already_done", "already_done"]
     assert {r.reply_id for r in results} == {f"{sid}/m2"}
-    prompt, asked, _ = model.calls[2]  # the resumed batch: all three messages, told it is a batch
+    prompt, asked, _ = model.calls[3]  # the resumed batch: all three messages, told it is a batch
     assert asked == [("b", "q2"), ("c", "q3"), ("d", "q4")]
     assert "the last 3 user messages are one batch" in prompt
     assert [j.reply_id for j in rec.jobs] == [f"{sid}/m1", f"{sid}/m2"]
@@ -254,12 +288,34 @@ async def test_a_crashed_batch_is_resumed_once_and_never_sent_twice(repo: Any) -
     third = await open_core(repo, GROUP, model, rec, config, "co-crash")
     again = [third.submit(turn(GROUP, s - 1, "x", f"q{s}", attempt=1, message_id=f"m{s}")) for s in (2, 3, 4)]
     assert [r.outcome for r in await asyncio.wait_for(asyncio.gather(*again), 20)] == ["already_done"] * 3
-    assert len(model.calls) == 3
-    with repo.db.connection() as conn:
-        rows = conn.execute(
-            text("SELECT count(*) FROM delivery_ledger WHERE reply_id = :r"), {"r": f"{sid}/m2"}
-        )
-        assert rows.scalar_one() == 1
+    assert len(model.calls) == 4
+    assert await _ledger_rows(repo, f"{sid}/m2") == 1
+
+
+async def test_a_batch_crashed_before_its_first_write_is_answered_as_new_and_never_twice(
+    repo: Any,
+) -> None:
+    # no tool: the batch's records wait for its hand-over (docs/decisions.md#session-turn-records)
+    model, rec = GatedModel({1, 2}), Recorder()
+    config = CoalesceConfig(max_batch=8, max_queue=8)
+    sid = await _crash_during_the_batch(repo, model, rec, config, call=2)
+    kinds = [type(m).__name__ for m in (await repo.load_context(sid)).messages]
+    assert kinds[-1] == "CustomMessage" and "UserMessage" not in kinds[kinds.index("AssistantMessage") :]
+    retry = await open_core(repo, GROUP, model, rec, config, "co-crash")
+    again = [
+        retry.submit(turn(GROUP, s - 1, u, f"q{s}", attempt=1, message_id=f"m{s}"))
+        for s, u in ((2, "b"), (3, "c"), (4, "d"))
+    ]
+    results = await asyncio.wait_for(asyncio.gather(*again), 20)
+    assert all(r.outcome == "ok" for r in results)
+    answered = [m for j in rec.jobs[1:] for m in j.reply.mentions()]
+    assert sorted(answered) == ["b", "c", "d"]  # each asker answered once, by one reply or a batch
+    for j in rec.jobs:
+        assert await _ledger_rows(repo, j.reply_id) == 1
+    third = await open_core(repo, GROUP, model, rec, config, "co-crash")
+    again = [third.submit(turn(GROUP, s - 1, "x", f"q{s}", attempt=1, message_id=f"m{s}")) for s in (2, 3, 4)]
+    assert [r.outcome for r in await asyncio.wait_for(asyncio.gather(*again), 20)] == ["already_done"] * 3
+    assert len(rec.jobs) == 1 + len({r.reply_id for r in results})
 
 
 async def test_chat_commands_are_answered_in_order_and_never_batched(repo: Any) -> None:
