@@ -9,7 +9,10 @@ server of ``SESSIONRAY_TEST_PG_URL``, else the one scripts/test-deps.sh starts),
 of its own with the production defaults:
 
 * **p50 at one chat** (closed loop, one chat) over the p50 of the raw three-hop Ray chain measured
-  in the same run (tests/bench/ray_floor.py): ``p50_vs_chain``.
+  in the same run (tests/bench/ray_floor.py): ``p50_vs_chain``. Next to it the p50 of a bare
+  path with the same legs and none of the work (tests/bench/shape_floor.py): ``shape_p50_ms``,
+  ``shape_vs_chain``, and per database ``work_ms`` (p50 minus the bare path: the runtime's own
+  milliseconds on the path).
 * **CPU per message at 20 chats** (closed loop), by process kind (``/proc/<pid>/stat`` ticks,
   tests/bench/procs.py): ``cpu_ms_per_message`` sums every runtime process (Ray actors by role,
   Ray's own processes, the driver = the ingress); the load generator and platform-API stand-in are
@@ -37,9 +40,9 @@ from tests.bench.bench_hosts import measured
 from tests.bench.hosts_phases import runtime, settle
 
 ROOT = Path(__file__).resolve().parents[2]
-FULL = {"one_chat": 200, "chats": 20, "per_chat": 50, "chatter": 3000, "floor": (300, 2000)}
-QUICK = {"one_chat": 20, "chats": 4, "per_chat": 5, "chatter": 50, "floor": (50, 300)}
-BASE = {"one": 610_000, "many": 620_000, "groups": 630_000}
+FULL = {"one_chat": 200, "chats": 20, "per_chat": 50, "chatter": 3000, "floor": (300, 2000), "shape": 300}
+QUICK = {"one_chat": 20, "chats": 4, "per_chat": 5, "chatter": 50, "floor": (50, 300), "shape": 20}
+BASE = {"one": 610_000, "many": 620_000, "groups": 630_000, "shape": 640_000}
 """First OneBot user / group id of each phase's chats."""
 IDLE_RUNS = 3
 """Runs of the idle measure whose medians are ``idle_pss_mib``, ``idle_cores`` and ``ready_s``."""
@@ -126,7 +129,7 @@ def _trace_table() -> list[Any] | None:
     return step_table(read_spans(spans_dir))
 
 
-def _figures(res: dict[str, Any], chain_p50: float, idle: dict[str, Any]) -> dict[str, Any]:
+def _figures(res: dict[str, Any], chain_p50: float, shape_p50: float, idle: dict[str, Any]) -> dict[str, Any]:
     many_cpu = runtime_cpu(res["many"]["cpu_ms_per_msg"])
     chat_cpu = runtime_cpu(res["chatter"]["cpu_ms_per_msg"])
     return {
@@ -138,6 +141,7 @@ def _figures(res: dict[str, Any], chain_p50: float, idle: dict[str, Any]) -> dic
         "ready_s": idle.get("ready_s"),
         "p50_vs_chain": round(res["one_chat"]["p50_ms"] / chain_p50, 2),
         "p50_ms": res["one_chat"]["p50_ms"],
+        "work_ms": round(res["one_chat"]["p50_ms"] - shape_p50, 2),
         "cpu_by_kind": many_cpu,
         "chatter_cpu_by_kind": chat_cpu,
         "throughput_msg_s_20": res["many"]["throughput_msg_s"],
@@ -146,12 +150,13 @@ def _figures(res: dict[str, Any], chain_p50: float, idle: dict[str, Any]) -> dic
 
 def run() -> dict[str, Any]:
     """Run the section; returns ``cost`` of build/bench/results.json: the :data:`KEYS` (SQLite),
-    the same under ``postgres``, ``chain_p50_ms``, ``detail`` (every load's raw figures) and
-    ``trace_table`` (:func:`_trace_table`)."""
+    the same under ``postgres``, ``chain_p50_ms``, ``shape_p50_ms``, ``shape_vs_chain``,
+    ``detail`` (every load's raw figures) and ``trace_table`` (:func:`_trace_table`)."""
     import ray
 
     from tests.bench.load_client import LoadProcess
     from tests.bench.ray_floor import floor
+    from tests.bench.shape_floor import shape_p50
 
     quick = bool(os.environ.get("SESSIONRAY_BENCH_QUICK"))
     p = QUICK if quick else FULL
@@ -164,6 +169,7 @@ def run() -> dict[str, Any]:
     load = LoadProcess(fixtures, ROOT)
     try:
         chain_p50 = round(floor(*p["floor"])[0], 2)
+        shape = round(shape_p50(load, BASE["shape"], p["shape"]), 2)
         with tempfile.TemporaryDirectory() as tmp_dir:
             sqlite = _one_db(load, Path(tmp_dir), "cost-sqlite", None, p)
             with _postgres() as pg_url:
@@ -173,9 +179,12 @@ def run() -> dict[str, Any]:
         if started_ray:
             ray.shutdown()
     idle = _idle(quick)
-    out: dict[str, Any] = {"quick": quick, "chain_p50_ms": chain_p50}
-    out |= _figures(sqlite, chain_p50, idle)
-    out["postgres"] = _figures(pg, chain_p50, idle) if pg else {k: None for k in KEYS}
+    out: dict[str, Any] = {
+        "quick": quick, "chain_p50_ms": chain_p50, "shape_p50_ms": shape,
+        "shape_vs_chain": round(shape / chain_p50, 2),
+    }  # fmt: skip
+    out |= _figures(sqlite, chain_p50, shape, idle)
+    out["postgres"] = _figures(pg, chain_p50, shape, idle) if pg else {k: None for k in KEYS}
     out["detail"] = {"sqlite": sqlite, "postgres": pg, "idle": idle}
     out["trace_table"] = _trace_table()
     _print(out)
@@ -188,7 +197,13 @@ def _met(key: str, v: Any) -> str:
 
 def _print(out: dict[str, Any]) -> None:
     pg = out["postgres"]
-    print(f"   raw 3-hop Ray chain p50 {out['chain_p50_ms']:.2f} ms")
+    chain, shape = out["chain_p50_ms"], out["shape_p50_ms"]
+    print(f"   raw 3-hop Ray chain p50 {chain:.2f} ms")
+    left = TARGETS["p50_vs_chain"] * chain - shape
+    print(
+        f"   bare path of the message's shape (HTTP, Ray call, Ray notify, HTTP; no work) p50 {shape:.2f} ms"
+        f" = {out['shape_vs_chain']}x the chain: a p50 of 1.5x leaves {left:.2f} ms for the runtime's work"
+    )
     print("   figure                          SQLite     PostgreSQL  target   met (SQLite/PG)")
     for k in KEYS:
         a, b = out[k], pg.get(k)
@@ -201,7 +216,10 @@ def _print(out: dict[str, Any]) -> None:
         many, chat = fig["cpu_by_kind"], fig["chatter_cpu_by_kind"]
         cells = ", ".join(f"{r} {many.get(r, 0.0):.2f} | {chat.get(r, 0.0):.2f}" for r in kinds)
         print(f"   {label}: {cells}")
-        print(f"   {label}: p50 one chat {fig['p50_ms']:.2f} ms, {fig['throughput_msg_s_20']} msg/s at 20")
+        print(
+            f"   {label}: p50 one chat {fig['p50_ms']:.2f} ms (the runtime's work {fig['work_ms']:.2f} ms),"
+            f" {fig['throughput_msg_s_20']} msg/s at 20"
+        )
     if out["detail"]["idle"].get("note"):
         print(f"   idle: {out['detail']['idle']['note']}")
     if out["trace_table"] is not None:

@@ -19,7 +19,8 @@ def test_quick_cost_bench_reports_every_figure_on_both_databases(
     q = bench_cost.QUICK
     out = bench_cost.run()
 
-    assert out["quick"] is True and out["chain_p50_ms"] > 0
+    assert out["quick"] is True and out["chain_p50_ms"] > 0 and out["shape_p50_ms"] > 0
+    assert out["shape_vs_chain"] == round(out["shape_p50_ms"] / out["chain_p50_ms"], 2)
     for fig, raw in ((out, out["detail"]["sqlite"]), (out["postgres"], out["detail"]["postgres"])):
         assert set(bench_cost.KEYS) <= set(fig)
         assert raw["one_chat"]["messages"] == q["one_chat"] and raw["one_chat"]["lost"] == 0
@@ -32,6 +33,7 @@ def test_quick_cost_bench_reports_every_figure_on_both_databases(
         assert fig["delivery_cpu_ms_per_reply"] == by_kind["delivery"]
         assert fig["chatter_cpu_ms_per_message"] == fig["chatter_cpu_by_kind"]["total"]
         assert fig["p50_vs_chain"] == round(raw["one_chat"]["p50_ms"] / out["chain_p50_ms"], 2)
+        assert fig["work_ms"] == round(raw["one_chat"]["p50_ms"] - out["shape_p50_ms"], 2)
     # chatter gets no turn: the hosts and delivery actors do (almost) nothing for it
     chatter = out["detail"]["sqlite"]["chatter"]
     assert chatter["cpu_ms_per_msg"]["ingress (driver)"] > 0
