@@ -31,7 +31,7 @@ import json
 import logging
 import operator
 from array import array
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,6 +201,9 @@ class CompactionHook:
             the context window).
         summary_model: Model for the summary call (default ``model``).
         summary_max_tokens: Output budget of the summary call, in tokens.
+        settle: Awaited before the summarized head is matched against the stored rows: the
+            session's writer writes the records it holds back (a turn's staged question,
+            docs/decisions.md#session-turn-records), so a summary reaching into them is stored.
 
     Raises:
         ValueError: ``threshold`` outside (0, 1] or a negative ``keep_recent_tokens``.
@@ -216,6 +219,7 @@ class CompactionHook:
         keep_recent_tokens: int | None = None,
         summary_model: Model | None = None,
         summary_max_tokens: int = 1024,
+        settle: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if not 0 < threshold <= 1:
             raise ValueError(f"compaction threshold must be in (0, 1], got {threshold}")
@@ -230,6 +234,7 @@ class CompactionHook:
         )
         self.summary_model = summary_model or model
         self.summary_max_tokens = summary_max_tokens
+        self.settle = settle
         self._cache: list[_Cached] = []
         """Summaries made, newest first (at most :data:`CACHED_SUMMARIES`): overlapping turns see
         different lists (each without the others' records in flight), so each keeps the one
@@ -288,6 +293,8 @@ class CompactionHook:
             return view
         covered = self._covered(messages, used, cut)  # `used`: taken before the await
         try:
+            if self.settle is not None:
+                await self.settle()
             anchor = await self._anchor(head)
             if anchor is not None:
                 await self.repo.add_summary(self.session_id, summary_text, anchor)

@@ -11,7 +11,7 @@ be written.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runtime.agent.agent import Agent
@@ -56,18 +56,26 @@ def reply_overhead(setup: SessionSetup) -> Callable[[Model], int]:
 
 
 def compaction_hook(
-    setup: SessionSetup, repo: Any, session_id: str, kept: CompactionHook | None = None
+    setup: SessionSetup,
+    repo: Any,
+    session_id: str,
+    kept: CompactionHook | None = None,
+    *,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> CompactionHook | None:
     """The compaction hook of the epoch ``session_id`` (``None`` without
     ``setup.compaction_threshold``): ``kept`` when it is that epoch's, else a new one. A session
     keeps one across its turns: the hook holds the summary it made, and a hook made per turn
     summarized the same history again in every turn once a live session had passed the
-    threshold (docs/decisions.md#memory-compaction)."""
+    threshold (docs/decisions.md#memory-compaction). ``settle``: the session writer's flush, for
+    a new hook (:class:`~runtime.memory.compaction.CompactionHook`)."""
     if setup.compaction_threshold is None:
         return None
     if kept is not None and kept.session_id == session_id:
         return kept
-    return make_compaction_hook(repo, session_id, setup.model, threshold=setup.compaction_threshold)
+    return make_compaction_hook(
+        repo, session_id, setup.model, threshold=setup.compaction_threshold, settle=settle
+    )
 
 
 def install_context_hooks(

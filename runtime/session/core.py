@@ -284,7 +284,9 @@ class SessionCore:
         lead = turns[0]
         ctl = TurnControl(policy_turn(turns), self.setup.steering_mode, self.setup.follow_up_mode)
         # compaction, then the history window (docs/decisions.md#agent-context-budget)
-        self._compaction = compaction_hook(self.setup, self.repo, self.session_id, self._compaction)
+        self._compaction = compaction_hook(
+            self.setup, self.repo, self.session_id, self._compaction, settle=self._flush
+        )
         install_context_hooks(ctl.agent, self.setup, lead, self._compaction, self._budget_memo)
         ctl.identity_fold = self._identity_fold
         if ctl.agent.transform_context is None:  # the whole context goes: keep its conversion
@@ -416,6 +418,11 @@ class SessionCore:
         outcome: Literal["ok", "empty", "aborted"] = "empty" if reply.is_empty() else "ok"
         return answering.result(lead, "aborted" if aborted else outcome, preview=preview)
 
+    async def _flush(self) -> None:
+        """Write the staged records of the session's writer (the compaction's anchor matches
+        stored rows only)."""
+        await self.writer.flush()
+
     async def _record_held(self, ctl: TurnControl) -> None:
         """Record the turn's held final answer (``ctl.unrecorded``) and the staged records on
         their own: the turn ends without a reply record (aborted, closed, failed), as if recorded
@@ -491,7 +498,12 @@ class SessionCore:
 
     async def archive(self) -> str:
         """``/new``: archive the active epoch and continue in a fresh, empty one (running turns
-        finish in the old epoch). Returns the new ``session_id``."""
+        finish in the old epoch). Returns the new ``session_id``. The old epoch's staged records
+        (a running turn's question) are written to it first.
+
+        Raises:
+            Whatever writing them raises (then nothing was archived)."""
+        await self.writer.flush()
         self.session_id = await self.repo.archive_session(self.session_key)
         self.writer = SessionWriter(self.repo, self.session_id, [])
         return self.session_id
@@ -529,8 +541,10 @@ class SessionCore:
         if self._tasks:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._tasks), timeout=timeout_s)
-        with contextlib.suppress(Exception):  # a turn cut off before its next write
+        try:  # a turn cut off before its next write
             await self.writer.flush()
+        except Exception:
+            log.exception("writing the staged records of %s at its close failed", self.session_key)
         if self.setup.features is not None:  # MCP connections
             with contextlib.suppress(Exception):
                 await self.setup.features.close()

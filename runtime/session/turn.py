@@ -299,7 +299,8 @@ class SessionWriter:
     list is always exactly the SQL order. Create and use on one event loop.
 
     Args:
-        store: A ``ContextRepository`` (or anything with ``append_messages``).
+        store: A ``ContextRepository`` (or anything with ``append_messages`` and
+            ``check_storable``).
         session_id: ``{session_key}#{epoch}``.
         messages: The context loaded at activation (not copied; the writer owns it from now on).
     """
@@ -363,7 +364,13 @@ class SessionWriter:
         :meth:`append` does. A turn's ``im_inbound`` record and user message are staged: the
         turn's next write carries them — for a turn without tools, its hand-over — one write
         transaction less a turn, and a crash before that write loses only what a crash before the
-        hand-over loses anyway (docs/decisions.md#session-turn-records)."""
+        hand-over loses anyway (docs/decisions.md#session-turn-records).
+
+        Raises:
+            TypeError / ValueError: a message that could not be stored (``store.check_storable``):
+                refused here, so that it never fails the writes of other turns.
+        """
+        self.store.check_storable(messages)
         async with self._lock:  # after an append in flight: the mirror keeps SQL's order
             self._add(messages)
             self._staged.extend(messages)
