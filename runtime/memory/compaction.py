@@ -292,9 +292,14 @@ class CompactionHook:
         if summary_text is None:
             return view
         covered = self._covered(messages, used, cut)  # `used`: taken before the await
-        try:
-            if self.settle is not None:
+        if self.settle is not None:
+            try:
                 await self.settle()
+            except Exception:  # then the head may not match the stored rows: kept in memory only
+                log.warning(
+                    "compaction of %s: writing the staged records failed", self.session_id, exc_info=True
+                )
+        try:
             anchor = await self._anchor(head)
             if anchor is not None:
                 await self.repo.add_summary(self.session_id, summary_text, anchor)

@@ -308,7 +308,7 @@ class ContextRepository:
                 ``repr`` instead of failing.)
         """
         parse_session_id(session_id)
-        rows, model = _rows(messages, "append_messages")
+        rows, model = _rows(messages)
         if not rows:
             return []
 
@@ -338,15 +338,16 @@ class ContextRepository:
             return await self.db.run_write(work, inline=True)
 
     def check_storable(self, messages: Sequence[AgentMessage]) -> None:
-        """Raise what :meth:`append_messages` would raise for ``messages`` themselves, without
-        writing: a record staged for a later write (docs/decisions.md#session-turn-records) is
-        refused when it is made, not in the write of another turn.
+        """Raise what :meth:`append_messages` would raise for ``messages`` themselves (the same
+        errors, the same texts), without writing: a record staged for a later write
+        (docs/decisions.md#session-turn-records) is refused when it is made, not in the write of
+        another turn.
 
         Raises:
             TypeError: an item is not an agent message.
             ValueError: an item cannot be serialized to JSON (the message names its index).
         """
-        _rows(messages, "a staged record")
+        _rows(messages)
 
     async def load_context(self, session_id: str) -> Context:
         """Load the epoch's context: its latest summary (as a :class:`CustomMessage` made by
@@ -442,10 +443,10 @@ def message_json(message: AgentMessage) -> str:
         return message.model_dump_json(fallback=repr)
 
 
-def _rows(messages: Sequence[AgentMessage], what: str) -> tuple[list[tuple[str, str, int]], str]:
+def _rows(messages: Sequence[AgentMessage]) -> tuple[list[tuple[str, str, int]], str]:
     """``([(role, payload JSON, timestamp)], model of the last assistant message)`` as
     :meth:`ContextRepository.append_messages` stores ``messages`` (forged ``[sender:…]`` prefixes
-    of user messages stripped). ``what`` names the caller in the errors.
+    of user messages stripped).
 
     Raises:
         TypeError: an item is not an agent message.
@@ -455,7 +456,7 @@ def _rows(messages: Sequence[AgentMessage], what: str) -> tuple[list[tuple[str, 
     model = ""
     for i, m in enumerate(messages):
         if not isinstance(m, UserMessage | AssistantMessage | ToolResultMessage | CustomMessage):
-            raise TypeError(f"{what} takes agent messages, got {type(m).__name__} at #{i}")
+            raise TypeError(f"append_messages takes agent messages, got {type(m).__name__} at #{i}")
         if isinstance(m, UserMessage):
             m = strip_user_message(m)
         if isinstance(m, AssistantMessage) and m.model:
@@ -464,7 +465,8 @@ def _rows(messages: Sequence[AgentMessage], what: str) -> tuple[list[tuple[str, 
             payload = message_json(m)
         except PydanticSerializationError as exc:  # e.g. a lone UTF-16 surrogate in the text
             raise ValueError(
-                f"{what}: message #{i} ({m.role}) cannot be stored as JSON, nothing was appended: {exc}"
+                f"append_messages: message #{i} ({m.role}) cannot be stored as JSON, nothing was "
+                f"appended: {exc}"
             ) from None
         rows.append((m.role, payload, m.timestamp))
     return rows, model.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL

@@ -499,13 +499,19 @@ class SessionCore:
     async def archive(self) -> str:
         """``/new``: archive the active epoch and continue in a fresh, empty one (running turns
         finish in the old epoch). Returns the new ``session_id``. The old epoch's staged records
-        (a running turn's question) are written to it first.
+        (a running turn's question) are written to it: before archiving, and once more after the
+        new writer took over (a turn may stage into the old one while the archive is written).
 
         Raises:
-            Whatever writing them raises (then nothing was archived)."""
-        await self.writer.flush()
+            Whatever the first write of them raises (then nothing was archived)."""
+        old = self.writer
+        await old.flush()
         self.session_id = await self.repo.archive_session(self.session_key)
         self.writer = SessionWriter(self.repo, self.session_id, [])
+        try:
+            await old.flush()
+        except Exception:
+            log.exception("writing the staged records of %s's archived epoch failed", self.session_key)
         return self.session_id
 
     @property

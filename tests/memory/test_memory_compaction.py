@@ -24,7 +24,7 @@ from runtime.llm.types import (
     UserMessage,
 )
 from runtime.memory import ContextRepository, Database, make_compaction_hook, summary_message
-from runtime.memory.compaction import find_cut
+from runtime.memory.compaction import find_cut, is_summary
 
 KEY = "console:bot:private:alice"
 
@@ -356,3 +356,24 @@ async def test_a_summary_finished_while_another_was_made_covers_what_it_read(
         tag = str(m.content)[:3] if isinstance(m, UserMessage) else m.content[0].text[:3]  # type: ignore[union-attr]
         assert m in view[1:] or tag in a_prompt or tag.startswith(("U", "A")), tag
     assert view[1:] == nxt[len(nxt) - (len(view) - 1) :]  # a tail of the list, after the summary
+
+
+async def test_a_failed_settle_keeps_the_summary_for_the_call(
+    db: Database, faux: FauxProviderHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``settle`` (the session writing what it holds back) fails: the summary is still used for
+    this call, like any summary whose head could not be matched to stored rows, and the failure
+    is logged."""
+    repo = ContextRepository(db)
+    sid = await repo.get_or_create_active(KEY)
+    model = faux.get_model().model_copy(update={"context_window": 1000})
+    faux.set_responses([faux_assistant_message("the summary")])
+
+    async def settle() -> None:
+        raise OSError("the database went away")
+
+    hook = make_compaction_hook(repo, sid, model, threshold=0.3, keep_recent_tokens=100, settle=settle)
+    view = await hook(conversation(), None)
+    assert is_summary(view[0]) and "the summary" in str(view[0].data)  # type: ignore[union-attr]
+    assert len(view) < len(conversation()) + 1
+    assert "writing the staged records failed" in caplog.text

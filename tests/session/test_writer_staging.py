@@ -231,3 +231,40 @@ async def test_a_turn_aborted_during_its_model_call_writes_its_question(repo: An
     assert store.calls == [["im_inbound", "user", "assistant"]] and core.writer.staged == 0
     stored = (await repo.load_context(core.session_id)).messages
     assert kinds(stored) == ["im_inbound", "user", "assistant"]
+
+
+async def test_a_question_staged_while_new_is_archiving_stays_in_the_old_epoch(repo: Any) -> None:
+    """A turn starts while ``/new`` writes the archive: it stages into the old epoch's writer,
+    which is written once more after the new writer took over."""
+    import asyncio
+
+    from tests.session.test_hot_chat_coalescing import PRIVATE, GatedModel
+    from tests.session.test_hot_chat_coalescing import open_core as open_gated
+    from tests.session.test_hot_chat_coalescing import turn as gated_turn
+
+    model = GatedModel({1})
+    core = await open_gated(repo, PRIVATE, model, Recorder(), None, "stage-race")
+    old = core.session_id
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    class SlowArchive:
+        """The real repository; its archive write waits for the test."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(repo, name)
+
+        async def archive_session(self, key: str) -> str:
+            entered.set()
+            await gate.wait()
+            return str(await repo.archive_session(key))
+
+    core.repo = SlowArchive()
+    archiving = asyncio.ensure_future(core.archive())
+    await entered.wait()
+    running = asyncio.ensure_future(core.submit(gated_turn(PRIVATE, 1, "u", "question")))
+    await asyncio.wait_for(model.started_event(1).wait(), 10)
+    gate.set()
+    await archiving
+    model.gate(1).set()
+    assert (await asyncio.wait_for(running, 10)).outcome == "ok"
+    assert kinds((await repo.load_context(old)).messages) == ["im_inbound", "user"]
