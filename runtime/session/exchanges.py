@@ -42,7 +42,11 @@ class Exchanges:
         self._held: Held = []
 
     def visible(self, messages: Sequence[AgentMessage], owner: object) -> list[AgentMessage]:
-        """``messages`` without the in-flight records of turns other than ``owner``."""
+        """``messages`` without the in-flight records of turns other than ``owner`` (a copy of
+        ``messages`` when no turn has records in flight: one turn at a time, the common case,
+        does not walk the context; docs/decisions.md#agent-incremental-convert)."""
+        if not self._inflight:
+            return list(messages)
         return [m for m in messages if self._inflight.get(id(m), owner) is owner]
 
     def recorder(self, owner: object) -> Callable[[Sequence[AgentMessage]], Awaitable[Any]]:

@@ -368,6 +368,26 @@ async def test_history_never_lands_between_a_tool_call_and_its_result(repo: Any)
     assert [m.role for m in writer.snapshot()][-1] == "user" and len(writer) == 4
 
 
+async def test_a_turn_sees_every_record_but_another_running_turns(repo: Any) -> None:
+    from runtime.session.exchanges import Exchanges
+    from runtime.session.turn import SessionWriter
+
+    session_id, _ = await repo.open_active(GROUP, model="faux/faux-model")
+    writer = SessionWriter(repo, session_id, [])
+    exchanges = Exchanges(lambda: writer)
+    history = await writer.append([UserMessage(content="old question")])
+    mine, other = object(), object()
+    seen = exchanges.visible(history, mine)
+    assert seen == history and seen is not history  # nothing in flight: all of it, a copy
+    said = AssistantMessage(content=[TextContent(text="other turn's answer so far")])
+    await exchanges.recorder(other)([said])
+    context = writer.snapshot()
+    assert exchanges.visible(context, mine) == history  # the other turn's record is in flight
+    assert exchanges.visible(context, other) == context  # its own record it sees
+    await exchanges.end(other)
+    assert exchanges.visible(context, mine) == context  # once that turn ended, everyone sees it
+
+
 def test_the_config_turns_coalescing_on_for_groups_and_fits_the_queue_to_the_mailbox(tmp_path: Path) -> None:
     from actors.placement.hosts.setup import ConfigSetupFactory
     from runtime.config import ConfigError, parse_config
