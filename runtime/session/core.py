@@ -497,10 +497,11 @@ class SessionCore:
         return n
 
     async def archive(self) -> str:
-        """``/new``: archive the active epoch and continue in a fresh, empty one (running turns
-        finish in the old epoch). Returns the new ``session_id``. The old epoch's staged records
-        (a running turn's question) are written to it: before archiving, and once more after the
-        new writer took over (a turn may stage into the old one while the archive is written).
+        """``/new``: archive the active epoch and continue in a fresh, empty one; returns the new
+        ``session_id``. A running turn's question stays in the old epoch: the old writer's staged
+        records are written to it before archiving, and once more after the new writer took over
+        (a turn may stage into the old one while the archive is written). What a running turn
+        writes after that (its answer, its ``im_reply``) goes through the new writer.
 
         Raises:
             Whatever the first write of them raises (then nothing was archived)."""
