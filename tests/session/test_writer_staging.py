@@ -4,15 +4,25 @@ failed once) by a thin wrapper around the real one."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
+from sqlmodel import select
 
-from runtime.llm.types import AgentMessage, CustomMessage
+from runtime.llm.types import AgentMessage, CustomMessage, UserMessage
+from runtime.memory.tables import AgentSummaryRow
+from runtime.session.core import SessionCore
 from runtime.session.turn import SessionWriter
+from tests.actors.session_scripts import ScriptedSetup
 from tests.session.recorder import Recorder
-from tests.session.test_session_core import open_core, turn
+from tests.session.test_hot_chat_coalescing import PRIVATE, GatedModel
+from tests.session.test_hot_chat_coalescing import open_core as open_gated
+from tests.session.test_hot_chat_coalescing import turn as gated_turn
+from tests.session.test_session_core import KEY, open_core, turn
 
 
 def kinds(messages: list[AgentMessage]) -> list[str]:
@@ -101,8 +111,6 @@ async def test_a_failed_turn_writes_its_staged_records_on_its_own(repo: Any, tmp
 async def test_a_record_that_cannot_be_stored_is_refused_when_staged(repo: Any, tmp_path: Path) -> None:
     """A lone surrogate cannot be stored as JSON: refused by ``stage`` itself, so it never sits
     in front of other turns' writes (each would fail on it)."""
-    from runtime.llm.types import UserMessage
-
     core = await open_core(repo, tmp_path, Recorder(), turns=1)
     writer = SessionWriter(CountingStore(repo), core.session_id, [])
     with pytest.raises(ValueError, match="cannot be stored as JSON"):
@@ -115,8 +123,6 @@ async def test_a_record_that_cannot_be_stored_is_refused_when_staged(repo: Any, 
 async def test_a_stage_during_an_append_in_flight_keeps_sql_order(repo: Any, tmp_path: Path) -> None:
     """An overlapping turn stages while another turn's write is in flight: its records wait for
     that write, so the context's order stays SQL's and nothing is written twice or dropped."""
-    import asyncio
-
     core = await open_core(repo, tmp_path, Recorder(), turns=1)
     gate, entered = asyncio.Event(), asyncio.Event()
 
@@ -155,12 +161,6 @@ async def test_a_stage_during_an_append_in_flight_keeps_sql_order(repo: Any, tmp
 async def test_a_new_epoch_during_a_turn_keeps_its_question_in_the_old_one(repo: Any) -> None:
     """``/new`` (``archive``) while a turn waits for its model: the turn's staged question is
     written to the epoch it was asked in before the new epoch starts."""
-    import asyncio
-
-    from tests.session.test_hot_chat_coalescing import PRIVATE, GatedModel
-    from tests.session.test_hot_chat_coalescing import open_core as open_gated
-    from tests.session.test_hot_chat_coalescing import turn as gated_turn
-
     model = GatedModel({1})
     core = await open_gated(repo, PRIVATE, model, Recorder(), None, "stage-new")
     old = core.session_id
@@ -177,15 +177,6 @@ async def test_a_summary_reaching_into_a_staged_question_is_stored(repo: Any, tm
     """A question longer than the tail compaction keeps: the summary covers its staged records,
     which are written first, so every summary made is stored and anchored
     (docs/decisions.md#memory-compaction)."""
-    import dataclasses
-
-    import prometheus_client
-    from sqlmodel import select
-
-    from runtime.memory.tables import AgentSummaryRow
-    from runtime.session.core import SessionCore
-    from tests.actors.session_scripts import ScriptedSetup
-    from tests.session.test_session_core import KEY
 
     def made() -> float:
         sample = prometheus_client.REGISTRY.get_sample_value(
@@ -212,12 +203,6 @@ async def test_a_turn_aborted_during_its_model_call_writes_its_question(repo: An
     """A master's abort while the model thinks, the abort notice switched off: nothing is handed
     over, yet the turn's staged question is written, with the cut-off answer it holds, as it was
     when the question was written before the first LLM call."""
-    import asyncio
-
-    from tests.session.test_hot_chat_coalescing import PRIVATE, GatedModel
-    from tests.session.test_hot_chat_coalescing import open_core as open_gated
-    from tests.session.test_hot_chat_coalescing import turn as gated_turn
-
     model, rec = GatedModel({1}), Recorder()
     core = await open_gated(repo, PRIVATE, model, rec, None, "stage-abort")
     core.setup.abort_text = None
@@ -236,12 +221,6 @@ async def test_a_turn_aborted_during_its_model_call_writes_its_question(repo: An
 async def test_a_question_staged_while_new_is_archiving_stays_in_the_old_epoch(repo: Any) -> None:
     """A turn starts while ``/new`` writes the archive: it stages into the old epoch's writer,
     which is written once more after the new writer took over."""
-    import asyncio
-
-    from tests.session.test_hot_chat_coalescing import PRIVATE, GatedModel
-    from tests.session.test_hot_chat_coalescing import open_core as open_gated
-    from tests.session.test_hot_chat_coalescing import turn as gated_turn
-
     model = GatedModel({1})
     core = await open_gated(repo, PRIVATE, model, Recorder(), None, "stage-race")
     old = core.session_id
