@@ -282,7 +282,10 @@ async def test_group_answers_only_when_mentioned_and_runs_the_python_tool(bot: B
     assert roles(messages) == TOOL_TURN  # the un-mentioned message is in the transcript only
     assert tool_results(messages) == [("convert_units", "5 km = 3.107 mi", False)]
     assert messages[3].details == {"result": pytest.approx(3.10686, abs=1e-5)}
-    rows = await bot.transcripts.scene("console", "console", "lobby")
+    # the outbound row is written when the delivery closes the reply, after the browser saw it
+    rows = await eventually(
+        lambda: _at_least(bot.transcripts.scene("console", "console", "lobby"), 3), 30, "the outbound row"
+    )
     assert [(r.direction, r.sender_id) for r in rows] == [
         ("inbound", "alice"),
         ("inbound", "alice"),
