@@ -72,11 +72,13 @@ class DeliveryPool:
         """``crc32(session_key) % M``: the ledger ``partition`` of the chat's replies."""
         return partition_of(session_key, self.size)
 
-    def notify(self, session_key: str) -> None:
+    def notify(self, session_key: str, head: DeliveryJob | None = None) -> None:
         """Tell the chat's actor that a reply of ``session_key`` was queued in the ledger, without
-        waiting (fire and forget: a lost notification is made good by the actor's sweep)."""
+        waiting (fire and forget: a lost notification is made good by the actor's sweep). ``head``:
+        the reply, when its row was the chat's only unfinished one (``DeliveryJob.head_at`` set):
+        the actor sends it without reading the chat's queue (docs/decisions.md#delivery-outbox)."""
         try:
-            self.pick(session_key).notify.remote(session_key)
+            self.pick(session_key).notify.remote(session_key, head)
         except Exception as exc:  # e.g. the actor is being restarted: its start-up sweep finds it
             log.warning("delivery notification for %s not sent (%r); the sweep finds it", session_key, exc)
 

@@ -124,11 +124,13 @@ class DeliveryActor:
         await self._start()
         return await self.sender.deliver(job)
 
-    async def notify(self, session_key: str) -> None:
+    async def notify(self, session_key: str, head: DeliveryJob | None = None) -> None:
         """A reply of ``session_key`` was queued in the ledger: send the chat's unfinished replies
-        in order (returns at once; callers do not wait for it)."""
+        in order (returns at once; callers do not wait for it). ``head``: the reply, when its row
+        was the chat's only unfinished one: sent without a read of the chat's queue
+        (:meth:`runtime.delivery.core.DeliverySender.wake`)."""
         await self._start()
-        self.sender.wake(session_key)
+        self.sender.wake(session_key, head)
 
     async def sweep(self) -> int:
         """Wake every chat of this partition with unfinished replies now; returns how many."""

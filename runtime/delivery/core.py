@@ -23,6 +23,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from sqlalchemy import Connection
@@ -117,6 +118,10 @@ class DeliverySender:
         """One HTTP client per bot over HTTP (docs/decisions.md#delivery-connections)."""
         self.chains = ChatChains(self._drain)
         self._running: dict[str, asyncio.Future[DeliveryResult]] = {}
+        self._heads: dict[str, list[DeliveryJob]] = {}
+        """Per chat, the jobs notified as its head (``DeliveryJob.head_at``) not sent yet."""
+        self._reads: set[str] = set()
+        """The chats whose queue the next drain reads (a wake-up without a head)."""
         self.lease_ms = int(max(settings.lease_s, settings.timeout_s + 10) * 1000)
         """A claim's lease in ms: it outlasts one call; a wait for a retry renews it."""
 
@@ -142,9 +147,16 @@ class DeliverySender:
         finally:
             self._running.pop(job.reply_id, None)
 
-    def wake(self, session_key: str) -> None:
+    def wake(self, session_key: str, head: DeliveryJob | None = None) -> None:
         """A reply of ``session_key`` was queued in the ledger: send the chat's unfinished replies
-        in ledger order (returns at once)."""
+        in ledger order (returns at once). ``head``: that reply, when its row was the chat's only
+        unfinished one as it was written (``head.head_at`` set): it is sent without a read of the
+        chat's queue — nothing of the chat comes before it, and what comes after it is notified
+        on its own (docs/decisions.md#delivery-outbox)."""
+        if head is not None and head.head_at is not None:
+            self._heads.setdefault(session_key, []).append(head)
+        else:
+            self._reads.add(session_key)
         self.chains.wake(session_key)
 
     async def sweep(self) -> int:
@@ -173,44 +185,68 @@ class DeliverySender:
     # ------------------------------------------------------------------ one chat
 
     async def _drain(self, session_key: str) -> None:
+        """Send the chat's heads notified since the last drain (:meth:`wake`), in the order they
+        came, then — when a wake-up without a head asked for it, or a head could not be sent
+        without it — the chat's queue (:meth:`_drain_queue`)."""
+        heads = self._heads.pop(session_key, [])
+        read = session_key in self._reads
+        self._reads.discard(session_key)
+        for job in heads:
+            if not await self._send_head(job):
+                read = True
+        if read:
+            await self._drain_queue(session_key)
+
+    async def _send_head(self, job: DeliveryJob) -> bool:
+        """Send ``job``, notified as its chat's head, as the fresh ``queued`` row it was written as
+        (claimed by its step 0's mark on the wire). False when the chat's queue must be read
+        instead: a direct call of it waits in this chain, or someone claimed it since (the read
+        finds it owned or final), or a live owner holds it."""
+        if job.reply_id in self._running:
+            return False
+        entry = ledger.LedgerEntry(
+            reply_id=job.reply_id, session_key=job.session_key, platform=job.platform,
+            bot_id=job.bot_id, partition=self.partition, job_json="", status="queued", owner="",
+            lease_until=0, steps_total=-1, steps_done=0, in_flight=-1, message_ids=[], error=None,
+            created_at=job.head_at or now_ms(),
+        )  # fmt: skip
+        try:
+            result = await self._deliver_traced(job, queued=True, fresh=entry)
+        except ledger.LostLeaseError as exc:
+            log.info("%s; reading the chat's queue", exc)
+            return False
+        return result.outcome != "busy"
+
+    async def _drain_queue(self, session_key: str) -> None:
         """Send the chat's ``queued``/``pending`` replies in ledger order until none is left, or
-        one is owned by another live actor (the sweep comes back for it). Each read of the queue
-        claims its head in the same write when it is a fresh queued row of a bot over HTTP
-        (:func:`runtime.delivery.ledger.claim_chat_head`: one transaction less per read, that is
-        per reply when each wake-up finds one)."""
+        one is owned by another live actor (the sweep comes back for it). The queue is read
+        without a write: a queued row nobody worked on yet is claimed by the mark of its first
+        step on the wire (:func:`runtime.delivery.ledger.claim_fresh`), any other by its claim
+        before it is sent (docs/decisions.md#delivery-outbox)."""
         batch = 50
         while True:
             started = time.time_ns()
-            skip = frozenset(self._running)  # read on the loop, where _running changes
-            claim = functools.partial(self._claim_head, session_key, batch, skip)
-            head = await self.db.run_write(claim, inline=True)  # docs/decisions.md#memory-sql-off-loop
-            claimed_at = (started, time.time_ns())
-            for i, entry in enumerate(head.entries):
+            entries = await self.db.run(functools.partial(outbox.chat_queue, self.db, session_key, batch))
+            read_at = (started, time.time_ns())
+            for i, entry in enumerate(entries):
                 if entry.reply_id in self._running:  # a direct call of it waits in this chain
                     self.wake(session_key)  # the rest after it
                     return
                 job = DeliveryJob.model_validate_json(entry.job_json)
-                claimed = head.claimed if i == 0 else None
                 try:
                     result = await self._deliver_traced(
-                        job, queued=True, claimed=claimed, claimed_at=claimed_at if claimed else None
+                        job,
+                        queued=True,
+                        fresh=entry if ledger.fresh(entry) else None,
+                        read_at=read_at if i == 0 else None,
                     )
                 except ledger.LostLeaseError as exc:
                     log.warning("%s; leaving it to its new owner", exc)
                     return
                 if result.outcome == "busy":
                     return
-            if len(head.entries) < batch:  # a reply queued meanwhile came with its own wake-up
+            if len(entries) < batch:  # a reply queued meanwhile came with its own wake-up
                 return
-
-    def _claim_head(self, session_key: str, batch: int, skip: frozenset[str]) -> ledger.ChatHead:
-        """:func:`runtime.delivery.ledger.claim_chat_head` of the chat (blocking); ``skip``: the
-        replies direct calls wait with in this chain (:meth:`deliver`), never claimed here; nor is
-        a reply of a bot over a socket (its claim also marks step 0 in flight: :meth:`_claim`)."""
-        sockets = self.socket_bots
-        return ledger.claim_chat_head(
-            self.db, session_key, self.owner, self.lease_ms, limit=batch, skip=skip, skip_bots=sockets
-        )
 
     # ------------------------------------------------------------------ one reply
 
@@ -219,36 +255,54 @@ class DeliverySender:
         job: DeliveryJob,
         *,
         queued: bool,
-        claimed: ledger.ClaimOutcome | None = None,
-        claimed_at: tuple[int, int] | None = None,
+        fresh: ledger.LedgerEntry | None = None,
+        read_at: tuple[int, int] | None = None,
     ) -> DeliveryResult:
         """:meth:`_deliver` as the span ``delivery`` of the message's trace (``job.traceparent``,
-        docs/decisions.md#ops-traces). A reply ``claimed`` already (by the drain's read, from
-        ``claimed_at[0]`` to ``claimed_at[1]``, ``time.time_ns()``) gets that claim as its
-        ``delivery.claim`` step, the span ``delivery`` starting with it."""
-        start_ns = claimed_at[0] if claimed_at is not None else None
+        docs/decisions.md#ops-traces), starting with the drain's read of the chat's queue, from
+        ``read_at[0]`` to ``read_at[1]`` (``time.time_ns()``), the first step of the reply's
+        ``delivery.claim`` (:meth:`_deliver`)."""
+        start_ns = read_at[0] if read_at is not None else None
         with tracing.span(
             "delivery", parent=job.traceparent, reply_id=job.reply_id, queued=queued, start_ns=start_ns
         ) as step:
-            if claimed_at is not None:
-                tracing.past_span("delivery.claim", *claimed_at, with_read=True)
-            result = await self._deliver(job, queued=queued, claimed=claimed)
+            result = await self._deliver(job, queued=queued, fresh=fresh, read_at=read_at)
             step.set(outcome=result.outcome)
             return result
 
     async def _deliver(
-        self, job: DeliveryJob, *, queued: bool, claimed: ledger.ClaimOutcome | None = None
+        self,
+        job: DeliveryJob,
+        *,
+        queued: bool,
+        fresh: ledger.LedgerEntry | None = None,
+        read_at: tuple[int, int] | None = None,
     ) -> DeliveryResult:
-        """One reply, step by step: claim (unless ``claimed`` already) → check → render → send →
-        close. Returns its :class:`DeliveryResult` (``duplicate`` and ``busy`` without sending).
-        Raises :class:`runtime.delivery.ledger.LostLeaseError` when another owner took the reply
-        over, and whatever the check or render of a claimed reply raises (the reply stays claimed)."""
+        """One reply, step by step: claim → check → render → send → close. Returns its
+        :class:`DeliveryResult` (``duplicate`` and ``busy`` without sending). A ``fresh`` queued
+        row (as the drain read it) of a bot over HTTP that renders to calls without fetching
+        media is claimed by the mark of its step 0 on the wire instead
+        (docs/decisions.md#delivery-outbox); its span ``delivery.claim`` is then the drain's read
+        (``read_at``: ``time.time_ns()`` at its start and end; without one, a head sent unread, an
+        instant) with the attribute ``at_wire``, else the claim's write, from the read's start
+        when there was one. Raises
+        :class:`runtime.delivery.ledger.LostLeaseError` when another owner took the reply over,
+        and whatever the check or render of a claimed reply raises (the reply stays claimed)."""
         started = time.perf_counter()
         codec = self.codecs.get(bot_key(job.platform, job.bot_id))
-        early = None if claimed is not None else await self._render_early(job, codec)
-        claim = claimed
-        if claim is None:
-            with tracing.span("delivery.claim"):
+        early = await self._render_early(job, codec)
+        over_socket = bot_key(job.platform, job.bot_id) in self.socket_bots
+        at_wire = fresh is not None and early is not None and bool(early[1]) and not over_socket
+        if fresh is not None and at_wire:
+            now_ns = time.time_ns()  # a head sent without a read: the claim is decided here
+            with_read = True if read_at is not None else None
+            tracing.past_span(
+                "delivery.claim", *(read_at or (now_ns, now_ns)), with_read=with_read, at_wire=True
+            )
+            claim = ledger.ClaimOutcome("claimed", fresh)
+        else:
+            start_ns, with_read = (read_at[0], True) if read_at is not None else (None, None)
+            with tracing.span("delivery.claim", start_ns=start_ns, with_read=with_read):
                 claim = await self._claim(job, queued, self._steps_marked_at_claim(job, early))
         if claim.state != "claimed":
             return self._settled(job, claim)
@@ -260,9 +314,8 @@ class DeliverySender:
         reply, calls = early or await self._render(job, codec)
         if not calls:
             return await self._close(job, "empty", [])
-        over_socket = bot_key(job.platform, job.bot_id) in self.socket_bots
-        run = await self._resume(job, claim, Sending(job, codec, calls, lease, started, reply, over_socket))
-        return await self._send_all(run)
+        sending = Sending(job, codec, calls, lease, started, reply, over_socket, claim_at_wire=at_wire)
+        return await self._send_all(await self._resume(job, claim, sending))
 
     # --------------------------------------------------- one reply: claim, check, render
 
@@ -385,27 +438,36 @@ class DeliverySender:
         on_wire = self._wire_mark(run, i)
         if run.over_socket and not (i == 0 and run.begun):
             await on_wire()
+
+        async def before_wait(wait_s: float) -> None:  # a retry's wait: the lease must outlast it
+            await self._claimed(run)
+            await run.lease.cover(wait_s)
+
         with tracing.span("delivery.send", step=i, path=run.calls[i].path) as span:
             out = await self._send_step(
                 run.codec,
                 run.calls[i],
                 run.job,
                 run.deadline_s,
-                run.lease,
+                before_wait,
                 None if run.over_socket else on_wire,
             )
             span.set(ok=out.result.ok, attempts=out.attempts)
             return out
 
     def _wire_mark(self, run: Sending, i: int) -> OnWire:
-        """The write that marks step ``i`` in flight (:func:`runtime.delivery.ledger.begin_step`),
-        renewing the lease: on the event loop's thread, so no thread hop stands between the mark
-        and the first byte; on the SQL pool when the writer lock stays busy past
-        :data:`WIRE_MARK_LOCK_WAIT_S`."""
+        """The write that marks step ``i`` in flight (:func:`runtime.delivery.ledger.begin_step`;
+        for a reply not claimed yet :func:`runtime.delivery.ledger.claim_fresh`, which claims it
+        in the same statement), renewing the lease: on the event loop's thread, so no thread hop
+        stands between the mark and the first byte; on the SQL pool when the writer lock stays
+        busy past :data:`WIRE_MARK_LOCK_WAIT_S`."""
         job, total = run.job, len(run.calls)
 
         def mark() -> None:
-            ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
+            if run.claim_at_wire:
+                ledger.claim_fresh(self.db, job.reply_id, self.owner, self.lease_ms, total)
+            else:
+                ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
 
         async def on_wire() -> None:
             try:
@@ -414,9 +476,25 @@ class DeliverySender:
                 if not is_transient_write_error(exc):
                     raise
                 await self.db.run_write(mark)  # the writer lock is busy: wait off the loop
+            run.claim_at_wire = False
             run.lease.refreshed()
 
         return on_wire
+
+    async def _claimed(self, run: Sending) -> None:
+        """Claim a reply still waiting for its step 0's mark (:attr:`Sending.claim_at_wire`)
+        before anything else is written of it: a wait for a retry (its lease must cover it) or
+        a close after step 0 failed before its mark.
+
+        Raises:
+            runtime.delivery.ledger.LostLeaseError: someone else claimed it since it was read.
+        """
+        if not run.claim_at_wire:
+            return
+        reply_id = run.job.reply_id
+        await self.db.run_write(lambda: ledger.claim_fresh(self.db, reply_id, self.owner, self.lease_ms))
+        run.claim_at_wire = False
+        run.lease.refreshed()
 
     async def _step_uncertain(self, run: Sending, i: int, last: bool, why: str) -> None:
         """Step ``i`` was written and not answered: recorded ``uncertain`` (closing the reply
@@ -457,6 +535,7 @@ class DeliverySender:
     async def _fail(self, run: Sending, out: StepOutcome) -> DeliveryResult:
         """Close the reply ``failed`` after a step the platform refused (``rejected``) or that
         kept failing until the reply was ``delivery.max_age_s`` old (``expired``)."""
+        await self._claimed(run)  # step 0 may have failed before its mark claimed the reply
         error = out.result.error or "failed"
         if out.expired:
             age = time.time() - (run.deadline_s - self.settings.max_age_s)
@@ -573,12 +652,13 @@ class DeliverySender:
         call: ApiCall,
         job: DeliveryJob,
         deadline_s: float,
-        lease: Lease,
+        before_wait: Callable[[float], Awaitable[None]],
         on_wire: OnWire | None,
     ) -> StepOutcome:
         """One step with its retries (:func:`runtime.delivery.send.retry_step`) over HTTP, marked
         on the wire by ``on_wire`` as each attempt is written; ``on_wire`` None: a bot with a
-        socket transport, sent through :attr:`socket_sender` (same rules; marked by the caller)."""
+        socket transport, sent through :attr:`socket_sender` (same rules; marked by the caller).
+        ``before_wait(wait_s)`` is awaited before each wait for a retry (the lease's renewal)."""
         platform = job.platform
 
         async def once() -> SendResult:
@@ -602,7 +682,7 @@ class DeliverySender:
             deadline_s=deadline_s,
             base_s=self.settings.backoff_base_s,
             cap_s=self.settings.backoff_max_s,
-            before_wait=lease.cover,
+            before_wait=before_wait,
             on_retry=on_retry,
         )
 

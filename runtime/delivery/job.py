@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.platforms.base import SceneType
 from runtime.reply.segments import Reply
@@ -43,6 +43,12 @@ class DeliveryJob(BaseModel):
     """W3C ``traceparent`` of the hand-over step of the message's trace (None: not traced); kept
     in the ledger row's ``job_json``, so a resumed delivery joins the same trace
     (docs/decisions.md#ops-traces)."""
+    head_at: int | None = Field(default=None, exclude=True)
+    """Set by the hand-over on the job it notifies delivery with when the reply's ``queued`` row
+    was the only unfinished one of its chat as it was written: that row's ``created_at`` (Unix
+    ms). The delivery actor then sends the reply without reading the chat's queue
+    (docs/decisions.md#delivery-outbox). Never stored: not in ``job_json`` (excluded from every
+    dump), so a job read back from the ledger has None."""
 
 
 def partition_of(session_key: str, size: int) -> int:

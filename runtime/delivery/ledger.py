@@ -27,16 +27,19 @@ Rules that make a retried or replayed send never reach the platform twice:
    one is dead). Each write checks the owner, so a stale owner cannot write over a new one. An
    owner that waits out a platform outage renews its lease (:func:`renew`).
 
-What one reply writes, and when (:data:`REPLY_WRITES_OVER_HTTP`): over HTTP the claim
-(:func:`claim_chat_head`, which reads the chat's queue in the same transaction, :func:`claim_queued`
-or :func:`claim`), then per step :func:`begin_step` as the request is
-written (not at the claim: a sender killed while connecting must leave a step that is sent again,
-docs/decisions.md#delivery-uncertain) and :func:`finish_step` once the platform confirmed it (the
-last one with the outbound transcript row) — three write transactions for a one-step reply,
-``1 + 2 × steps`` in general. Over a socket (a OneBot WebSocket) the frame is written at once, so
-:func:`claim_and_begin` claims a row (inserting it when missing: a reply handed straight to a
-delivery actor) and, when its next step is 0 and nothing is on the wire, marks step 0 in flight
-in the same write: ``2 × steps`` writes.
+What one reply writes, and when (:data:`REPLY_WRITES_OVER_HTTP`): a ``queued`` row nobody worked
+on yet (the outbox's common case) of a bot over HTTP is claimed by the mark of its step 0 as the
+request is written (:func:`claim_fresh`: the delivery actor read the chat's queue without a
+write), then :func:`finish_step` once the platform confirmed it (the last step with the outbound
+transcript row): two write transactions for a one-step reply, ``2 × steps`` in general. Any other
+row — one worked on before, a reply with attachments (its media are fetched once, after the
+claim), a reply handed straight to a delivery actor — is claimed first (:func:`claim_queued` or
+:func:`claim`), then each step marked by :func:`begin_step` as its request is written (never at the
+claim: a sender killed while connecting must leave a step that is sent again,
+docs/decisions.md#delivery-uncertain): ``1 + 2 × steps``. Over a socket (a OneBot WebSocket) the
+frame is written at once, so :func:`claim_and_begin` claims a row (inserting it when missing) and,
+when its next step is 0 and nothing is on the wire, marks step 0 in flight in the same write:
+``2 × steps`` writes.
 
 The tables are :mod:`runtime.delivery.tables` (created with the memory tables; never
 dropped or altered: docs/decisions.md#memory-create-only). The writes are SQLAlchemy Core
@@ -48,7 +51,6 @@ through :meth:`runtime.memory.db.Database.run_write`, the readers through
 
 from __future__ import annotations
 
-from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack
 
@@ -73,14 +75,12 @@ from runtime.delivery.ledger_steps import (
     renew,
     skip_uncertain_step,
 )
-from runtime.delivery.outbox import chat_queue_select
 from runtime.delivery.tables import DeliveryLedgerRow
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 
 __all__ = [
     "REPLY_WRITES_OVER_HTTP",
-    "ChatHead",
     "ClaimFields",
     "ClaimOutcome",
     "DeliveryLedgerRow",
@@ -92,11 +92,12 @@ __all__ = [
     "begin_step",
     "claim",
     "claim_and_begin",
-    "claim_chat_head",
+    "claim_fresh",
     "claim_queued",
     "create_ledger_table",
     "finish",
     "finish_step",
+    "fresh",
     "get_entry",
     "record_uncertain",
     "renew",
@@ -105,11 +106,13 @@ __all__ = [
 ]
 
 
-REPLY_WRITES_OVER_HTTP = 3
-"""Ledger write transactions of a one-step reply sent over HTTP: the claim, step 0 marked on the
-wire as its request is written, step 0 done with the outbound transcript row (module docstring;
-docs/decisions.md#delivery-ledger). Pinned by ``tests/delivery/test_delivery_ledger.py`` and
-quoted by docs/architecture.md (checked by ``tests/docs``)."""
+REPLY_WRITES_OVER_HTTP = 2
+"""Ledger write transactions of a queued one-step reply sent over HTTP (a turn's answer): step 0
+marked on the wire as its request is written, which claims the row (:func:`claim_fresh`), and
+step 0 done with the outbound transcript row (module docstring; docs/decisions.md#delivery-ledger).
+A reply handed straight to a delivery actor writes one more, its claim. Pinned by
+``tests/delivery/test_delivery_outbox.py`` and quoted by docs/architecture.md (checked by
+``tests/docs``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,57 +271,44 @@ def claim_queued(
         return None if row is None else _take(conn, row, owner, lease_ms, now, steps_total)
 
 
-@dataclass(frozen=True, slots=True)
-class ChatHead:
-    """What :func:`claim_chat_head` read and claimed.
-
-    Attributes:
-        entries: The chat's ``queued`` and ``pending`` rows, oldest first (at most ``limit``),
-            as read before the claim.
-        claimed: The claim of ``entries[0]`` (state ``claimed``), or None: the head is not a
-            queued row nobody worked on, its ``reply_id`` or bot was skipped, or there is none.
-    """
-
-    entries: list[LedgerEntry]
-    claimed: ClaimOutcome | None = None
+def fresh(entry: LedgerEntry) -> bool:
+    """``entry`` is a ``queued`` row nobody worked on yet: no step marked, handled or rendered
+    (the outbox's common case, which :func:`claim_fresh` claims)."""
+    return (
+        entry.status == "queued"
+        and entry.steps_done == 0
+        and entry.in_flight == -1
+        and entry.steps_total == -1
+    )
 
 
-def claim_chat_head(
-    db: Database,
-    session_key: str,
-    owner: str,
-    lease_ms: int,
-    *,
-    limit: int = 50,
-    skip: Set[str] = frozenset(),
-    skip_bots: Set[tuple[str, str]] = frozenset(),
-) -> ChatHead:
-    """Read ``session_key``'s unfinished replies in ledger order and, in the same write
-    transaction, claim the first when it is a ``queued`` row nobody worked on (the outbox's
-    common case) and not in ``skip``: a delivery actor's drain of a chat then costs one
-    transaction less than a read followed by :func:`claim_queued`
-    (docs/decisions.md#delivery-outbox). Any other head (``pending``: a dead owner's, a resend)
-    is left to :func:`claim_queued`, which knows those cases; so is a head of a bot in
-    ``skip_bots`` (``(platform, bot_id)``: the bots over a socket, whose claim also marks step 0
-    in flight, :func:`claim_and_begin`).
+def claim_fresh(
+    db: Database, reply_id: str, owner: str, lease_ms: int, steps_total: int | None = None
+) -> LedgerEntry:
+    """Claim a :func:`fresh` ``queued`` row in one ``UPDATE``; with ``steps_total`` (>= 1) the same
+    statement marks its step 0 of ``steps_total`` on the wire. That is the mark a sender writes as
+    step 0's request is written (docs/decisions.md#delivery-outbox): until then the row stays
+    ``queued``, so a sender that dies before it leaves nothing to take over, and whoever drains the
+    chat next sends the reply. Without ``steps_total``: the claim of such a row before a wait for
+    a retry or a close, when its step 0 failed before its mark. Returns the claimed row.
 
     Raises:
-        sqlalchemy.exc.OperationalError: as any write (transient ones: run it through
-            :meth:`runtime.memory.db.Database.run_write`).
+        LostLeaseError: the row is not a fresh ``queued`` one any more (someone claimed it since
+            it was read, or it is gone); nothing was written, and the request must not be sent.
+        ValueError: ``steps_total`` < 1.
     """
+    if steps_total is not None and steps_total < 1:
+        raise ValueError(f"claim_fresh needs at least one step, got steps_total={steps_total}")
+    now = now_ms()
+    params: dict[str, Any] = {"r": reply_id, "o": owner, "lease": now + lease_ms, "now": now}
+    stmt = _CLAIM_FRESH_QUEUED
+    if steps_total is not None:
+        params["total"], stmt = steps_total, _CLAIM_FRESH_QUEUED_AND_BEGIN
     with db.connection(write=True) as conn:
-        entries = [LedgerEntry.of(r) for r in conn.execute(chat_queue_select(limit), {"k": session_key})]
-        head = entries[0] if entries else None
-        if head is None or head.status != "queued" or head.reply_id in skip:
-            return ChatHead(entries)
-        if (head.platform, head.bot_id) in skip_bots:
-            return ChatHead(entries)
-        now = now_ms()
-        params = {"r": head.reply_id, "o": owner, "lease": now + lease_ms, "now": now}
-        fresh = conn.execute(_CLAIM_FRESH_QUEUED, params).first()
-        if fresh is None:  # worked on before (a resend, a takeover): claim_queued decides
-            return ChatHead(entries)
-        return ChatHead(entries, ClaimOutcome("claimed", LedgerEntry.of(fresh)))
+        row = conn.execute(stmt, params).first()
+    if row is None:
+        raise LostLeaseError(f"delivery {reply_id!r} was claimed by another sender since it was read")
+    return LedgerEntry.of(row)
 
 
 def _claim(db: Database, fields: ClaimFields, begin_total: int | None) -> ClaimOutcome:

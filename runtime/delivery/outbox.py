@@ -11,8 +11,8 @@ operator's view and retry of replies that did not go out cleanly.
   the chat's order is its hand-over order.
 * :func:`chat_queue` — a chat's unfinished replies in ledger order (``created_at``, then
   ``reply_id``), which a delivery actor sends one after another (docs/decisions.md#delivery-outage);
-  the actor reads them with :func:`chat_queue_select` inside the write that claims the first
-  (:func:`runtime.delivery.ledger.claim_chat_head`).
+  the actor reads them without a write and claims a fresh ``queued`` row with the mark of its
+  first step on the wire (:func:`runtime.delivery.ledger.claim_fresh`).
 * :func:`chats_to_resume` — the chats a delivery actor's sweep wakes: those with ``queued`` rows of
   its partition, and those with ``pending`` rows it may take over (ledger rule 3).
 * :func:`list_replies`, :func:`retry`, :func:`counts` — ``GET /admin/deliveries``, ``POST
@@ -25,7 +25,7 @@ returns a function run inside another transaction.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,6 +44,7 @@ from runtime.memory.db import Database
 __all__ = [
     "BACKLOG_STATES",
     "NotRetryableError",
+    "QueuedRow",
     "ReplyRecord",
     "chat_queue",
     "chat_queue_select",
@@ -70,10 +71,11 @@ _LATEST_UNFINISHED = core_select(func.max(T.c.created_at)).where(
 """The ``created_at`` of a chat's latest unfinished row; built once, as every statement of a hand-over
 (docs/decisions.md#memory-write-path)."""
 _QUEUE_INSERT = {
-    "postgresql": pg_insert(T).on_conflict_do_nothing(index_elements=["reply_id"]),
-    "sqlite": sqlite_insert(T).on_conflict_do_nothing(index_elements=["reply_id"]),
+    "postgresql": pg_insert(T).on_conflict_do_nothing(index_elements=["reply_id"]).returning(T.c.reply_id),
+    "sqlite": sqlite_insert(T).on_conflict_do_nothing(index_elements=["reply_id"]).returning(T.c.reply_id),
 }
-"""A reply's ``queued`` row, by dialect (a second insert of the same ``reply_id`` is a no-op)."""
+"""A reply's ``queued`` row, by dialect (a second insert of the same ``reply_id`` is a no-op; it
+returns the ``reply_id`` of a row it inserted, nothing otherwise)."""
 
 
 def next_created_at(conn: Connection, session_key: str, at_least: int) -> int:
@@ -83,11 +85,39 @@ def next_created_at(conn: Connection, session_key: str, at_least: int) -> int:
     (``created_at``, then ``reply_id``) is then the order the rows were written in, even when two
     hand-overs share a millisecond or a host's clock is behind the previous one's
     (docs/decisions.md#delivery-outbox)."""
-    latest = conn.execute(_LATEST_UNFINISHED, {"k": session_key}).scalar()
+    return _placed(conn.execute(_LATEST_UNFINISHED, {"k": session_key}).scalar(), at_least)
+
+
+def _placed(latest: int | None, at_least: int) -> int:
+    """``at_least``, or 1 ms after ``latest`` (the chat's latest unfinished row's ``created_at``)."""
     return at_least if latest is None else max(at_least, int(latest) + 1)
 
 
-def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[[Connection], None]:
+class QueuedRow:
+    """The insert of a reply's ``queued`` row, run by :meth:`__call__` inside the caller's write
+    transaction (:func:`queue_writer`); :attr:`head_at` says afterwards whether the row is its
+    chat's head."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = values
+        self.head_at: int | None = None
+        """After the write: the row's ``created_at`` (Unix ms) when no other row of the chat was
+        unfinished as it was written (the delivery actor may send it without reading the chat's
+        queue: docs/decisions.md#delivery-outbox), else None. Set by each run of the write, so a
+        re-run transaction leaves what the committed one found."""
+
+    def __call__(self, conn: Connection) -> None:
+        insert = _QUEUE_INSERT["postgresql" if conn.dialect.name == "postgresql" else "sqlite"]
+        session_key, created_at = self._values["session_key"], self._values["created_at"]
+        latest = conn.execute(_LATEST_UNFINISHED, {"k": session_key}).scalar()
+        at = _placed(latest, created_at)
+        result = conn.execute(insert, {**self._values, "created_at": at})
+        # pysqlite reports no result columns when RETURNING yields no row (a conflict)
+        inserted = result.returns_rows and result.first() is not None
+        self.head_at = at if latest is None and inserted else None
+
+
+def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> QueuedRow:
     """The insert of ``job``'s ``queued`` row, to run inside the caller's write transaction.
 
     Args:
@@ -99,7 +129,8 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[
             order comes after every reply of the chat handed over before it.
 
     Returns:
-        ``write(conn)``: inserts the row, or nothing when the ``reply_id`` is already there.
+        ``write(conn)``: inserts the row, or nothing when the ``reply_id`` is already there; its
+        :attr:`QueuedRow.head_at` tells afterwards whether the row is the chat's head.
     """
     values = {
         "reply_id": job.reply_id,
@@ -119,21 +150,14 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> Callable[
         "created_at": created_at,
         "updated_at": created_at,
     }
-
-    def write(conn: Connection) -> None:
-        insert = _QUEUE_INSERT["postgresql" if conn.dialect.name == "postgresql" else "sqlite"]
-        at = next_created_at(conn, job.session_key, created_at)
-        conn.execute(insert, {**values, "created_at": at})
-
-    return write
+    return QueuedRow(values)
 
 
 @functools.lru_cache(maxsize=8)
 def chat_queue_select(limit: int = 50) -> Select[Any]:
     """The ``SELECT`` of :func:`chat_queue`: a chat's unfinished rows in ledger order, at most
     ``limit``, the session key bound as ``k``; built once per limit, as every statement of a
-    delivery's path (docs/decisions.md#memory-write-path). Also read, with its head claimed, in
-    one write by :func:`runtime.delivery.ledger.claim_chat_head`."""
+    delivery's path (docs/decisions.md#memory-write-path)."""
     return (
         core_select(T)
         .where(T.c.status.in_(_UNFINISHED), T.c.session_key == bindparam("k"))

@@ -46,7 +46,9 @@ class HandOver:
         """Append ``records`` and ``job``'s ``queued`` ledger row in one transaction, then notify
         delivery without waiting for the platform (docs/decisions.md#delivery-outbox). The ledger
         places the row after the chat's unfinished ones
-        (``runtime.delivery.outbox.next_created_at``): the chat's order.
+        (``runtime.delivery.outbox.next_created_at``): the chat's order. When there were none, the
+        notified job carries the row's ``created_at`` as ``head_at``, and the delivery actor sends
+        it without reading the chat's queue.
 
         Raises:
             Whatever the append raises (then neither the records nor the row were written).
@@ -54,7 +56,10 @@ class HandOver:
         with tracing.span("handoff", reply_id=job.reply_id) as step:
             if (tp := step.traceparent()) is not None:  # delivery continues the trace from here
                 job = job.model_copy(update={"traceparent": tp})
-            await self._writer().append(records, also=queue_writer(job, self._partition, now_ms()))
+            row = queue_writer(job, self._partition, now_ms())
+            await self._writer().append(records, also=row)
+        if row.head_at is not None:  # the chat's only unfinished reply: sent without a read
+            job = job.model_copy(update={"head_at": row.head_at})
         try:
             await self._deliver()(job)
         except Exception:  # the row is durable: the delivery actor's sweep sends it

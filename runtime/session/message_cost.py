@@ -10,9 +10,10 @@ call and whose reply is one platform call over HTTP. Its writes, in order:
 2. the hand-over: the turn's staged ``im_inbound`` record and user message, the final answer,
    ``im_reply`` and the reply's ``queued`` row in the delivery ledger
    (docs/decisions.md#session-turn-records, docs/decisions.md#delivery-outbox);
-3. the delivery actor's claim of that row;
-4. step 0 marked on the wire as its request is written (docs/decisions.md#delivery-uncertain);
-5. step 0 done, the reply ``sent``, with the outbound ``im_transcripts`` row in a savepoint.
+3. step 0 marked on the wire as its request is written, which claims the row in the same
+   ``UPDATE`` (the delivery actor read the chat's queue without a write:
+   docs/decisions.md#delivery-outbox, docs/decisions.md#delivery-uncertain);
+4. step 0 done, the reply ``sent``, with the outbound ``im_transcripts`` row in a savepoint.
 
 Not counted here: the ingress's one write before it answers the webhook (the ``inbox`` row with the
 inbound transcript row: docs/decisions.md#inbox-durable) and the inbox marks ``routed`` /
@@ -38,5 +39,5 @@ USAGE_WRITES_PER_LLM_CALL = 1
 """One ``llm_usage`` insert per LLM call (docs/decisions.md#spend-ledger)."""
 
 SQL_WRITES_PER_MESSAGE = TURN_RECORD_WRITES + USAGE_WRITES_PER_LLM_CALL + REPLY_WRITES_OVER_HTTP
-"""5 write transactions after the ingress's store, for a turn with one LLM call and a one-step
+"""4 write transactions after the ingress's store, for a turn with one LLM call and a one-step
 HTTP reply (module docstring). Each further LLM call adds one, each further reply step two."""

@@ -148,7 +148,7 @@ def span(
 def past_span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
     """Record a step that already ran, from ``start_ns`` to ``end_ns`` (``time.time_ns()``), as a
     finished child of the current span: a step done before its trace was known (a delivery
-    actor claims a reply in the same write that reads it, and learns its trace from the row).
+    actor reads the chat's queue, and learns a reply's trace from its row).
     Nothing when tracing is off."""
     if not _state["on"]:
         return

@@ -15,7 +15,9 @@ import pytest
 from sqlalchemy import event, text
 
 from runtime.delivery import ledger as ledger
+from runtime.delivery import outbox
 from runtime.delivery.core import DeliveryResult, DeliverySender, DeliverySettings
+from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 from tests.actors.edge_support import onebot_bot, private_call, text_job
 from tests.actors.session_support import eventually
@@ -167,40 +169,52 @@ def test_a_stale_owner_cannot_finish_or_step(db: Database) -> None:
     assert (final.status, final.owner, final.in_flight, final.error) == ("sent", "0:b", -1, None)
 
 
-async def test_one_reply_costs_three_write_transactions_the_transcript_in_the_last(
-    fixtures_dir: Path, tmp_path: Path
+@pytest.mark.parametrize("how", ["queued", "direct"])
+async def test_what_one_reply_writes_the_transcript_in_the_last_write(
+    fixtures_dir: Path, tmp_path: Path, how: str
 ) -> None:
-    """A fresh single-step reply over HTTP: claim, begin_step as the request is written (not at the
-    claim: docs/decisions.md#delivery-uncertain), the send, finish_step(last) with the outbound
-    transcript row in a savepoint of the same transaction — three write transactions
-    (docs/decisions.md#delivery-ledger)."""
+    """A fresh single-step reply over HTTP. Queued by a turn (the message path): the chat's queue
+    read without a write, the claim and step 0's mark in one UPDATE as the request is written,
+    the send, finish_step(last) with the outbound transcript row in a savepoint of the same
+    transaction — ``REPLY_WRITES_OVER_HTTP`` (2) write transactions. Handed straight to the
+    actor: the claim inserts the row first, and the mark is a write of its own (not at the claim:
+    docs/decisions.md#delivery-uncertain) — one more (docs/decisions.md#delivery-ledger)."""
     url = f"sqlite:///{tmp_path / 'send.db'}"
     with PlatformApiServer(fixtures_dir) as api:
         sender = DeliverySender(DeliverySettings(database_url=url, bots=[onebot_bot(api.base_url)]), 0, "0:t")
+        job = text_job("one write less", reply_id="r-fast")
+        if how == "queued":
+            with sender.db.connection(write=True) as conn:
+                outbox.queue_writer(job, 0, 1_000)(conn)
         statements: list[str] = []
 
         def record(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
             words = statement.split()  # "INSERT INTO t …" → "INSERT t"; else the first two words
-            statements.append(f"{words[0]} {words[2] if words[0] == 'INSERT' else words[1]}")
+            statements.append(" ".join([words[0], words[2]] if words[0] == "INSERT" else words[:2]))
 
         event.listen(sender.db.engine, "before_cursor_execute", record)
         try:
-            job = text_job("one write less", reply_id="r-fast")
-            result = await sender.deliver(job)
+            if how == "queued":
+                sender.wake(job.session_key)
+                await eventually(lambda: bool(api.requests) and not sender.chains.active, what="the drain")
+            else:
+                result = await sender.deliver(job)
+                assert result == DeliveryResult(
+                    reply_id="r-fast", outcome="sent", message_ids=[result.message_ids[0]], attempts=1
+                )
         finally:
             event.remove(sender.db.engine, "before_cursor_execute", record)
             await sender.close()
         requests = [(r.path, r.json) for r in api.requests]
-    assert result.message_ids[0]
-    assert result == DeliveryResult(
-        reply_id="r-fast", outcome="sent", message_ids=[result.message_ids[0]], attempts=1
-    )
     assert requests == [("/send_private_msg", private_call("20002", "one write less"))]
+    claim = {
+        "queued": ["BEGIN", "SELECT delivery_ledger.reply_id,"],  # the chat's queue, read
+        "direct": ["BEGIN IMMEDIATE", "INSERT delivery_ledger"],  # the claim: nothing on the wire yet
+    }[how]
     assert statements == [
+        *claim,
         "BEGIN IMMEDIATE",
-        "INSERT delivery_ledger",  # claim: the row, nothing on the wire yet
-        "BEGIN IMMEDIATE",
-        "UPDATE delivery_ledger",  # begin_step(0): the request is being written
+        "UPDATE delivery_ledger",  # step 0 on the wire (queued: the claim too): the request is being written
         "BEGIN IMMEDIATE",
         "SELECT delivery_ledger.message_ids,",  # finish_step(last=True)
         "UPDATE delivery_ledger",
@@ -208,11 +222,13 @@ async def test_one_reply_costs_three_write_transactions_the_transcript_in_the_la
         "INSERT im_transcripts",  # the outbound transcript, in the same transaction
         "RELEASE SAVEPOINT",
     ]
-    assert statements.count("BEGIN IMMEDIATE") == ledger.REPLY_WRITES_OVER_HTTP  # what the docs quote
+    writes = statements.count("BEGIN IMMEDIATE")
+    assert writes == ledger.REPLY_WRITES_OVER_HTTP + (how == "direct")  # what the docs quote
     db = Database(url)
     entry = ledger.get_entry(db, "r-fast")
     db.dispose()
-    assert state(entry) == ("sent", "0:t", 1, 1, -1, result.message_ids)
+    assert entry is not None and entry.message_ids[0]
+    assert state(entry) == ("sent", "0:t", 1, 1, -1, entry.message_ids)
 
 
 async def test_a_transcript_row_that_cannot_be_written_does_not_undo_the_confirmed_send(
@@ -289,3 +305,95 @@ async def test_a_sender_lost_while_connecting_left_nothing_on_the_wire_and_the_n
     db = Database(url)
     assert state(ledger.get_entry(db, "r-connect")) == ("sent", "0:b", 1, 1, -1, result.message_ids)
     db.dispose()
+
+
+def refused_port() -> int:
+    """A port nothing listens on: every connect to it is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_queued_reply_refused_at_connect_is_claimed_before_its_wait_and_not_marked(
+    tmp_path: Path,
+) -> None:
+    """A queued reply is claimed by its step 0's mark on the wire; a connect refused before that
+    mark leaves it unclaimed, so the retry's wait claims it first (the lease must cover the wait:
+    docs/decisions.md#delivery-outbox) — still with nothing on the wire. One refused past
+    ``delivery.max_age_s`` is claimed before it is closed ``failed``."""
+    url = f"sqlite:///{tmp_path / 'connect.db'}"
+    settings = DeliverySettings(
+        database_url=url,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+        bots=[onebot_bot(f"http://127.0.0.1:{refused_port()}")],
+    )
+    sender = DeliverySender(settings, 0, "0:a")
+    attempts: list[str] = []
+
+    async def count(request: httpx.Request) -> None:
+        attempts.append(request.url.path)
+
+    [client] = sender.clients.values()
+    client.event_hooks["request"].append(count)
+    job = text_job("waits for the platform", reply_id="r-wait")
+    with sender.db.connection(write=True) as conn:
+        outbox.queue_writer(job, 0, now_ms())(conn)
+    try:
+        sender.wake(job.session_key)
+        await eventually(lambda: len(attempts) >= 2, what="two refused connects")
+        assert state(ledger.get_entry(sender.db, "r-wait")) == ("pending", "0:a", -1, 0, -1, [])
+    finally:
+        await sender.close()
+
+    old = text_job("too old to send", reply_id="r-old")
+    expired = DeliverySender(settings.model_copy(update={"max_age_s": 0.0}), 0, "0:b")
+    [client] = expired.clients.values()
+    client.event_hooks["request"].append(count)
+    with expired.db.connection(write=True) as conn:
+        outbox.queue_writer(old, 0, 1_000)(conn)
+    try:
+        expired.wake(old.session_key)
+        closed = lambda: getattr(ledger.get_entry(expired.db, "r-old"), "status", "") == "failed"  # noqa: E731
+        await eventually(closed, what="r-old closed")
+        entry = ledger.get_entry(expired.db, "r-old")
+    finally:
+        await expired.close()
+    assert entry is not None and (entry.owner, entry.in_flight, entry.steps_done) == ("0:b", -1, 0)
+    assert "delivery.max_age_s=0" in (entry.error or "")
+
+
+async def test_a_queued_reply_claimed_by_another_sender_after_the_read_is_not_sent(
+    fixtures_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another sender claims the queued row right after this one read the chat's queue (a real
+    second writer, at the worst moment): the mark of step 0, which would claim it, finds it taken,
+    writes nothing and ends the call before the request is written — the platform gets nothing
+    from this sender, and the row stays the other's (docs/decisions.md#delivery-outbox)."""
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    with PlatformApiServer(fixtures_dir) as api:
+        sender = DeliverySender(DeliverySettings(database_url=url, bots=[onebot_bot(api.base_url)]), 0, "0:a")
+        other = Database(url)
+        job = text_job("taken meanwhile", reply_id="r-race")
+        with sender.db.connection(write=True) as conn:
+            outbox.queue_writer(job, 0, 1_000)(conn)
+        taken: list[str] = []
+
+        def claim_after_the_read(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+            if not taken and statement.lstrip().startswith("SELECT delivery_ledger.reply_id"):
+                found = ledger.claim_queued(other, "r-race", "1:other", 60_000)
+                taken.append(found.state if found else "none")
+
+        event.listen(sender.db.engine, "after_cursor_execute", claim_after_the_read)
+        try:
+            sender.wake(job.session_key)
+            await eventually(lambda: not sender.chains.active and bool(taken), what="the drain")
+            entry = ledger.get_entry(other, "r-race")
+        finally:
+            await sender.close()
+            other.dispose()
+        requests = list(api.requests)
+    assert taken == ["claimed"]
+    assert requests == []
+    assert state(entry) == ("pending", "1:other", -1, 0, -1, [])
+    assert "'r-race' was claimed by another sender since it was read" in caplog.text

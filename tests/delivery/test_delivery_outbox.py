@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -130,43 +131,36 @@ def test_queued_rows_in_chat_order_claimed_in_one_update(db: Database) -> None:
     assert ledger.claim_queued(db, "nope", "0:x", 60_000) is None
 
 
-def test_the_chats_queue_is_read_and_its_fresh_head_claimed_in_one_write(db: Database) -> None:
-    a1, a2, b1 = text_job("a1", reply_id="A1"), text_job("a2", reply_id="A2"), group_job("b1", "B1")
+def test_a_fresh_queued_row_is_claimed_with_its_first_mark_once(db: Database) -> None:
+    """``claim_fresh`` claims a queued row nobody worked on — with ``steps_total`` marking step 0
+    on the wire in the same UPDATE — exactly once; a row worked on before, claimed since it was
+    read, or missing is refused with nothing written (docs/decisions.md#delivery-outbox)."""
+    a1, a2 = text_job("a1", reply_id="A1"), text_job("a2", reply_id="A2")
     queue(db, a1, 1_000_001)
     queue(db, a2, 1_000_002)
-    queue(db, b1, 1_000_001)
+    read = outbox.chat_queue(db, a1.session_key)
+    assert [(e.reply_id, ledger.fresh(e)) for e in read] == [("A1", True), ("A2", True)]
 
-    head = ledger.claim_chat_head(db, a1.session_key, "0:x", 60_000)
-    assert [e.reply_id for e in head.entries] == ["A1", "A2"]
-    assert head.entries[0].status == "queued"  # as read, before the claim
-    assert head.claimed is not None and head.claimed.state == "claimed" and not head.claimed.begun
-    claimed = head.claimed.entry
-    assert (claimed.reply_id, claimed.status, claimed.owner, claimed.created_at) == (
-        "A1",
-        "pending",
-        "0:x",
-        1_000_001,
-    )
+    marked = ledger.claim_fresh(db, "A1", "0:x", 60_000, steps_total=2)
+    assert (marked.status, marked.owner, marked.steps_total, marked.in_flight, marked.created_at) == (
+        "pending", "0:x", 2, 0, 1_000_001,
+    )  # fmt: skip
+    with pytest.raises(ledger.LostLeaseError, match="claimed by another sender since it was read"):
+        ledger.claim_fresh(db, "A1", "1:y", 60_000, steps_total=2)  # read as fresh by another, too late
+    assert getattr(ledger.get_entry(db, "A1"), "owner", None) == "0:x"
+    assert not ledger.fresh(outbox.chat_queue(db, a1.session_key)[0])
 
-    again = ledger.claim_chat_head(db, a1.session_key, "0:x", 60_000)  # the head is pending now
-    assert [e.reply_id for e in again.entries] == ["A1", "A2"] and again.claimed is None
-    assert getattr(ledger.get_entry(db, "A2"), "status", None) == "queued"  # never past the head
-
-    skipped = ledger.claim_chat_head(db, b1.session_key, "0:x", 60_000, skip={"B1"})
-    assert [e.reply_id for e in skipped.entries] == ["B1"] and skipped.claimed is None
-    assert getattr(ledger.get_entry(db, "B1"), "status", None) == "queued"
-
-    socket = ledger.claim_chat_head(db, b1.session_key, "0:x", 60_000, skip_bots={("onebot11", BOT_ID)})
-    assert [e.reply_id for e in socket.entries] == ["B1"] and socket.claimed is None  # claim_and_begin's
-
-    first = ledger.claim_chat_head(db, a1.session_key, "0:x", 60_000, limit=1)
-    assert [e.reply_id for e in first.entries] == ["A1"]
-    nobody = ledger.claim_chat_head(db, "onebot11:1:private:404", "0:x", 60_000)
-    assert nobody.entries == [] and nobody.claimed is None
+    claimed = ledger.claim_fresh(db, "A2", "0:x", 60_000)  # before a retry's wait: no step marked
+    got = (claimed.status, claimed.owner, claimed.steps_total, claimed.in_flight)
+    assert got == ("pending", "0:x", -1, -1)
+    with pytest.raises(ledger.LostLeaseError):
+        ledger.claim_fresh(db, "nope", "0:x", 60_000, steps_total=1)
+    with pytest.raises(ValueError, match="at least one step"):
+        ledger.claim_fresh(db, "A2", "0:x", 60_000, steps_total=0)
 
 
-def test_a_queued_head_worked_on_before_is_left_to_claim_queued(db: Database) -> None:
-    # an operator's retry queues a reply whose first step went out: not a fresh row
+def test_a_queued_row_worked_on_before_is_not_fresh(db: Database) -> None:
+    # an operator's retry queues a reply whose first step went out: claim_queued decides
     c1 = text_job("c1", scene_id="20003", reply_id="C1")
     queue(db, c1, 1_000_001)
     with db.connection(write=True) as conn:
@@ -175,11 +169,42 @@ def test_a_queued_head_worked_on_before_is_left_to_claim_queued(db: Database) ->
             .where(ledger.LEDGER_TABLE.c.reply_id == "C1")
             .values(steps_total=2, steps_done=1, message_ids='["m-1", null]')
         )
-    head = ledger.claim_chat_head(db, c1.session_key, "0:x", 60_000)
-    assert [e.reply_id for e in head.entries] == ["C1"] and head.claimed is None
+    head = outbox.chat_queue(db, c1.session_key)
+    assert [(e.reply_id, e.status, ledger.fresh(e)) for e in head] == [("C1", "queued", False)]
+    with pytest.raises(ledger.LostLeaseError):
+        ledger.claim_fresh(db, "C1", "0:x", 60_000, steps_total=2)
     assert getattr(ledger.get_entry(db, "C1"), "status", None) == "queued"
     taken = ledger.claim_queued(db, "C1", "0:x", 60_000)
     assert taken is not None and taken.state == "claimed" and taken.entry.steps_done == 1
+
+
+def test_the_hand_over_knows_when_its_reply_is_the_chats_head(db: Database) -> None:
+    """The queued row's insert reads the chat's latest unfinished row for its order; with none
+    there the row is the chat's head (``QueuedRow.head_at`` = its ``created_at``), which the
+    delivery actor may send without reading the queue. Never stored: the row's job has no
+    ``head_at`` (docs/decisions.md#delivery-outbox)."""
+    a1, a2, a3 = (text_job(t, reply_id=t.upper()) for t in ("a1", "a2", "a3"))
+
+    def write(job: DeliveryJob, at: int) -> int | None:
+        row = outbox.queue_writer(job, 0, at)
+        with db.connection(write=True) as conn:
+            row(conn)
+        return row.head_at
+
+    assert write(a1, 5_000) == 5_000  # nothing else unfinished in the chat
+    assert write(group_job("b1", "B1"), 5_000) == 5_000  # another chat has its own head
+    assert write(a2, 4_000) is None  # a1 is unfinished: a2 comes after it, read from the queue
+    assert write(a1, 9_000) is None  # a replay of a1's hand-over inserts nothing
+    ledger.claim_fresh(db, "A1", "0:x", 60_000, steps_total=1)
+    ledger.finish_step(db, "A1", "0:x", 0, "m-1", last=True)
+    ledger.claim_fresh(db, "A2", "0:x", 60_000, steps_total=1)
+    ledger.finish_step(db, "A2", "0:x", 0, "m-2", last=True)
+    assert write(a3, 9_000) == 9_000  # a1 and a2 are sent: a3 is the head again
+    stored = ledger.get_entry(db, "A3")
+    assert stored is not None and "head_at" not in json.loads(stored.job_json)
+    noted = a3.model_copy(update={"head_at": 9_000})
+    assert noted.head_at == 9_000 and "head_at" not in noted.model_dump_json()
+    assert DeliveryJob.model_validate_json(noted.model_dump_json()).head_at is None
 
 
 def test_hand_overs_in_one_millisecond_or_behind_the_clock_keep_hand_over_order(db: Database) -> None:
@@ -264,6 +289,57 @@ async def make_sender(tmp_path: Path, api_base: str, **settings: Any) -> Deliver
     return await asyncio.to_thread(
         DeliverySender, DeliverySettings(database_url=url, bots=[bot], **knobs), 0, "0:s"
     )
+
+
+async def test_a_head_sent_by_the_sweeps_drain_meanwhile_is_not_sent_again(
+    tmp_path: Path, api: PlatformApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reply notified as its chat's head after the sweep's drain already sent it: the mark that
+    would claim it finds the row taken, writes nothing and ends the call before the request is
+    written; the chat's queue is read instead (nothing left) — one request in all."""
+    sender = await make_sender(tmp_path, api.base_url)
+    try:
+        job = text_job("once", reply_id="H1")
+        queue(sender.db, job, 1_000)
+        sender.wake(job.session_key)  # the sweep: reads the queue, sends H1
+        await eventually(lambda: state(sender.db, "H1") == "sent", "the sweep's send")
+        caplog.set_level(logging.INFO, logger="sessionray.delivery")
+        sender.wake(job.session_key, job.model_copy(update={"head_at": 1_000}))  # the late notice
+        await eventually(lambda: "reading the chat's queue" in caplog.text, "the head's claim refused")
+        await eventually(lambda: not sender.chains.active, "the drain's end")
+        assert texts(api, "/send_private_msg") == ["once"] and len(api.requests) == 1
+    finally:
+        await sender.close()
+
+
+async def test_heads_and_queued_replies_of_one_chat_go_out_in_hand_over_order(
+    tmp_path: Path, api: PlatformApiServer
+) -> None:
+    """Notices as the session host sends them: h1 notified as the head; h2, handed over while h1
+    was unfinished, notified without a job (read from the queue, after h1); h3, handed over once
+    both were sent, as the head again."""
+    sender = await make_sender(tmp_path, api.base_url)
+    try:
+        jobs = [text_job(t, reply_id=t.upper()) for t in ("h1", "h2", "h3")]
+        heads = []
+        for job in jobs[:2]:
+            row = outbox.queue_writer(job, 0, 1_000)
+            with sender.db.connection(write=True) as conn:
+                row(conn)
+            heads.append(row.head_at)
+        assert heads == [1_000, None]
+        sender.wake(jobs[0].session_key, jobs[0].model_copy(update={"head_at": 1_000}))
+        sender.wake(jobs[1].session_key, jobs[1])  # no head_at: the queue is read
+        await eventually(lambda: state(sender.db, "H2") == "sent", "h1 and h2")
+        row = outbox.queue_writer(jobs[2], 0, 2_000)
+        with sender.db.connection(write=True) as conn:
+            row(conn)
+        assert row.head_at == 2_000
+        sender.wake(jobs[2].session_key, jobs[2].model_copy(update={"head_at": row.head_at}))
+        await eventually(lambda: state(sender.db, "H3") == "sent", "h3")
+        assert texts(api, "/send_private_msg") == ["h1", "h2", "h3"]
+    finally:
+        await sender.close()
 
 
 async def test_a_failing_chat_holds_only_its_own_later_replies(
@@ -383,16 +459,15 @@ async def test_a_call_written_and_never_answered_is_uncertain_not_resent(
 async def test_one_message_costs_the_documented_write_transactions(
     tmp_path: Path, api: PlatformApiServer
 ) -> None:
-    """One message costs ``SQL_WRITES_PER_MESSAGE`` (5) SQL write transactions after the ingress
+    """One message costs ``SQL_WRITES_PER_MESSAGE`` (4) SQL write transactions after the ingress
     stored it — the number docs/architecture.md quotes (tests/docs checks the quote): the LLM
     call's usage row (docs/decisions.md#spend-ledger); the staged inbound record and user message,
     the final assistant message and ``im_reply`` with the reply's ``queued`` ledger row
-    (docs/decisions.md#session-turn-records);
-    the claim (one UPDATE, in the same transaction as the read of the chat's queue: the
-    delivery reads nothing in a transaction of its own), step 0 marked on the wire when its
-    request is written (not at the claim: a sender killed while connecting must leave a step
-    that is sent again, not an uncertain one — docs/decisions.md#delivery-uncertain), step done
-    with the outbound transcript row."""
+    (docs/decisions.md#session-turn-records); the delivery's claim and step 0's mark on the wire
+    in one UPDATE, written as the request is (a sender killed before it leaves the row queued, a
+    sender killed while connecting nothing uncertain: docs/decisions.md#delivery-outbox,
+    docs/decisions.md#delivery-uncertain), after a read of the chat's queue that writes nothing;
+    step done with the outbound transcript row."""
     url = f"sqlite:///{tmp_path / 'writes.db'}"
     db = Database(url)
     db.create_tables()
@@ -412,8 +487,8 @@ async def test_one_message_costs_the_documented_write_transactions(
         if statement.split() == ["BEGIN"]:  # a read transaction (writes: BEGIN IMMEDIATE)
             sender_reads.append(statement)
 
-    async def notify(job: DeliveryJob) -> None:
-        sender.wake(job.session_key)
+    async def notify(job: DeliveryJob) -> None:  # as a session host does (actors.placement.hosts.host)
+        sender.wake(job.session_key, job)
 
     try:
         core = await SessionCore.open(
@@ -438,9 +513,8 @@ async def test_one_message_costs_the_documented_write_transactions(
         ["INSERT llm_usage"],  # the one LLM call, committed before its end is seen
         # the staged im_inbound + user message, the final answer + im_reply, the queued ledger row
         ["UPDATE agent_sessions", *["INSERT agent_messages"] * 4, "INSERT delivery_ledger"],
-        ["UPDATE delivery_ledger"],  # the chat's queue read and its head claimed
-        ["UPDATE delivery_ledger"],  # step 0 on the wire (as its request is written)
+        ["UPDATE delivery_ledger"],  # claimed with step 0's mark on the wire, as its request is written
         ["UPDATE delivery_ledger", "INSERT im_transcripts"],  # step done, sent; the transcript
     ]
-    assert sender_reads == []
+    assert sender_reads == []  # the chat's only reply is notified with its job: no queue read
     assert [json.loads(r.body)["message"][0]["data"]["text"] for r in api.requests] == ["re: hello"]

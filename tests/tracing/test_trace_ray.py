@@ -120,9 +120,7 @@ def running_chain(tmp: Path, fixtures_dir: Path, *, traced: bool) -> Iterator[Ch
             tracing=settings,
         )
         prefix = f"trace-{uuid.uuid4().hex[:8]}"
-        delivery = create_pool(
-            DeliverySettings.from_config(config), 1, prefix=f"{prefix}-d", sweep_s=0
-        )
+        delivery = create_pool(DeliverySettings.from_config(config), 1, prefix=f"{prefix}-d", sweep_s=0)
         rt = SessionRuntime(prefix=prefix)
         setup = ScriptedSetup(str(tmp / "markers"))
         asyncio.run(rt.start(config, setup_factory=setup, delivery=delivery, wait_warm=True))
@@ -193,11 +191,11 @@ def test_one_message_is_one_trace_with_every_step(tmp_path: Path, fixtures_dir: 
         ("script-model", 0)
     ] * 2
     step = {s["name"]: s for s in spans}
-    # the claim, made in the write that read the chat's queue (before the trace was known), is
-    # the delivery's first step: the span `delivery` starts with it; the send comes after it
+    # the reply was its chat's only unfinished one: notified with it, the delivery reads no queue;
+    # the claim is decided at once (an instant) and made by step 0's mark on the wire, in the send
     claim, delivery = step["delivery.claim"], step["delivery"]
-    assert claim["start_ns"] == delivery["start_ns"] < claim["end_ns"] <= step["delivery.send"]["start_ns"]
-    assert claim["attributes"] == {"with_read": True}
+    assert delivery["start_ns"] <= claim["start_ns"] == claim["end_ns"] <= step["delivery.send"]["start_ns"]
+    assert claim["attributes"] == {"at_wire": True}
     reply_id = step["handoff"]["attributes"]["reply_id"]
     everything = sorted(s["span_id"] for s in spans)
     assert sorted(s["span_id"] for s in trace_of(spans, reply_id)) == everything  # sessionray trace <reply>

@@ -416,10 +416,12 @@ class SessionHost:
     async def _deliver(self, job: DeliveryJob) -> None:
         # On the sessions' loop, after the turn queued the reply in the ledger: tell the chat's
         # delivery actor and do not wait (docs/decisions.md#delivery-outbox).
+        # A job that is its chat's head goes with the notice: sent without a read of the queue.
+        head = job if job.head_at is not None else None
         if hasattr(self._delivery, "notify"):  # DeliveryPool
-            self._delivery.notify(job.session_key)
+            self._delivery.notify(job.session_key, head)
         else:
-            self._delivery.pick(job.session_key).notify.remote(job.session_key)
+            self._delivery.pick(job.session_key).notify.remote(job.session_key, head)
 
     # ------------------------------------------------------------------ control (control group)
 
