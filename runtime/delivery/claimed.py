@@ -70,10 +70,11 @@ class Sending:
     """The bot sends over a socket (``transport: ws-*``), not HTTP."""
     begun: bool = False
     """The claim marked step 0 in flight."""
-    claim_at_wire: bool = False
-    """The reply is still a fresh ``queued`` row, not claimed: the mark of step 0 on the wire
-    claims it (:func:`runtime.delivery.ledger.claim_fresh`), or a claim before a wait or a
-    close does when step 0 failed before its mark (docs/decisions.md#delivery-outbox)."""
+    claim_at_wire: int | None = None
+    """Not None while the reply is still the fresh ``queued`` row it was read (or notified) as, not
+    claimed: that row's ``created_at`` (Unix ms). The mark of step 0 on the wire claims it
+    (:func:`runtime.delivery.ledger.claim_fresh`), or a claim before a wait or a close does when
+    step 0 failed before its mark (docs/decisions.md#delivery-outbox)."""
     ids: list[str | None] = field(default_factory=list)
     plan: list[int] = field(default_factory=list)
     uncertain: bool = False

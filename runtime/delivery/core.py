@@ -1,11 +1,14 @@
 """The Ray-free core of a delivery actor: :class:`DeliverySender` takes a chat's replies from the
-ledger (or straight from a caller) and sends them — claim → media and leak checks → render →
-each step: in flight → platform call (retried through an outage) → done → outbound transcript
+ledger (or straight from a caller) and sends them — media and leak checks → render → each step:
+in flight → platform call (retried through an outage) → done → outbound transcript; a reply is
+claimed before its checks (one with attachments, one worked on before, one handed straight to
+the actor) or by the mark of its step 0 in flight (a queued row nobody worked on yet)
 (docs/decisions.md#delivery-outbox, docs/decisions.md#delivery-outage,
 docs/decisions.md#delivery-uncertain).
 
 * A session host records a reply as ``queued`` (:mod:`runtime.delivery.outbox`) and calls
-  :meth:`DeliverySender.wake`; the sweep (:meth:`DeliverySender.sweep`) finds the rows nobody woke
+  :meth:`DeliverySender.wake`, with the reply's job when it is its chat's only unfinished one;
+  the sweep (:meth:`DeliverySender.sweep`) finds the rows nobody woke
   it for (a notification lost with a dead actor, a dead owner's ``pending`` row).
 * Each chat's work runs in its own chain (:class:`runtime.delivery.chains.ChatChains`): its
   replies go out in ledger order, and a reply waiting out an outage holds back only its chat.
@@ -151,8 +154,9 @@ class DeliverySender:
         """A reply of ``session_key`` was queued in the ledger: send the chat's unfinished replies
         in ledger order (returns at once). ``head``: that reply, when its row was the chat's only
         unfinished one as it was written (``head.head_at`` set): it is sent without a read of the
-        chat's queue — nothing of the chat comes before it, and what comes after it is notified
-        on its own (docs/decisions.md#delivery-outbox)."""
+        chat's queue — nothing of the chat came before it, and what comes after it is notified
+        on its own; its mark on the wire claims it only while its row is still the one notified
+        (an operator's retry moves a row in the chat's order: docs/decisions.md#delivery-outbox)."""
         if head is not None and head.head_at is not None:
             self._heads.setdefault(session_key, []).append(head)
         else:
@@ -314,7 +318,8 @@ class DeliverySender:
         reply, calls = early or await self._render(job, codec)
         if not calls:
             return await self._close(job, "empty", [])
-        sending = Sending(job, codec, calls, lease, started, reply, over_socket, claim_at_wire=at_wire)
+        unclaimed = fresh.created_at if fresh is not None and at_wire else None
+        sending = Sending(job, codec, calls, lease, started, reply, over_socket, claim_at_wire=unclaimed)
         return await self._send_all(await self._resume(job, claim, sending))
 
     # --------------------------------------------------- one reply: claim, check, render
@@ -464,8 +469,8 @@ class DeliverySender:
         job, total = run.job, len(run.calls)
 
         def mark() -> None:
-            if run.claim_at_wire:
-                ledger.claim_fresh(self.db, job.reply_id, self.owner, self.lease_ms, total)
+            if run.claim_at_wire is not None:
+                ledger.claim_fresh(self.db, job.reply_id, self.owner, self.lease_ms, run.claim_at_wire, total)
             else:
                 ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
 
@@ -476,7 +481,7 @@ class DeliverySender:
                 if not is_transient_write_error(exc):
                     raise
                 await self.db.run_write(mark)  # the writer lock is busy: wait off the loop
-            run.claim_at_wire = False
+            run.claim_at_wire = None
             run.lease.refreshed()
 
         return on_wire
@@ -489,11 +494,14 @@ class DeliverySender:
         Raises:
             runtime.delivery.ledger.LostLeaseError: someone else claimed it since it was read.
         """
-        if not run.claim_at_wire:
+        created_at = run.claim_at_wire
+        if created_at is None:
             return
         reply_id = run.job.reply_id
-        await self.db.run_write(lambda: ledger.claim_fresh(self.db, reply_id, self.owner, self.lease_ms))
-        run.claim_at_wire = False
+        await self.db.run_write(
+            lambda: ledger.claim_fresh(self.db, reply_id, self.owner, self.lease_ms, created_at)
+        )
+        run.claim_at_wire = None
         run.lease.refreshed()
 
     async def _step_uncertain(self, run: Sending, i: int, last: bool, why: str) -> None:

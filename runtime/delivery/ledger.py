@@ -175,6 +175,11 @@ _CLAIM_FRESH_QUEUED = (
 )
 """A queued row nobody worked on yet, claimed in one statement (the outbox's common case)."""
 _CLAIM_FRESH_QUEUED_AND_BEGIN = _CLAIM_FRESH_QUEUED.values(in_flight=0, steps_total=bindparam("total"))
+_CLAIM_AS_READ = _CLAIM_FRESH_QUEUED.where(LEDGER_TABLE.c.created_at == bindparam("at"))
+"""A queued row nobody worked on, still the one that was read: an operator's retry gives a row a new
+``created_at`` (its place after the chat's unfinished rows), so a retried row is not taken for the
+row read (or notified) before it."""
+_CLAIM_AS_READ_AND_BEGIN = _CLAIM_AS_READ.values(in_flight=0, steps_total=bindparam("total"))
 
 _INSERT: dict[str, Any] = {}
 """The fresh-row ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per dialect (built once)."""
@@ -283,27 +288,40 @@ def fresh(entry: LedgerEntry) -> bool:
 
 
 def claim_fresh(
-    db: Database, reply_id: str, owner: str, lease_ms: int, steps_total: int | None = None
+    db: Database,
+    reply_id: str,
+    owner: str,
+    lease_ms: int,
+    created_at: int,
+    steps_total: int | None = None,
 ) -> LedgerEntry:
-    """Claim a :func:`fresh` ``queued`` row in one ``UPDATE``; with ``steps_total`` (>= 1) the same
-    statement marks its step 0 of ``steps_total`` on the wire. That is the mark a sender writes as
+    """Claim a :func:`fresh` ``queued`` row, still with the ``created_at`` (Unix ms) it was read (or
+    notified) with, in one ``UPDATE``; with ``steps_total`` (>= 1) the same statement marks its
+    step 0 of ``steps_total`` on the wire. That is the mark a sender writes as
     step 0's request is written (docs/decisions.md#delivery-outbox): until then the row stays
     ``queued``, so a sender that dies before it leaves nothing to take over, and whoever drains the
     chat next sends the reply. Without ``steps_total``: the claim of such a row before a wait for
     a retry or a close, when its step 0 failed before its mark. Returns the claimed row.
 
     Raises:
-        LostLeaseError: the row is not a fresh ``queued`` one any more (someone claimed it since
-            it was read, or it is gone); nothing was written, and the request must not be sent.
+        LostLeaseError: the row is not that fresh ``queued`` one any more (someone claimed it
+            since it was read; an operator's retry queued it again, in another place of the
+            chat's order; it is gone): nothing was written, and the request must not be sent.
         ValueError: ``steps_total`` < 1.
     """
     if steps_total is not None and steps_total < 1:
         raise ValueError(f"claim_fresh needs at least one step, got steps_total={steps_total}")
     now = now_ms()
-    params: dict[str, Any] = {"r": reply_id, "o": owner, "lease": now + lease_ms, "now": now}
-    stmt = _CLAIM_FRESH_QUEUED
+    params: dict[str, Any] = {
+        "r": reply_id,
+        "o": owner,
+        "lease": now + lease_ms,
+        "now": now,
+        "at": created_at,
+    }
+    stmt = _CLAIM_AS_READ
     if steps_total is not None:
-        params["total"], stmt = steps_total, _CLAIM_FRESH_QUEUED_AND_BEGIN
+        params["total"], stmt = steps_total, _CLAIM_AS_READ_AND_BEGIN
     with db.connection(write=True) as conn:
         row = conn.execute(stmt, params).first()
     if row is None:

@@ -141,22 +141,24 @@ def test_a_fresh_queued_row_is_claimed_with_its_first_mark_once(db: Database) ->
     read = outbox.chat_queue(db, a1.session_key)
     assert [(e.reply_id, ledger.fresh(e)) for e in read] == [("A1", True), ("A2", True)]
 
-    marked = ledger.claim_fresh(db, "A1", "0:x", 60_000, steps_total=2)
+    marked = ledger.claim_fresh(db, "A1", "0:x", 60_000, 1_000_001, steps_total=2)
     assert (marked.status, marked.owner, marked.steps_total, marked.in_flight, marked.created_at) == (
         "pending", "0:x", 2, 0, 1_000_001,
     )  # fmt: skip
     with pytest.raises(ledger.LostLeaseError, match="claimed by another sender since it was read"):
-        ledger.claim_fresh(db, "A1", "1:y", 60_000, steps_total=2)  # read as fresh by another, too late
+        ledger.claim_fresh(db, "A1", "1:y", 60_000, 1_000_001, steps_total=2)  # read by another too
     assert getattr(ledger.get_entry(db, "A1"), "owner", None) == "0:x"
     assert not ledger.fresh(outbox.chat_queue(db, a1.session_key)[0])
 
-    claimed = ledger.claim_fresh(db, "A2", "0:x", 60_000)  # before a retry's wait: no step marked
+    with pytest.raises(ledger.LostLeaseError):  # not the row as read: A2 is at 1_000_002
+        ledger.claim_fresh(db, "A2", "0:x", 60_000, 1_000_001)
+    claimed = ledger.claim_fresh(db, "A2", "0:x", 60_000, 1_000_002)  # before a retry's wait: no mark
     got = (claimed.status, claimed.owner, claimed.steps_total, claimed.in_flight)
     assert got == ("pending", "0:x", -1, -1)
     with pytest.raises(ledger.LostLeaseError):
-        ledger.claim_fresh(db, "nope", "0:x", 60_000, steps_total=1)
+        ledger.claim_fresh(db, "nope", "0:x", 60_000, 1_000_001, steps_total=1)
     with pytest.raises(ValueError, match="at least one step"):
-        ledger.claim_fresh(db, "A2", "0:x", 60_000, steps_total=0)
+        ledger.claim_fresh(db, "A2", "0:x", 60_000, 1_000_002, steps_total=0)
 
 
 def test_a_queued_row_worked_on_before_is_not_fresh(db: Database) -> None:
@@ -172,7 +174,7 @@ def test_a_queued_row_worked_on_before_is_not_fresh(db: Database) -> None:
     head = outbox.chat_queue(db, c1.session_key)
     assert [(e.reply_id, e.status, ledger.fresh(e)) for e in head] == [("C1", "queued", False)]
     with pytest.raises(ledger.LostLeaseError):
-        ledger.claim_fresh(db, "C1", "0:x", 60_000, steps_total=2)
+        ledger.claim_fresh(db, "C1", "0:x", 60_000, 1_000_001, steps_total=2)
     assert getattr(ledger.get_entry(db, "C1"), "status", None) == "queued"
     taken = ledger.claim_queued(db, "C1", "0:x", 60_000)
     assert taken is not None and taken.state == "claimed" and taken.entry.steps_done == 1
@@ -195,9 +197,9 @@ def test_the_hand_over_knows_when_its_reply_is_the_chats_head(db: Database) -> N
     assert write(group_job("b1", "B1"), 5_000) == 5_000  # another chat has its own head
     assert write(a2, 4_000) is None  # a1 is unfinished: a2 comes after it, read from the queue
     assert write(a1, 9_000) is None  # a replay of a1's hand-over inserts nothing
-    ledger.claim_fresh(db, "A1", "0:x", 60_000, steps_total=1)
+    ledger.claim_fresh(db, "A1", "0:x", 60_000, 5_000, steps_total=1)
     ledger.finish_step(db, "A1", "0:x", 0, "m-1", last=True)
-    ledger.claim_fresh(db, "A2", "0:x", 60_000, steps_total=1)
+    ledger.claim_fresh(db, "A2", "0:x", 60_000, 5_001, steps_total=1)
     ledger.finish_step(db, "A2", "0:x", 0, "m-2", last=True)
     assert write(a3, 9_000) == 9_000  # a1 and a2 are sent: a3 is the head again
     stored = ledger.get_entry(db, "A3")
@@ -308,6 +310,34 @@ async def test_a_head_sent_by_the_sweeps_drain_meanwhile_is_not_sent_again(
         await eventually(lambda: "reading the chat's queue" in caplog.text, "the head's claim refused")
         await eventually(lambda: not sender.chains.active, "the drain's end")
         assert texts(api, "/send_private_msg") == ["once"] and len(api.requests) == 1
+    finally:
+        await sender.close()
+
+
+async def test_a_stale_head_of_a_reply_retried_since_does_not_jump_the_chats_queue(
+    tmp_path: Path, api: PlatformApiServer
+) -> None:
+    """h1 was notified as its chat's head, failed before any mark (refused until it expired:
+    claimed, closed ``failed``) and was retried by an operator after r4 was queued — so it now
+    comes after r4. Its old notice, still waiting in the chain, must not send it first: the mark
+    claims only the row as it was notified (its ``created_at``), and the retried row has another;
+    the queue is read instead (found by review; docs/decisions.md#delivery-outbox)."""
+    sender = await make_sender(tmp_path, api.base_url)
+    try:
+        h1, r4 = text_job("h1", reply_id="H1"), text_job("r4", reply_id="R4")
+        row = outbox.queue_writer(h1, 0, 1_000)
+        with sender.db.connection(write=True) as conn:
+            row(conn)
+        assert row.head_at == 1_000
+        ledger.claim_fresh(sender.db, "H1", "0:s", 60_000, 1_000)  # what _fail writes first
+        ledger.finish(sender.db, "H1", "0:s", "failed", "gave up")
+        queue(sender.db, r4, 2_000)
+        outbox.retry(sender.db, "H1")
+        assert [e.reply_id for e in outbox.chat_queue(sender.db, h1.session_key)] == ["R4", "H1"]
+        sender.wake(h1.session_key, h1.model_copy(update={"head_at": 1_000}))  # the stale notice
+        sender.wake(r4.session_key)  # r4's
+        await eventually(lambda: state(sender.db, "H1") == state(sender.db, "R4") == "sent", "both")
+        assert texts(api, "/send_private_msg") == ["r4", "h1"]
     finally:
         await sender.close()
 
