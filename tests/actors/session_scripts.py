@@ -74,6 +74,14 @@ def square(args: dict[str, Any]) -> str:
     return f"square of {args['x']:g} is {args['x'] ** 2:g} (pid {os.getpid()})"
 
 
+def _last_index(msgs: list[Any], kind: type) -> int:
+    """The index of the last message of ``kind`` in ``msgs``, or -1."""
+    for i in range(len(msgs) - 1, -1, -1):
+        if isinstance(msgs[i], kind):
+            return i
+    return -1
+
+
 def scripted_reply(context: Context) -> AssistantMessage:
     """The scripted model: see the module docstring."""
     from runtime.reply.im_reply import IM_INSTRUCTIONS
@@ -87,8 +95,10 @@ def scripted_reply(context: Context) -> AssistantMessage:
         return AssistantMessage(content=[tc], stop_reason="toolUse")
 
     msgs = context.messages
-    last_asst = max((i for i, m in enumerate(msgs) if isinstance(m, AssistantMessage)), default=-1)
-    users = [i for i, m in enumerate(msgs) if isinstance(m, UserMessage)]
+    # read from the end (the scripted model's cost must not grow with the context: the bench
+    # counts the host's CPU, which is the runtime's, not the model's)
+    last_asst = _last_index(msgs, AssistantMessage)
+    last_user = _last_index(msgs, UserMessage)
     asst = msgs[last_asst] if last_asst >= 0 else None
     later_users = [m for m in msgs[last_asst + 1 :] if isinstance(m, UserMessage)]
     steering_only = all("master" in ((m.sender or {}).get("roles") or []) for m in later_users)
@@ -98,7 +108,7 @@ def scripted_reply(context: Context) -> AssistantMessage:
         after = [_text(m) for m in msgs[last_asst + 1 :] if isinstance(m, UserMessage)]
         result = "; ".join(_text(r) for r in results)
         return answer(f"tool: {result}; then: {after}")
-    text = _text(msgs[users[-1]]) if users else ""
+    text = _text(msgs[last_user]) if last_user >= 0 else ""
     if text.startswith("slow "):
         return call("sleep", {"seconds": float(text[5:])})
     if text.startswith("defer square "):
