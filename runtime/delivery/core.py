@@ -23,7 +23,6 @@ docs/decisions.md#delivery-uncertain).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +36,7 @@ from runtime.delivery import outbox
 from runtime.delivery.chains import ChatChains
 from runtime.delivery.claimed import Lease, Sending
 from runtime.delivery.clients import PlatformClients
+from runtime.delivery.drain import ChatDrain
 from runtime.delivery.job import DeliveryJob
 from runtime.delivery.send import OnWire, StepOutcome, retry_step, send_http, unanswered
 from runtime.delivery.settings import (
@@ -119,12 +119,10 @@ class DeliverySender:
                 self.socket_bots.add(key)
         self.clients = PlatformClients(settings, self.socket_bots)
         """One HTTP client per bot over HTTP (docs/decisions.md#delivery-connections)."""
-        self.chains = ChatChains(self._drain)
         self._running: dict[str, asyncio.Future[DeliveryResult]] = {}
-        self._heads: dict[str, list[DeliveryJob]] = {}
-        """Per chat, the jobs notified as its head (``DeliveryJob.head_at``) not sent yet."""
-        self._reads: set[str] = set()
-        """The chats whose queue the next drain reads (a wake-up without a head)."""
+        self.drain = ChatDrain(self.db, partition, self._deliver_traced, self._running, self.wake)
+        """What of a chat to send next, in order (a drain runs in the chat's chain)."""
+        self.chains = ChatChains(self.drain)
         self.lease_ms = int(max(settings.lease_s, settings.timeout_s + 10) * 1000)
         """A claim's lease in ms: it outlasts one call; a wait for a retry renews it."""
 
@@ -157,10 +155,7 @@ class DeliverySender:
         chat's queue — nothing of the chat came before it, and what comes after it is notified
         on its own; its mark on the wire claims it only while its row is still the one notified
         (an operator's retry moves a row in the chat's order: docs/decisions.md#delivery-outbox)."""
-        if head is not None and head.head_at is not None:
-            self._heads.setdefault(session_key, []).append(head)
-        else:
-            self._reads.add(session_key)
+        self.drain.note(session_key, head)
         self.chains.wake(session_key)
 
     async def sweep(self) -> int:
@@ -185,72 +180,6 @@ class DeliverySender:
         await self.chains.close()
         await self.clients.aclose()
         self.db.dispose()
-
-    # ------------------------------------------------------------------ one chat
-
-    async def _drain(self, session_key: str) -> None:
-        """Send the chat's heads notified since the last drain (:meth:`wake`), in the order they
-        came, then — when a wake-up without a head asked for it, or a head could not be sent
-        without it — the chat's queue (:meth:`_drain_queue`)."""
-        heads = self._heads.pop(session_key, [])
-        read = session_key in self._reads
-        self._reads.discard(session_key)
-        for job in heads:
-            if not await self._send_head(job):
-                read = True
-        if read:
-            await self._drain_queue(session_key)
-
-    async def _send_head(self, job: DeliveryJob) -> bool:
-        """Send ``job``, notified as its chat's head, as the fresh ``queued`` row it was written as
-        (claimed by its step 0's mark on the wire). False when the chat's queue must be read
-        instead: a direct call of it waits in this chain, or someone claimed it since (the read
-        finds it owned or final), or a live owner holds it."""
-        if job.reply_id in self._running:
-            return False
-        entry = ledger.LedgerEntry(
-            reply_id=job.reply_id, session_key=job.session_key, platform=job.platform,
-            bot_id=job.bot_id, partition=self.partition, job_json="", status="queued", owner="",
-            lease_until=0, steps_total=-1, steps_done=0, in_flight=-1, message_ids=[], error=None,
-            created_at=job.head_at or now_ms(),
-        )  # fmt: skip
-        try:
-            result = await self._deliver_traced(job, queued=True, fresh=entry)
-        except ledger.LostLeaseError as exc:
-            log.info("%s; reading the chat's queue", exc)
-            return False
-        return result.outcome != "busy"
-
-    async def _drain_queue(self, session_key: str) -> None:
-        """Send the chat's ``queued``/``pending`` replies in ledger order until none is left, or
-        one is owned by another live actor (the sweep comes back for it). The queue is read
-        without a write: a queued row nobody worked on yet is claimed by the mark of its first
-        step on the wire (:func:`runtime.delivery.ledger.claim_fresh`), any other by its claim
-        before it is sent (docs/decisions.md#delivery-outbox)."""
-        batch = 50
-        while True:
-            started = time.time_ns()
-            entries = await self.db.run(functools.partial(outbox.chat_queue, self.db, session_key, batch))
-            read_at = (started, time.time_ns())
-            for i, entry in enumerate(entries):
-                if entry.reply_id in self._running:  # a direct call of it waits in this chain
-                    self.wake(session_key)  # the rest after it
-                    return
-                job = DeliveryJob.model_validate_json(entry.job_json)
-                try:
-                    result = await self._deliver_traced(
-                        job,
-                        queued=True,
-                        fresh=entry if ledger.fresh(entry) else None,
-                        read_at=read_at if i == 0 else None,
-                    )
-                except ledger.LostLeaseError as exc:
-                    log.warning("%s; leaving it to its new owner", exc)
-                    return
-                if result.outcome == "busy":
-                    return
-            if len(entries) < batch:  # a reply queued meanwhile came with its own wake-up
-                return
 
     # ------------------------------------------------------------------ one reply
 
