@@ -225,14 +225,14 @@ class DeliverySender:
         codec = self.codecs.get(bot_key(job.platform, job.bot_id))
         early = await self._render_early(job, codec)
         over_socket = bot_key(job.platform, job.bot_id) in self.socket_bots
-        at_wire = fresh is not None and early is not None and bool(early[1]) and not over_socket
-        if fresh is not None and at_wire:
+        at_wire = fresh if early is not None and early[1] and not over_socket else None
+        if at_wire is not None:
             now_ns = time.time_ns()  # a head sent without a read: the claim is decided here
             with_read = True if read_at is not None else None
             tracing.past_span(
                 "delivery.claim", *(read_at or (now_ns, now_ns)), with_read=with_read, at_wire=True
             )
-            claim = ledger.ClaimOutcome("claimed", fresh)
+            claim = ledger.ClaimOutcome("claimed", at_wire)
         else:
             start_ns, with_read = (read_at[0], True) if read_at is not None else (None, None)
             with tracing.span("delivery.claim", start_ns=start_ns, with_read=with_read):
@@ -247,7 +247,7 @@ class DeliverySender:
         reply, calls = early or await self._render(job, codec)
         if not calls:
             return await self._close(job, "empty", [])
-        unclaimed = fresh.created_at if fresh is not None and at_wire else None
+        unclaimed = at_wire.created_at if at_wire is not None else None
         sending = Sending(job, codec, calls, lease, started, reply, over_socket, claim_at_wire=unclaimed)
         return await self._send_all(await self._resume(job, claim, sending))
 

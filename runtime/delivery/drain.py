@@ -20,7 +20,6 @@ from typing import Protocol
 from runtime.delivery import ledger, outbox
 from runtime.delivery.job import DeliveryJob
 from runtime.delivery.settings import DeliveryResult
-from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 
 __all__ = ["ChatDrain", "SendOne"]
@@ -72,8 +71,9 @@ class ChatDrain:
     ) -> None:
         self.db, self.partition = db, partition
         self._send, self._running, self._wake = send, running, wake
-        self._heads: dict[str, list[DeliveryJob]] = {}
-        """Per chat, the jobs notified as its head (``DeliveryJob.head_at``) not sent yet."""
+        self._heads: dict[str, list[tuple[DeliveryJob, ledger.LedgerEntry]]] = {}
+        """Per chat, the jobs notified as its head (``DeliveryJob.head_at``) not sent yet, each
+        with its ``queued`` row as the hand-over wrote it."""
         self._reads: set[str] = set()
         """The chats whose queue the next drain reads (a wake-up without a head)."""
 
@@ -81,7 +81,8 @@ class ChatDrain:
         """Remember what the next drain of ``session_key`` must do: send ``head`` (a job with
         ``head_at``), else read the chat's queue."""
         if head is not None and head.head_at is not None:
-            self._heads.setdefault(session_key, []).append(head)
+            entry = outbox.queued_entry(head, self.partition, head.head_at)
+            self._heads.setdefault(session_key, []).append((head, entry))
         else:
             self._reads.add(session_key)
 
@@ -92,25 +93,19 @@ class ChatDrain:
         heads = self._heads.pop(session_key, [])
         read = session_key in self._reads
         self._reads.discard(session_key)
-        for job in heads:
-            if not await self._send_head(job):
+        for job, entry in heads:
+            if not await self._send_head(job, entry):
                 read = True
         if read:
             await self._drain_queue(session_key)
 
-    async def _send_head(self, job: DeliveryJob) -> bool:
-        """Send ``job``, notified as its chat's head, as the fresh ``queued`` row it was written as
-        (claimed by its step 0's mark on the wire). False when the chat's queue must be read
-        instead: a direct call of it waits in this chain, or someone claimed it since (the read
-        finds it owned or final), or a live owner holds it."""
+    async def _send_head(self, job: DeliveryJob, entry: ledger.LedgerEntry) -> bool:
+        """Send ``job``, notified as its chat's head, as the fresh ``queued`` row ``entry`` it was
+        written as (claimed by its step 0's mark on the wire). False when the chat's queue must
+        be read instead: a direct call of it waits in this chain, or someone claimed it since
+        (the read finds it owned or final), or a live owner holds it."""
         if job.reply_id in self._running:
             return False
-        entry = ledger.LedgerEntry(
-            reply_id=job.reply_id, session_key=job.session_key, platform=job.platform,
-            bot_id=job.bot_id, partition=self.partition, job_json="", status="queued", owner="",
-            lease_until=0, steps_total=-1, steps_done=0, in_flight=-1, message_ids=[], error=None,
-            created_at=job.head_at or now_ms(),
-        )  # fmt: skip
         try:
             result = await self._send(job, queued=True, fresh=entry)
         except ledger.LostLeaseError as exc:

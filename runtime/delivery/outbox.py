@@ -37,7 +37,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from runtime.delivery.job import DeliveryJob
 from runtime.delivery.ledger_steps import LEDGER_TABLE as T
 from runtime.delivery.ledger_steps import UNCERTAIN_TABLE as U
-from runtime.delivery.ledger_steps import LedgerEntry
+from runtime.delivery.ledger_steps import LedgerEntry, RowView
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 
@@ -53,6 +53,7 @@ __all__ = [
     "list_replies",
     "next_created_at",
     "queue_writer",
+    "queued_entry",
     "retry",
 ]
 
@@ -85,7 +86,13 @@ def next_created_at(conn: Connection, session_key: str, at_least: int) -> int:
     (``created_at``, then ``reply_id``) is then the order the rows were written in, even when two
     hand-overs share a millisecond or a host's clock is behind the previous one's
     (docs/decisions.md#delivery-outbox)."""
-    return _placed(conn.execute(_LATEST_UNFINISHED, {"k": session_key}).scalar(), at_least)
+    return _placed(_latest_unfinished(conn, session_key), at_least)
+
+
+def _latest_unfinished(conn: Connection, session_key: str) -> int | None:
+    """The ``created_at`` of ``session_key``'s latest unfinished row, or None when it has none."""
+    latest = conn.execute(_LATEST_UNFINISHED, {"k": session_key}).scalar()
+    return None if latest is None else int(latest)
 
 
 def _placed(latest: int | None, at_least: int) -> int:
@@ -109,7 +116,7 @@ class QueuedRow:
     def __call__(self, conn: Connection) -> None:
         insert = _QUEUE_INSERT["postgresql" if conn.dialect.name == "postgresql" else "sqlite"]
         session_key, created_at = self._values["session_key"], self._values["created_at"]
-        latest = conn.execute(_LATEST_UNFINISHED, {"k": session_key}).scalar()
+        latest = _latest_unfinished(conn, session_key)
         at = _placed(latest, created_at)
         result = conn.execute(insert, {**self._values, "created_at": at})
         # pysqlite reports no result columns when RETURNING yields no row (a conflict)
@@ -132,13 +139,26 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> QueuedRow
         ``write(conn)``: inserts the row, or nothing when the ``reply_id`` is already there; its
         :attr:`QueuedRow.head_at` tells afterwards whether the row is the chat's head.
     """
-    values = {
+    return QueuedRow(_queued_values(job, partition, created_at, job.model_dump_json()))
+
+
+def queued_entry(job: DeliveryJob, partition: int, created_at: int) -> LedgerEntry:
+    """The ledger entry of ``job``'s ``queued`` row as :func:`queue_writer` writes it, with
+    ``created_at`` (Unix ms) as the hand-over found it: what a delivery actor notified with the
+    job as its chat's head knows of the row without reading it. Its ``job_json`` is left empty:
+    the caller holds the job."""
+    return LedgerEntry.of(RowView(_queued_values(job, partition, created_at, "")))
+
+
+def _queued_values(job: DeliveryJob, partition: int, created_at: int, job_json: str) -> dict[str, Any]:
+    """The columns of ``job``'s fresh ``queued`` row: no owner, nothing rendered, marked or done."""
+    return {
         "reply_id": job.reply_id,
         "session_key": job.session_key,
         "platform": job.platform,
         "bot_id": job.bot_id,
         "partition": partition,
-        "job_json": job.model_dump_json(),
+        "job_json": job_json,
         "status": "queued",
         "owner": "",
         "lease_until": 0,
@@ -150,7 +170,6 @@ def queue_writer(job: DeliveryJob, partition: int, created_at: int) -> QueuedRow
         "created_at": created_at,
         "updated_at": created_at,
     }
-    return QueuedRow(values)
 
 
 @functools.lru_cache(maxsize=8)
