@@ -82,6 +82,17 @@ class DeliveryPool:
         except Exception as exc:  # e.g. the actor is being restarted: its start-up sweep finds it
             log.warning("delivery notification for %s not sent (%r); the sweep finds it", session_key, exc)
 
+    def take_over(self, owner: str) -> None:
+        """``owner``, a session host's ledger owner id, is dead: every actor ends the leases of
+        that owner's ``pending`` rows of its partition and sweeps (``DeliveryActor.take_over``),
+        without waiting (docs/decisions.md#delivery-in-host). A call that cannot be sent is
+        logged: the rows' leases run out and the periodic sweep takes them."""
+        for handle in self.handles:
+            try:
+                handle.take_over.remote(owner)
+            except Exception as exc:
+                log.warning("take-over of %s's replies not sent (%r); their leases run out", owner, exc)
+
     async def deliver(self, job: DeliveryJob, *, restart_wait_s: float = 60.0) -> DeliveryResult:
         """``pick(job.session_key).deliver(job)``; if the actor died mid-call, call again until its
         restarted incarnation answers (it resumes from the ledger, so nothing is sent twice).

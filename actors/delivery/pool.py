@@ -132,6 +132,21 @@ class DeliveryActor:
         await self._start()
         self.sender.wake(session_key, head)
 
+    async def take_over(self, owner: str) -> int:
+        """``owner`` (a session host's ledger owner id) is dead: take its ``pending`` rows of this
+        partition over (this actor holds them now, so no other actor's sweep takes them) and
+        sweep, so its replies are resumed at once (docs/decisions.md#delivery-in-host); returns
+        how many rows were taken."""
+        await self._start()
+        from runtime.delivery import ledger
+
+        db, partition, me, lease_ms = self.sender.db, self.sender.partition, self.owner, self.sender.lease_ms
+        released = await db.run_write(lambda: ledger.release_owner(db, owner, partition, me, lease_ms))
+        if released:
+            log.info("delivery actor %s takes over %d reply(ies) of %s", self.owner, released, owner)
+        await self.sender.sweep()
+        return released
+
     async def sweep(self) -> int:
         """Wake every chat of this partition with unfinished replies now; returns how many."""
         await self._start()

@@ -44,7 +44,9 @@ log = logging.getLogger("sessionray.submit")
 RAY_CALLS_PER_MESSAGE = 2
 """Ray actor calls of one message to a live session whose host this process has cached: this
 process's streaming ``SessionHost.submit``, and the host's ``DeliveryActor.notify`` after the
-hand-over (not awaited). A cache miss adds the router shard's ``place`` (docs/architecture.md,
+hand-over (not awaited); one, without the notify, for a reply its host sends itself
+(``runtime.deliver_in_host``: docs/decisions.md#delivery-in-host). A cache miss adds the router
+shard's ``place`` (docs/architecture.md,
 "The path of one message"; docs/decisions.md#session-direct-path). Counted on a real run by
 ``tests/actors/placement/test_message_ray_calls.py``; docs/architecture.md quotes it."""
 

@@ -312,7 +312,6 @@ def environment_problems(config: Config, environ: Mapping[str, str] | None = Non
     return problems
 
 
-
 def run_checks(
     config: Config,
     *,

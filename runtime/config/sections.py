@@ -164,7 +164,7 @@ class DeliveryConfig(_Closed):
     (0: only when it starts)."""
 
 
-SINGLE_MACHINE_RUNTIME = {"min_hosts": 1, "delivery_actors": 1}
+SINGLE_MACHINE_RUNTIME = {"min_hosts": 1, "delivery_actors": 1, "deliver_in_host": True}
 """The ``runtime`` keys the single-machine profile changes when the configuration leaves them
 unset (:meth:`RuntimeConfig.single_machine`, docs/decisions.md#ops-single-machine-profile)."""
 
@@ -176,6 +176,12 @@ class RuntimeConfig(_Closed):
     delivery_actors: int = Field(2, ge=1)
     """Delivery actors (processes) sharing the replies by chat; a local Ray (no ``--address``) uses 1
     unless set (docs/decisions.md#ops-single-machine-profile)."""
+    deliver_in_host: bool = False
+    """A session host sends a reply that is its chat's only unfinished one (of a bot over HTTP,
+    without attachments) itself, in its own process, instead of through the chat's delivery
+    actor: one Ray call less on the message's path. Every other reply, and every reply of a dead
+    host, goes through the delivery actors. A local Ray (no ``--address``) uses true unless set
+    (docs/decisions.md#delivery-in-host, docs/decisions.md#ops-single-machine-profile)."""
     sessions_per_host: int = Field(2000, ge=1)
     """Live sessions one ``SessionHost`` process holds at most; 1 = a process per live session
     (strict isolation; docs/decisions.md#session-hosts)."""
@@ -224,7 +230,8 @@ class RuntimeConfig(_Closed):
     def single_machine(self) -> RuntimeConfig:
         """This section under the single-machine profile: every key of
         :data:`SINGLE_MACHINE_RUNTIME` the configuration did not set takes the profile's value
-        (one session host, one delivery actor: one machine idles on ≈ 175 MiB less;
+        (one session host, one delivery actor: one machine idles on ≈ 175 MiB less; the hosts
+        send their chats' head replies themselves: one Ray call less a message;
         docs/decisions.md#ops-single-machine-profile). Keys set in the file are kept as given."""
         unset = {k: v for k, v in SINGLE_MACHINE_RUNTIME.items() if k not in self.model_fields_set}
         return self.model_copy(update=unset) if unset else self

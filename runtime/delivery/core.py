@@ -86,6 +86,10 @@ class DeliverySender:
         owner: ``"{partition}:{incarnation}"``, the ledger owner id.
         socket_sender: How calls of bots with ``transport: ws-reverse | ws-forward`` are sent
             (``actors.delivery.onebot_link.LinkSender``); None: over HTTP like every other bot.
+        db: The database to use (a session host's own, which sends its chats' head replies:
+            docs/decisions.md#delivery-in-host; it must keep one connection beyond its SQL
+            threads for the on-the-wire mark, and is not disposed by :meth:`close`); None: a
+            database of the sender's own on ``settings.database_url``.
     """
 
     def __init__(
@@ -94,18 +98,21 @@ class DeliverySender:
         partition: int,
         owner: str,
         socket_sender: SocketSender | None = None,
+        db: Database | None = None,
     ) -> None:
         self.settings = settings
         self.partition = partition
         self.owner = owner
+        self._own_db = db is None
         # As the ingress: a 15 s SQLite lock wait, so a busy file does not fail a send under load.
         # 7 SQL threads + 1 connection for the on-the-wire mark written on the event loop's
         # thread (write_here): 8 connections at most on PostgreSQL, as before; SQLite keeps one
         # more for inline writes (docs/decisions.md#memory-connection-budget, #memory-sql-off-loop)
-        self.db = Database(
+        self.db = db or Database(
             settings.database_url, busy_timeout_ms=15_000, threads=DEFAULT_SQL_THREADS - 1, max_overflow=1
         )
-        ledger.create_ledger_table(self.db)
+        if self._own_db:
+            ledger.create_ledger_table(self.db)
         self.transcripts = TranscriptStore(self.db)
         self.codecs: dict[tuple[str, str], PlatformCodec] = {}
         self.media_policies: dict[tuple[str, str], MediaPolicy] = {}
@@ -176,10 +183,11 @@ class DeliverySender:
         return len(keys)
 
     async def close(self) -> None:
-        """Stop the chains, close the HTTP clients and the database."""
+        """Stop the chains, close the HTTP clients and the database (when it is the sender's own)."""
         await self.chains.close()
         await self.clients.aclose()
-        self.db.dispose()
+        if self._own_db:
+            self.db.dispose()
 
     # ------------------------------------------------------------------ one reply
 

@@ -94,12 +94,12 @@ class ChatDrain:
         read = session_key in self._reads
         self._reads.discard(session_key)
         for job, entry in heads:
-            if not await self._send_head(job, entry):
+            if not await self.send_head(job, entry):
                 read = True
         if read:
             await self._drain_queue(session_key)
 
-    async def _send_head(self, job: DeliveryJob, entry: ledger.LedgerEntry) -> bool:
+    async def send_head(self, job: DeliveryJob, entry: ledger.LedgerEntry) -> bool:
         """Send ``job``, notified as its chat's head, as the fresh ``queued`` row ``entry`` it was
         written as (claimed by its step 0's mark on the wire). False when the chat's queue must
         be read instead: a direct call of it waits in this chain, or someone claimed it since

@@ -7,8 +7,9 @@ A reply is rendered into N platform API calls ("steps"). The ledger records, per
 * its state (``status``): ``queued`` (recorded by the session's turn, no owner yet: see
   :mod:`runtime.delivery.outbox`), ``pending`` (owned and being sent), and the final ``sent``,
   ``failed`` and ``uncertain``;
-* who owns it (``owner`` = ``"{partition}:{incarnation}"`` of a DeliveryActor) and until when
-  (``lease_until``, Unix ms);
+* who owns it (``owner`` = ``"{partition}:{incarnation}"`` of a DeliveryActor, or
+  ``"host:{actor id}"`` of a session host sending its chat's head reply itself:
+  docs/decisions.md#delivery-in-host) and until when (``lease_until``, Unix ms);
 * how many steps are handled (``steps_done``) and which step is on the wire (``in_flight``,
   ``-1`` when none), plus the platform's message ids of the handled steps.
 
@@ -194,6 +195,8 @@ def _may_take_over(row: Any, owner: str, now: int) -> bool:
     if row.status == "queued" or row.owner == owner or row.lease_until <= now:
         return True
     partition, _, _ = owner.partition(":")
+    if partition == "host":  # a session host (delivery-in-host) takes over no live owner's row
+        return False
     return bool(row.owner.split(":", 1)[0] == partition)  # our own partition's dead previous incarnation
 
 
@@ -412,6 +415,28 @@ def get_entry(db: Database, reply_id: str) -> LedgerEntry | None:
     with db.session() as s:
         row = s.exec(select(DeliveryLedgerRow).where(DeliveryLedgerRow.reply_id == reply_id)).first()
         return LedgerEntry.of(row) if row else None
+
+
+def release_owner(db: Database, owner: str, partition: int | None, to: str | None, lease_ms: int = 0) -> int:
+    """Take the ``pending`` rows that ``owner`` holds (of ledger ``partition``; None: of every
+    partition) from it now: their owner is dead or stopping (a session host:
+    docs/decisions.md#delivery-in-host). ``to``: the delivery actor that resumes them, which then
+    holds them for ``lease_ms`` (so no other actor's sweep takes them first); None: their leases
+    end, and whoever sweeps next takes them. A step on the wire is recorded ``uncertain`` by the
+    next owner's claim, as always. Returns the rows taken. One write transaction."""
+    values: dict[str, Any] = {"lease_until": 0}
+    if to is not None:
+        values = {"owner": to, "lease_until": now_ms() + lease_ms}
+    stmt = (
+        update(DeliveryLedgerRow)
+        .where(col(DeliveryLedgerRow.owner) == owner)
+        .where(col(DeliveryLedgerRow.status) == "pending")
+        .values(**values)
+    )
+    if partition is not None:
+        stmt = stmt.where(col(DeliveryLedgerRow.partition) == partition)
+    with db.connection(write=True) as conn:
+        return int(conn.execute(stmt).rowcount or 0)
 
 
 def resumable(db: Database, partition: int, owner: str, limit: int = 100) -> list[LedgerEntry]:

@@ -78,8 +78,9 @@ class DeliverySettings(BaseModel):
     timeout_s: float = 30.0
     """``delivery.timeout_s``: HTTP timeout of one platform call, in seconds."""
     actors: int = 1
-    """``runtime.delivery_actors``: how many delivery actors share a bot's
-    ``bots[].max_connections`` (docs/decisions.md#delivery-connections)."""
+    """How many senders share a bot's ``bots[].max_connections``: ``runtime.delivery_actors``, plus
+    the most session hosts with ``runtime.deliver_in_host`` (:func:`senders`;
+    docs/decisions.md#delivery-connections)."""
     sweep_s: float = 30.0
     """``delivery.sweep_s``: period of a delivery actor's look for work nobody told it about."""
     lease_s: float = 60.0
@@ -105,12 +106,22 @@ class DeliverySettings(BaseModel):
         return cls(
             **{k: getattr(section, k) for k in knobs if section is not None and hasattr(section, k)},
             database_url=getattr(database, "url", None),
-            actors=int(getattr(getattr(config, "runtime", None), "delivery_actors", 1) or 1),
+            actors=senders(getattr(config, "runtime", None)),
             bots=list(getattr(config, "bots", []) or []),
             media=getattr(config, "media", None),
             leak=LeakPolicy.from_config(config),
             tracing=getattr(config, "tracing", None),
         )
+
+
+def senders(runtime: Any) -> int:
+    """How many processes share a bot's ``bots[].max_connections``: the delivery actors, and with
+    ``runtime.deliver_in_host`` every session host there may be (docs/decisions.md#delivery-in-host,
+    docs/decisions.md#delivery-connections)."""
+    actors = int(getattr(runtime, "delivery_actors", 1) or 1)
+    if runtime is None or not getattr(runtime, "deliver_in_host", False):
+        return actors
+    return actors + int(runtime.host_capacity()[1])
 
 
 def has_media(reply: Reply) -> bool:

@@ -149,9 +149,7 @@ class ToolCall(_Base):
 
 
 UserContent: TypeAlias = Annotated[TextContent | ImageContent, Field(discriminator="type")]
-AssistantContent: TypeAlias = Annotated[
-    TextContent | ThinkingContent | ToolCall, Field(discriminator="type")
-]
+AssistantContent: TypeAlias = Annotated[TextContent | ThinkingContent | ToolCall, Field(discriminator="type")]
 ToolResultContent: TypeAlias = Annotated[TextContent | ImageContent, Field(discriminator="type")]
 
 

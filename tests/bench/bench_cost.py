@@ -6,7 +6,9 @@ this driver (starlette + uvicorn on uvloop over loopback HTTP), router shard, ho
 actors, the scripted model, and the load generator + platform-API stand-in in their own process
 (tests/bench/load_client.py). Run once on SQLite and once on PostgreSQL (a throw-away schema on the
 server of ``SESSIONRAY_TEST_PG_URL``, else the one scripts/test-deps.sh starts), each on a runtime
-of its own with the production defaults:
+of its own with the defaults of ``make run`` on one machine, the single-machine profile
+(``SINGLE_MACHINE_RUNTIME``: one host ahead of need, one delivery actor, a host sends its chat's
+head reply itself; docs/decisions.md#ops-single-machine-profile):
 
 * **p50 at one chat** (closed loop, one chat) over the p50 of the raw three-hop Ray chain measured
   in the same run (tests/bench/ray_floor.py): ``p50_vs_chain``. Next to it the p50 of a bare
@@ -36,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from runtime.config.sections import SINGLE_MACHINE_RUNTIME
 from tests.bench.bench_hosts import measured
 from tests.bench.hosts_phases import runtime, settle
 
@@ -89,7 +92,7 @@ def _one_db(load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, An
     from actors.inbound.ingress import build_app
     from tests.actors.edge_support import serve_in_thread
 
-    with runtime(tmp, name, load.api_base, db_url=db_url) as rt, \
+    with runtime(tmp, name, load.api_base, db_url=db_url, **SINGLE_MACHINE_RUNTIME) as rt, \
             serve_in_thread(build_app(rt, rt.config), loop="uvloop") as url:  # fmt: skip
         common = {"url": url, "warm": False}
         for base, n in ((BASE["one"], 1), (BASE["many"], p["chats"])):  # activations: not measured

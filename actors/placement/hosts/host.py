@@ -123,6 +123,8 @@ class SessionHost:
         self._opening = 0
         """Activations in progress (each holds a slot from its first await on)."""
         self._room = RoomWaiters()  # activations waiting for a session to turn idle
+        self._in_host = self._host_sender() if rt.deliver_in_host else None
+        """The chats' head replies this host sends itself (docs/decisions.md#delivery-in-host)."""
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._routers: dict[str, Any] = {}
         self._repo: Any = None
@@ -414,14 +416,29 @@ class SessionHost:
                 self._room.wake_one()
 
     async def _deliver(self, job: DeliveryJob) -> None:
-        # On the sessions' loop, after the turn queued the reply in the ledger: tell the chat's
+        # On the sessions' loop, after the turn queued the reply in the ledger: send it here when
+        # it is its chat's head (docs/decisions.md#delivery-in-host), else tell the chat's
         # delivery actor and do not wait (docs/decisions.md#delivery-outbox).
         # A job that is its chat's head goes with the notice: sent without a read of the queue.
-        head = job if job.head_at is not None else None
-        if hasattr(self._delivery, "notify"):  # DeliveryPool
-            self._delivery.notify(job.session_key, head)
+        if self._in_host is not None:
+            self._in_host.hand_over(job)
         else:
-            self._delivery.pick(job.session_key).notify.remote(job.session_key, head)
+            self._notify(job.session_key, job if job.head_at is not None else None)
+
+    def _notify(self, session_key: str, head: DeliveryJob | None) -> None:
+        if hasattr(self._delivery, "notify"):  # DeliveryPool
+            self._delivery.notify(session_key, head)
+        else:
+            self._delivery.pick(session_key).notify.remote(session_key, head)
+
+    def _host_sender(self) -> Any:
+        """The :class:`runtime.delivery.in_host.HostSender` of this host: its sender opens on the
+        first head reply, on the host's database, as owner ``host:<this actor's id>``."""
+        from runtime.delivery.in_host import HostSender, host_owner, open_sender
+
+        owner = host_owner(ray.get_runtime_context().get_actor_id() or f"local-{os.getpid()}")
+        partitions = int(getattr(self._delivery, "size", None) or self._rt.delivery_actors)
+        return HostSender(lambda: open_sender(self._config, self._repo.db, owner), self._notify, partitions)
 
     # ------------------------------------------------------------------ control (control group)
 
@@ -498,6 +515,8 @@ class SessionHost:
             self._live.clear()
             closing = (s.core.close(timeout_s, "the shutdown") for s in lives)
             await asyncio.gather(*closing, return_exceptions=True)
+            if self._in_host is not None:  # the head replies it sends: what is left, the sweep sends
+                await self._in_host.close(timeout_s)
             return len(lives)
 
         return await asyncio.wait_for(self._on_loop(run()), timeout_s + 5.0)

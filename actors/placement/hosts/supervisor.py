@@ -207,7 +207,18 @@ class HostSupervisor:
             with contextlib.suppress(Exception):
                 ray.kill(host.handle, no_restart=True)
             metrics.HOST_LIVE_SESSIONS.set(0, host=str(host.index))
+            if self.rt.deliver_in_host:  # the head replies it was sending: to the delivery actors
+                self._take_over(key)
         metrics.HOSTS.set(sum(1 for h in self._hosts.values() if h.ready))
+
+    def _take_over(self, key: str) -> None:
+        """Hand the replies the removed host ``key`` was sending itself to the delivery actors
+        (``DeliveryPool.take_over``; docs/decisions.md#delivery-in-host)."""
+        from runtime.delivery.in_host import host_owner
+
+        take_over = getattr(self._args[2], "take_over", None)
+        if take_over is not None:
+            take_over(host_owner(key))
 
     def _top_up(self) -> None:
         """Start hosts until ``min_hosts`` exist and ``headroom`` slots are free (up to the limit),

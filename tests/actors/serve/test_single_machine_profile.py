@@ -29,7 +29,12 @@ def test_the_profile_fills_only_the_keys_left_unset() -> None:
     assert RuntimeConfig().single_machine().delivery_actors == SINGLE_MACHINE_RUNTIME["delivery_actors"] == 1
     given = RuntimeConfig(min_hosts=3).single_machine()
     assert (given.min_hosts, given.delivery_actors) == (3, 1)
-    both = RuntimeConfig(min_hosts=3, delivery_actors=4)
+    assert (
+        RuntimeConfig().single_machine().deliver_in_host is SINGLE_MACHINE_RUNTIME["deliver_in_host"] is True
+    )
+    assert RuntimeConfig().deliver_in_host is False  # a cluster: every reply through the delivery actors
+    assert RuntimeConfig(deliver_in_host=False).single_machine().deliver_in_host is False
+    both = RuntimeConfig(min_hosts=3, delivery_actors=4, deliver_in_host=False)
     assert both.single_machine() is both  # nothing to fill: the section as written
 
 

@@ -1,0 +1,172 @@
+"""A session host's own sending of its chats' head replies (docs/decisions.md#delivery-in-host).
+
+With ``runtime.deliver_in_host`` (on in the single-machine profile), a reply whose ledger row was
+its chat's only unfinished one when the turn wrote it (``DeliveryJob.head_at`` set), of a bot
+over HTTP and without attachments, is sent by the session host that wrote it, in its own process,
+as the chat's delivery actor would send it (the same :class:`~runtime.delivery.core.DeliverySender`
+and :meth:`runtime.delivery.drain.ChatDrain.send_head`: claimed by its step 0's mark on the wire,
+the same ledger, retries and close). That is one Ray
+call less on the message's path. Every other reply goes to the chat's delivery actor as before.
+
+Order of a chat's replies: a reply handed over while one of the same chat is being sent here is
+not its chat's head (that one is unfinished), and its chat's delivery actor is told about it
+only when the sends here of that chat have ended; a head the sender here could not send (someone
+claimed it since, or it could not be sent without reading the chat's queue) is left to the
+delivery actor the same way. A host that dies mid-send leaves a ``pending`` row under its owner
+id, ``host:<its Ray actor id>``: the host supervisor hands the replies of a dead host's owner
+to the delivery actors (``DeliveryPool.take_over``).
+
+Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from runtime.delivery.job import DeliveryJob, partition_of
+
+if TYPE_CHECKING:
+    from runtime.delivery.core import DeliverySender
+    from runtime.memory.db import Database
+
+__all__ = ["HOST_OWNER_PREFIX", "HostSender", "host_owner", "open_sender"]
+
+log = logging.getLogger("sessionray.delivery")
+
+HOST_OWNER_PREFIX = "host"
+"""The first part of a session host's ledger owner id: never a delivery actor's partition
+number, so no delivery actor takes a live host's reply over as its own dead predecessor's
+(:func:`runtime.delivery.ledger.claim_queued`)."""
+
+Notify = Callable[[str, "DeliveryJob | None"], None]
+"""``notify(session_key, head)``: tell the chat's delivery actor, without waiting
+(``DeliveryPool.notify``)."""
+
+
+def host_owner(actor_id: str) -> str:
+    """The ledger owner id of the session host whose Ray actor id is ``actor_id`` (hex):
+    ``host:<actor_id>``."""
+    return f"{HOST_OWNER_PREFIX}:{actor_id}"
+
+
+class HostSender:
+    """The head replies a session host sends itself (create and use on the sessions' loop).
+
+    Args:
+        make_sender: Builds the host's :class:`~runtime.delivery.core.DeliverySender` on the
+            first reply it sends (the sender's HTTP client and codecs are not loaded before).
+        notify: Tells a chat's delivery actor about its replies (:data:`Notify`).
+        partitions: Delivery actors in the pool (a chat's ledger ``partition`` is
+            ``crc32(session_key) % partitions``).
+    """
+
+    def __init__(self, make_sender: Callable[[], DeliverySender], notify: Notify, partitions: int) -> None:
+        self._make_sender = make_sender
+        self._sender: DeliverySender | None = None
+        self._notify = notify
+        self._partitions = partitions
+        self._sending: dict[str, int] = {}
+        """Per chat, its replies being sent here now."""
+        self._told_after: set[str] = set()
+        """Chats whose delivery actor is told once their sends here have ended."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def sending(self) -> int:
+        """Replies being sent here now."""
+        return sum(self._sending.values())
+
+    def hand_over(self, job: DeliveryJob) -> None:
+        """A turn queued ``job`` in the ledger: send it here when it is its chat's head and may
+        be (:meth:`_here`), else tell its chat's delivery actor — once the chat's sends here
+        have ended, when there are any (module docstring). Returns at once."""
+        key = job.session_key
+        try:
+            here = self._here(job)
+        except Exception:  # the sender could not be built: the chat's delivery actor sends it
+            log.exception("the host's sender could not start; %s goes to its delivery actor", job.reply_id)
+            here = False
+        if here:
+            self._sending[key] = self._sending.get(key, 0) + 1
+            task = asyncio.ensure_future(self._send(job))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif key in self._sending:
+            self._told_after.add(key)
+        else:
+            self._notify(key, job if job.head_at is not None else None)
+
+    def _here(self, job: DeliveryJob) -> bool:
+        """``job`` is its chat's head, of a bot over HTTP, without attachments."""
+        if job.head_at is None:
+            return False
+        from runtime.delivery.settings import bot_key, has_media
+
+        sender = self._sender_now()
+        return bot_key(job.platform, job.bot_id) not in sender.socket_bots and not has_media(job.reply)
+
+    def _sender_now(self) -> DeliverySender:
+        if self._sender is None:
+            self._sender = self._make_sender()
+        return self._sender
+
+    async def _send(self, job: DeliveryJob) -> None:
+        key = job.session_key
+        sent = False
+        try:
+            sent = await self._send_head(job, partition_of(key, self._partitions))
+        except Exception:
+            log.exception("delivery of %s in its host failed; its delivery actor takes it", job.reply_id)
+        finally:
+            left = self._sending.pop(key, 1) - 1
+            if left > 0:
+                self._sending[key] = left
+            if not sent:
+                self._told_after.add(key)
+            if left == 0 and key in self._told_after:
+                self._told_after.discard(key)
+                self._notify(key, None)
+
+    async def _send_head(self, job: DeliveryJob, partition: int) -> bool:
+        """Send ``job`` (``head_at`` set) in its chat's chain of the host's sender, claimed by its
+        step 0's mark on the wire as the fresh ``queued`` row of ledger ``partition`` it was
+        written as; returns once it is final or given up. False when the chat's delivery actor
+        must read the chat's queue instead: someone claimed the reply since, or it could not be
+        sent (:meth:`runtime.delivery.drain.ChatDrain.send_head`)."""
+        from runtime.delivery import outbox
+
+        if job.head_at is None:  # not its chat's head: never sent here (_here)
+            return False
+        sender = self._sender_now()
+        entry = outbox.queued_entry(job, partition, job.head_at)
+        return await sender.chains.run(job.session_key, lambda: sender.drain.send_head(job, entry))
+
+    async def close(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` seconds for the sends here, then stop them and close the
+        sender's HTTP clients (the database is the host's); a stopped one stays ``queued`` (before
+        its mark) or ``pending`` with its lease ended, so the next sweep sends or resumes it."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        sender = self._sender
+        if sender is None:
+            return
+        await sender.close()
+        from runtime.delivery import ledger
+
+        # what it still holds: leases ended now, so the next sweep takes them at once
+        db, owner = sender.db, sender.owner
+        with contextlib.suppress(Exception):  # the database is gone: the leases run out instead
+            await db.run_write(lambda: ledger.release_owner(db, owner, None, None))
+
+
+def open_sender(settings_source: object, db: Database, owner: str) -> DeliverySender:
+    """A :class:`~runtime.delivery.core.DeliverySender` for a session host: the delivery settings
+    of ``settings_source`` (a ``runtime.config.Config``), the host's database ``db``, owner id
+    ``owner`` (:func:`host_owner`), no socket sender (the host sends to bots over HTTP only)."""
+    from runtime.delivery.core import DeliverySender, DeliverySettings
+
+    return DeliverySender(DeliverySettings.from_config(settings_source), -1, owner, db=db)

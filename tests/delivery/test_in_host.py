@@ -1,0 +1,176 @@
+"""A session host's own sending of its chats' head replies, without Ray
+(docs/decisions.md#delivery-in-host): :class:`runtime.delivery.in_host.HostSender` with a real
+:class:`~runtime.delivery.core.DeliverySender` on the host's SQLite database, the platform-API
+stand-in over loopback, and a second real sender in the place of the chat's delivery actor,
+woken by the host's notifications as ``DeliveryPool.notify`` would."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from runtime.delivery import ledger, outbox
+from runtime.delivery.core import DeliverySender, DeliverySettings
+from runtime.delivery.in_host import HostSender, host_owner
+from runtime.delivery.job import DeliveryJob
+from runtime.memory.db import Database
+from runtime.reply.segments import Reply
+from tests.actors.edge_support import HoldingApiServer, onebot_bot, text_job
+from tests.delivery.test_delivery_outbox import eventually, state, texts
+from tests.platform_api_server import PlatformApiServer
+
+HOST = host_owner("abc123")
+
+
+class Chat:
+    """The host's :class:`HostSender` and the chat's delivery actor (a sender of partition 0,
+    woken by the host's notifications), on one database."""
+
+    def __init__(self, db: Database, api_base: str) -> None:
+        bot = onebot_bot(api_base)
+        settings = DeliverySettings(
+            database_url=str(db.url), bots=[bot], backoff_base_s=0.01, backoff_max_s=0.1
+        )
+        self.db = db
+        self.notified: list[tuple[str, str | None]] = []
+        self.actor = DeliverySender(settings, 0, "0:d")
+        self.host_sender = DeliverySender(settings, -1, HOST, db=db)
+
+        def notify(key: str, head: DeliveryJob | None) -> None:
+            self.notified.append((key, head.reply_id if head is not None else None))
+            self.actor.wake(key, head)
+
+        self.host = HostSender(lambda: self.host_sender, notify, partitions=1)
+
+    def hand_over(self, job: DeliveryJob, created_at: int) -> DeliveryJob:
+        """Queue ``job`` as the turn does (its ``im_reply`` transaction), then hand it over."""
+        row = outbox.queue_writer(job, 0, created_at)
+        with self.db.connection(write=True) as conn:
+            row(conn)
+        job = job.model_copy(update={"head_at": row.head_at})
+        self.host.hand_over(job)
+        return job
+
+    async def close(self) -> None:
+        await self.host.close(5.0)
+        await self.actor.close()
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'host.db'}", threads=4, max_overflow=1)
+    ledger.create_ledger_table(database)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def api(fixtures_dir: Path) -> AsyncIterator[PlatformApiServer]:
+    with PlatformApiServer(fixtures_dir, vary_message_ids=True) as server:
+        yield server
+
+
+async def test_a_head_reply_is_sent_by_its_host_and_its_delivery_actor_is_not_told(
+    db: Database, api: PlatformApiServer
+) -> None:
+    chat = Chat(db, api.base_url)
+    try:
+        job = chat.hand_over(text_job("hello", reply_id="H1"), 1_000)
+        assert job.head_at == 1_000
+        await eventually(lambda: state(db, "H1") == "sent", "the host's send")
+        await eventually(lambda: chat.host.sending == 0, "the send's end")
+        assert texts(api, "/send_private_msg") == ["hello"]
+        entry = ledger.get_entry(db, "H1")
+        assert entry is not None and entry.owner == HOST and entry.steps_done == 1
+        assert chat.notified == []
+    finally:
+        await chat.close()
+
+
+async def test_a_reply_handed_over_while_its_chats_head_is_on_the_wire_goes_after_it(
+    db: Database, fixtures_dir: Path
+) -> None:
+    """h2 is handed over while h1, the head, waits for the platform's answer: h2 is no head, and
+    the chat's delivery actor hears of it only once h1 is sent — then h2 follows h1."""
+    with HoldingApiServer(fixtures_dir) as api:
+        chat = Chat(db, api.base_url)
+        try:
+            chat.hand_over(text_job("h1", reply_id="H1"), 1_000)
+            await asyncio.to_thread(api.received.wait, 30)
+            h2 = chat.hand_over(text_job("h2", reply_id="H2"), 2_000)
+            assert h2.head_at is None and chat.notified == []
+            assert state(db, "H1") == "pending" and state(db, "H2") == "queued"
+            api.release()
+            await eventually(lambda: state(db, "H2") == "sent", "h2 after h1")
+            assert texts(api, "/send_private_msg") == ["h1", "h2"]
+            assert chat.notified == [(h2.session_key, None)]
+            assert ledger.get_entry(db, "H2").owner == "0:d"  # type: ignore[union-attr]
+        finally:
+            await chat.close()
+
+
+async def test_a_head_with_an_attachment_goes_to_its_delivery_actor_at_once(
+    db: Database, api: PlatformApiServer
+) -> None:
+    chat = Chat(db, api.base_url)
+    try:
+        image = {
+            "type": "image",
+            "data": {"media": {"kind": "url", "value": "https://example.invalid/a.png"}},
+        }
+        reply = Reply.model_validate({"segments": [{"type": "text", "data": {"text": "see"}}, image]})
+        job = chat.hand_over(text_job("x", reply_id="M1").model_copy(update={"reply": reply}), 1_000)
+        assert job.head_at == 1_000
+        assert chat.notified == [(job.session_key, "M1")] and chat.host.sending == 0
+        await eventually(lambda: state(db, "M1") in ledger.FINAL, "the delivery actor's send")
+        assert ledger.get_entry(db, "M1").owner == "0:d"  # type: ignore[union-attr]
+    finally:
+        await chat.close()
+
+
+async def test_a_head_claimed_meanwhile_is_left_to_its_delivery_actor(
+    db: Database, api: PlatformApiServer
+) -> None:
+    """The delivery actor's sweep took the head between its hand-over and the host's mark: the
+    host's mark writes nothing and sends nothing; the actor is told to read the chat's queue."""
+    chat = Chat(db, api.base_url)
+    try:
+        job = text_job("once", reply_id="S1")
+        row = outbox.queue_writer(job, 0, 1_000)
+        with db.connection(write=True) as conn:
+            row(conn)
+        ledger.claim_queued(db, "S1", "0:d", 60_000)  # the sweep's drain, not sent yet
+        chat.host.hand_over(job.model_copy(update={"head_at": row.head_at}))
+        await eventually(lambda: chat.notified == [(job.session_key, None)], "the notice to the actor")
+        await eventually(lambda: state(db, "S1") == "sent", "the actor's send")
+        assert texts(api, "/send_private_msg") == ["once"]
+        assert ledger.get_entry(db, "S1").owner == "0:d"  # type: ignore[union-attr]
+    finally:
+        await chat.close()
+
+
+async def test_a_dead_hosts_pending_reply_is_released_and_resumed_by_the_sweep(
+    db: Database, api: PlatformApiServer
+) -> None:
+    """A host removed by the supervisor held a claimed reply whose step 0 was not on the wire:
+    ``release_owner`` hands it to the chat's delivery actor, whose sweep sends it (before: nothing to
+    take, the lease runs 60 s)."""
+    chat = Chat(db, api.base_url)
+    try:
+        job = text_job("late", reply_id="D1")
+        with db.connection(write=True) as conn:
+            outbox.queue_writer(job, 0, 1_000)(conn)
+        ledger.claim_queued(db, "D1", HOST, 60_000)
+        await chat.actor.sweep()
+        await eventually(lambda: not chat.actor.chains.active, "the sweep's drain")
+        assert state(db, "D1") == "pending" and texts(api, "/send_private_msg") == []  # busy: a live lease
+        assert ledger.release_owner(db, HOST, 1, "1:x", 60_000) == 0  # another partition's rows only
+        assert ledger.release_owner(db, HOST, 0, "0:d", 60_000) == 1  # the chat's actor holds it now
+        await chat.actor.sweep()
+        await eventually(lambda: state(db, "D1") == "sent", "the take-over")
+        assert texts(api, "/send_private_msg") == ["late"]
+    finally:
+        await chat.close()
