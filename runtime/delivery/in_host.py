@@ -130,6 +130,26 @@ class HostSender:
             if left == 0 and key in self._told_after:
                 self._told_after.discard(key)
                 self._notify(key, None)
+            elif left == 0:
+                await self._tell_if_queued(key)
+
+    async def _tell_if_queued(self, key: str) -> None:
+        """After the last send here of chat ``key``: tell its delivery actor when the chat still has
+        unfinished replies that were not handed over here — an operator's retry, or a reply of
+        the session on another host it moved to — which its actor, finding the head owned by
+        this host, left for later (one read, after the reply reached the platform)."""
+        from runtime.delivery import outbox
+
+        sender = self._sender_now()
+        try:
+            waiting = await sender.db.run(lambda: outbox.chat_queue(sender.db, key, 1))
+        except Exception:  # the actor's sweep finds them
+            log.warning(
+                "could not read the queue of %s after its send; the sweep finds it", key, exc_info=True
+            )
+            return
+        if waiting and key not in self._sending:  # a head sent here since does this itself
+            self._notify(key, None)
 
     async def _send_head(self, job: DeliveryJob, partition: int) -> bool:
         """Send ``job`` (``head_at`` set) in its chat's chain of the host's sender, claimed by its

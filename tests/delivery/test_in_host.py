@@ -174,3 +174,29 @@ async def test_a_dead_hosts_pending_reply_is_released_and_resumed_by_the_sweep(
         assert texts(api, "/send_private_msg") == ["late"]
     finally:
         await chat.close()
+
+
+async def test_a_reply_its_actor_left_behind_the_hosts_head_is_sent_after_it(
+    db: Database, fixtures_dir: Path
+) -> None:
+    """r2 was queued and notified elsewhere (a session moved to another host, an operator's
+    retry) while this host's head h1 was on the wire: the actor's drain found h1 owned by a live
+    host and left the chat. Once h1 is sent, the host reads the chat's queue and tells the actor
+    — r2 goes out after h1, not at the next sweep (found by review)."""
+    with HoldingApiServer(fixtures_dir) as api:
+        chat = Chat(db, api.base_url)
+        try:
+            chat.hand_over(text_job("h1", reply_id="H1"), 1_000)
+            await asyncio.to_thread(api.received.wait, 30)
+            r2 = text_job("r2", reply_id="R2")
+            with db.connection(write=True) as conn:
+                outbox.queue_writer(r2, 0, 2_000)(conn)
+            chat.actor.wake(r2.session_key)  # the other host's notice
+            await eventually(lambda: not chat.actor.chains.active, "the actor's drain")
+            assert state(db, "R2") == "queued"  # left: h1 is held by a live host
+            api.release()
+            await eventually(lambda: state(db, "R2") == "sent", "r2 after h1")
+            assert texts(api, "/send_private_msg") == ["h1", "r2"]
+            assert chat.notified == [(r2.session_key, None)]
+        finally:
+            await chat.close()
