@@ -10,15 +10,19 @@ of its own with the defaults of ``make run`` on one machine, the single-machine 
 (``SINGLE_MACHINE_RUNTIME``: one host ahead of need, one delivery actor, a host sends its chat's
 head reply itself; docs/decisions.md#ops-single-machine-profile):
 
-* **p50 at one chat** (closed loop, one chat) over the p50 of the raw three-hop Ray chain measured
-  in the same run (tests/bench/ray_floor.py): ``p50_vs_chain``. Next to it the p50 of a bare
-  path with the same legs and none of the work (tests/bench/shape_floor.py): ``shape_p50_ms``,
+* **p50 at one chat** (closed loop, one chat) over the p50 of the raw three-hop Ray chain
+  measured right before and after it (tests/bench/ray_floor.py; their mean): ``p50_vs_chain``.
+  Next to it the p50 of a bare path with the same legs as the delivery pool's path and none of
+  the work (tests/bench/shape_floor.py): ``shape_p50_ms``,
   ``shape_vs_chain``, and per database ``work_ms`` (p50 minus the bare path: the runtime's own
   milliseconds on the path).
 * **CPU per message at 20 chats** (closed loop), by process kind (``/proc/<pid>/stat`` ticks,
   tests/bench/procs.py): ``cpu_ms_per_message`` sums every runtime process (Ray actors by role,
   Ray's own processes, the driver = the ingress); the load generator and platform-API stand-in are
-  excluded. ``delivery_cpu_ms_per_reply``: the delivery actors' share (one reply per message).
+  excluded. ``delivery_cpu_ms_per_reply``: the delivery actors' share (one reply per message), on
+  a second runtime of the profile with ``runtime.deliver_in_host`` off — with it on, the hosts
+  send most replies and that work is inside their CPU — which also gives ``p50_vs_chain_pool``
+  and ``cpu_ms_per_message_pool`` (the cluster's path on one machine).
 * **chatter**: untriggered group messages (no mention: one ``im_transcripts`` row, no turn), 20
   webhooks in flight; ``chatter_cpu_ms_per_message`` over the same runtime processes.
 * **idle**: ``idle_pss_mib``, ``idle_cores``, ``ready_s`` from ``tests.bench.idle.measure_idle``
@@ -86,23 +90,38 @@ def _postgres() -> Iterator[str | None]:
         drop_schema(url, schema)
 
 
-def _one_db(load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, Any]) -> dict[str, Any]:
-    """The three loads (one chat, 20 chats, chatter) on a fresh runtime over ``db_url`` (None:
-    SQLite under ``tmp``)."""
+def _one_db(
+    load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, Any], *, in_host: bool = True
+) -> dict[str, Any]:
+    """The loads on a fresh runtime over ``db_url`` (None: SQLite under ``tmp``) with the
+    single-machine profile: one chat (with the raw chain measured right before and after it,
+    ``chain_p50_ms`` their mean: the VM's speed moves within minutes), 20 chats, and chatter.
+    ``in_host=False``: the profile with ``runtime.deliver_in_host`` off (every reply through the
+    delivery actor, the cluster's path; docs/decisions.md#delivery-in-host): one chat and 20 chats
+    only, ``chatter`` None."""
     from actors.inbound.ingress import build_app
     from tests.actors.edge_support import serve_in_thread
+    from tests.bench.ray_floor import floor
 
-    with runtime(tmp, name, load.api_base, db_url=db_url, **SINGLE_MACHINE_RUNTIME) as rt, \
+    knobs = {**SINGLE_MACHINE_RUNTIME, "deliver_in_host": in_host}
+    with runtime(tmp, name, load.api_base, db_url=db_url, **knobs) as rt, \
             serve_in_thread(build_app(rt, rt.config), loop="uvloop") as url:  # fmt: skip
         common = {"url": url, "warm": False}
         for base, n in ((BASE["one"], 1), (BASE["many"], p["chats"])):  # activations: not measured
             load.run("closed", url=url, base=base, n=n, per_session=0, tag=f"{name}w{n}", warm=True)
         settle(rt)
+        before = floor(p["floor"][0], 10)[0]
         one = load.run("closed", base=BASE["one"], n=1, per_session=p["one_chat"], tag=f"{name}1", **common)
+        after = floor(p["floor"][0], 10)[0]
         n, k = p["chats"], p["per_chat"]
         many = measured(load, "closed", base=BASE["many"], n=n, per_session=k, tag=f"{name}n", **common)
-        chatter = measured(load, "chatter", url=url, base=BASE["groups"], n=n, count=p["chatter"], tag=name)
-    return {"one_chat": one, "many": many, "chatter": chatter}
+        chatter = None
+        if in_host:
+            chatter = measured(
+                load, "chatter", url=url, base=BASE["groups"], n=n, count=p["chatter"], tag=name
+            )
+    chain = round((before + after) / 2, 2)
+    return {"one_chat": one, "chain_p50_ms": chain, "many": many, "chatter": chatter}
 
 
 def _idle(quick: bool) -> dict[str, Any]:
@@ -132,22 +151,34 @@ def _trace_table() -> list[Any] | None:
     return step_table(read_spans(spans_dir))
 
 
-def _figures(res: dict[str, Any], chain_p50: float, shape_p50: float, idle: dict[str, Any]) -> dict[str, Any]:
+def _figures(
+    res: dict[str, Any], pool: dict[str, Any], shape_p50: float, idle: dict[str, Any]
+) -> dict[str, Any]:
+    """The figures of one database: ``res`` from the single-machine profile, ``pool`` from the
+    same with every reply through the delivery actor (:func:`_one_db`), which gives
+    ``delivery_cpu_ms_per_reply`` (with ``deliver_in_host`` the hosts send most replies, and
+    their delivery work is inside the hosts' CPU) and the ``*_pool`` figures."""
     many_cpu = runtime_cpu(res["many"]["cpu_ms_per_msg"])
     chat_cpu = runtime_cpu(res["chatter"]["cpu_ms_per_msg"])
+    pool_cpu = runtime_cpu(pool["many"]["cpu_ms_per_msg"])
     return {
         "cpu_ms_per_message": many_cpu["total"],
-        "delivery_cpu_ms_per_reply": many_cpu.get("delivery", 0.0),
+        "delivery_cpu_ms_per_reply": pool_cpu.get("delivery", 0.0),
         "chatter_cpu_ms_per_message": chat_cpu["total"],
         "idle_pss_mib": idle.get("idle_pss_mib"),
         "idle_cores": idle.get("idle_cores"),
         "ready_s": idle.get("ready_s"),
-        "p50_vs_chain": round(res["one_chat"]["p50_ms"] / chain_p50, 2),
+        "p50_vs_chain": round(res["one_chat"]["p50_ms"] / res["chain_p50_ms"], 2),
         "p50_ms": res["one_chat"]["p50_ms"],
+        "chain_around_p50_ms": res["chain_p50_ms"],
         "work_ms": round(res["one_chat"]["p50_ms"] - shape_p50, 2),
         "cpu_by_kind": many_cpu,
         "chatter_cpu_by_kind": chat_cpu,
         "throughput_msg_s_20": res["many"]["throughput_msg_s"],
+        "p50_vs_chain_pool": round(pool["one_chat"]["p50_ms"] / pool["chain_p50_ms"], 2),
+        "p50_ms_pool": pool["one_chat"]["p50_ms"],
+        "cpu_ms_per_message_pool": pool_cpu["total"],
+        "cpu_by_kind_pool": pool_cpu,
     }
 
 
@@ -174,9 +205,16 @@ def run() -> dict[str, Any]:
         chain_p50 = round(floor(*p["floor"])[0], 2)
         shape = round(shape_p50(load, BASE["shape"], p["shape"]), 2)
         with tempfile.TemporaryDirectory() as tmp_dir:
-            sqlite = _one_db(load, Path(tmp_dir), "cost-sqlite", None, p)
+            tmp = Path(tmp_dir)
+            sqlite = _one_db(load, tmp, "cost-sqlite", None, p)
+            sqlite_pool = _one_db(load, tmp, "cost-sqlite-pool", None, p, in_host=False)
+            pg = pg_pool = None
             with _postgres() as pg_url:
-                pg = _one_db(load, Path(tmp_dir), "cost-pg", pg_url, p) if pg_url else None
+                if pg_url:
+                    pg = _one_db(load, tmp, "cost-pg", pg_url, p)
+            with _postgres() as pg_url:
+                if pg_url:
+                    pg_pool = _one_db(load, tmp, "cost-pg-pool", pg_url, p, in_host=False)
     finally:
         load.close()
         if started_ray:
@@ -186,9 +224,11 @@ def run() -> dict[str, Any]:
         "quick": quick, "chain_p50_ms": chain_p50, "shape_p50_ms": shape,
         "shape_vs_chain": round(shape / chain_p50, 2),
     }  # fmt: skip
-    out |= _figures(sqlite, chain_p50, shape, idle)
-    out["postgres"] = _figures(pg, chain_p50, shape, idle) if pg else {k: None for k in KEYS}
-    out["detail"] = {"sqlite": sqlite, "postgres": pg, "idle": idle}
+    out |= _figures(sqlite, sqlite_pool, shape, idle)
+    out["postgres"] = _figures(pg, pg_pool, shape, idle) if pg and pg_pool else {k: None for k in KEYS}
+    out["detail"] = {
+        "sqlite": sqlite, "postgres": pg, "sqlite_pool": sqlite_pool, "postgres_pool": pg_pool, "idle": idle,
+    }  # fmt: skip
     out["trace_table"] = _trace_table()
     _print(out)
     return out
@@ -220,8 +260,15 @@ def _print(out: dict[str, Any]) -> None:
         cells = ", ".join(f"{r} {many.get(r, 0.0):.2f} | {chat.get(r, 0.0):.2f}" for r in kinds)
         print(f"   {label}: {cells}")
         print(
-            f"   {label}: p50 one chat {fig['p50_ms']:.2f} ms (the runtime's work {fig['work_ms']:.2f} ms),"
+            f"   {label}: p50 one chat {fig['p50_ms']:.2f} ms over the chain around it"
+            f" {fig['chain_around_p50_ms']:.2f} ms (the runtime's work {fig['work_ms']:.2f} ms),"
             f" {fig['throughput_msg_s_20']} msg/s at 20"
+        )
+        print(
+            f"   {label}, every reply through the delivery actor (deliver_in_host off): p50 one chat"
+            f" {fig['p50_ms_pool']:.2f} ms = {fig['p50_vs_chain_pool']}x its chain, CPU"
+            f" {fig['cpu_ms_per_message_pool']:.2f} ms a message,"
+            f" delivery {fig['delivery_cpu_ms_per_reply']:.2f}"
         )
     if out["detail"]["idle"].get("note"):
         print(f"   idle: {out['detail']['idle']['note']}")
