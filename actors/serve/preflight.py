@@ -399,7 +399,8 @@ def load_start(args: argparse.Namespace, prog: str) -> StartArgs | None:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
     if not args.address:
-        config = config.model_copy(update={"runtime": config.runtime.single_machine()})
+        runtime = config.runtime.single_machine(config.database.url)
+        config = config.model_copy(update={"runtime": runtime})
     return StartArgs(
         config=config,
         host=args.host or config.server.host,

@@ -166,7 +166,8 @@ class DeliveryConfig(_Closed):
 
 SINGLE_MACHINE_RUNTIME = {"min_hosts": 1, "delivery_actors": 1, "deliver_in_host": True}
 """The ``runtime`` keys the single-machine profile changes when the configuration leaves them
-unset (:meth:`RuntimeConfig.single_machine`, docs/decisions.md#ops-single-machine-profile)."""
+unset (:meth:`RuntimeConfig.single_machine`, docs/decisions.md#ops-single-machine-profile);
+``deliver_in_host`` only on SQLite (measured slower on PostgreSQL: docs/decisions.md#delivery-in-host)."""
 
 
 class RuntimeConfig(_Closed):
@@ -227,13 +228,16 @@ class RuntimeConfig(_Closed):
     whose turn result never came is routed again by the recovery loop; an older one is expired
     (logged, counted), never replayed (docs/decisions.md#inbox-durable)."""
 
-    def single_machine(self) -> RuntimeConfig:
+    def single_machine(self, database_url: str | None = None) -> RuntimeConfig:
         """This section under the single-machine profile: every key of
         :data:`SINGLE_MACHINE_RUNTIME` the configuration did not set takes the profile's value
-        (one session host, one delivery actor: one machine idles on ≈ 175 MiB less; the hosts
-        send their chats' head replies themselves: one Ray call less a message;
-        docs/decisions.md#ops-single-machine-profile). Keys set in the file are kept as given."""
+        (one session host, one delivery actor: one machine idles on ≈ 175 MiB less; on SQLite
+        — ``database_url`` None is the default file — the hosts send their chats' head replies
+        themselves: one Ray call less a message; docs/decisions.md#ops-single-machine-profile).
+        Keys set in the file are kept as given."""
         unset = {k: v for k, v in SINGLE_MACHINE_RUNTIME.items() if k not in self.model_fields_set}
+        if not (database_url or "sqlite").startswith("sqlite"):  # ``database.url``: None is the default file
+            unset.pop("deliver_in_host", None)
         return self.model_copy(update=unset) if unset else self
 
     def host_capacity(self) -> tuple[int, int]:

@@ -19,10 +19,11 @@ head reply itself; docs/decisions.md#ops-single-machine-profile):
 * **CPU per message at 20 chats** (closed loop), by process kind (``/proc/<pid>/stat`` ticks,
   tests/bench/procs.py): ``cpu_ms_per_message`` sums every runtime process (Ray actors by role,
   Ray's own processes, the driver = the ingress); the load generator and platform-API stand-in are
-  excluded. ``delivery_cpu_ms_per_reply``: the delivery actors' share (one reply per message), on
-  a second runtime of the profile with ``runtime.deliver_in_host`` off — with it on, the hosts
-  send most replies and that work is inside their CPU — which also gives ``p50_vs_chain_pool``
-  and ``cpu_ms_per_message_pool`` (the cluster's path on one machine).
+  excluded. Each database runs twice: the profile, and the profile with the other
+  ``runtime.deliver_in_host`` (on for SQLite, off for PostgreSQL in the profile:
+  docs/decisions.md#delivery-in-host); ``delivery_cpu_ms_per_reply`` is the delivery actors' share
+  (one reply per message) in the run with it off — with it on, the hosts send most replies and
+  that work is inside their CPU — and ``*_pool`` / ``*_in_host`` give both variants' figures.
 * **chatter**: untriggered group messages (no mention: one ``im_transcripts`` row, no turn), 20
   webhooks in flight; ``chatter_cpu_ms_per_message`` over the same runtime processes.
 * **idle**: ``idle_pss_mib``, ``idle_cores``, ``ready_s`` from ``tests.bench.idle.measure_idle``
@@ -94,16 +95,16 @@ def _one_db(
     load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, Any], *, in_host: bool = True
 ) -> dict[str, Any]:
     """The loads on a fresh runtime over ``db_url`` (None: SQLite under ``tmp``) with the
-    single-machine profile: one chat (with the raw chain measured right before and after it,
-    ``chain_p50_ms`` their mean: the VM's speed moves within minutes), 20 chats, and chatter.
-    ``in_host=False``: the profile with ``runtime.deliver_in_host`` off (every reply through the
-    delivery actor, the cluster's path; docs/decisions.md#delivery-in-host): one chat and 20 chats
-    only, ``chatter`` None."""
+    single-machine profile's keys and ``runtime.deliver_in_host`` = ``in_host``: one chat (with
+    the raw chain measured right before and after it, ``chain_p50_ms`` their mean: the VM's speed
+    moves within minutes), 20 chats, and chatter (only with ``in_host`` = the profile's value for
+    this database, else None)."""
     from actors.inbound.ingress import build_app
     from tests.actors.edge_support import serve_in_thread
     from tests.bench.ray_floor import floor
 
     knobs = {**SINGLE_MACHINE_RUNTIME, "deliver_in_host": in_host}
+    assert set(knobs) == set(SINGLE_MACHINE_RUNTIME)
     with runtime(tmp, name, load.api_base, db_url=db_url, **knobs) as rt, \
             serve_in_thread(build_app(rt, rt.config), loop="uvloop") as url:  # fmt: skip
         common = {"url": url, "warm": False}
@@ -116,12 +117,27 @@ def _one_db(
         n, k = p["chats"], p["per_chat"]
         many = measured(load, "closed", base=BASE["many"], n=n, per_session=k, tag=f"{name}n", **common)
         chatter = None
-        if in_host:
+        if in_host == _profile_in_host(db_url):
             chatter = measured(
                 load, "chatter", url=url, base=BASE["groups"], n=n, count=p["chatter"], tag=name
             )
     chain = round((before + after) / 2, 2)
     return {"one_chat": one, "chain_p50_ms": chain, "many": many, "chatter": chatter}
+
+
+def _profile_in_host(db_url: str | None) -> bool:
+    """``runtime.deliver_in_host`` of the single-machine profile on ``db_url`` (None: SQLite)."""
+    from runtime.config import RuntimeConfig
+
+    return RuntimeConfig().single_machine(db_url).deliver_in_host
+
+
+def _both(load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, Any]) -> tuple[Any, Any]:
+    """``(the profile's runtime, the other deliver_in_host)`` of :func:`_one_db` on ``db_url``."""
+    mine = _profile_in_host(db_url)
+    profile = _one_db(load, tmp, name, db_url, p, in_host=mine)
+    other = _one_db(load, tmp, f"{name}-{'pool' if mine else 'in-host'}", db_url, p, in_host=not mine)
+    return profile, other
 
 
 def _idle(quick: bool) -> dict[str, Any]:
@@ -152,15 +168,18 @@ def _trace_table() -> list[Any] | None:
 
 
 def _figures(
-    res: dict[str, Any], pool: dict[str, Any], shape_p50: float, idle: dict[str, Any]
+    res: dict[str, Any], other: dict[str, Any], in_host: bool, shape_p50: float, idle: dict[str, Any]
 ) -> dict[str, Any]:
-    """The figures of one database: ``res`` from the single-machine profile, ``pool`` from the
-    same with every reply through the delivery actor (:func:`_one_db`), which gives
-    ``delivery_cpu_ms_per_reply`` (with ``deliver_in_host`` the hosts send most replies, and
-    their delivery work is inside the hosts' CPU) and the ``*_pool`` figures."""
+    """The figures of one database: ``res`` from the single-machine profile (its
+    ``deliver_in_host`` = ``in_host``), ``other`` from the same with the other value
+    (:func:`_both`). ``delivery_cpu_ms_per_reply`` is the delivery actors' CPU of the run with
+    ``deliver_in_host`` off (with it on, the hosts send most replies and that work is inside
+    their CPU); ``*_pool`` / ``*_in_host``: each variant's p50 ratio and CPU."""
+    pool, hosts = (other, res) if in_host else (res, other)
     many_cpu = runtime_cpu(res["many"]["cpu_ms_per_msg"])
     chat_cpu = runtime_cpu(res["chatter"]["cpu_ms_per_msg"])
     pool_cpu = runtime_cpu(pool["many"]["cpu_ms_per_msg"])
+    host_cpu = runtime_cpu(hosts["many"]["cpu_ms_per_msg"])
     return {
         "cpu_ms_per_message": many_cpu["total"],
         "delivery_cpu_ms_per_reply": pool_cpu.get("delivery", 0.0),
@@ -169,6 +188,7 @@ def _figures(
         "idle_cores": idle.get("idle_cores"),
         "ready_s": idle.get("ready_s"),
         "p50_vs_chain": round(res["one_chat"]["p50_ms"] / res["chain_p50_ms"], 2),
+        "deliver_in_host": in_host,
         "p50_ms": res["one_chat"]["p50_ms"],
         "chain_around_p50_ms": res["chain_p50_ms"],
         "work_ms": round(res["one_chat"]["p50_ms"] - shape_p50, 2),
@@ -176,8 +196,11 @@ def _figures(
         "chatter_cpu_by_kind": chat_cpu,
         "throughput_msg_s_20": res["many"]["throughput_msg_s"],
         "p50_vs_chain_pool": round(pool["one_chat"]["p50_ms"] / pool["chain_p50_ms"], 2),
-        "p50_ms_pool": pool["one_chat"]["p50_ms"],
+        "p50_vs_chain_in_host": round(hosts["one_chat"]["p50_ms"] / hosts["chain_p50_ms"], 2),
         "cpu_ms_per_message_pool": pool_cpu["total"],
+        "cpu_ms_per_message_in_host": host_cpu["total"],
+        "throughput_msg_s_20_pool": pool["many"]["throughput_msg_s"],
+        "throughput_msg_s_20_in_host": hosts["many"]["throughput_msg_s"],
         "cpu_by_kind_pool": pool_cpu,
     }
 
@@ -206,15 +229,13 @@ def run() -> dict[str, Any]:
         shape = round(shape_p50(load, BASE["shape"], p["shape"]), 2)
         with tempfile.TemporaryDirectory() as tmp_dir:
             tmp = Path(tmp_dir)
-            sqlite = _one_db(load, tmp, "cost-sqlite", None, p)
-            sqlite_pool = _one_db(load, tmp, "cost-sqlite-pool", None, p, in_host=False)
-            pg = pg_pool = None
+            sqlite, sqlite_other = _both(load, tmp, "cost-sqlite", None, p)
+            pg = pg_other = None
+            pg_in_host = False
             with _postgres() as pg_url:
                 if pg_url:
-                    pg = _one_db(load, tmp, "cost-pg", pg_url, p)
-            with _postgres() as pg_url:
-                if pg_url:
-                    pg_pool = _one_db(load, tmp, "cost-pg-pool", pg_url, p, in_host=False)
+                    pg_in_host = _profile_in_host(pg_url)
+                    pg, pg_other = _both(load, tmp, "cost-pg", pg_url, p)
     finally:
         load.close()
         if started_ray:
@@ -224,10 +245,13 @@ def run() -> dict[str, Any]:
         "quick": quick, "chain_p50_ms": chain_p50, "shape_p50_ms": shape,
         "shape_vs_chain": round(shape / chain_p50, 2),
     }  # fmt: skip
-    out |= _figures(sqlite, sqlite_pool, shape, idle)
-    out["postgres"] = _figures(pg, pg_pool, shape, idle) if pg and pg_pool else {k: None for k in KEYS}
+    out |= _figures(sqlite, sqlite_other, _profile_in_host(None), shape, idle)
+    out["postgres"] = (
+        _figures(pg, pg_other, pg_in_host, shape, idle) if pg and pg_other else {k: None for k in KEYS}
+    )
     out["detail"] = {
-        "sqlite": sqlite, "postgres": pg, "sqlite_pool": sqlite_pool, "postgres_pool": pg_pool, "idle": idle,
+        "sqlite": sqlite, "postgres": pg, "sqlite_other": sqlite_other, "postgres_other": pg_other,
+        "idle": idle,
     }  # fmt: skip
     out["trace_table"] = _trace_table()
     _print(out)
@@ -265,10 +289,11 @@ def _print(out: dict[str, Any]) -> None:
             f" {fig['throughput_msg_s_20']} msg/s at 20"
         )
         print(
-            f"   {label}, every reply through the delivery actor (deliver_in_host off): p50 one chat"
-            f" {fig['p50_ms_pool']:.2f} ms = {fig['p50_vs_chain_pool']}x its chain, CPU"
-            f" {fig['cpu_ms_per_message_pool']:.2f} ms a message,"
-            f" delivery {fig['delivery_cpu_ms_per_reply']:.2f}"
+            f"   {label} (deliver_in_host {fig['deliver_in_host']} in the profile), hosts sending / through"
+            f" the delivery actor: p50 at one chat {fig['p50_vs_chain_in_host']}x /"
+            f" {fig['p50_vs_chain_pool']}x its chain; CPU a message {fig['cpu_ms_per_message_in_host']:.2f} /"
+            f" {fig['cpu_ms_per_message_pool']:.2f} ms; msg/s at 20 {fig['throughput_msg_s_20_in_host']} /"
+            f" {fig['throughput_msg_s_20_pool']}"
         )
     if out["detail"]["idle"].get("note"):
         print(f"   idle: {out['detail']['idle']['note']}")

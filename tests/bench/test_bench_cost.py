@@ -21,6 +21,7 @@ def test_quick_cost_bench_reports_every_figure_on_both_databases(
 
     assert out["quick"] is True and out["chain_p50_ms"] > 0 and out["shape_p50_ms"] > 0
     assert out["shape_vs_chain"] == round(out["shape_p50_ms"] / out["chain_p50_ms"], 2)
+    assert out["deliver_in_host"] is True and out["postgres"]["deliver_in_host"] is False  # the profile's
     for fig, raw in ((out, out["detail"]["sqlite"]), (out["postgres"], out["detail"]["postgres"])):
         assert set(bench_cost.KEYS) <= set(fig)
         assert raw["one_chat"]["messages"] == q["one_chat"] and raw["one_chat"]["lost"] == 0
@@ -35,7 +36,8 @@ def test_quick_cost_bench_reports_every_figure_on_both_databases(
         assert fig["cpu_ms_per_message_pool"] == pool["total"]
         assert fig["chatter_cpu_ms_per_message"] == fig["chatter_cpu_by_kind"]["total"]
         assert fig["p50_vs_chain"] == round(raw["one_chat"]["p50_ms"] / raw["chain_p50_ms"], 2)
-        assert raw["chain_p50_ms"] > 0 and fig["p50_vs_chain_pool"] > 0
+        assert raw["chain_p50_ms"] > 0 and fig["p50_vs_chain_pool"] > 0 and fig["p50_vs_chain_in_host"] > 0
+        assert raw["chatter"] is not None
         assert fig["work_ms"] == round(raw["one_chat"]["p50_ms"] - out["shape_p50_ms"], 2)
     # chatter gets no turn: the hosts and delivery actors do (almost) nothing for it
     chatter = out["detail"]["sqlite"]["chatter"]

@@ -34,6 +34,9 @@ def test_the_profile_fills_only_the_keys_left_unset() -> None:
     )
     assert RuntimeConfig().deliver_in_host is False  # a cluster: every reply through the delivery actors
     assert RuntimeConfig(deliver_in_host=False).single_machine().deliver_in_host is False
+    pg = "postgresql+psycopg://u@db/sessionray"  # measured slower there: the pool sends
+    assert RuntimeConfig().single_machine(pg).deliver_in_host is False
+    assert RuntimeConfig(deliver_in_host=True).single_machine(pg).deliver_in_host is True  # as written
     both = RuntimeConfig(min_hosts=3, delivery_actors=4, deliver_in_host=False)
     assert both.single_machine() is both  # nothing to fill: the section as written
 
