@@ -78,6 +78,10 @@ class ChatChains:
                 call, fut = item
                 try:
                     result = await call()
+                except asyncio.CancelledError:  # the chain is closed: its caller must not wait on
+                    if not fut.done():
+                        fut.cancel()
+                    raise
                 except Exception as exc:
                     if not fut.done():
                         fut.set_exception(exc)

@@ -1,6 +1,6 @@
 """A session host's own sending of its chats' head replies (docs/decisions.md#delivery-in-host).
 
-With ``runtime.deliver_in_host`` (on in the single-machine profile), a reply whose ledger row was
+With ``runtime.deliver_in_host`` (on in the single-machine profile on SQLite), a reply whose ledger row was
 its chat's only unfinished one when the turn wrote it (``DeliveryJob.head_at`` set), of a bot
 over HTTP and without attachments, is sent by the session host that wrote it, in its own process,
 as the chat's delivery actor would send it (the same :class:`~runtime.delivery.core.DeliverySender`
@@ -22,7 +22,6 @@ Nothing here imports Ray.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -74,6 +73,7 @@ class HostSender:
         self._told_after: set[str] = set()
         """Chats whose delivery actor is told once their sends here have ended."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     @property
     def sending(self) -> int:
@@ -86,7 +86,7 @@ class HostSender:
         have ended, when there are any (module docstring). Returns at once."""
         key = job.session_key
         try:
-            here = self._here(job)
+            here = not self._closed and self._here(job)
         except Exception:  # the sender could not be built: the chat's delivery actor sends it
             log.exception("the host's sender could not start; %s goes to its delivery actor", job.reply_id)
             here = False
@@ -121,6 +121,7 @@ class HostSender:
             sent = await self._send_head(job, partition_of(key, self._partitions))
         except Exception:
             log.exception("delivery of %s in its host failed; its delivery actor takes it", job.reply_id)
+            await self._release(job.reply_id)
         finally:
             left = self._sending.pop(key, 1) - 1
             if left > 0:
@@ -132,6 +133,18 @@ class HostSender:
                 self._notify(key, None)
             elif left == 0:
                 await self._tell_if_queued(key)
+
+    async def _release(self, reply_id: str) -> None:
+        """End the lease of ``reply_id`` when this host holds it (its send raised after its
+        claim), so the chat's delivery actor, told next, takes it at once."""
+        from runtime.delivery import ledger
+
+        sender = self._sender_now()
+        db, owner = sender.db, sender.owner
+        try:
+            await db.run_write(lambda: ledger.release_reply(db, reply_id, owner))
+        except Exception:  # its lease runs out instead
+            log.warning("could not end the lease of %s; it runs out", reply_id, exc_info=True)
 
     async def _tell_if_queued(self, key: str) -> None:
         """After the last send here of chat ``key``: tell its delivery actor when the chat still has
@@ -166,21 +179,24 @@ class HostSender:
         return await sender.chains.run(job.session_key, lambda: sender.drain.send_head(job, entry))
 
     async def close(self, timeout_s: float) -> None:
-        """Wait at most ``timeout_s`` seconds for the sends here, then stop them and close the
-        sender's HTTP clients (the database is the host's); a stopped one stays ``queued`` (before
-        its mark) or ``pending`` with its lease ended, so the next sweep sends or resumes it."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        """Send nothing more here (later replies go to their delivery actors), wait at most
+        ``timeout_s`` seconds for the sends here, end the leases of the rows this host still holds
+        (so the next sweep takes them at once: docs/decisions.md#delivery-in-host), then stop the
+        sends left and close the sender's HTTP clients (the database is the host's)."""
+        self._closed = True
         sender = self._sender
         if sender is None:
             return
-        await sender.close()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
         from runtime.delivery import ledger
 
-        # what it still holds: leases ended now, so the next sweep takes them at once
         db, owner = sender.db, sender.owner
-        with contextlib.suppress(Exception):  # the database is gone: the leases run out instead
+        try:
             await db.run_write(lambda: ledger.release_owner(db, owner, None, None))
+        except Exception:  # the database is gone: the leases run out instead
+            log.warning("could not end the leases of %s; they run out", owner, exc_info=True)
+        await sender.close()
 
 
 def open_sender(settings_source: object, db: Database, owner: str) -> DeliverySender:

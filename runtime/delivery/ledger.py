@@ -439,6 +439,21 @@ def release_owner(db: Database, owner: str, partition: int | None, to: str | Non
         return int(conn.execute(stmt).rowcount or 0)
 
 
+def release_reply(db: Database, reply_id: str, owner: str) -> int:
+    """End the lease ``owner`` holds on ``reply_id`` now, when it holds it ``pending`` (a session
+    host whose send raised after its claim: docs/decisions.md#delivery-in-host), so its chat's
+    delivery actor takes it at once. Returns the rows changed (0 or 1). One write transaction."""
+    stmt = (
+        update(DeliveryLedgerRow)
+        .where(col(DeliveryLedgerRow.reply_id) == reply_id)
+        .where(col(DeliveryLedgerRow.owner) == owner)
+        .where(col(DeliveryLedgerRow.status) == "pending")
+        .values(lease_until=0)
+    )
+    with db.connection(write=True) as conn:
+        return int(conn.execute(stmt).rowcount or 0)
+
+
 def resumable(db: Database, partition: int, owner: str, limit: int = 100) -> list[LedgerEntry]:
     """Pending replies that ``owner`` may take over: those of its own partition owned by another
     (dead) incarnation, and any whose lease expired. Oldest first."""

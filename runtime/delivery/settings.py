@@ -116,12 +116,14 @@ class DeliverySettings(BaseModel):
 
 def senders(runtime: Any) -> int:
     """How many processes share a bot's ``bots[].max_connections``: the delivery actors, and with
-    ``runtime.deliver_in_host`` every session host there may be (docs/decisions.md#delivery-in-host,
-    docs/decisions.md#delivery-connections)."""
+    ``runtime.deliver_in_host`` the session hosts started ahead of need (``runtime.min_hosts``; a
+    host started on demand takes a share more: docs/decisions.md#delivery-in-host,
+    docs/decisions.md#delivery-connections). Counting every host there may be would leave one
+    connection each (1 + 5 senders for the default 4), which throttled the sends."""
     actors = int(getattr(runtime, "delivery_actors", 1) or 1)
     if runtime is None or not getattr(runtime, "deliver_in_host", False):
         return actors
-    return actors + int(runtime.host_capacity()[1])
+    return actors + int(getattr(runtime, "min_hosts", 1) or 1)
 
 
 def has_media(reply: Reply) -> bool:

@@ -7,8 +7,9 @@ actors, the scripted model, and the load generator + platform-API stand-in in th
 (tests/bench/load_client.py). Run once on SQLite and once on PostgreSQL (a throw-away schema on the
 server of ``SESSIONRAY_TEST_PG_URL``, else the one scripts/test-deps.sh starts), each on a runtime
 of its own with the defaults of ``make run`` on one machine, the single-machine profile
-(``SINGLE_MACHINE_RUNTIME``: one host ahead of need, one delivery actor, a host sends its chat's
-head reply itself; docs/decisions.md#ops-single-machine-profile):
+(``SINGLE_MACHINE_RUNTIME``: one host ahead of need, one delivery actor, and on SQLite a host
+sends its chat's head reply itself; docs/decisions.md#ops-single-machine-profile), and a second
+runtime of its own with the other ``runtime.deliver_in_host``:
 
 * **p50 at one chat** (closed loop, one chat) over the p50 of the raw three-hop Ray chain
   measured right before and after it (tests/bench/ray_floor.py; their mean): ``p50_vs_chain``.
@@ -132,14 +133,6 @@ def _profile_in_host(db_url: str | None) -> bool:
     return RuntimeConfig().single_machine(db_url).deliver_in_host
 
 
-def _both(load: Any, tmp: Path, name: str, db_url: str | None, p: dict[str, Any]) -> tuple[Any, Any]:
-    """``(the profile's runtime, the other deliver_in_host)`` of :func:`_one_db` on ``db_url``."""
-    mine = _profile_in_host(db_url)
-    profile = _one_db(load, tmp, name, db_url, p, in_host=mine)
-    other = _one_db(load, tmp, f"{name}-{'pool' if mine else 'in-host'}", db_url, p, in_host=not mine)
-    return profile, other
-
-
 def _idle(quick: bool) -> dict[str, Any]:
     """:func:`tests.bench.idle.measure_idle` of ``make run``'s instance, the median of
     :data:`IDLE_RUNS` runs (a ``sessionray serve`` of its own each, about a minute: one run's
@@ -172,7 +165,7 @@ def _figures(
 ) -> dict[str, Any]:
     """The figures of one database: ``res`` from the single-machine profile (its
     ``deliver_in_host`` = ``in_host``), ``other`` from the same with the other value
-    (:func:`_both`). ``delivery_cpu_ms_per_reply`` is the delivery actors' CPU of the run with
+    (:func:`_one_db`). ``delivery_cpu_ms_per_reply`` is the delivery actors' CPU of the run with
     ``deliver_in_host`` off (with it on, the hosts send most replies and that work is inside
     their CPU); ``*_pool`` / ``*_in_host``: each variant's p50 ratio and CPU."""
     pool, hosts = (other, res) if in_host else (res, other)
@@ -229,13 +222,18 @@ def run() -> dict[str, Any]:
         shape = round(shape_p50(load, BASE["shape"], p["shape"]), 2)
         with tempfile.TemporaryDirectory() as tmp_dir:
             tmp = Path(tmp_dir)
-            sqlite, sqlite_other = _both(load, tmp, "cost-sqlite", None, p)
+            mine = _profile_in_host(None)  # each run on a database of its own (a file, a schema)
+            sqlite = _one_db(load, tmp, "cost-sqlite", None, p, in_host=mine)
+            sqlite_other = _one_db(load, tmp, "cost-sqlite-other", None, p, in_host=not mine)
             pg = pg_other = None
             pg_in_host = False
             with _postgres() as pg_url:
                 if pg_url:
                     pg_in_host = _profile_in_host(pg_url)
-                    pg, pg_other = _both(load, tmp, "cost-pg", pg_url, p)
+                    pg = _one_db(load, tmp, "cost-pg", pg_url, p, in_host=pg_in_host)
+            with _postgres() as pg_url:
+                if pg_url:
+                    pg_other = _one_db(load, tmp, "cost-pg-other", pg_url, p, in_host=not pg_in_host)
     finally:
         load.close()
         if started_ray:

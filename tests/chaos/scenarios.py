@@ -72,14 +72,20 @@ class Scenario:
     faults: tuple[Fault, ...]
     strict: bool = False
     """``runtime.sessions_per_host: 1`` instead of the default 2000."""
+    pool: bool = False
+    """``runtime.deliver_in_host: false``: every reply through the delivery actors (on one machine
+    with SQLite the hosts send their chats' head replies themselves, so a killed delivery actor
+    would rarely be mid-send: docs/decisions.md#delivery-in-host)."""
 
 
-def knobs(strict: bool, chats: int, *, lean: bool = False) -> dict[str, Any]:
+def knobs(strict: bool, chats: int, *, lean: bool = False, pool: bool = False) -> dict[str, Any]:
     """``runtime:`` keys of a scenario's serve: strict mode holds a host per session (two spare
     slots over the chats, so no measured session is evicted). ``lean`` (the CI subset): one
     session host and one delivery actor to start (fewer processes to start on a 2-core machine;
-    a kill then takes every session, or every delivery, at once)."""
+    a kill then takes every session, or every delivery, at once). ``pool``: every reply through
+    the delivery actors (:attr:`Scenario.pool`)."""
     out: dict[str, Any] = {"sessions_per_host": 1, "max_live_sessions": chats + 2} if strict else {}
+    out |= {"deliver_in_host": False} if pool else {}
     return out | ({"min_hosts": 1, "delivery_actors": 1} if lean else {})
 
 
@@ -93,7 +99,7 @@ def full_scenarios(size: Size = FULL) -> list[Scenario]:
         Scenario("baseline", ()),
         Scenario("host_kill", (Fault("kill:SessionHost", 5.0, 10.0),)),
         Scenario("host_kill_strict", (Fault("kill:SessionHost", 5.0, 10.0),), strict=True),
-        Scenario("delivery_kill", (Fault("kill:DeliveryActor", 2.5, 5.0),)),
+        Scenario("delivery_kill", (Fault("kill:DeliveryActor", 2.5, 5.0),), pool=True),
         Scenario("router_kill", (Fault("kill:RouterActor", d / 3), Fault("kill:RouterActor", 2 * d / 3))),
         Scenario(
             "router_kill_strict",
@@ -294,7 +300,7 @@ def run_fresh(
     when a message was lost or answered twice."""
     with tempfile.TemporaryDirectory(prefix="chaos-", dir="/tmp", ignore_cleanup_errors=True) as d, \
             FaultyPlatform(fixtures_dir) as platform:  # fmt: skip
-        topo = Topology(Path(d), [platform.base_url], knobs(scenario.strict, size.chats))
+        topo = Topology(Path(d), [platform.base_url], knobs(scenario.strict, size.chats, pool=scenario.pool))
         try:
             out: dict[str, Any] = {"start_s": round(topo.start(size.ready_timeout_s), 1)}
             out |= uvloop.run(run_on(topo, [platform], fixtures_dir, scenario, size, redeliver=redeliver))

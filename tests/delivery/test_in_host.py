@@ -200,3 +200,38 @@ async def test_a_reply_its_actor_left_behind_the_hosts_head_is_sent_after_it(
             assert chat.notified == [(r2.session_key, None)]
         finally:
             await chat.close()
+
+
+async def test_a_stopping_host_ends_its_leases_and_sends_nothing_more(
+    db: Database, fixtures_dir: Path
+) -> None:
+    """The host stops while its head waits for the platform's answer: ``close`` returns within its
+    wait, the stopped send ends (its chain's call is cancelled, not left hanging), the row it
+    held has no lease left — the next sweep takes it — and a reply handed over after the stop
+    goes to its delivery actor (found by review)."""
+    with HoldingApiServer(fixtures_dir) as api:
+        chat = Chat(db, api.base_url)
+        try:
+            chat.hand_over(text_job("h1", reply_id="H1"), 1_000)
+            await asyncio.to_thread(api.received.wait, 30)
+            await asyncio.wait_for(chat.host.close(0.2), 10)
+            await eventually(lambda: chat.host.sending == 0, "the stopped send's end")
+            entry = ledger.get_entry(db, "H1")
+            assert entry is not None and entry.status == "pending" and entry.owner == HOST
+            assert entry.lease_until == 0
+            api.release()
+            other = text_job("after", scene_id="20003", reply_id="A1")
+            chat.hand_over(other, 2_000)
+            assert (other.session_key, "A1") in chat.notified
+            await eventually(lambda: state(db, "A1") == "sent", "the actor's send")
+        finally:
+            await chat.actor.close()
+
+
+def test_hosts_that_send_take_a_share_of_a_bots_connections() -> None:
+    from runtime.config import RuntimeConfig
+    from runtime.delivery.settings import senders
+
+    assert senders(RuntimeConfig(delivery_actors=2)) == 2  # the pool alone
+    assert senders(RuntimeConfig(delivery_actors=1, min_hosts=1, deliver_in_host=True)) == 2
+    assert senders(None) == 1

@@ -516,7 +516,7 @@ class SessionHost:
             closing = (s.core.close(timeout_s, "the shutdown") for s in lives)
             await asyncio.gather(*closing, return_exceptions=True)
             if self._in_host is not None:  # the head replies it sends: what is left, the sweep sends
-                await self._in_host.close(timeout_s)
+                await self._in_host.close(min(timeout_s, 2.0))
             return len(lives)
 
         return await asyncio.wait_for(self._on_loop(run()), timeout_s + 5.0)

@@ -50,6 +50,10 @@ READY_TIMEOUT_S = 300.0
 STARTS_AT_ONCE = 2
 """Hosts started ahead of need at the same time (a host wanted now by :meth:`HostSupervisor.grow`
 is started regardless)."""
+TAKE_OVER_AGAIN_S = 5.0
+"""Seconds after a removed host's first take-over (``runtime.deliver_in_host``) that the delivery
+actors take over its replies once more: ``ray.kill`` returns before the process is gone, and a
+head it claimed in between would otherwise wait for its lease (docs/decisions.md#delivery-in-host)."""
 HEALTH_S = 1.0
 HOSTS_UNPINNABLE_S = 300.0
 """After a host pinned to a node failed to start there, no host is pinned to that node for this
@@ -213,12 +217,17 @@ class HostSupervisor:
 
     def _take_over(self, key: str) -> None:
         """Hand the replies the removed host ``key`` was sending itself to the delivery actors
-        (``DeliveryPool.take_over``; docs/decisions.md#delivery-in-host)."""
+        (``DeliveryPool.take_over``; docs/decisions.md#delivery-in-host), now and again
+        :data:`TAKE_OVER_AGAIN_S` later."""
         from runtime.delivery.in_host import host_owner
 
         take_over = getattr(self._args[2], "take_over", None)
-        if take_over is not None:
-            take_over(host_owner(key))
+        if take_over is None:
+            return
+        take_over(host_owner(key))
+        # ray.kill returns before the process is gone: a head it claimed meanwhile is taken then
+        with contextlib.suppress(RuntimeError):  # no running loop (not in the actor)
+            asyncio.get_running_loop().call_later(TAKE_OVER_AGAIN_S, take_over, host_owner(key))
 
     def _top_up(self) -> None:
         """Start hosts until ``min_hosts`` exist and ``headroom`` slots are free (up to the limit),
