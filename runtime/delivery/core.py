@@ -113,6 +113,10 @@ class DeliverySender:
         )
         if self._own_db:
             ledger.create_ledger_table(self.db)
+        self._mark_here = self._own_db or self.db.is_sqlite
+        """The on-the-wire mark is written on the event loop's thread; not in a session host on
+        PostgreSQL, where a server round trip there would hold up every session
+        (docs/decisions.md#delivery-in-host)."""
         self.transcripts = TranscriptStore(self.db)
         self.codecs: dict[tuple[str, str], PlatformCodec] = {}
         self.media_policies: dict[tuple[str, str], MediaPolicy] = {}
@@ -412,12 +416,15 @@ class DeliverySender:
                 ledger.begin_step(self.db, job.reply_id, self.owner, i, total, self.lease_ms)
 
         async def on_wire() -> None:
-            try:
-                self.db.write_here(mark, lock_wait_s=WIRE_MARK_LOCK_WAIT_S)
-            except Exception as exc:
-                if not is_transient_write_error(exc):
-                    raise
-                await self.db.run_write(mark)  # the writer lock is busy: wait off the loop
+            if not self._mark_here:  # a session host on PostgreSQL: its loop runs the sessions
+                await self.db.run_write(mark)
+            else:
+                try:
+                    self.db.write_here(mark, lock_wait_s=WIRE_MARK_LOCK_WAIT_S)
+                except Exception as exc:
+                    if not is_transient_write_error(exc):
+                        raise
+                    await self.db.run_write(mark)  # the writer lock is busy: wait off the loop
             run.claim_at_wire = None
             run.lease.refreshed()
 

@@ -4,8 +4,7 @@
 Every process that talks SQL holds its own connection pool, so the server must accept, in the
 worst case::
 
-    most hosts × HOST_SQL_THREADS (4)                 (a SessionHost: 4 SQL threads, no overflow;
-                                                       + 1 with runtime.deliver_in_host)
+    most hosts × HOST_SQL_THREADS (4)                 (a SessionHost: 4 SQL threads, no overflow)
   + runtime.delivery_actors × 8                       (a DeliveryActor: 7 SQL threads + 1 overflow)
   + 8 per ingress process                             (the ingress's Database, also the admin's)
   ≤ max_connections − superuser_reserved_connections  (PostgreSQL: SHOW max_connections, 100 − 3)
@@ -48,7 +47,6 @@ __all__ = [
     "ConnectionBudget",
     "budget_warning",
     "connection_budget",
-    "host_connections",
     "warn_if_over_connection_budget",
 ]
 
@@ -59,15 +57,6 @@ HOST_SQL_THREADS = 4
 all its sessions (``actors/placement/hosts/support.py`` opens it with this). A session's appends are
 serialized by its writer, so four threads let four sessions' SQL run at once; on SQLite the file
 lock serializes writes anyway, on PostgreSQL each thread is one server connection per host."""
-
-
-def host_connections(runtime: Any) -> int:
-    """Connections one session host may hold: :data:`HOST_SQL_THREADS`, and one more for the
-    on-the-wire mark of the head replies it sends itself with ``runtime.deliver_in_host``
-    (written on its sessions' loop: docs/decisions.md#delivery-in-host)."""
-    return HOST_SQL_THREADS + (1 if getattr(runtime, "deliver_in_host", False) else 0)
-
-
 DEFAULT_PROCESS_CONNECTIONS = DEFAULT_SQL_THREADS
 """Connections of a process whose :class:`~runtime.memory.db.Database` keeps the default
 ``threads`` (8) with no pool overflow — each ingress process — or 7 threads and one overflow
@@ -131,8 +120,7 @@ def budget_warning(budget: ConnectionBudget, max_connections: int, reserved: int
     return (
         f"PostgreSQL accepts {usable} connections (max_connections={max_connections} minus "
         f"{reserved} reserved for superusers) but sessionray may open {budget.total} at worst: "
-        f"session hosts → {budget.hosts} ({HOST_SQL_THREADS} each, one more with runtime.deliver_in_host; "
-        "their number is "
+        f"session hosts → {budget.hosts} ({HOST_SQL_THREADS} each; their number is "
         "max(runtime.min_hosts, runtime.max_live_sessions / runtime.sessions_per_host)), "
         f"runtime.delivery_actors → {budget.delivery} ({DEFAULT_PROCESS_CONNECTIONS} each), "
         f"ingress → {budget.ingress}. Raise runtime.sessions_per_host or lower "
@@ -172,7 +160,6 @@ def warn_if_over_connection_budget(db: Database, runtime: Any, ingress_processes
         hosts=hosts,
         delivery_actors=runtime.delivery_actors,
         ingress_processes=ingress_processes,
-        per_host=host_connections(runtime),
     )
     message = budget_warning(budget, max_connections, reserved)
     if message is not None:

@@ -60,8 +60,7 @@ def test_the_warning_names_the_config_keys_and_the_numbers() -> None:
     assert budget_warning(budget, max_connections=240, reserved=0) is None  # exactly full still fits
     assert budget_warning(budget, max_connections=100, reserved=3) == (
         "PostgreSQL accepts 97 connections (max_connections=100 minus 3 reserved for superusers) but "
-        "sessionray may open 240 at worst: session hosts → 200 (4 each, one more with "
-        "runtime.deliver_in_host; their number is "
+        "sessionray may open 240 at worst: session hosts → 200 (4 each; their number is "
         "max(runtime.min_hosts, runtime.max_live_sessions / runtime.sessions_per_host)), "
         "runtime.delivery_actors → 32 (8 each), ingress → 8. Raise runtime.sessions_per_host or "
         "lower runtime.max_live_sessions / runtime.min_hosts / runtime.delivery_actors, or raise "

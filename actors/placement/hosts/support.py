@@ -104,12 +104,7 @@ def open_repository(config: Any) -> Any:
 
     register_tables(DeliveryLedgerRow, DeliveryUncertainRow, UsageLedgerRow)  # the ones a host writes
     url = getattr(getattr(config, "database", None), "url", None)
-    # A host that sends head replies itself keeps one connection more for their on-the-wire
-    # mark, written on the sessions' loop (docs/decisions.md#delivery-in-host)
-    in_host = bool(getattr(getattr(config, "runtime", None), "deliver_in_host", False))
-    overflow = 1 if in_host else 0
-    busy_ms = SQLITE_BUSY_TIMEOUT_MS
-    db = Database(url, threads=HOST_SQL_THREADS, busy_timeout_ms=busy_ms, max_overflow=overflow)
+    db = Database(url, threads=HOST_SQL_THREADS, busy_timeout_ms=SQLITE_BUSY_TIMEOUT_MS, max_overflow=0)
     db.create_tables()
     return ContextRepository(db)
 
