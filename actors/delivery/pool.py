@@ -141,7 +141,9 @@ class DeliveryActor:
         from runtime.delivery import ledger
 
         db, partition, me, lease_ms = self.sender.db, self.sender.partition, self.owner, self.sender.lease_ms
-        released = await db.run_write(lambda: ledger.release_owner(db, owner, partition, me, lease_ms))
+        released = await db.run_write(
+            lambda: ledger.release_owner(db, owner, partition=partition, to=me, lease_ms=lease_ms)
+        )
         if released:
             log.info("delivery actor %s takes over %d reply(ies) of %s", self.owner, released, owner)
         await self.sender.sweep()

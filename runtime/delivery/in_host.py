@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from runtime.delivery.job import DeliveryJob, partition_of
+from runtime.delivery.ledger import HOST_OWNER_PREFIX
 
 if TYPE_CHECKING:
     from runtime.delivery.core import DeliverySender
@@ -35,11 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["HOST_OWNER_PREFIX", "HostSender", "host_owner", "open_sender"]
 
 log = logging.getLogger("sessionray.delivery")
-
-HOST_OWNER_PREFIX = "host"
-"""The first part of a session host's ledger owner id: never a delivery actor's partition
-number, so no delivery actor takes a live host's reply over as its own dead predecessor's
-(:func:`runtime.delivery.ledger.claim_queued`)."""
 
 Notify = Callable[[str, "DeliveryJob | None"], None]
 """``notify(session_key, head)``: tell the chat's delivery actor, without waiting
@@ -142,7 +138,7 @@ class HostSender:
         sender = self._sender_now()
         db, owner = sender.db, sender.owner
         try:
-            await db.run_write(lambda: ledger.release_reply(db, reply_id, owner))
+            await db.run_write(lambda: ledger.release_owner(db, owner, reply_id=reply_id))
         except Exception:  # its lease runs out instead
             log.warning("could not end the lease of %s; it runs out", reply_id, exc_info=True)
 
@@ -193,7 +189,7 @@ class HostSender:
 
         db, owner = sender.db, sender.owner
         try:
-            await db.run_write(lambda: ledger.release_owner(db, owner, None, None))
+            await db.run_write(lambda: ledger.release_owner(db, owner))
         except Exception:  # the database is gone: the leases run out instead
             log.warning("could not end the leases of %s; they run out", owner, exc_info=True)
         await sender.close()

@@ -81,6 +81,7 @@ from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 
 __all__ = [
+    "HOST_OWNER_PREFIX",
     "REPLY_WRITES_OVER_HTTP",
     "ClaimFields",
     "ClaimOutcome",
@@ -101,6 +102,7 @@ __all__ = [
     "fresh",
     "get_entry",
     "record_uncertain",
+    "release_owner",
     "renew",
     "resumable",
     "skip_uncertain_step",
@@ -191,11 +193,17 @@ def _locked(conn: Connection, db: Database, reply_id: str) -> Any:
     return conn.execute(_SELECT if db.is_sqlite else _SELECT_FOR_UPDATE, {"r": reply_id}).first()
 
 
+HOST_OWNER_PREFIX = "host"
+"""The first part of a session host's owner id, ``host:<its Ray actor id>``
+(docs/decisions.md#delivery-in-host): never a delivery actor's partition number, so no delivery
+actor takes a live host's row as its own dead predecessor's, nor a host another's."""
+
+
 def _may_take_over(row: Any, owner: str, now: int) -> bool:
     if row.status == "queued" or row.owner == owner or row.lease_until <= now:
         return True
     partition, _, _ = owner.partition(":")
-    if partition == "host":  # a session host (delivery-in-host) takes over no live owner's row
+    if partition == HOST_OWNER_PREFIX:  # a session host (delivery-in-host) takes over no live owner's row
         return False
     return bool(row.owner.split(":", 1)[0] == partition)  # our own partition's dead previous incarnation
 
@@ -417,13 +425,22 @@ def get_entry(db: Database, reply_id: str) -> LedgerEntry | None:
         return LedgerEntry.of(row) if row else None
 
 
-def release_owner(db: Database, owner: str, partition: int | None, to: str | None, lease_ms: int = 0) -> int:
-    """Take the ``pending`` rows that ``owner`` holds (of ledger ``partition``; None: of every
-    partition) from it now: their owner is dead or stopping (a session host:
-    docs/decisions.md#delivery-in-host). ``to``: the delivery actor that resumes them, which then
-    holds them for ``lease_ms`` (so no other actor's sweep takes them first); None: their leases
-    end, and whoever sweeps next takes them. A step on the wire is recorded ``uncertain`` by the
-    next owner's claim, as always. Returns the rows taken. One write transaction."""
+def release_owner(
+    db: Database,
+    owner: str,
+    *,
+    partition: int | None = None,
+    reply_id: str | None = None,
+    to: str | None = None,
+    lease_ms: int = 0,
+) -> int:
+    """Take the ``pending`` rows that ``owner`` holds from it now — those of ledger ``partition``,
+    or the one row ``reply_id``; neither: all of them — because their owner is dead or stopping,
+    or its send of that reply failed (a session host: docs/decisions.md#delivery-in-host).
+    ``to``: the delivery actor that resumes them, which then holds them for ``lease_ms`` (so no
+    other actor's sweep takes them first); None: their leases end, and whoever claims them next
+    takes them. A step on the wire is recorded ``uncertain`` by the next owner's claim, as
+    always. Returns the rows taken. One write transaction."""
     values: dict[str, Any] = {"lease_until": 0}
     if to is not None:
         values = {"owner": to, "lease_until": now_ms() + lease_ms}
@@ -435,21 +452,8 @@ def release_owner(db: Database, owner: str, partition: int | None, to: str | Non
     )
     if partition is not None:
         stmt = stmt.where(col(DeliveryLedgerRow.partition) == partition)
-    with db.connection(write=True) as conn:
-        return int(conn.execute(stmt).rowcount or 0)
-
-
-def release_reply(db: Database, reply_id: str, owner: str) -> int:
-    """End the lease ``owner`` holds on ``reply_id`` now, when it holds it ``pending`` (a session
-    host whose send raised after its claim: docs/decisions.md#delivery-in-host), so its chat's
-    delivery actor takes it at once. Returns the rows changed (0 or 1). One write transaction."""
-    stmt = (
-        update(DeliveryLedgerRow)
-        .where(col(DeliveryLedgerRow.reply_id) == reply_id)
-        .where(col(DeliveryLedgerRow.owner) == owner)
-        .where(col(DeliveryLedgerRow.status) == "pending")
-        .values(lease_until=0)
-    )
+    if reply_id is not None:
+        stmt = stmt.where(col(DeliveryLedgerRow.reply_id) == reply_id)
     with db.connection(write=True) as conn:
         return int(conn.execute(stmt).rowcount or 0)
 

@@ -167,8 +167,12 @@ async def test_a_dead_hosts_pending_reply_is_released_and_resumed_by_the_sweep(
         await chat.actor.sweep()
         await eventually(lambda: not chat.actor.chains.active, "the sweep's drain")
         assert state(db, "D1") == "pending" and texts(api, "/send_private_msg") == []  # busy: a live lease
-        assert ledger.release_owner(db, HOST, 1, "1:x", 60_000) == 0  # another partition's rows only
-        assert ledger.release_owner(db, HOST, 0, "0:d", 60_000) == 1  # the chat's actor holds it now
+        assert (
+            ledger.release_owner(db, HOST, partition=1, to="1:x", lease_ms=60_000) == 0
+        )  # another partition's rows only
+        assert (
+            ledger.release_owner(db, HOST, partition=0, to="0:d", lease_ms=60_000) == 1
+        )  # the chat's actor holds it now
         await chat.actor.sweep()
         await eventually(lambda: state(db, "D1") == "sent", "the take-over")
         assert texts(api, "/send_private_msg") == ["late"]

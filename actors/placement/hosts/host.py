@@ -278,7 +278,7 @@ class SessionHost:
             self._deliver,
             max_concurrent_turns=self._config.runtime.max_concurrent_turns,
             spawn=spawn_ray_task,
-            delivery_partitions=int(getattr(self._delivery, "size", None) or self._rt.delivery_actors),
+            delivery_partitions=self._partitions(),
         )
         if key in self._live:  # a concurrent activation of the same key won (same epoch rules)
             await core.close()
@@ -437,8 +437,13 @@ class SessionHost:
         from runtime.delivery.in_host import HostSender, host_owner, open_sender
 
         owner = host_owner(ray.get_runtime_context().get_actor_id() or f"local-{os.getpid()}")
-        partitions = int(getattr(self._delivery, "size", None) or self._rt.delivery_actors)
-        return HostSender(lambda: open_sender(self._config, self._repo.db, owner), self._notify, partitions)
+        return HostSender(
+            lambda: open_sender(self._config, self._repo.db, owner), self._notify, self._partitions()
+        )
+
+    def _partitions(self) -> int:
+        """Delivery actors in the pool: a chat's ledger ``partition`` is ``crc32(key) % this``."""
+        return int(getattr(self._delivery, "size", None) or self._rt.delivery_actors)
 
     # ------------------------------------------------------------------ control (control group)
 
