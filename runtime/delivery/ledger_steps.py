@@ -114,6 +114,9 @@ _STEP_DONE = (
     )
 )
 _STEP_DONE_LAST = _STEP_DONE.values(status=bindparam("st"), error=None)
+_FIRST_DONE = _STEP_DONE.where(LEDGER_TABLE.c.steps_done == 0)
+_FIRST_DONE_LAST = _STEP_DONE_LAST.where(LEDGER_TABLE.c.steps_done == 0)
+"""Step 0 done while no step was: its ``message_ids`` are known without reading the row."""
 _FINISH = (
     update(LEDGER_TABLE)
     .where(_OWNED)
@@ -251,9 +254,15 @@ def _record_step(
     uncertain: bool = False,
     also: StepExtra | None = None,
 ) -> int:
-    """Handle one step in one transaction (see :func:`finish_step`, :func:`record_uncertain`)."""
+    """Handle one step in one transaction (see :func:`finish_step`, :func:`record_uncertain`).
+    Step 0 confirmed while no step was handled (a one-step reply's close) is one ``UPDATE``
+    without reading the row first; any other case reads it."""
     now = now_ms()
     with db.connection(write=True) as conn:
+        if step == 0 and not uncertain and _first_done(conn, reply_id, owner, message_id, last, final, now):
+            if last and also is not None:
+                also(conn, [message_id])
+            return 0
         ids, in_flight, done = _owned(conn, db, reply_id, owner)
         index = in_flight if step is None else step
         if index < 0:
@@ -275,6 +284,18 @@ def _record_step(
         if last and also is not None:
             also(conn, ids)
         return index
+
+
+def _first_done(
+    conn: Connection, reply_id: str, owner: str, message_id: str | None, last: bool, final: str, now: int
+) -> bool:
+    """Step 0 recorded done as the row's first handled step, when it is (one ``UPDATE``)."""
+    params: dict[str, Any] = {
+        "r": reply_id, "o": owner, "ids": json.dumps([message_id]), "done": 1, "now": now,
+    }  # fmt: skip
+    if last:
+        params["st"] = final
+    return bool(conn.execute(_FIRST_DONE_LAST if last else _FIRST_DONE, params).rowcount == 1)
 
 
 def _upsert_uncertain(db: Database) -> Any:

@@ -9,8 +9,9 @@ the model's ``provider/id``, whatever usage the provider reported (made sane by
 :func:`sane_usage`, on the message too), its cost in USD and the
 :func:`~runtime.llm.attribution.current_attribution` of the caller. The terminal ``done`` /
 ``error`` event and ``result()`` are held until then, so the consumer sees the end of a call only
-after every observer has finished with it — the usage ledger's row is committed before
-the turn can go on (docs/decisions.md#spend-quotas: a quota then holds exactly).
+after every observer has finished with it — the usage ledger's row is committed (or, for a
+turn's own call, staged for the turn's next write) before the turn goes on
+(docs/decisions.md#spend-ledger, docs/decisions.md#spend-quotas: a quota then holds exactly).
 
 :func:`report_usage` also counts ``sessionray_llm_tokens_total{api,kind,model}`` and
 ``sessionray_llm_cost_usd_total{model}``. A call that does not stream (image generation,

@@ -289,7 +289,8 @@ class ContextRepository:
         also: Callable[[Connection], None] | None = None,
     ) -> list[int]:
         """Append ``messages`` to the epoch ``session_id`` in one transaction; return their row ids.
-        ``also(conn)`` runs last in it (a reply's ledger row: docs/decisions.md#delivery-outbox).
+        ``also(conn)`` runs last in it (a reply's ledger row: docs/decisions.md#delivery-outbox);
+        without messages, alone in a transaction of its own (a turn's staged usage rows).
 
         Concurrent calls for one session are serialized (module docstring); none is lost. User
         messages are stored with forged ``[sender:…]`` prefixes stripped. The session's
@@ -310,6 +311,8 @@ class ContextRepository:
         parse_session_id(session_id)
         rows, model = _rows(messages)
         if not rows:
+            if also is not None:  # a turn's staged writes alone (its usage rows)
+                await self.db.run_write(lambda: self._also_alone(also), inline=True)
             return []
 
         params = [{"session_id": session_id, "role": r, "payload": p, "timestamp": t} for r, p, t in rows]
@@ -336,6 +339,10 @@ class ContextRepository:
 
         async with self._lock(f"sid:{session_id}"):  # a turn's rows: inline (memory-sql-off-loop)
             return await self.db.run_write(work, inline=True)
+
+    def _also_alone(self, also: Callable[[Connection], None]) -> None:
+        with self.db.connection(write=True) as conn:
+            also(conn)
 
     def check_storable(self, messages: Sequence[AgentMessage]) -> None:
         """Raise what :meth:`append_messages` would raise for ``messages`` themselves (the same

@@ -300,6 +300,7 @@ class SessionCore:
         try:
             with (
                 attributed(turn_owner(lead, self.session_id)),  # docs/decisions.md#spend-ledger
+                self.spend.carried(lambda write: self.writer.stage_write(write)),
                 tracing.span("turn", parent=lead.traceparent, seq=lead.seq, batch=len(turns)) as step,
             ):
                 result = await self._turn(turns, ctl, prev, mine)
@@ -310,6 +311,7 @@ class SessionCore:
         finally:
             self._active.remove(ctl)
             await self._exchanges.end(ctl)
+            await self._write_staged_usage()
             if not mine.done():
                 mine.set_result(None)
             if release:
@@ -417,6 +419,17 @@ class SessionCore:
             mine.set_result(None)  # the next turn may hand its reply over now (chat order kept)
         outcome: Literal["ok", "empty", "aborted"] = "empty" if reply.is_empty() else "ok"
         return answering.result(lead, "aborted" if aborted else outcome, preview=preview)
+
+    async def _write_staged_usage(self) -> None:
+        """A turn ended and no other runs: the usage rows no write carried (a call that ended
+        after its turn's last write) are written now (while another turn runs, its writes or its
+        end carry them). Never raises (a failed write is logged; the rows stay staged for the
+        session's next write)."""
+        if self.writer.staged_writes and not self._active:
+            try:
+                await self.writer.flush()
+            except Exception:
+                log.exception("writing the usage rows of a turn of %s failed", self.session_key)
 
     async def _flush(self) -> None:
         """Write the staged records of the session's writer (the compaction's anchor matches

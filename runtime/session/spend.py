@@ -12,7 +12,9 @@ command's answer (before, and never shown to, the agent; empty: silence) and cou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +24,7 @@ from runtime.llm.attribution import CallAttribution
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
 from runtime.reply.segments import Reply
-from runtime.spend.ledger import install_ledger
+from runtime.spend.ledger import UsageCarrier, carried_usage, install_ledger
 from runtime.spend.quotas import Limit, Quotas, QuotaStatus, sum_usage
 
 __all__ = ["SessionSpend", "amount_text", "turn_owner"]
@@ -75,6 +77,15 @@ class SessionSpend:
         """From a ``ContextRepository`` (its ``db``) and ``AgentFeatures`` (its ``quotas``)."""
         db = getattr(repo, "db", None)
         return cls(db if isinstance(db, Database) else None, getattr(features, "quotas", None))
+
+    def carried(self, stage: Callable[[Callable[[Any], None]], None]) -> AbstractContextManager[Any]:
+        """For one turn: its own calls' usage rows go to ``stage`` (the session writer's
+        ``stage_write``: the turn's next write carries them) until the block ends
+        (:class:`runtime.spend.ledger.UsageCarrier`; docs/decisions.md#spend-ledger). No
+        database: nothing is recorded, nothing carried."""
+        if self.db is None:
+            return contextlib.nullcontext()
+        return carried_usage(UsageCarrier(self.db, stage))
 
     async def refusal(self, owner: CallAttribution) -> Reply | None:
         """``None`` when a turn of ``owner`` may start; else the reply that refuses it (empty when

@@ -319,6 +319,8 @@ class SessionWriter:
         self._staged: list[AgentMessage] = []
         """Messages in the mirror that SQL does not hold yet (:meth:`stage`): the first ones the
         next append writes."""
+        self._staged_writes: list[Callable[[Any], None]] = []
+        """Statements for the next append's transaction (:meth:`stage_write`), in staging order."""
         self.appended = 0
         """Messages appended (or staged) since activation."""
 
@@ -351,9 +353,16 @@ class SessionWriter:
         """
         async with self._lock:
             batch = [*self._staged, *messages]
-            if batch:
-                extra = {} if also is None else {"also": also}
-                await self.store.append_messages(self.session_id, batch, **extra)
+            writes, self._staged_writes = self._staged_writes, []
+            if also is not None:
+                writes.append(also)
+            if batch or writes:
+                try:
+                    extra = {"also": _in_order(writes)} if writes else {}
+                    await self.store.append_messages(self.session_id, batch, **extra)
+                except BaseException:
+                    self._staged_writes[:0] = writes[: len(writes) - (also is not None)]
+                    raise
                 self._staged.clear()
                 self._add(messages)
             return list(self._messages)
@@ -376,8 +385,16 @@ class SessionWriter:
             self._staged.extend(messages)
             return list(self._messages)
 
+    def stage_write(self, write: Callable[[Any], None]) -> None:
+        """Run ``write(conn)`` in the transaction of the next :meth:`append` (or :meth:`flush`),
+        before that append's own ``also``: a turn's usage row goes with the turn's next write, one
+        write transaction less per LLM call (docs/decisions.md#spend-ledger). A write staged while
+        an append is in flight goes with the one after it."""
+        self._staged_writes.append(write)
+
     async def flush(self) -> None:
-        """Write the staged messages now, if any (an append without messages of its own).
+        """Write the staged messages and writes now, if any (an append without messages of its
+        own).
 
         Raises:
             Whatever ``store.append_messages`` raises (they stay staged).
@@ -389,12 +406,29 @@ class SessionWriter:
         """How many messages of the mirror SQL does not hold yet."""
         return len(self._staged)
 
+    @property
+    def staged_writes(self) -> int:
+        """How many staged writes (:meth:`stage_write`) wait for the next append."""
+        return len(self._staged_writes)
+
     def snapshot(self) -> list[AgentMessage]:
         """A copy of the current context messages (SQL order)."""
         return list(self._messages)
 
     def __len__(self) -> int:
         return len(self._messages)
+
+
+def _in_order(writes: list[Callable[[Any], None]]) -> Callable[[Any], None]:
+    """One ``also(conn)`` that runs ``writes`` in their order."""
+    if len(writes) == 1:
+        return writes[0]
+
+    def run(conn: Any) -> None:
+        for write in writes:
+            write(conn)
+
+    return run
 
 
 def find_marker(messages: Sequence[AgentMessage], custom_type: str, message_id: str) -> int | None:

@@ -19,16 +19,22 @@ creates the tables before the hosts start) knows it. It is create-only like them
 usage observer (:mod:`runtime.llm.usage`) that inserts the row through :meth:`Database.run_write`
 (inline on SQLite while the writer lock is free, else on the SQL thread pool, retried while the
 database is busy; docs/decisions.md#memory-sql-off-loop)
-and returns once it is committed — the call's end is seen only after that.
+and returns once it is committed — the call's end is seen only after that. A call of a turn's own
+(:data:`CARRIED_REASONS`) made inside :func:`carried_usage` has its row staged instead
+(:class:`UsageCarrier`): the turn's next write transaction inserts it (docs/decisions.md#spend-ledger).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import weakref
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Column, Float, Index, Integer, Text, insert
+from sqlalchemy import BigInteger, Boolean, Column, Connection, Float, Index, Integer, Text, insert
 from sqlmodel import Field, SQLModel
 
 from runtime import metrics
@@ -36,7 +42,18 @@ from runtime.llm.usage import CallUsage, add_usage_observer, remove_usage_observ
 from runtime.memory.db import Database
 from runtime.memory.tables import register_tables
 
-__all__ = ["USAGE_TABLE", "UsageLedger", "UsageLedgerRow", "install_ledger", "ledger_row", "write_usage"]
+__all__ = [
+    "CARRIED_REASONS",
+    "USAGE_TABLE",
+    "UsageCarrier",
+    "UsageLedger",
+    "UsageLedgerRow",
+    "carried_usage",
+    "insert_usage",
+    "install_ledger",
+    "ledger_row",
+    "write_usage",
+]
 
 log = logging.getLogger("sessionray.spend")
 
@@ -116,7 +133,71 @@ def write_usage(db: Database, rows: list[dict[str, Any]]) -> None:
     """Insert ``rows`` (:func:`ledger_row`) in one write transaction. Blocking: call through
     ``db.run_write``."""
     with db.connection(write=True) as conn:
-        conn.execute(_INSERT_USAGE, rows[0] if len(rows) == 1 else rows)
+        insert_usage(conn, rows)
+
+
+def insert_usage(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert ``rows`` (:func:`ledger_row`) inside the caller's write transaction ``conn``."""
+    conn.execute(_INSERT_USAGE, rows[0] if len(rows) == 1 else rows)
+
+
+CARRIED_REASONS = frozenset({"turn", "correction"})
+"""Attribution reasons of the calls whose row a turn's next write carries (the turn's own model
+calls); every other call (a sub-agent's, a compaction's, a probe's) writes its row at once."""
+
+
+class UsageCarrier:
+    """A turn's hold on the usage rows of its own calls: each goes into the turn's next write
+    transaction, ``stage(write)`` (the session writer's ``stage_write``), instead of a transaction
+    of its own (docs/decisions.md#spend-ledger). Open from :func:`carried_usage` until the turn
+    ends; a call that ends afterwards writes its row at once.
+
+    Args:
+        db: The database the turn writes to (a ledger on another one does not stage).
+        stage: Takes ``write(conn)`` for the turn's next write transaction.
+    """
+
+    def __init__(self, db: Database, stage: Callable[[Callable[[Connection], None]], None]) -> None:
+        self.db = db
+        self._stage = stage
+        self.open = True
+
+    def take(self, db: Database, call: CallUsage, rows: list[dict[str, Any]]) -> bool:
+        """Stage ``rows`` of ``call`` for the turn's next write; False (nothing staged) when the
+        turn ended, ``db`` is another database or the call is not one of the turn's own
+        (:data:`CARRIED_REASONS`)."""
+        reason = call.attribution.reason if call.attribution is not None else None
+        if not self.open or db is not self.db or reason not in CARRIED_REASONS:
+            return False
+        self._stage(functools.partial(_insert_carried, rows=rows))
+        return True
+
+
+def _insert_carried(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """A staged insert, in a savepoint of the turn's write: a row that cannot be written is
+    logged, counted and rolled back alone, and the turn's write goes on — accounting never breaks
+    a turn (docs/decisions.md#spend-ledger)."""
+    try:
+        with conn.begin_nested():
+            insert_usage(conn, rows)
+    except Exception:
+        metrics.USAGE_LEDGER_FAILURES.inc()
+        log.exception("usage of a call of %s not recorded", rows[0].get("model"))
+
+
+_CARRIER: ContextVar[UsageCarrier | None] = ContextVar("sessionray_usage_carrier", default=None)
+
+
+@contextlib.contextmanager
+def carried_usage(carrier: UsageCarrier) -> Iterator[UsageCarrier]:
+    """Within the block (and the tasks it starts), the turn's own calls' rows go to
+    ``carrier``; it is closed when the block ends."""
+    token = _CARRIER.set(carrier)
+    try:
+        yield carrier
+    finally:
+        carrier.open = False
+        _CARRIER.reset(token)
 
 
 class UsageLedger:
@@ -137,6 +218,8 @@ class UsageLedger:
         if db is None or db.closed:  # the process is shutting its database down
             return
         rows = [ledger_row(call)]
+        if (carrier := _CARRIER.get()) is not None and carrier.take(db, call, rows):
+            return  # committed with the turn's next write (docs/decisions.md#spend-ledger)
         try:
             await db.run_write(lambda: write_usage(db, rows), inline=True)
         except Exception:

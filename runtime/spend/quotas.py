@@ -12,8 +12,8 @@
   sum per limit; a limit is exceeded once its sum reached it (``used >= limit``; in USD within
   :data:`USD_EPSILON`). Masters are
   exempt. A turn that started below its quota finishes, so the overshoot is at most what the
-  turns already running spend (the ledger row of each call is committed before its turn goes on:
-  :mod:`runtime.llm.usage`, so consecutive turns see each other's spend exactly).
+  turns already running spend (the ledger row of each call is committed before its turn ends:
+  :mod:`runtime.spend.ledger`, so consecutive turns see each other's spend exactly).
 """
 
 from __future__ import annotations

@@ -159,6 +159,7 @@ def test_a_stale_owner_cannot_finish_or_step(db: Database) -> None:
     for write in (
         lambda: ledger.begin_step(db, "r6", "0:a", 0, 1, 60_000),
         lambda: ledger.finish_step(db, "r6", "0:a", 0, "m"),
+        lambda: ledger.finish_step(db, "r6", "0:a", 0, "m", last=True),
         lambda: ledger.skip_uncertain_step(db, "r6", "0:a"),
         lambda: ledger.finish(db, "r6", "0:a", "sent", None),
     ):
@@ -175,10 +176,11 @@ async def test_what_one_reply_writes_the_transcript_in_the_last_write(
 ) -> None:
     """A fresh single-step reply over HTTP. Queued by a turn (the message path): the chat's queue
     read without a write, the claim and step 0's mark in one UPDATE as the request is written,
-    the send, finish_step(last) with the outbound transcript row in a savepoint of the same
-    transaction — ``REPLY_WRITES_OVER_HTTP`` (2) write transactions. Handed straight to the
-    actor: the claim inserts the row first, and the mark is a write of its own (not at the claim:
-    docs/decisions.md#delivery-uncertain) — one more (docs/decisions.md#delivery-ledger)."""
+    the send, finish_step(last) — one UPDATE, no read — with the outbound transcript row in a
+    savepoint of the same transaction — ``REPLY_WRITES_OVER_HTTP`` (2) write transactions.
+    Handed straight to the actor: the claim inserts the row first, and the mark is a write of its
+    own (not at the claim: docs/decisions.md#delivery-uncertain) — one more
+    (docs/decisions.md#delivery-ledger)."""
     url = f"sqlite:///{tmp_path / 'send.db'}"
     with PlatformApiServer(fixtures_dir) as api:
         sender = DeliverySender(DeliverySettings(database_url=url, bots=[onebot_bot(api.base_url)]), 0, "0:t")
@@ -216,8 +218,7 @@ async def test_what_one_reply_writes_the_transcript_in_the_last_write(
         "BEGIN IMMEDIATE",
         "UPDATE delivery_ledger",  # step 0 on the wire (queued: the claim too): the request is being written
         "BEGIN IMMEDIATE",
-        "SELECT delivery_ledger.message_ids,",  # finish_step(last=True)
-        "UPDATE delivery_ledger",
+        "UPDATE delivery_ledger",  # finish_step(last=True) of step 0: one UPDATE, no read first
         "SAVEPOINT sa_savepoint_1",
         "INSERT im_transcripts",  # the outbound transcript, in the same transaction
         "RELEASE SAVEPOINT",

@@ -489,15 +489,15 @@ async def test_a_call_written_and_never_answered_is_uncertain_not_resent(
 async def test_one_message_costs_the_documented_write_transactions(
     tmp_path: Path, api: PlatformApiServer
 ) -> None:
-    """One message costs ``SQL_WRITES_PER_MESSAGE`` (4) SQL write transactions after the ingress
-    stored it — the number docs/architecture.md quotes (tests/docs checks the quote): the LLM
-    call's usage row (docs/decisions.md#spend-ledger); the staged inbound record and user message,
-    the final assistant message and ``im_reply`` with the reply's ``queued`` ledger row
-    (docs/decisions.md#session-turn-records); the delivery's claim and step 0's mark on the wire
-    in one UPDATE, written as the request is (a sender killed before it leaves the row queued, a
-    sender killed while connecting nothing uncertain: docs/decisions.md#delivery-outbox,
-    docs/decisions.md#delivery-uncertain), after a read of the chat's queue that writes nothing;
-    step done with the outbound transcript row."""
+    """One message costs ``SQL_WRITES_PER_MESSAGE`` (3) SQL write transactions after the ingress
+    stored it — the number docs/architecture.md quotes (tests/docs checks the quote): the staged
+    inbound record and user message, the LLM call's staged usage row
+    (docs/decisions.md#spend-ledger), the final assistant message and ``im_reply`` with the
+    reply's ``queued`` ledger row (docs/decisions.md#session-turn-records); the delivery's claim
+    and step 0's mark on the wire in one UPDATE, written as the request is (a sender killed before
+    it leaves the row queued, a sender killed while connecting nothing uncertain:
+    docs/decisions.md#delivery-outbox, docs/decisions.md#delivery-uncertain), after a read of the
+    chat's queue that writes nothing; step done with the outbound transcript row."""
     url = f"sqlite:///{tmp_path / 'writes.db'}"
     db = Database(url)
     db.create_tables()
@@ -540,9 +540,14 @@ async def test_one_message_costs_the_documented_write_transactions(
         await sender.close()
         db.dispose()
     assert writes == [
-        ["INSERT llm_usage"],  # the one LLM call, committed before its end is seen
-        # the staged im_inbound + user message, the final answer + im_reply, the queued ledger row
-        ["UPDATE agent_sessions", *["INSERT agent_messages"] * 4, "INSERT delivery_ledger"],
+        # the staged im_inbound + user message, the final answer + im_reply, the LLM call's
+        # staged usage row, the queued ledger row
+        [
+            "UPDATE agent_sessions",
+            *["INSERT agent_messages"] * 4,
+            "INSERT llm_usage",
+            "INSERT delivery_ledger",
+        ],
         ["UPDATE delivery_ledger"],  # claimed with step 0's mark on the wire, as its request is written
         ["UPDATE delivery_ledger", "INSERT im_transcripts"],  # step done, sent; the transcript
     ]
