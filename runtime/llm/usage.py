@@ -36,6 +36,7 @@ from runtime.llm.events import AssistantMessageEvent, AssistantMessageEventStrea
 from runtime.llm.types import AssistantMessage, Cost, Model, ModelCost, Usage, now_ms
 
 __all__ = [
+    "MAX_COUNT",
     "CallUsage",
     "UsageObserver",
     "add_usage_observer",
@@ -128,31 +129,36 @@ async def report_usage(call: CallUsage) -> None:
             log.exception("usage observer %r failed for a call of %s", fn, call.model)
 
 
+MAX_COUNT = 2**63 - 1
+"""The largest token count recorded (a 64-bit SQL integer); a larger reported one is cut to it."""
+
+
 def _count(value: object) -> int:
-    """A reported token count as a whole number ≥ 0 (anything else: 0)."""
+    """A reported token count as a whole number in 0 … :data:`MAX_COUNT` (anything else: 0)."""
     if isinstance(value, bool):
         return 0
     if isinstance(value, str):
         value = value.strip()
         if not value.isdigit():
             return 0
-        return int(value)
+        return min(int(value), MAX_COUNT)
     if isinstance(value, int):
-        return max(value, 0)
+        return min(max(value, 0), MAX_COUNT)
     if isinstance(value, float) and math.isfinite(value):
-        return max(int(value), 0)
+        return min(max(int(value), 0), MAX_COUNT)
     return 0
 
 
 def sane_usage(usage: Usage) -> Usage:
-    """``usage`` with every token count a whole number ≥ 0 (a negative, NaN, missing or non-numeric
-    count from a provider becomes 0, a float is truncated, a digit string is read) and a cost total
+    """``usage`` with every token count a whole number in 0 … :data:`MAX_COUNT` (a negative, NaN,
+    missing or non-numeric count from a provider becomes 0, a float is truncated, a digit string is
+    read, a count beyond a 64-bit SQL integer is cut to it) and a cost total
     that is finite and ≥ 0 (else 0, so :func:`call_cost` prices the tokens): the ledger's sums and
     the quotas built on them never go backwards or become NaN (docs/decisions.md#spend-ledger)."""
     counts = {k: _count(getattr(usage, k, 0)) for k in ("input", "output", "cache_read", "cache_write")}
     total = getattr(getattr(usage, "cost", None), "total", 0.0)
     ok_total = isinstance(total, int | float) and math.isfinite(total) and total >= 0
-    clean = Usage(**counts, total_tokens=sum(counts.values()))
+    clean = Usage(**counts, total_tokens=min(sum(counts.values()), MAX_COUNT))
     if ok_total and isinstance(usage.cost, Cost):
         clean.cost = usage.cost.model_copy()
     return clean

@@ -395,6 +395,8 @@ class SessionCore:
         with the final answer and one ``im_reply`` marker per answered message; an abort sends the
         fixed notice (a master's) or nothing (the session's close: the inbox replays the entry)."""
         aborted = ctl.abort_controller.signal.aborted
+        if prev is not None and not prev.done():
+            await self._write_staged_usage(waiting=True)  # its calls' rows must not wait for prev
         if prev is not None:
             await asyncio.shield(prev)  # chat order: the previous turn hands its reply first
         if aborted:
@@ -420,12 +422,13 @@ class SessionCore:
         outcome: Literal["ok", "empty", "aborted"] = "empty" if reply.is_empty() else "ok"
         return answering.result(lead, "aborted" if aborted else outcome, preview=preview)
 
-    async def _write_staged_usage(self) -> None:
-        """A turn ended and no other runs: the usage rows no write carried (a call that ended
-        after its turn's last write) are written now (while another turn runs, its writes or its
-        end carry them). Never raises (a failed write is logged; the rows stay staged for the
-        session's next write)."""
-        if self.writer.staged_writes and not self._active:
+    async def _write_staged_usage(self, *, waiting: bool = False) -> None:
+        """Write the staged usage rows now: when a turn ended and no other runs (a call that
+        ended after its turn's last write; while another turn runs, its writes or its end carry
+        them), or — ``waiting`` — when a turn is about to wait for the previous turn's hand-over
+        (chat order), which may take as long as that turn's tools run. Never raises (a failed
+        write is logged; the rows stay staged for the session's next write)."""
+        if self.writer.staged_writes and (waiting or not self._active):
             try:
                 await self.writer.flush()
             except Exception:

@@ -360,7 +360,7 @@ class SessionWriter:
                 try:
                     extra = {"also": _in_order(writes)} if writes else {}
                     await self.store.append_messages(self.session_id, batch, **extra)
-                except BaseException:
+                except Exception:  # cancelled: the write may still commit, so nothing is staged again
                     self._staged_writes[:0] = writes[: len(writes) - (also is not None)]
                     raise
                 self._staged.clear()

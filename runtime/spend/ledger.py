@@ -26,6 +26,7 @@ and returns once it is committed — the call's end is seen only after that. A c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -155,22 +156,34 @@ class UsageCarrier:
     Args:
         db: The database the turn writes to (a ledger on another one does not stage).
         stage: Takes ``write(conn)`` for the turn's next write transaction.
+
+    Raises:
+        RuntimeError: built outside a running event loop (it stages for the turn's loop only).
     """
 
     def __init__(self, db: Database, stage: Callable[[Callable[[Connection], None]], None]) -> None:
         self.db = db
         self._stage = stage
+        self._loop = asyncio.get_running_loop()
         self.open = True
 
     def take(self, db: Database, call: CallUsage, rows: list[dict[str, Any]]) -> bool:
         """Stage ``rows`` of ``call`` for the turn's next write; False (nothing staged) when the
-        turn ended, ``db`` is another database or the call is not one of the turn's own
-        (:data:`CARRIED_REASONS`)."""
+        turn ended, ``db`` is another database, the call is not one of the turn's own
+        (:data:`CARRIED_REASONS`) or it ended on another event loop than the turn's (a tool's
+        worker thread: the writer belongs to the turn's loop)."""
         reason = call.attribution.reason if call.attribution is not None else None
-        if not self.open or db is not self.db or reason not in CARRIED_REASONS:
+        if not self.open or db is not self.db or reason not in CARRIED_REASONS or not self._on_loop():
             return False
         self._stage(functools.partial(_insert_carried, rows=rows))
         return True
+
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
 
 def _insert_carried(conn: Connection, rows: list[dict[str, Any]]) -> None:

@@ -5,6 +5,7 @@ tests/session/test_writer_staging.py's wrapper."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,11 +15,11 @@ from sqlalchemy import event, select, text
 
 from runtime.llm.attribution import CallAttribution, CallReason
 from runtime.llm.types import Usage
-from runtime.llm.usage import CallUsage
+from runtime.llm.usage import MAX_COUNT, CallUsage, sane_usage
 from runtime.memory.db import Database
 from runtime.spend.ledger import USAGE_TABLE, UsageCarrier, UsageLedger, carried_usage, ledger_row
 from tests.session.recorder import Recorder
-from tests.session.test_session_core import open_core, turn
+from tests.session.test_session_core import open_core, turn, wait_for
 from tests.session.test_writer_staging import CountingStore
 
 
@@ -116,3 +117,29 @@ async def test_a_usage_row_that_cannot_be_written_never_fails_the_turns_write(
     assert (await core.submit(turn(1, "echo 1"))).outcome == "ok"  # the hand-over went through
     assert metric("sessionray_usage_ledger_failures_total") == 1.0
     assert core.writer.staged_writes == 0
+
+
+async def test_a_turn_waiting_for_an_earlier_hand_over_commits_its_rows_first(
+    repo: Any, tmp_path: Path
+) -> None:
+    core = await open_core(repo, tmp_path, Recorder(), turns=4)
+    gate = tmp_path / "markers" / "gate-g1"
+    first = asyncio.ensure_future(core.submit(turn(1, "ablock g1")))  # held in its tool
+    await wait_for(lambda: gate.with_suffix(".waiting").exists())
+    second = asyncio.ensure_future(core.submit(turn(2, "echo 2")))  # answers, then waits (chat order)
+    await wait_for(lambda: ("m2", "turn") in [tuple(r) for r in usage_rows(repo.db)])
+    assert not first.done() and not second.done()  # both still running: the row did not wait
+    gate.with_suffix(".open").write_text("")
+    assert [r.outcome for r in await asyncio.gather(first, second)] == ["ok", "ok"]
+    assert sorted(tuple(r) for r in usage_rows(repo.db)) == [("m1", "turn"), ("m1", "turn"), ("m2", "turn")]
+
+
+async def test_a_token_count_beyond_a_64_bit_integer_is_recorded_cut_to_it(repo: Any, tmp_path: Path) -> None:
+    db = repo.db
+    ledger = UsageLedger(db)
+    huge = CallUsage("faux/m", "faux", sane_usage(Usage(input=2**64, output=5)), 0.0, "stop", None, 1)
+    await ledger(huge)
+    with db.connection() as conn:
+        assert list(conn.execute(select(USAGE_TABLE.c.input_tokens, USAGE_TABLE.c.output_tokens))) == [
+            (MAX_COUNT, 5)
+        ]
