@@ -96,12 +96,15 @@ class _Client:
         self.busy = self.lost = self.resent = 0
 
     async def send(self, user: int, text: str, t0: float | None = None) -> tuple[float, float] | None:
-        """Post ``text`` from ``user`` (a 503 or a transport error is retried after 50 ms) and wait
-        for ``re: text`` at the platform API. Returns ``(webhook round trip ms, reply latency ms)``
-        measured from ``t0`` (default: now), or None when the reply did not come (``lost``).
+        """Post ``text`` from ``user`` (a 503 or a transport error is retried after 50 ms, for at
+        most :data:`REPLY_TIMEOUT_S`) and wait for ``re: text`` at the platform API. Returns
+        ``(webhook round trip ms, reply latency ms)`` measured from ``t0`` (default: now), or None
+        when the reply did not come (``lost``).
 
         Raises:
-            RuntimeError: the webhook answered neither 200 nor 503.
+            RuntimeError: the webhook answered neither 200 nor 503, or kept failing or answering
+                503 for :data:`REPLY_TIMEOUT_S` (a runtime that is gone, e.g. its driver killed:
+                the load ends instead of posting forever).
         """
         import httpx
 
@@ -111,6 +114,8 @@ class _Client:
         done = self.api.expect(f"re: {text}")
         t0 = time.perf_counter() if t0 is None else t0
         while True:
+            if time.perf_counter() - t0 > REPLY_TIMEOUT_S:  # the runtime is gone: end the whole load
+                raise RuntimeError(f"webhook unreachable or busy for {REPLY_TIMEOUT_S:.0f} s")
             try:
                 resp = await self.client.post(self.endpoint, content=body, headers=_JSON)
             except httpx.TransportError:  # e.g. a keep-alive connection the server just closed

@@ -34,13 +34,20 @@ _RAY_DAEMONS = {"ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent"}
 SESSIONRAY = str(VENV_BIN / "sessionray")
 
 
+_GIVEN: set[int] = set()
+"""Ports :func:`free_port` returned in this process: never returned twice (the kernel may hand a
+just-closed port out again, and Ray refuses a node whose components were given the same port)."""
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (outside Ray's worker range 10002–19999)."""
+    """A TCP port free on 127.0.0.1 right now (outside Ray's worker range 10002–19999), never one
+    this process was given before."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if not 10002 <= port <= 19999:
+        if not 10002 <= port <= 19999 and port not in _GIVEN:
+            _GIVEN.add(port)
             return port
     raise RuntimeError("no free port outside 10002-19999")
 
@@ -177,7 +184,8 @@ class RayCluster:
     def _start_node(self, name: str, args: list[str], resources: dict[str, float], num_cpus: int) -> Proc:
         """Start one node and wait for "Ray runtime started". Ray gives a raylet a hard-coded 30 s
         to register with the GCS; on an overloaded machine that can fail, so a node whose
-        `ray start` exits with that timeout is started again (at most 3 attempts)."""
+        `ray start` exits with that timeout, or refuses a port given twice, is started again with
+        new ports (at most 3 attempts)."""
         for attempt in range(1, 4):
             metrics_port = free_port()
             argv = [
@@ -202,7 +210,9 @@ class RayCluster:
                 self.metrics_ports.append(metrics_port)
                 return node
             node.stop(grace_s=2)
-            if "timed out during startup" not in node.log.read_text(errors="replace") or attempt == 3:
+            log_text = node.log.read_text(errors="replace")
+            retry = "timed out during startup" in log_text or "is trying to use a port number" in log_text
+            if not retry or attempt == 3:  # a port taken since it was drawn: draw new ones
                 raise AssertionError(f"{name} exited with {node.popen.returncode}\n{node.output()}")
         raise AssertionError("unreachable")
 
