@@ -136,17 +136,16 @@ MAX_COUNT = 2**63 - 1
 def _count(value: object) -> int:
     """A reported token count as a whole number in 0 … :data:`MAX_COUNT` (anything else: 0)."""
     if isinstance(value, bool):
-        return 0
-    if isinstance(value, str):
-        value = value.strip()
-        if not value.isdigit():
-            return 0
-        return min(int(value), MAX_COUNT)
-    if isinstance(value, int):
-        return min(max(value, 0), MAX_COUNT)
-    if isinstance(value, float) and math.isfinite(value):
-        return min(max(int(value), 0), MAX_COUNT)
-    return 0
+        n = 0
+    elif isinstance(value, str):
+        n = int(value.strip()) if value.strip().isdigit() else 0
+    elif isinstance(value, int):
+        n = value
+    elif isinstance(value, float) and math.isfinite(value):
+        n = int(value)
+    else:
+        n = 0
+    return min(max(n, 0), MAX_COUNT)
 
 
 def sane_usage(usage: Usage) -> Usage:

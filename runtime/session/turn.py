@@ -353,15 +353,14 @@ class SessionWriter:
         """
         async with self._lock:
             batch = [*self._staged, *messages]
-            writes, self._staged_writes = self._staged_writes, []
-            if also is not None:
-                writes.append(also)
+            staged, self._staged_writes = self._staged_writes, []
+            writes = staged if also is None else [*staged, also]
             if batch or writes:
                 try:
                     extra = {"also": _in_order(writes)} if writes else {}
                     await self.store.append_messages(self.session_id, batch, **extra)
-                except Exception:  # cancelled: the write may still commit, so nothing is staged again
-                    self._staged_writes[:0] = writes[: len(writes) - (also is not None)]
+                except Exception:  # not on cancellation: that write may still commit
+                    self._staged_writes[:0] = staged
                     raise
                 self._staged.clear()
                 self._add(messages)

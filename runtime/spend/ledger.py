@@ -178,7 +178,6 @@ class UsageCarrier:
         self._stage(functools.partial(_insert_carried, rows=rows))
         return True
 
-
     def _on_loop(self) -> bool:
         try:
             return asyncio.get_running_loop() is self._loop
