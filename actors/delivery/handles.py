@@ -87,11 +87,20 @@ class DeliveryPool:
         that owner's ``pending`` rows of its partition and sweeps (``DeliveryActor.take_over``),
         without waiting (docs/decisions.md#delivery-in-host). A call that cannot be sent is
         logged: the rows' leases run out and the periodic sweep takes them."""
+        self._each("take_over", owner)
+
+    def take_over_orphans(self, live: list[str]) -> None:
+        """:meth:`take_over` of every session host's rows but those of the ``live`` owner ids
+        (``DeliveryActor.take_over_orphans``): the host supervisor (re)started, and the hosts of
+        its previous incarnation (or of an earlier Ray instance) are gone."""
+        self._each("take_over_orphans", live)
+
+    def _each(self, method: str, arg: Any) -> None:
         for handle in self.handles:
             try:
-                handle.take_over.remote(owner)
+                getattr(handle, method).remote(arg)
             except Exception as exc:
-                log.warning("take-over of %s's replies not sent (%r); their leases run out", owner, exc)
+                log.warning("%s(%r) not sent (%r); the replies' leases run out", method, arg, exc)
 
     async def deliver(self, job: DeliveryJob, *, restart_wait_s: float = 60.0) -> DeliveryResult:
         """``pick(job.session_key).deliver(job)``; if the actor died mid-call, call again until its

@@ -48,7 +48,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -56,6 +57,9 @@ from actors.delivery.handles import NAMESPACE, DeliveryPool, delivery_actor_name
 from actors.raylife.self_kick import kick_self
 from runtime import tracing
 from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySettings, partition_of
+
+if TYPE_CHECKING:
+    from runtime.memory.db import Database
 
 __all__ = [
     "NAMESPACE",
@@ -137,15 +141,30 @@ class DeliveryActor:
         partition over (this actor holds them now, so no other actor's sweep takes them) and
         sweep, so its replies are resumed at once (docs/decisions.md#delivery-in-host); returns
         how many rows were taken."""
-        await self._start()
         from runtime.delivery import ledger
 
-        db, partition, me, lease_ms = self.sender.db, self.sender.partition, self.owner, self.sender.lease_ms
-        released = await db.run_write(
-            lambda: ledger.release_owner(db, owner, partition=partition, to=me, lease_ms=lease_ms)
+        return await self._take(
+            owner,
+            lambda db, p, me, lease: ledger.release_owner(db, owner, partition=p, to=me, lease_ms=lease),
         )
+
+    async def take_over_orphans(self, live: list[str]) -> int:
+        """:meth:`take_over` of every session host's rows but those of the ``live`` owner ids: the
+        host supervisor (re)started, and the hosts it had died with it; returns how many rows
+        were taken."""
+        from runtime.delivery import ledger
+
+        return await self._take(
+            "hosts that are gone",
+            lambda db, p, me, lease: ledger.release_dead_hosts(db, live, partition=p, to=me, lease_ms=lease),
+        )
+
+    async def _take(self, whose: str, release: Callable[[Database, int, str, int], int]) -> int:
+        await self._start()
+        db, partition, me, lease_ms = self.sender.db, self.sender.partition, self.owner, self.sender.lease_ms
+        released = await db.run_write(lambda: release(db, partition, me, lease_ms))
         if released:
-            log.info("delivery actor %s takes over %d reply(ies) of %s", self.owner, released, owner)
+            log.info("delivery actor %s takes over %d reply(ies) of %s", self.owner, released, whose)
         await self.sender.sweep()
         return released
 

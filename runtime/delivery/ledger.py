@@ -52,6 +52,7 @@ through :meth:`runtime.memory.db.Database.run_write`, the readers through
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack
 
@@ -102,6 +103,7 @@ __all__ = [
     "fresh",
     "get_entry",
     "record_uncertain",
+    "release_dead_hosts",
     "release_owner",
     "renew",
     "resumable",
@@ -441,19 +443,34 @@ def release_owner(
     other actor's sweep takes them first); None: their leases end, and whoever claims them next
     takes them. A step on the wire is recorded ``uncertain`` by the next owner's claim, as
     always. Returns the rows taken. One write transaction."""
+    where = [col(DeliveryLedgerRow.owner) == owner]
+    if partition is not None:
+        where.append(col(DeliveryLedgerRow.partition) == partition)
+    if reply_id is not None:
+        where.append(col(DeliveryLedgerRow.reply_id) == reply_id)
+    return _release(db, where, to, lease_ms)
+
+
+def release_dead_hosts(db: Database, live: Collection[str], *, partition: int, to: str, lease_ms: int) -> int:
+    """:func:`release_owner` for every session host's ``pending`` rows of ledger ``partition``
+    except those of the ``live`` host owner ids: a host supervisor that starts (again) owns no
+    host yet but those it just created, so a row of any other host was left by a host that died
+    with its previous incarnation, or with an earlier Ray instance (docs/decisions.md#delivery-in-host).
+    Returns the rows taken. One write transaction."""
+    owner = col(DeliveryLedgerRow.owner)
+    where = [owner.startswith(f"{HOST_OWNER_PREFIX}:"), col(DeliveryLedgerRow.partition) == partition]
+    if live:
+        where.append(owner.not_in(list(live)))
+    return _release(db, where, to, lease_ms)
+
+
+def _release(db: Database, where: list[Any], to: str | None, lease_ms: int) -> int:
     values: dict[str, Any] = {"lease_until": 0}
     if to is not None:
         values = {"owner": to, "lease_until": now_ms() + lease_ms}
     stmt = (
-        update(DeliveryLedgerRow)
-        .where(col(DeliveryLedgerRow.owner) == owner)
-        .where(col(DeliveryLedgerRow.status) == "pending")
-        .values(**values)
+        update(DeliveryLedgerRow).where(col(DeliveryLedgerRow.status) == "pending", *where).values(**values)
     )
-    if partition is not None:
-        stmt = stmt.where(col(DeliveryLedgerRow.partition) == partition)
-    if reply_id is not None:
-        stmt = stmt.where(col(DeliveryLedgerRow.reply_id) == reply_id)
     with db.connection(write=True) as conn:
         return int(conn.execute(stmt).rowcount or 0)
 

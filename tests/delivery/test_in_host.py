@@ -180,6 +180,49 @@ async def test_a_dead_hosts_pending_reply_is_released_and_resumed_by_the_sweep(
         await chat.close()
 
 
+def test_a_restarted_supervisor_releases_every_gone_hosts_rows_of_a_partition_but_the_live_ones(
+    db: Database,
+) -> None:
+    """``release_dead_hosts`` (a host supervisor's start: docs/decisions.md#delivery-in-host) takes
+    the pending rows of every host owner but the live ones, in its partition only; a delivery
+    actor's row and a finished row stay as they are."""
+    rows = {  # reply id → (partition, owner; None: left queued)
+        "gone": (0, host_owner("gone")),
+        "gone-too": (0, host_owner("also-gone")),
+        "live": (0, host_owner("live")),
+        "actor": (0, "0:abc"),
+        "queued": (0, None),
+        "other-partition": (1, host_owner("gone")),
+        "sent": (0, host_owner("gone")),
+    }
+    for i, (reply_id, (partition, owner)) in enumerate(rows.items()):
+        with db.connection(write=True) as conn:
+            outbox.queue_writer(text_job("x", scene_id=str(30_000 + i), reply_id=reply_id), partition, 1_000)(
+                conn
+            )
+        if owner is not None:
+            ledger.claim_queued(db, reply_id, owner, 60_000)
+    ledger.finish(db, "sent", host_owner("gone"), "sent", None)
+    live = [host_owner("live")]
+    assert ledger.release_dead_hosts(db, live, partition=0, to="0:d", lease_ms=60_000) == 2
+    owners = {r: ledger.get_entry(db, r).owner for r in rows}  # type: ignore[union-attr]
+    assert owners == {
+        "gone": "0:d",
+        "gone-too": "0:d",
+        "live": host_owner("live"),
+        "actor": "0:abc",
+        "queued": "",
+        "other-partition": host_owner("gone"),
+        "sent": host_owner("gone"),
+    }
+    assert [state(db, r) for r in ("gone", "gone-too", "queued", "sent")] == [
+        "pending",
+        "pending",
+        "queued",
+        "sent",
+    ]
+
+
 async def test_a_reply_its_actor_left_behind_the_hosts_head_is_sent_after_it(
     db: Database, fixtures_dir: Path
 ) -> None:

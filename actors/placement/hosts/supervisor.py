@@ -140,19 +140,31 @@ class HostSupervisor:
         self._unpinnable: dict[str, float] = {}
         """Node id → until when (monotonic s) no host is pinned there (a pinned start failed)."""
         self.stats = {"created": 0, "cold": 0, "replaced": 0, "hung": 0}
+        # Each incarnation starts itself: after a crash Ray restarts this actor (``max_restarts=-1``)
+        # and nobody calls start() again. __init__ runs on the actor's event loop in Ray 2.60; were
+        # it not, the first call from a router shard starts it.
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().call_soon(self._begin)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, wait: bool = False, timeout_s: float = READY_TIMEOUT_S) -> int:
         """Start ``min_hosts`` hosts and the health loop (idempotent); with ``wait``, return once
         they answer (or ``timeout_s`` passed). Returns the number of ready hosts."""
-        if not self._tasks:
-            self._tasks = [asyncio.create_task(self._health_loop())]
-            for _ in range(max(0, self.rt.min_hosts - len(self._hosts) - len(self._creating))):
-                self._spawn_host()
+        self._begin()
         if wait and self._creating:
             await asyncio.wait(set(self._creating.values()), timeout=timeout_s)
         return sum(1 for h in self._hosts.values() if h.ready)
+
+    def _begin(self) -> None:
+        """:meth:`start`'s work, once per incarnation: the health loop, ``min_hosts`` hosts, and
+        the replies of hosts that are gone to the delivery actors (:meth:`_take_over`)."""
+        if self._tasks:
+            return
+        self._tasks = [asyncio.create_task(self._health_loop())]
+        for _ in range(max(0, self.rt.min_hosts - len(self._hosts) - len(self._creating))):
+            self._spawn_host()
+        self._take_over(None)
 
     async def shutdown(self) -> int:
         """Close every host's sessions and kill the hosts; returns how many hosts there were."""
@@ -215,19 +227,26 @@ class HostSupervisor:
                 self._take_over(key)
         metrics.HOSTS.set(sum(1 for h in self._hosts.values() if h.ready))
 
-    def _take_over(self, key: str) -> None:
-        """Hand the replies the removed host ``key`` was sending itself to the delivery actors
-        (``DeliveryPool.take_over``; docs/decisions.md#delivery-in-host), now and again
-        :data:`TAKE_OVER_AGAIN_S` later."""
+    def _take_over(self, key: str | None) -> None:
+        """Hand the replies that session hosts were sending themselves to the delivery actors
+        (docs/decisions.md#delivery-in-host), now and again :data:`TAKE_OVER_AGAIN_S` later:
+        those of the removed host ``key`` (``DeliveryPool.take_over``); None, at this supervisor's
+        start, those of every host but its own (``DeliveryPool.take_over_orphans``): the hosts of
+        its previous incarnation died with it, and their head replies would wait for their
+        leases (60 s) and the next sweep."""
         from runtime.delivery.in_host import host_owner
 
-        take_over = getattr(self._args[2], "take_over", None)
-        if take_over is None:
+        pool = self._args[2]
+        if key is not None and hasattr(pool, "take_over"):
+            call = lambda: pool.take_over(host_owner(key))  # noqa: E731
+        elif key is None and hasattr(pool, "take_over_orphans"):
+            call = lambda: pool.take_over_orphans([host_owner(k) for k in self._hosts])  # noqa: E731
+        else:
             return
-        take_over(host_owner(key))
+        call()
         # ray.kill returns before the process is gone: a head it claimed meanwhile is taken then
         with contextlib.suppress(RuntimeError):  # no running loop (not in the actor)
-            asyncio.get_running_loop().call_later(TAKE_OVER_AGAIN_S, take_over, host_owner(key))
+            asyncio.get_running_loop().call_later(TAKE_OVER_AGAIN_S, call)
 
     def _top_up(self) -> None:
         """Start hosts until ``min_hosts`` exist and ``headroom`` slots are free (up to the limit),
@@ -294,6 +313,7 @@ class HostSupervisor:
     async def hosts(self) -> list[dict[str, Any]]:
         """The ready hosts: ``[{"host_id", "handle", "index", "live", "oldest_idle_s", "cap"}]``
         (``live`` and ``oldest_idle_s`` as of the last health check)."""
+        self._begin()
         return [self._row(k, h) for k, h in self._hosts.items() if h.ready]
 
     def _row(self, key: str, h: _Host) -> dict[str, Any]:
@@ -312,6 +332,7 @@ class HostSupervisor:
         an idle session for room). Each caller claims one of a starting host's ``cap`` slots, so
         a burst of new sessions starts as many hosts as it needs (strict mode: one per session)
         instead of all waiting on one (docs/decisions.md#session-hosts)."""
+        self._begin()
         key = next((k for k in self._creating if self._claims.get(k, 0) < self.cap), None)
         if key is None:
             if len(self._hosts) >= self.most:
@@ -335,6 +356,7 @@ class HostSupervisor:
     async def report_dead(self, host_id: str) -> bool:
         """A shard saw a call to ``host_id`` fail as if the host died. Returns whether it was
         removed (it did not answer a ping within 5 s); a replacement starts as needed."""
+        self._begin()
         host = self._hosts.get(host_id)
         if host is None:
             return True

@@ -110,3 +110,28 @@ async def test_the_delivery_actors_take_over_the_replies_of_a_removed_host(in_ho
         assert entry.owner.startswith("0:") and entry.steps_done == 1
     finally:
         db.dispose()
+
+
+async def test_a_crashed_supervisor_hands_the_replies_its_hosts_held_to_the_delivery_actors(
+    in_host: Harness,
+) -> None:
+    """The host supervisor is killed and restarted by Ray; the hosts it owned died with it. A reply
+    such a host had claimed (not on the wire) is sent once the new incarnation starts, not after
+    its 60 s lease and the next sweep (chaos CI ``supervisor_kill``: a chat's later replies waited
+    behind it past the 60 s drain). Last in this module: it kills the module runtime's hosts."""
+    import ray
+
+    h, user, text = in_host, "70004", "held by a host that died with its supervisor"
+    job = text_job(text, scene_id=user, reply_id="T2")
+    db = Database(str(h.config.database.url))
+    try:
+        with db.connection(write=True) as conn:
+            outbox.queue_writer(job, 0, 1_000)(conn)
+        assert ledger.claim_queued(db, "T2", "host:died-with-the-supervisor", 60_000) is not None
+        ray.kill(h.rt.hosts, no_restart=False)  # a crash: Ray restarts the detached supervisor
+        await eventually(lambda: h.sent(user) == [text], 40, "the send after the supervisor's restart")
+        sent = lambda: (e := ledger.get_entry(db, "T2")) is not None and e.status == "sent" and e  # noqa: E731
+        entry = await eventually(sent, 30, "the close")
+        assert entry.owner.startswith("0:") and entry.steps_done == 1
+    finally:
+        db.dispose()
