@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import event, select, text
 
 from runtime.llm.attribution import CallAttribution, CallReason
@@ -18,6 +19,7 @@ from runtime.llm.types import Usage
 from runtime.llm.usage import MAX_COUNT, CallUsage, sane_usage
 from runtime.memory.db import Database
 from runtime.spend.ledger import USAGE_TABLE, UsageCarrier, UsageLedger, carried_usage, ledger_row
+from tests.memory.pg_schema import create_schema, drop_schema
 from tests.session.recorder import Recorder
 from tests.session.test_session_core import open_core, turn, wait_for
 from tests.session.test_writer_staging import CountingStore
@@ -117,6 +119,35 @@ async def test_a_usage_row_that_cannot_be_written_never_fails_the_turns_write(
     assert (await core.submit(turn(1, "echo 1"))).outcome == "ok"  # the hand-over went through
     assert metric("sessionray_usage_ledger_failures_total") == 1.0
     assert core.writer.staged_writes == 0
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+async def test_a_staged_row_that_fails_is_rolled_back_alone_and_the_write_goes_on(
+    dialect: str, request: pytest.FixtureRequest, tmp_path: Path, metric: Any
+) -> None:
+    """The staged insert's savepoint, on the driver's connection, on both dialects: a row that
+    fails (its table gone) is rolled back alone; the rows of the same transaction before and
+    after it commit, and a second staged row after it is written too."""
+    pg_url = request.getfixturevalue("pg_url") if dialect == "postgresql" else None
+    url, schema = create_schema(pg_url) if pg_url else (f"sqlite:///{tmp_path / 'sp.db'}", None)
+    db = Database(url)
+    try:
+        db.create_tables()
+        staged: list[Any] = []
+        with carried_usage(UsageCarrier(db, staged.append)):
+            await UsageLedger(db)(_call("turn"))
+        with db.connection(write=True) as conn:  # the first staged row is written
+            staged[0](conn)
+            conn.execute(text("ALTER TABLE llm_usage RENAME TO llm_usage_gone"))
+            staged[0](conn)  # fails: rolled back to its savepoint, counted
+            conn.execute(text("ALTER TABLE llm_usage_gone RENAME TO llm_usage"))
+            staged[0](conn)  # the transaction still works
+        assert metric("sessionray_usage_ledger_failures_total") == 1.0
+        assert [tuple(r) for r in usage_rows(db)] == [("t", "turn"), ("t", "turn")]
+    finally:
+        db.dispose()
+        if pg_url and schema:
+            drop_schema(pg_url, schema)
 
 
 async def test_a_turn_waiting_for_an_earlier_hand_over_commits_its_rows_first(
