@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from runtime.delivery.job import DeliveryJob, partition_of
-from runtime.delivery.ledger import HOST_OWNER_PREFIX
+from runtime.delivery.owners import HOST_OWNER_PREFIX, host_owner
 
 if TYPE_CHECKING:
     from runtime.delivery.core import DeliverySender
@@ -40,12 +40,6 @@ log = logging.getLogger("sessionray.delivery")
 Notify = Callable[[str, "DeliveryJob | None"], None]
 """``notify(session_key, head)``: tell the chat's delivery actor, without waiting
 (``DeliveryPool.notify``)."""
-
-
-def host_owner(actor_id: str) -> str:
-    """The ledger owner id of the session host whose Ray actor id is ``actor_id`` (hex):
-    ``host:<actor_id>``."""
-    return f"{HOST_OWNER_PREFIX}:{actor_id}"
 
 
 class HostSender:

@@ -77,6 +77,7 @@ from runtime.delivery.ledger_steps import (
     renew,
     skip_uncertain_step,
 )
+from runtime.delivery.owners import HOST_OWNER_PREFIX
 from runtime.delivery.tables import DeliveryLedgerRow
 from runtime.llm.types import now_ms
 from runtime.memory.db import Database
@@ -193,12 +194,6 @@ _INSERT: dict[str, Any] = {}
 def _locked(conn: Connection, db: Database, reply_id: str) -> Any:
     # SQLite: the writer lock and BEGIN IMMEDIATE of a write transaction already serialize writers.
     return conn.execute(_SELECT if db.is_sqlite else _SELECT_FOR_UPDATE, {"r": reply_id}).first()
-
-
-HOST_OWNER_PREFIX = "host"
-"""The first part of a session host's owner id, ``host:<its Ray actor id>``
-(docs/decisions.md#delivery-in-host): never a delivery actor's partition number, so no delivery
-actor takes a live host's row as its own dead predecessor's, nor a host another's."""
 
 
 def _may_take_over(row: Any, owner: str, now: int) -> bool:

@@ -78,6 +78,7 @@ def _imported_by(modules: list[str]) -> list[str]:
             "actors.placement.hosts.setup",
             "runtime.config",
             "actors.delivery.handles",
+            "runtime.delivery.owners",  # at its start: the host owner ids whose replies it hands on
         ],
     ],
     ids=["router", "supervisor"],

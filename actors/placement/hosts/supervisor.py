@@ -234,7 +234,7 @@ class HostSupervisor:
         start, those of every host but its own (``DeliveryPool.take_over_orphans``): the hosts of
         its previous incarnation died with it, and their head replies would wait for their
         leases (60 s) and the next sweep."""
-        from runtime.delivery.in_host import host_owner
+        from runtime.delivery.owners import host_owner
 
         pool = self._args[2]
         if key is not None and hasattr(pool, "take_over"):
