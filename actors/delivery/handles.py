@@ -89,11 +89,12 @@ class DeliveryPool:
         logged: the rows' leases run out and the periodic sweep takes them."""
         self._each("take_over", owner)
 
-    def take_over_orphans(self, live: list[str]) -> None:
-        """:meth:`take_over` of every session host's rows but those of the ``live`` owner ids
-        (``DeliveryActor.take_over_orphans``): the host supervisor (re)started, and the hosts of
+    def take_over_orphans(self, keep: str) -> None:
+        """:meth:`take_over` of every session host's rows whose owner id does not start with
+        ``keep`` (``DeliveryActor.take_over_orphans``): the host supervisor whose incarnation
+        ``keep`` names (``runtime.delivery.owners.incarnation_prefix``) started, and the hosts of
         its previous incarnation (or of an earlier Ray instance) are gone."""
-        self._each("take_over_orphans", live)
+        self._each("take_over_orphans", keep)
 
     def _each(self, method: str, arg: Any) -> None:
         for handle in self.handles:

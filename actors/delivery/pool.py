@@ -148,15 +148,15 @@ class DeliveryActor:
             lambda db, p, me, lease: ledger.release_owner(db, owner, partition=p, to=me, lease_ms=lease),
         )
 
-    async def take_over_orphans(self, live: list[str]) -> int:
-        """:meth:`take_over` of every session host's rows but those of the ``live`` owner ids: the
-        host supervisor (re)started, and the hosts it had died with it; returns how many rows
-        were taken."""
+    async def take_over_orphans(self, keep: str) -> int:
+        """:meth:`take_over` of every session host's rows whose owner id does not start with
+        ``keep``: the host supervisor (re)started, and the hosts of its previous incarnation died
+        with it (``runtime.delivery.owners.incarnation_prefix``); returns how many rows were taken."""
         from runtime.delivery import ledger
 
         return await self._take(
             "hosts that are gone",
-            lambda db, p, me, lease: ledger.release_dead_hosts(db, live, partition=p, to=me, lease_ms=lease),
+            lambda db, p, me, lease: ledger.release_dead_hosts(db, keep, partition=p, to=me, lease_ms=lease),
         )
 
     async def _take(self, whose: str, release: Callable[[Database, int, str, int], int]) -> int:

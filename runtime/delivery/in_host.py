@@ -13,8 +13,9 @@ not its chat's head (that one is unfinished), and its chat's delivery actor is t
 only when the sends here of that chat have ended; a head the sender here could not send (someone
 claimed it since, or it could not be sent without reading the chat's queue) is left to the
 delivery actor the same way. A host that dies mid-send leaves a ``pending`` row under its owner
-id, ``host:<its Ray actor id>``: the host supervisor hands the replies of a dead host's owner
-to the delivery actors (``DeliveryPool.take_over``).
+id, ``host:<its supervisor's incarnation>:<its Ray actor id>``
+(:func:`runtime.delivery.owners.host_owner`): the host supervisor hands the replies of a dead
+host's owner to the delivery actors (``DeliveryPool.take_over``).
 
 Nothing here imports Ray.
 """

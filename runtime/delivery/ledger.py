@@ -52,7 +52,6 @@ through :meth:`runtime.memory.db.Database.run_write`, the readers through
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack
 
@@ -446,16 +445,18 @@ def release_owner(
     return _release(db, where, to, lease_ms)
 
 
-def release_dead_hosts(db: Database, live: Collection[str], *, partition: int, to: str, lease_ms: int) -> int:
+def release_dead_hosts(db: Database, keep: str, *, partition: int, to: str, lease_ms: int) -> int:
     """:func:`release_owner` for every session host's ``pending`` rows of ledger ``partition``
-    except those of the ``live`` host owner ids: a host supervisor that starts (again) owns no
-    host yet but those it just created, so a row of any other host was left by a host that died
-    with its previous incarnation, or with an earlier Ray instance (docs/decisions.md#delivery-in-host).
-    Returns the rows taken. One write transaction."""
+    whose owner id does not start with ``keep`` (``runtime.delivery.owners.incarnation_prefix``
+    of a host supervisor that starts: its previous incarnation's hosts died with it, as did an
+    earlier Ray instance's; docs/decisions.md#delivery-in-host). Returns the rows taken. One write
+    transaction."""
     owner = col(DeliveryLedgerRow.owner)
-    where = [owner.startswith(f"{HOST_OWNER_PREFIX}:"), col(DeliveryLedgerRow.partition) == partition]
-    if live:
-        where.append(owner.not_in(list(live)))
+    where = [
+        owner.startswith(f"{HOST_OWNER_PREFIX}:"),
+        ~owner.startswith(keep),
+        col(DeliveryLedgerRow.partition) == partition,
+    ]
     return _release(db, where, to, lease_ms)
 
 

@@ -16,13 +16,14 @@ from runtime.delivery import ledger, outbox
 from runtime.delivery.core import DeliverySender, DeliverySettings
 from runtime.delivery.in_host import HostSender, host_owner
 from runtime.delivery.job import DeliveryJob
+from runtime.delivery.owners import incarnation_prefix
 from runtime.memory.db import Database
 from runtime.reply.segments import Reply
 from tests.actors.edge_support import HoldingApiServer, onebot_bot, text_job
 from tests.delivery.test_delivery_outbox import eventually, state, texts
 from tests.platform_api_server import PlatformApiServer
 
-HOST = host_owner("abc123")
+HOST = host_owner("inc1", "abc123")
 
 
 class Chat:
@@ -180,20 +181,24 @@ async def test_a_dead_hosts_pending_reply_is_released_and_resumed_by_the_sweep(
         await chat.close()
 
 
-def test_a_restarted_supervisor_releases_every_gone_hosts_rows_of_a_partition_but_the_live_ones(
+def test_a_restarted_supervisor_releases_the_rows_of_every_host_but_its_own_incarnations(
     db: Database,
 ) -> None:
     """``release_dead_hosts`` (a host supervisor's start: docs/decisions.md#delivery-in-host) takes
-    the pending rows of every host owner but the live ones, in its partition only; a delivery
-    actor's row and a finished row stay as they are."""
+    the pending rows of every host owner id without the new incarnation's prefix — the previous
+    incarnation's, an earlier instance's without one — in its partition only; a row of one of
+    its own hosts (one started meanwhile included), a delivery actor's row, a queued and a
+    finished row stay as they are."""
+    old, new = "0ld", "n3w"
     rows = {  # reply id → (partition, owner; None: left queued)
-        "gone": (0, host_owner("gone")),
-        "gone-too": (0, host_owner("also-gone")),
-        "live": (0, host_owner("live")),
+        "gone": (0, host_owner(old, "a1")),
+        "gone-too": (0, host_owner(old, "a2")),
+        "before-incarnations": (0, "host:a3"),
+        "mine": (0, host_owner(new, "b1")),
         "actor": (0, "0:abc"),
         "queued": (0, None),
-        "other-partition": (1, host_owner("gone")),
-        "sent": (0, host_owner("gone")),
+        "other-partition": (1, host_owner(old, "a1")),
+        "sent": (0, host_owner(old, "a1")),
     }
     for i, (reply_id, (partition, owner)) in enumerate(rows.items()):
         with db.connection(write=True) as conn:
@@ -202,25 +207,20 @@ def test_a_restarted_supervisor_releases_every_gone_hosts_rows_of_a_partition_bu
             )
         if owner is not None:
             ledger.claim_queued(db, reply_id, owner, 60_000)
-    ledger.finish(db, "sent", host_owner("gone"), "sent", None)
-    live = [host_owner("live")]
-    assert ledger.release_dead_hosts(db, live, partition=0, to="0:d", lease_ms=60_000) == 2
+    ledger.finish(db, "sent", host_owner(old, "a1"), "sent", None)
+    assert ledger.release_dead_hosts(db, incarnation_prefix(new), partition=0, to="0:d", lease_ms=60_000) == 3
     owners = {r: ledger.get_entry(db, r).owner for r in rows}  # type: ignore[union-attr]
     assert owners == {
         "gone": "0:d",
         "gone-too": "0:d",
-        "live": host_owner("live"),
+        "before-incarnations": "0:d",
+        "mine": host_owner(new, "b1"),
         "actor": "0:abc",
         "queued": "",
-        "other-partition": host_owner("gone"),
-        "sent": host_owner("gone"),
+        "other-partition": host_owner(old, "a1"),
+        "sent": host_owner(old, "a1"),
     }
-    assert [state(db, r) for r in ("gone", "gone-too", "queued", "sent")] == [
-        "pending",
-        "pending",
-        "queued",
-        "sent",
-    ]
+    assert [state(db, r) for r in ("gone", "queued", "sent")] == ["pending", "queued", "sent"]
 
 
 async def test_a_reply_its_actor_left_behind_the_hosts_head_is_sent_after_it(

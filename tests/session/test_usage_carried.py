@@ -125,25 +125,25 @@ async def test_a_usage_row_that_cannot_be_written_never_fails_the_turns_write(
 async def test_a_staged_row_that_fails_is_rolled_back_alone_and_the_write_goes_on(
     dialect: str, request: pytest.FixtureRequest, tmp_path: Path, metric: Any
 ) -> None:
-    """The staged insert's savepoint, on the driver's connection, on both dialects: a row that
-    fails (its table gone) is rolled back alone; the rows of the same transaction before and
-    after it commit, and a second staged row after it is written too."""
+    """The staged insert's savepoint, on the driver's connection, on both dialects: a staged write
+    of two rows whose second fails (no time: NOT NULL) is rolled back whole — its first row too,
+    which SQLite's per-row insert had written — and the transaction goes on: the write staged
+    after it commits."""
     pg_url = request.getfixturevalue("pg_url") if dialect == "postgresql" else None
     url, schema = create_schema(pg_url) if pg_url else (f"sqlite:///{tmp_path / 'sp.db'}", None)
     db = Database(url)
     try:
         db.create_tables()
         staged: list[Any] = []
-        with carried_usage(UsageCarrier(db, staged.append)):
-            await UsageLedger(db)(_call("turn"))
-        with db.connection(write=True) as conn:  # the first staged row is written
-            staged[0](conn)
-            conn.execute(text("ALTER TABLE llm_usage RENAME TO llm_usage_gone"))
-            staged[0](conn)  # fails: rolled back to its savepoint, counted
-            conn.execute(text("ALTER TABLE llm_usage_gone RENAME TO llm_usage"))
-            staged[0](conn)  # the transaction still works
+        row = ledger_row(_call("turn"))
+        with carried_usage(UsageCarrier(db, staged.append)) as carrier:
+            assert carrier.take(db, _call("turn"), [row, {**row, "ts": None}])  # fails on its 2nd row
+            assert carrier.take(db, _call("turn"), [row])
+        with db.connection(write=True) as conn:
+            for write in staged:
+                write(conn)
         assert metric("sessionray_usage_ledger_failures_total") == 1.0
-        assert [tuple(r) for r in usage_rows(db)] == [("t", "turn"), ("t", "turn")]
+        assert [tuple(r) for r in usage_rows(db)] == [("t", "turn")]
     finally:
         db.dispose()
         if pg_url and schema:

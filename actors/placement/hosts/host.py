@@ -104,10 +104,19 @@ class SessionHost:
             ``pick(key).notify``: told, without waiting, of each reply a turn queued in the ledger.
         cap: Live sessions this host holds at most (``actors.placement.hosts.supervisor.host_capacity``).
         index: The supervisor's slot number of this host (a bounded metric label).
+        incarnation: The starting host supervisor's incarnation id, part of this host's ledger
+            owner id (``runtime.delivery.owners.host_owner``; ``solo``: a host without one).
     """
 
     def __init__(
-        self, config: Config, setup_factory: SetupFactory, delivery: Any, cap: int, index: int = 0
+        self,
+        config: Config,
+        setup_factory: SetupFactory,
+        delivery: Any,
+        cap: int,
+        index: int = 0,
+        *,
+        incarnation: str = "solo",
     ) -> None:
         skip_httpx_cli()
         with contextlib.suppress(Exception):
@@ -118,6 +127,7 @@ class SessionHost:
         rt = config.runtime
         self._config, self._factory, self._delivery = config, setup_factory, delivery
         self.cap, self.index = cap, index
+        self._incarnation = incarnation
         self._rt = rt
         self._live: dict[str, LiveSession] = {}
         self._opening = 0
@@ -433,10 +443,12 @@ class SessionHost:
 
     def _host_sender(self) -> Any:
         """The :class:`runtime.delivery.in_host.HostSender` of this host: its sender opens on the
-        first head reply, on the host's database, as owner ``host:<this actor's id>``."""
+        first head reply, on the host's database, as owner
+        ``host:<supervisor incarnation>:<this actor's id>``."""
         from runtime.delivery.in_host import HostSender, host_owner, open_sender
 
-        owner = host_owner(ray.get_runtime_context().get_actor_id() or f"local-{os.getpid()}")
+        actor_id = ray.get_runtime_context().get_actor_id() or f"local-{os.getpid()}"
+        owner = host_owner(self._incarnation, actor_id)
         return HostSender(
             lambda: open_sender(self._config, self._repo.db, owner), self._notify, self._partitions()
         )

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +142,9 @@ class HostSupervisor:
         self._unpinnable: dict[str, float] = {}
         """Node id → until when (monotonic s) no host is pinned there (a pinned start failed)."""
         self.stats = {"created": 0, "cold": 0, "replaced": 0, "hung": 0}
+        self.incarnation = uuid.uuid4().hex[:12]
+        """Names this incarnation in its hosts' ledger owner ids
+        (``runtime.delivery.owners.host_owner``): at its start it hands on every other host's rows."""
         # Each incarnation starts itself: after a crash Ray restarts this actor (``max_restarts=-1``)
         # and nobody calls start() again. __init__ runs on the actor's event loop in Ray 2.60; were
         # it not, the first call from a router shard starts it.
@@ -162,9 +167,11 @@ class HostSupervisor:
         if self._tasks:
             return
         self._tasks = [asyncio.create_task(self._health_loop())]
-        for _ in range(max(0, self.rt.min_hosts - len(self._hosts) - len(self._creating))):
-            self._spawn_host()
-        self._take_over(None)
+        try:
+            for _ in range(max(0, self.rt.min_hosts - len(self._hosts) - len(self._creating))):
+                self._spawn_host()
+        finally:  # a host that failed to start is the health loop's; the replies are not
+            self._take_over(None)
 
     async def shutdown(self) -> int:
         """Close every host's sessions and kill the hosts; returns how many hosts there were."""
@@ -192,7 +199,7 @@ class HostSupervisor:
         index = self._free_index()
         strategy, target = _node_for(index, self._unpinnable)
         handle = SessionHost.options(scheduling_strategy=strategy).remote(  # type: ignore[attr-defined]
-            *self._args, self.cap, index
+            *self._args, self.cap, index, incarnation=self.incarnation
         )
         key = actor_key(handle)
         host = self._hosts[key] = _Host(handle, index, target=target)
@@ -230,17 +237,17 @@ class HostSupervisor:
     def _take_over(self, key: str | None) -> None:
         """Hand the replies that session hosts were sending themselves to the delivery actors
         (docs/decisions.md#delivery-in-host), now and again :data:`TAKE_OVER_AGAIN_S` later:
-        those of the removed host ``key`` (``DeliveryPool.take_over``); None, at this supervisor's
-        start, those of every host but its own (``DeliveryPool.take_over_orphans``): the hosts of
-        its previous incarnation died with it, and their head replies would wait for their
-        leases (60 s) and the next sweep."""
-        from runtime.delivery.owners import host_owner
+        those of the removed host ``key`` (``DeliveryPool.take_over``); None, at this
+        incarnation's start, those of every host that is not one of its own
+        (``DeliveryPool.take_over_orphans``): the hosts of its previous incarnation died with it,
+        and their head replies would wait for their leases (60 s) and the next sweep."""
+        from runtime.delivery.owners import host_owner, incarnation_prefix
 
         pool = self._args[2]
         if key is not None and hasattr(pool, "take_over"):
-            call = lambda: pool.take_over(host_owner(key))  # noqa: E731
+            call = functools.partial(pool.take_over, host_owner(self.incarnation, key))
         elif key is None and hasattr(pool, "take_over_orphans"):
-            call = lambda: pool.take_over_orphans([host_owner(k) for k in self._hosts])  # noqa: E731
+            call = functools.partial(pool.take_over_orphans, incarnation_prefix(self.incarnation))
         else:
             return
         call()

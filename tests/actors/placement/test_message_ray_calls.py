@@ -127,7 +127,7 @@ async def test_a_crashed_supervisor_hands_the_replies_its_hosts_held_to_the_deli
     try:
         with db.connection(write=True) as conn:
             outbox.queue_writer(job, 0, 1_000)(conn)
-        assert ledger.claim_queued(db, "T2", "host:died-with-the-supervisor", 60_000) is not None
+        assert ledger.claim_queued(db, "T2", "host:0ld:died-with-the-supervisor", 60_000) is not None
         ray.kill(h.rt.hosts, no_restart=False)  # a crash: Ray restarts the detached supervisor
         await eventually(lambda: h.sent(user) == [text], 40, "the send after the supervisor's restart")
         sent = lambda: (e := ledger.get_entry(db, "T2")) is not None and e.status == "sent" and e  # noqa: E731
