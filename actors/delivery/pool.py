@@ -46,10 +46,11 @@ Serve ingress replica finds them by name).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
@@ -57,9 +58,6 @@ from actors.delivery.handles import NAMESPACE, DeliveryPool, delivery_actor_name
 from actors.raylife.self_kick import kick_self
 from runtime import tracing
 from runtime.delivery.core import DeliveryJob, DeliveryResult, DeliverySettings, partition_of
-
-if TYPE_CHECKING:
-    from runtime.memory.db import Database
 
 __all__ = [
     "NAMESPACE",
@@ -143,10 +141,7 @@ class DeliveryActor:
         how many rows were taken."""
         from runtime.delivery import ledger
 
-        return await self._take(
-            owner,
-            lambda db, p, me, lease: ledger.release_owner(db, owner, partition=p, to=me, lease_ms=lease),
-        )
+        return await self._take(owner, functools.partial(ledger.release_owner, owner=owner))
 
     async def take_over_orphans(self, keep: str) -> int:
         """:meth:`take_over` of every session host's rows whose owner id does not start with
@@ -155,14 +150,17 @@ class DeliveryActor:
         from runtime.delivery import ledger
 
         return await self._take(
-            "hosts that are gone",
-            lambda db, p, me, lease: ledger.release_dead_hosts(db, keep, partition=p, to=me, lease_ms=lease),
+            "hosts that are gone", functools.partial(ledger.release_dead_hosts, keep=keep)
         )
 
-    async def _take(self, whose: str, release: Callable[[Database, int, str, int], int]) -> int:
+    async def _take(self, whose: str, release: Callable[..., int]) -> int:
+        """``release(db, partition=, to=, lease_ms=)`` (a ledger release) of this actor's
+        partition, to this actor, then a sweep."""
         await self._start()
-        db, partition, me, lease_ms = self.sender.db, self.sender.partition, self.owner, self.sender.lease_ms
-        released = await db.run_write(lambda: release(db, partition, me, lease_ms))
+        db, partition, lease_ms = self.sender.db, self.sender.partition, self.sender.lease_ms
+        released = await db.run_write(
+            lambda: release(db, partition=partition, to=self.owner, lease_ms=lease_ms)
+        )
         if released:
             log.info("delivery actor %s takes over %d reply(ies) of %s", self.owner, released, whose)
         await self.sender.sweep()

@@ -138,7 +138,8 @@ def _count(value: object) -> int:
     if isinstance(value, bool):
         n = 0
     elif isinstance(value, str):
-        n = int(value.strip()) if value.strip().isdigit() else 0
+        digits = value.strip()
+        n = int(digits) if digits.isdigit() else 0
     elif isinstance(value, int):
         n = value
     elif isinstance(value, float) and math.isfinite(value):
